@@ -1,0 +1,110 @@
+"""What a search prints: progress while it runs, the top configs and the export at the end."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from autotuner.knobs import format_config
+from autotuner.study import TrialRecord
+
+if TYPE_CHECKING:
+    from autotuner.search import SearchSummary
+    from autotuner.spec import Job
+
+TOP = 5
+
+
+def rate(value: float | None) -> str:
+    return "-" if not value else f"{value:,.0f}/s"
+
+
+def percent(value: Any) -> str:
+    if value is None:
+        return "-"
+    if value == "inf" or value == float("inf"):
+        return "inf"
+    return f"{float(value):.3%}"
+
+
+def dashboard_command(storage_url: str) -> str:
+    return f"optuna-dashboard {storage_url}"
+
+
+class SearchReporter:
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(highlight=False)
+
+    def start(self, job: Job, storage_url: str, environment: dict[str, Any], budget: int) -> None:
+        self.console.print(
+            f"[bold]{job.name}[/]: {job.spec.workload} on {environment['device']} ({environment['device_name']}), "
+            f"global batch {job.spec.global_batch}, {budget} trials, storage {storage_url}"
+        )
+
+    @contextlib.contextmanager
+    def running(self, what: str) -> Iterator[None]:
+        with self.console.status(what):
+            yield
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+    def reference(self, reference: dict[str, Any], tolerance: float) -> None:
+        self.console.print(
+            f"fp32 reference: held-out loss {reference['heldout']:.6g}; drift tolerance {tolerance:.2%}, "
+            f"reference noise floor {percent(reference['noise_floor'])}"
+        )
+
+    def trial(self, done: TrialRecord, ran: int, budget: int, elapsed_s: float, best: TrialRecord | None, baseline: TrialRecord | None) -> None:
+        config = format_config(done.config)
+        if done.outcome == "ok":
+            status = f"{rate(done.throughput)} drift {percent(done.metrics.get('drift'))}"
+            status += "" if done.feasible else f" [yellow]infeasible: {done.reason}[/]"
+        else:
+            status = f"[red]{done.outcome}[/]: {done.reason}"
+        best_text = ""
+        if best is not None:
+            speedup = f" ({best.throughput / baseline.throughput:.2f}x)" if baseline and baseline.throughput else ""
+            best_text = f" | best #{best.number} {rate(best.throughput)}{speedup}"
+        tag = " (baseline)" if done.role == "baseline" else ""
+        self.console.print(f"[{ran}/{budget}] {elapsed_s:5.0f}s #{done.number}{tag} {config}: {status}{best_text}")
+
+    def finish(self, summary: SearchSummary) -> None:
+        base = summary.baseline
+        table = Table(title="Top configs (feasible, by throughput)")
+        for column in ("trial", "config", "throughput", "speedup", "drift", "spread", "warm-up s", "peak MiB"):
+            table.add_column(column)
+        feasible = sorted((t for t in summary.trials if t.feasible), key=lambda t: -t.throughput)
+        shown = feasible[:TOP] + ([base] if base is not None and base not in feasible[:TOP] else [])
+        for t in shown:
+            speedup = f"{t.throughput / base.throughput:.2f}x" if base and base.throughput else "-"
+            label = f"#{t.number}" + (" baseline" if t.role == "baseline" else "")
+            table.add_row(
+                label,
+                format_config(t.config),
+                rate(t.throughput),
+                speedup,
+                percent(t.metrics.get("drift")),
+                percent(t.metrics.get("throughput_spread")),
+                f"{t.metrics.get('warmup_s', 0):.2f}",
+                f"{t.metrics.get('peak_memory_mb', 0):.0f}",
+            )
+        self.console.print(table)
+        counts: dict[str, int] = {}
+        for t in summary.trials:
+            counts[t.outcome] = counts.get(t.outcome, 0) + 1
+        self.console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        if summary.interrupted:
+            self.console.print("[yellow]interrupted[/]: finished trials are kept; run the same command again to resume")
+        if summary.best is None:
+            self.console.print("[red]no feasible config[/]: every trial failed or drifted past the tolerance")
+        else:
+            b = summary.best
+            speedup = f", {b.throughput / base.throughput:.2f}x the baseline" if base and base.throughput else ""
+            self.console.print(f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{speedup}")
+            self.console.print(f"exported: {summary.export}")
+        self.console.print(f"dashboard: {dashboard_command(summary.storage_url)}")

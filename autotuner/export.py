@@ -1,0 +1,78 @@
+"""The exported best config (`studies/<name>.best.yaml`), built from the storage alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from autotuner.errors import AutotunerError
+from autotuner.study import TrialRecord, baseline, best, records
+
+EXPORT_VERSION = 1
+
+
+class NoFeasibleConfig(AutotunerError):
+    """The study has no trial that is feasible: there is nothing to export."""
+
+    exit_code = 1
+
+
+def _plain(value: Any) -> Any:
+    """YAML- and JSON-safe: infinities become the string 'inf'."""
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def export_data(study: optuna.Study, storage_url: str) -> dict[str, Any]:
+    """Everything `best.yaml` holds, read from the study."""
+    trials = records(study)
+    winner = best(trials)
+    if winner is None:
+        ran = sum(t.ran for t in trials)
+        raise NoFeasibleConfig(f"study {study.study_name!r} has no feasible config yet ({ran} trials ran)")
+    base: TrialRecord | None = baseline(trials)
+    attrs = study.user_attrs
+    settings = attrs.get("autotuner", {})
+    reference = attrs.get("reference", {})
+    metrics = {"throughput": winner.throughput, **winner.metrics}
+    return _plain({
+        "version": EXPORT_VERSION,
+        "params": winner.config,
+        "metrics": metrics,
+        "baseline": {
+            "params": base.config if base else None,
+            "throughput": base.throughput if base else None,
+            "outcome": base.outcome if base else None,
+        },
+        "speedup": winner.throughput / base.throughput if base and base.throughput > 0 else None,
+        "drift": {
+            "tolerance": settings.get("max_drift"),
+            "reference_noise_floor": reference.get("noise_floor"),
+            "reference_config": reference.get("config"),
+        },
+        "environment": {**attrs.get("environment", {}), "fingerprint": attrs.get("fingerprint")},
+        "spec": {"path": settings.get("spec_path"), "identity": settings.get("identity"), "workload": settings.get("workload"), "global_batch": settings.get("global_batch")},
+        "study": {"name": study.study_name, "storage": storage_url, "trial": winner.number, "trials_ran": sum(t.ran for t in trials)},
+    })
+
+
+def export_path(name: str, fmt: str = "yaml") -> Path:
+    return Path("studies") / f"{name}.best.{fmt}"
+
+
+def write_export(data: dict[str, Any], path: Path, fmt: str = "yaml") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=2) + "\n" if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # a reader never sees half a file
+    return path

@@ -1,0 +1,83 @@
+"""The knob table: every performance setting a backend may expose, and what a config is.
+
+A knob is one row here; a backend says which knobs it has and which values it honours
+(`backends._base.Backend.knobs`). `accumulation` is never searched: with `global_batch` fixed it
+is derived from `batch_size`, so a config always holds `batch_size * accumulation ==
+global_batch`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Config = dict[str, Any]
+"""One value per knob, `accumulation` included. Plain data: it is stored as trial params."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    description: str
+    choices: tuple[Any, ...] | None
+    """The values the knob can take in any backend; None for a positive integer."""
+    reference: Any
+    """The numerically strictest value, used by the fp32 reference and the default baseline."""
+    minimum: int = 1
+    """For integer knobs: the smallest allowed value."""
+
+    def check(self, value: Any, allowed: tuple[Any, ...] | None) -> str | None:
+        """Return why `value` is not allowed for this knob, or None when it is."""
+        if allowed is None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"must be an integer >= {self.minimum}, got {value!r}"
+            if value < self.minimum:
+                return f"must be an integer >= {self.minimum}, got {value}"
+            return None
+        if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
+            return f"{value!r} is not allowed; choose between {', '.join(map(str, allowed))}"
+        return None
+
+
+KNOBS: dict[str, Knob] = {
+    knob.name: knob
+    for knob in (
+        Knob(
+            "precision",
+            "fp32; tf32 matmuls; bf16 or fp16 autocast (fp16 with a gradient scaler)",
+            ("fp32", "tf32", "bf16", "fp16"),
+            "fp32",
+        ),
+        Knob("batch_size", "micro-batch per forward/backward", None, None),
+        Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1),
+        Knob("workers", "data-loader worker processes", None, 0, minimum=0),
+        Knob(
+            "compile",
+            "torch.compile mode",
+            ("none", "default", "reduce-overhead", "max-autotune"),
+            "none",
+        ),
+        Knob("jit", "XLA jit", ("on", "off"), "off"),
+    )
+}
+
+DERIVED = ("accumulation",)
+
+
+def config_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A hashable identity of a config: two configs with the same key are the same run."""
+    return tuple(sorted(config.items()))
+
+
+def format_config(config: Mapping[str, Any]) -> str:
+    """`precision=bf16 batch=64x4 workers=2 compile=none`: batch shown as micro-batch x accumulation."""
+    parts = []
+    for name, value in config.items():
+        if name == "accumulation":
+            continue
+        if name == "batch_size":
+            parts.append(f"batch={value}x{config.get('accumulation', 1)}")
+        else:
+            parts.append(f"{name}={value}")
+    return " ".join(parts)

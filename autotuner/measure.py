@@ -1,0 +1,82 @@
+"""Timing a training step honestly, the same way for every backend.
+
+Warm-up steps run first (compilation, jit, allocator settling) and their wall time is kept as
+`warmup_s`. Then `windows` windows of `steps` optimizer steps each are timed, with the device
+synchronized at both edges of every window; whatever the step does (data loading included) is
+inside the window. Throughput is the median over windows; the spread (max - min over median) is
+kept with it so a noisy measurement is visible.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Throughput:
+    samples_per_s: float
+    """Median over windows."""
+    spread: float
+    """(max - min) / median over the windows' throughputs."""
+    window_samples_per_s: list[float]
+    warmup_s: float
+    measured_s: float
+    """Sum of the windows' wall time."""
+    steps: int
+    windows: int
+    samples_per_step: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def relative_spread(values: list[float]) -> float:
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle > 0 else 0.0
+
+
+def measure_throughput(
+    step: Callable[[], None],
+    synchronize: Callable[[], None],
+    *,
+    warmup_steps: int,
+    steps: int,
+    windows: int,
+    samples_per_step: int,
+    after_window: Callable[[], None] | None = None,
+) -> Throughput:
+    """Time `step` (one optimizer step of `samples_per_step` samples).
+
+    `after_window` runs after each window's closing synchronization, outside the timed span
+    (a backend checks there that the loss stayed finite).
+    """
+    start = time.perf_counter()
+    for _ in range(warmup_steps):
+        step()
+    synchronize()
+    warmup_s = time.perf_counter() - start
+    durations = []
+    for _ in range(windows):
+        synchronize()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize()
+        durations.append(time.perf_counter() - start)
+        if after_window is not None:
+            after_window()
+    rates = [steps * samples_per_step / d for d in durations]
+    return Throughput(
+        samples_per_s=statistics.median(rates),
+        spread=relative_spread(rates),
+        window_samples_per_s=rates,
+        warmup_s=warmup_s,
+        measured_s=sum(durations),
+        steps=steps,
+        windows=windows,
+        samples_per_step=samples_per_step,
+    )

@@ -1,0 +1,282 @@
+"""The job spec: one YAML file, validated whole before anything runs or is stored.
+
+`load_spec(path)` reads it with `yaml.safe_load` (no tags that build Python objects), checks
+every key against the models below (unknown keys, wrong types, non-positive sizes) and then
+against the backend's knob table (unknown knobs or values, empty choice lists, a batch size that
+does not divide `global_batch`). Any problem is one `SpecError` line naming the file, the key
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+import search_spaces
+from autotuner.errors import SpecError
+from autotuner.knobs import DERIVED, KNOBS, Config
+from autotuner.workload import is_import_path
+from backends import BACKENDS, Backend, get_backend
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SAMPLERS = ("tpe", "random", "gp", "nsga2")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Objective(_Strict):
+    max_drift: float = Field(0.01, gt=0, le=1e6)
+    """Largest relative held-out loss drift from the fp32 reference that is still feasible."""
+    max_memory_mb: float | None = Field(None, gt=0)
+    """Peak device memory (CUDA) or peak resident memory (CPU) limit, in MiB."""
+
+
+class Budget(_Strict):
+    trials: int = Field(30, gt=0, le=100_000)
+    """Trials that are run (unsupported configs, which cost nothing, are not counted)."""
+    timeout: float | None = Field(None, gt=0)
+    """Seconds of trial wall time for the whole study, summed over every run and worker."""
+
+
+class TrialSettings(_Strict):
+    warmup_steps: int = Field(3, ge=0, le=10_000)
+    steps: int = Field(10, gt=0, le=100_000)
+    """Optimizer steps per measured window."""
+    windows: int = Field(3, gt=0, le=1000)
+    drift_steps: int = Field(5, gt=0, le=10_000)
+    """K: optimizer steps the trial and the reference take before the held-out loss is compared."""
+    timeout: float = Field(600.0, gt=0)
+    """Seconds before a trial process is killed and recorded as `timeout`."""
+    seed: int = Field(0, ge=0, lt=2**32)
+
+
+class SamplerSettings(_Strict):
+    name: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
+    seed: int | None = Field(None, ge=0, lt=2**32)
+
+
+class JobSpec(_Strict):
+    name: str
+    backend: str
+    workload: str
+    global_batch: int = Field(gt=0, le=2**31)
+    workload_args: dict[str, Any] = Field(default_factory=dict)
+    device: str = "auto"
+    baseline: dict[str, Any] = Field(default_factory=dict)
+    space: str | dict[str, Any] | None = None
+    objective: Objective = Objective()
+    budget: Budget = Budget()
+    trial: TrialSettings = TrialSettings()
+    storage: str | None = None
+    sampler: Literal["tpe", "random", "gp", "nsga2"] | SamplerSettings = SamplerSettings()
+
+
+class Job:
+    """A validated spec, with what follows from it: the resolved space and baseline."""
+
+    def __init__(self, spec: JobSpec, source: str, text: str):
+        self.spec, self.source, self.text = spec, source, text
+        self.backend: Backend = get_backend(spec.backend)
+        self.space: dict[str, list[Any]] = {}
+        self.baseline: Config = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def sampler(self) -> SamplerSettings:
+        s = self.spec.sampler
+        return SamplerSettings(name=s) if isinstance(s, str) else s
+
+    def workload_path(self) -> str:
+        return self.backend.resolve_workload(self.spec.workload)
+
+    def storage_url(self, override: str | None = None) -> str:
+        return override or self.spec.storage or f"sqlite:///studies/{self.name}.db"
+
+    def identity(self) -> str:
+        """Hash of everything that changes what a trial measures; a study keeps one identity."""
+        data = self.spec.model_dump(exclude={"budget", "storage", "sampler"})
+        data["space"], data["baseline"] = self.space, self.baseline
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def complete(self, params: dict[str, Any]) -> Config:
+        """A full config from sampled params: fixed knobs from the baseline, accumulation derived."""
+        config = {knob: params.get(knob, self.baseline[knob]) for knob in self.space}
+        config["accumulation"] = self.spec.global_batch // config["batch_size"]
+        return config
+
+    def configs(self) -> Iterator[dict[str, Any]]:
+        """Every point of the space, as sampled params."""
+        names = list(self.space)
+        for values in itertools.product(*(self.space[n] for n in names)):
+            yield dict(zip(names, values))
+
+    def reference_config(self) -> Config:
+        """The numerically strictest config: the baseline's batching, everything else strict."""
+        config = {knob: KNOBS[knob].reference for knob in self.space}
+        config["batch_size"] = self.baseline["batch_size"]
+        config["accumulation"] = self.spec.global_batch // config["batch_size"]
+        return config
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _describe_pydantic(error: dict[str, Any]) -> tuple[str, str]:
+    loc = [str(p) for p in error["loc"] if not str(p).startswith(("function-", "literal["))]
+    # Union members appear in the location (e.g. "str", "SamplerSettings"): drop them.
+    loc = [p for p in loc if not (p[:1].isupper() or p in ("str", "dict[str,any]", "none"))]
+    key = ".".join(loc) or "(top level)"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return key, f"unknown key; allowed here: {', '.join(_allowed_keys(loc[:-1]))}"
+    if kind == "missing":
+        return key, "required key is missing"
+    if kind == "literal_error":
+        return key, f"{error['input']!r} is not allowed; choose between {error['ctx']['expected']}"
+    return key, f"{error['msg'][0].lower()}{error['msg'][1:]} (got {error.get('input')!r})"
+
+
+def _allowed_keys(loc: list[str]) -> list[str]:
+    model: Any = JobSpec
+    for part in loc:
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        model = next((a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return list(model.model_fields)
+
+
+def _choices(value: Any, knob: str, key: str, source: str, allowed: tuple[Any, ...] | None) -> list[Any]:
+    if not isinstance(value, list):
+        value = [value]
+    if not value:
+        raise SpecError("the list of choices is empty; give at least one value", source=source, key=key)
+    for item in value:
+        problem = KNOBS[knob].check(item, allowed)
+        if problem:
+            raise SpecError(problem, source=source, key=key)
+    return list(dict.fromkeys(value))
+
+
+def _resolve_space(job: Job, source: str) -> None:
+    spec, backend = job.spec, job.backend
+    searchable = [k for k in backend.knobs if k not in DERIVED]
+    raw = spec.space
+    inline: dict[str, Any] = {}
+    preset_name = backend.default_space
+    if isinstance(raw, str):
+        preset_name = raw
+    elif isinstance(raw, dict):
+        inline = dict(raw)
+        preset = inline.pop("preset", preset_name)
+        if not isinstance(preset, str):
+            raise SpecError(f"must be the name of a preset ({', '.join(search_spaces.available())})", source=source, key="space.preset")
+        preset_name = preset
+    try:
+        preset = search_spaces.load_preset(preset_name)
+    except KeyError:
+        key = "space.preset" if isinstance(raw, dict) else "space"
+        raise SpecError(f"no preset {preset_name!r}; choose between {', '.join(search_spaces.available())}", source=source, key=key) from None
+    for knob in inline:
+        if knob not in searchable:
+            raise SpecError(f"the {backend.name} backend has no knob {knob!r}; knobs: {', '.join(searchable)}", source=source, key=f"space.{knob}")
+    for knob in searchable:
+        if knob in inline:
+            values = _choices(inline[knob], knob, f"space.{knob}", source, backend.knobs[knob])
+            if knob == "batch_size":
+                for b in values:
+                    if spec.global_batch % b:
+                        raise SpecError(f"{b} does not divide global_batch ({spec.global_batch})", source=source, key="space.batch_size")
+        elif knob in preset:
+            values = _choices(preset[knob], knob, f"{preset_name} preset: {knob}", source, backend.knobs[knob])
+            if knob == "batch_size":
+                values = [b for b in values if spec.global_batch % b == 0]
+                if not values:
+                    raise SpecError(f"no batch_size of the {preset_name!r} preset divides global_batch ({spec.global_batch}); give space.batch_size", source=source, key="space.batch_size")
+        else:
+            values = [job.baseline.get(knob, KNOBS[knob].reference)]
+        job.space[knob] = values
+
+
+def _resolve_baseline(job: Job, source: str) -> None:
+    spec, backend = job.spec, job.backend
+    for knob, value in spec.baseline.items():
+        if knob not in backend.knobs or knob in DERIVED:
+            allowed = ", ".join(k for k in backend.knobs if k not in DERIVED)
+            raise SpecError(f"the {backend.name} backend has no knob {knob!r} to set; knobs: {allowed}", source=source, key=f"baseline.{knob}")
+        problem = KNOBS[knob].check(value, backend.knobs[knob])
+        if problem:
+            raise SpecError(problem, source=source, key=f"baseline.{knob}")
+    baseline = {k: KNOBS[k].reference for k in backend.knobs if k not in DERIVED}
+    baseline["batch_size"] = spec.global_batch
+    baseline.update(spec.baseline)
+    if spec.global_batch % baseline["batch_size"]:
+        raise SpecError(f"{baseline['batch_size']} does not divide global_batch ({spec.global_batch})", source=source, key="baseline.batch_size")
+    job.baseline = baseline
+
+
+def parse_spec(data: Any, source: str, text: str = "") -> Job:
+    """Validate already-loaded YAML data."""
+    if not isinstance(data, dict):
+        raise SpecError(f"a job spec is a mapping of keys (name, backend, workload, global_batch, ...), not {type(data).__name__}", source=source)
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        # For a union (e.g. sampler: name or mapping) the deepest error is the telling one.
+        key, message = _describe_pydantic(max(exc.errors(), key=lambda e: len(e["loc"])))
+        raise SpecError(message, source=source, key=key) from None
+    if not NAME.match(spec.name):
+        raise SpecError("must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit", source=source, key="name")
+    if spec.backend not in BACKENDS:
+        raise SpecError(f"{spec.backend!r} is not a backend; choose between {', '.join(BACKENDS)}", source=source, key="backend")
+    backend = get_backend(spec.backend)
+    ref = spec.workload
+    if ref.startswith("builtin:"):
+        if ref.removeprefix("builtin:") not in backend.builtin_workloads:
+            choices = ", ".join(f"builtin:{n}" for n in backend.builtin_workloads)
+            raise SpecError(f"no built-in workload {ref!r}; choose between {choices} or give package.module:function", source=source, key="workload")
+    elif not is_import_path(ref):
+        raise SpecError(f"{ref!r} is neither builtin:<name> nor package.module:function", source=source, key="workload")
+    if not re.match(r"^(auto|cpu|cuda(:\d+)?)$", spec.device):
+        raise SpecError(f"{spec.device!r} is not a device; use auto, cpu, cuda or cuda:N", source=source, key="device")
+    job = Job(spec, source, text)
+    _resolve_baseline(job, source)
+    _resolve_space(job, source)
+    for knob, value in job.baseline.items():  # the baseline is trial 0: it is a point of the space
+        if value not in job.space[knob]:
+            job.space[knob] = [value, *job.space[knob]]
+    return job
+
+
+def load_spec(path: str | Path) -> Job:
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("no such file", source=source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the spec: {exc.__class__.__name__}: {getattr(exc, 'strerror', None) or exc}", source=source) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{where}not valid YAML ({problem})", source=source) from None
+    except RecursionError:
+        raise SpecError("not valid YAML (nested too deeply)", source=source) from None
+    return parse_spec(data, source, text)

@@ -1,0 +1,42 @@
+"""Finding the user's workload factory from its import path.
+
+The path in a spec (`package.module:function`) is trusted code, like a pytest conftest: it is
+imported and called in trial processes. Nothing else in a spec is ever executed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class WorkloadImportError(ImportError):
+    """The workload factory named in the spec cannot be found or is not callable."""
+
+
+def is_import_path(ref: str) -> bool:
+    return bool(_PATH.match(ref))
+
+
+def load_factory(ref: str) -> Callable[..., Any]:
+    """Import `package.module:function` and return the function."""
+    if not is_import_path(ref):
+        raise WorkloadImportError(f"{ref!r} is not of the form package.module:function")
+    module_name, _, attribute = ref.partition(":")
+    if "" not in sys.path:  # a factory next to the spec, run from its folder, must import
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise WorkloadImportError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    factory = getattr(module, attribute, None)
+    if factory is None:
+        raise WorkloadImportError(f"module {module_name!r} has no attribute {attribute!r}")
+    if not callable(factory):
+        raise WorkloadImportError(f"{ref!r} is not callable")
+    return factory

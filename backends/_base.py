@@ -1,0 +1,79 @@
+"""The backend contract.
+
+A backend has two halves:
+
+* a `Backend` object (this class), imported by the engine in the search process. It must not
+  import its framework. It names the knobs and values the backend has, its built-in workloads,
+  and decides from a `Capabilities` report which configs the hardware cannot honour.
+* a runner module (`Backend.runner`), imported only in trial processes (and preloaded by the
+  fork server, so it must not touch the accelerator at import time). It provides:
+
+  ``probe(device: str) -> dict``
+      Called once per search in a trial process, before anything is stored. Returns the
+      environment: ``device`` (resolved, e.g. ``cuda:0``), ``device_name``, ``driver``,
+      ``versions`` (framework and its toolchain), ``capabilities`` (a dict the
+      `Capabilities` fields can be built from) and ``peak_flops`` (per precision, or empty).
+  ``run(request: autotuner.trial.TrialRequest) -> dict``
+      Builds the workload with ``request.seed``, then, in this order: the measured phase
+      (``request.measure``: warm-up steps, then ``request.windows`` windows of
+      ``request.steps`` optimizer steps each, timed by `autotuner.measure.measure_throughput`,
+      the device synchronized at every window edge) and the drift phase (``request.drift_steps``
+      optimizer steps from the initial weights on the first samples of the dataset in order,
+      then the fp32 loss on a fixed held-out batch). Returns a dict with ``throughput`` (the
+      `autotuner.measure.Throughput` as a dict), ``losses`` (``heldout`` and ``trajectory``),
+      and optional telemetry (``peak_memory_mb``, ``tokens_per_sample``, ``flops_per_sample``,
+      ``gpu``). A non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
+  ``classify_exception(exc: BaseException) -> str | None``
+      ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from autotuner.knobs import Config
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the device of a search can do, as the trial-process probe found it."""
+
+    accelerator: bool = False
+    """A GPU (CUDA) rather than the CPU."""
+    bf16: bool = False
+    fp16: bool = False
+    tf32: bool = False
+    compile: bool = False
+    """torch.compile can build kernels here (a working inductor backend)."""
+    cuda_graphs: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Capabilities:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: bool(v) for k, v in data.items() if k in names})
+
+
+class Backend:
+    """The engine-side half of a backend: knobs, built-ins and what the hardware can honour."""
+
+    name: str
+    runner: str
+    """Import path of the runner module (see the module docstring)."""
+    knobs: Mapping[str, tuple[Any, ...] | None]
+    """Knob name -> the values this backend honours (None: any integer the knob allows)."""
+    builtin_workloads: Mapping[str, str]
+    """`builtin:<name>` -> `package.module:function`."""
+    default_space: str
+    """Name of the search-space preset used when the spec names none."""
+
+    def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
+        """Why the hardware cannot honour `config` (it is then recorded, never run), or None."""
+        raise NotImplementedError
+
+    def resolve_workload(self, ref: str) -> str:
+        """`builtin:name` -> its import path; any other reference is returned as it is."""
+        if ref.startswith("builtin:"):
+            return self.builtin_workloads[ref.removeprefix("builtin:")]
+        return ref

@@ -1,0 +1,48 @@
+"""The PyTorch backend, engine side: knobs, built-in workloads, what a device can honour.
+
+The trial-process half is `backends.pytorch.runner`; user workloads return a
+`backends.pytorch.workload.TorchWorkload`.
+"""
+
+from __future__ import annotations
+
+from autotuner.knobs import Config
+from backends._base import Backend, Capabilities
+
+
+class PyTorchBackend(Backend):
+    name = "pytorch"
+    runner = "backends.pytorch.runner"
+    knobs = {
+        "precision": ("fp32", "tf32", "bf16", "fp16"),
+        "batch_size": None,
+        "accumulation": None,
+        "workers": None,
+        "compile": ("none", "default", "reduce-overhead", "max-autotune"),
+    }
+    builtin_workloads = {
+        "mlp": "backends.pytorch.workloads:mlp",
+        "cnn": "backends.pytorch.workloads:cnn",
+        "gpt": "backends.pytorch.workloads:gpt",
+    }
+    default_space = "pytorch"
+
+    def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
+        precision = config.get("precision", "fp32")
+        if precision == "tf32" and not capabilities.tf32:
+            return "tf32: this device has no TF32 matmuls (it needs an NVIDIA GPU of compute capability 8.0 or newer)"
+        if precision == "bf16" and not capabilities.bf16:
+            return "bf16: this device does not support bfloat16"
+        if precision == "fp16" and not capabilities.fp16:
+            return "fp16: this device does not support float16 autocast"
+        mode = config.get("compile", "none")
+        if mode != "none" and not capabilities.compile:
+            return f"compile={mode}: torch.compile cannot build kernels here"
+        if mode == "reduce-overhead" and not capabilities.cuda_graphs:
+            return "compile=reduce-overhead: CUDA graphs need a CUDA device"
+        return None
+
+
+PYTORCH = PyTorchBackend()
+
+__all__ = ["PYTORCH", "PyTorchBackend"]

@@ -1,0 +1,219 @@
+"""Built-in PyTorch workloads on synthetic data (nothing is downloaded).
+
+* `mlp`: a multi-layer perceptron learning a random teacher's labels.
+* `cnn`: a small convolutional network on 32x32 images that the dataset renders and augments
+  on the CPU per sample (crop, flip, blur, normalize), so data-loader workers matter.
+* `gpt`: a small causal transformer on token sequences from a fixed random Markov chain, with
+  its training FLOPs per token known.
+
+Every dataset item depends only on its index and the workload's seed, so any number of loader
+workers in any process yields the same data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from backends.pytorch.workload import TorchWorkload
+
+HELDOUT = 256
+
+
+def _adamw(lr: float):
+    return lambda params: torch.optim.AdamW(params, lr=lr)
+
+
+# ---------------------------------------------------------------- mlp
+
+
+def mlp(
+    features: int = 256,
+    hidden: int = 1024,
+    depth: int = 3,
+    classes: int = 10,
+    samples: int = 8192,
+    input_scale: float = 1.0,
+    lr: float = 1e-3,
+) -> TorchWorkload:
+    """`input_scale` multiplies the inputs: a large one makes activations overflow float16."""
+    generator = torch.Generator().manual_seed(1234)
+    inputs = torch.randn(samples + HELDOUT, features, generator=generator)
+    teacher = torch.randn(features, classes, generator=generator)
+    labels = (inputs @ teacher).argmax(dim=1)
+    inputs = inputs * input_scale
+    layers: list[nn.Module] = []
+    width = features
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, classes))
+    return TorchWorkload(
+        model=nn.Sequential(*layers),
+        dataset=torch.utils.data.TensorDataset(inputs[:samples], labels[:samples]),
+        heldout=torch.utils.data.TensorDataset(inputs[samples:], labels[samples:]),
+        loss_fn=F.cross_entropy,
+        optimizer=_adamw(lr),
+    )
+
+
+# ---------------------------------------------------------------- cnn
+
+
+class RenderedImages(torch.utils.data.Dataset):
+    """Images of class-dependent stripes in noise, rendered and augmented per item on the CPU."""
+
+    def __init__(self, samples: int, size: int, classes: int, offset: int = 0):
+        self.samples, self.size, self.classes, self.offset = samples, size, classes, offset
+        self.blur = torch.tensor([1.0, 4.0, 6.0, 4.0, 1.0]) / 16.0
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < self.samples:
+            raise IndexError(index)
+        rng = torch.Generator().manual_seed(10_000 + self.offset + index)
+        label = int(torch.randint(self.classes, (1,), generator=rng))
+        canvas = self.size + 8
+        ys, xs = torch.meshgrid(torch.arange(canvas), torch.arange(canvas), indexing="ij")
+        angle = math.pi * label / self.classes
+        stripes = torch.sin((xs * math.cos(angle) + ys * math.sin(angle)) * (0.3 + 0.05 * label))
+        image = stripes.expand(3, canvas, canvas) + 0.5 * torch.randn(3, canvas, canvas, generator=rng)
+        top, left = (int(v) for v in torch.randint(9, (2,), generator=rng))
+        image = image[:, top : top + self.size, left : left + self.size]
+        if torch.rand(1, generator=rng) < 0.5:
+            image = image.flip(-1)
+        kernel = self.blur
+        image = F.conv1d(image.reshape(-1, 1, self.size), kernel.view(1, 1, -1), padding=2).reshape(3, self.size, self.size)
+        image = F.conv1d(image.transpose(1, 2).reshape(-1, 1, self.size), kernel.view(1, 1, -1), padding=2)
+        image = image.reshape(3, self.size, self.size).transpose(1, 2)
+        image = (image - image.mean()) / (image.std() + 1e-5)
+        return image.contiguous(), torch.tensor(label)
+
+
+def cnn(size: int = 32, classes: int = 10, width: int = 32, samples: int = 4096, lr: float = 1e-3) -> TorchWorkload:
+    def block(cin: int, cout: int, stride: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+    model = nn.Sequential(
+        block(3, width, 1),
+        block(width, 2 * width, 2),
+        block(2 * width, 2 * width, 1),
+        block(2 * width, 4 * width, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4 * width, classes),
+    )
+    return TorchWorkload(
+        model=model,
+        dataset=RenderedImages(samples, size, classes),
+        heldout=RenderedImages(HELDOUT, size, classes, offset=samples),
+        loss_fn=F.cross_entropy,
+        optimizer=_adamw(lr),
+    )
+
+
+# ---------------------------------------------------------------- gpt
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=2)
+        q, k, v = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, length, dim))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = CausalSelfAttention(dim, heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, length: int, dim: int, layers: int, heads: int):
+        super().__init__()
+        self.token = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(length, dim)
+        self.blocks = nn.Sequential(*(Block(dim, heads) for _ in range(layers)))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.token.weight  # tied, as in GPT-2
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # GPT-2's initialisation: small normal weights keep the tied logits near zero at the start.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.token(tokens) + self.position(positions)
+        return self.head(self.ln(self.blocks(x)))
+
+
+def _markov_tokens(count: int, length: int, vocab: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(vocab, vocab, generator=generator) * 3.0
+    transition = torch.softmax(logits, dim=1)
+    tokens = torch.empty(count, length + 1, dtype=torch.long)
+    tokens[:, 0] = torch.randint(vocab, (count,), generator=generator)
+    for t in range(length):
+        tokens[:, t + 1] = torch.multinomial(transition[tokens[:, t]], 1, generator=generator).squeeze(1)
+    return tokens
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def gpt_flops_per_token(params_without_embeddings: int, layers: int, dim: int, length: int) -> float:
+    """Training FLOPs per token, forward and backward: 6N for the weights plus 12*L*d*T for
+    attention (Kaplan et al. 2020, as PaLM's appendix B and nanoGPT's estimate_mfu use it)."""
+    return 6.0 * params_without_embeddings + 12.0 * layers * dim * length
+
+
+def gpt(
+    vocab: int = 512,
+    length: int = 128,
+    dim: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    samples: int = 2048,
+    lr: float = 1e-3,
+) -> TorchWorkload:
+    tokens = _markov_tokens(samples + HELDOUT, length, vocab, seed=4321)
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    model = GPT(vocab, length, dim, layers, heads)
+    weights = sum(p.numel() for p in model.parameters()) - model.token.weight.numel() - model.position.weight.numel()
+    # The tied head is a real matmul per token even though its weight is the embedding's.
+    per_token = gpt_flops_per_token(weights + model.head.weight.numel(), layers, dim, length)
+    return TorchWorkload(
+        model=model,
+        dataset=torch.utils.data.TensorDataset(inputs[:samples], targets[:samples]),
+        heldout=torch.utils.data.TensorDataset(inputs[samples:], targets[samples:]),
+        loss_fn=_lm_loss,
+        optimizer=_adamw(lr),
+        tokens_per_sample=length,
+        flops_per_sample=per_token * length,
+    )
