@@ -1,0 +1,68 @@
+"""The CPU quickstart, measured: wall time, trials, baseline and best throughput, overheads.
+
+    python benchmarks/quickstart.py [--spec studies/quickstart.yaml]
+
+Runs `autotuner search` on the spec in a fresh temporary folder (so a fresh study), times it,
+then reads the study back from its storage. Writes benchmarks/results/<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+
+from autotuner.study import baseline, best, records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", default="studies/quickstart.yaml")
+    args = parser.parse_args()
+    spec = Path(args.spec).resolve()
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "autotuner", "search", "--spec", str(spec)], cwd=folder, env={**os.environ, "COLUMNS": "160"})
+        wall_s = time.perf_counter() - started
+        name = spec.stem
+        study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/studies/{name}.db")
+        trials = records(study)
+        winner, base = best(trials), baseline(trials)
+        ran = [t for t in trials if t.ran]
+        startup = [t.metrics["startup_s"] for t in ran if t.metrics.get("startup_s") is not None]
+        measured = sum(t.metrics.get("measured_s", 0.0) for t in ran)
+        reference = study.user_attrs["reference"]
+        results = {
+            "spec": str(Path(args.spec)),
+            "exit_code": done.returncode,
+            "device": study.user_attrs["environment"]["device_name"],
+            "torch": study.user_attrs["environment"]["versions"]["torch"],
+            "wall_s": wall_s,
+            "trials_ran": len(ran),
+            "trials_recorded": len(trials),
+            "outcomes": {o: sum(t.outcome == o for t in trials) for o in sorted({t.outcome for t in trials})},
+            "baseline": {"config": base.config, "throughput": base.throughput} if base else None,
+            "best": {"config": winner.config, "throughput": winner.throughput, "drift": winner.metrics.get("drift"), "spread": winner.metrics.get("throughput_spread")} if winner else None,
+            "speedup": winner.throughput / base.throughput if winner and base else None,
+            "trial_startup_s_median": statistics.median(startup) if startup else None,
+            "trial_wall_s_median": statistics.median(t.metrics["wall_s"] for t in ran) if ran else None,
+            "measured_windows_s": measured,
+            "reference_noise_floor": reference["noise_floor"],
+            "reference_wall_s": reference["wall_s"],
+            "drift_tolerance": study.user_attrs["autotuner"]["max_drift"],
+        }
+    out = Path(__file__).parent / "results" / f"{name}.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""The CLI as a user drives it: real CPU trials end to end, checked in the export and the storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotuner.knobs import config_key
+from tests.conftest import ROOT, run_cli, write_spec
+
+EXPORT_KEYS = {"params", "metrics", "baseline", "speedup", "environment", "spec", "study"}
+
+
+def _study(workdir: Path, name: str = "small") -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{workdir}/studies/{name}.db")
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One small study searched once; the tests below read what it left."""
+    workdir = tmp_path_factory.mktemp("search")
+    spec = write_spec(workdir)
+    done = run_cli("search", "--spec", str(spec), cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return workdir, done.stdout
+
+
+def test_search_exports_the_best_config_with_its_evidence(searched: tuple[Path, str]) -> None:
+    workdir, stdout = searched
+    export = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
+    assert EXPORT_KEYS <= set(export)
+    assert set(export["params"]) == {"precision", "batch_size", "accumulation", "workers", "compile"}
+    assert export["params"]["batch_size"] * export["params"]["accumulation"] == 64
+    metrics = export["metrics"]
+    for key in ("throughput", "drift", "peak_memory_mb", "warmup_s", "throughput_spread", "throughput_windows"):
+        assert key in metrics, key
+    assert metrics["drift"] <= 0.01
+    assert len(metrics["throughput_windows"]) == 2
+    assert export["baseline"]["params"]["batch_size"] == 16
+    assert export["speedup"] == pytest.approx(metrics["throughput"] / export["baseline"]["throughput"])
+    assert export["environment"]["fingerprint"]
+    assert export["study"]["name"] == "small"
+    assert export["study"]["storage"] == "sqlite:///studies/small.db"
+    assert "dashboard: optuna-dashboard sqlite:///studies/small.db" in stdout
+    assert "best" in stdout and "baseline" in stdout
+
+
+def test_search_stores_everything_on_the_study(searched: tuple[Path, str]) -> None:
+    workdir, _ = searched
+    study = _study(workdir)
+    assert study.metric_names == ["throughput", "drift"]
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    reference = study.user_attrs["reference"]
+    assert reference["config"]["precision"] == "fp32" and reference["config"]["compile"] == "none"
+    assert reference["noise_floor"] == 0.0  # two fp32 CPU runs are bitwise identical
+    assert len(study.user_attrs["fingerprint"]) == 16 and study.user_attrs["environment"]["device"] == "cpu"
+    trials = study.get_trials(deepcopy=False)
+    assert trials[0].user_attrs["role"] == "baseline"
+    assert trials[0].params == {"precision": "fp32", "batch_size": 16, "workers": 0, "compile": "none"}
+    for t in trials:
+        assert t.state is optuna.trial.TrialState.COMPLETE
+        assert t.user_attrs["outcome"] in {"ok", "unsupported", "oom", "nan", "timeout", "crash", "error"}
+        assert "reason" in t.user_attrs and "config" in t.user_attrs
+        assert len(t.system_attrs["constraints"]) == 3
+        feasible = all(c <= 0 for c in t.system_attrs["constraints"])
+        assert feasible == t.user_attrs["feasible"]
+    keys = [config_key(t.params) for t in trials]
+    assert len(keys) == len(set(keys)), "a config ran twice"
+    ran = [t for t in trials if t.user_attrs["outcome"] != "unsupported"]
+    assert len(ran) == 3
+
+
+def test_unsupported_values_are_recorded_without_running(searched: tuple[Path, str]) -> None:
+    workdir, _ = searched
+    study = _study(workdir)
+    # Ask for every config, so tf32 (which a CPU has not) is certainly proposed.
+    done = run_cli("search", "--spec", str(workdir / "small.yaml"), "--trials", "6", cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    trials = study.get_trials(deepcopy=False)
+    tf32 = [t for t in trials if t.params["precision"] == "tf32"]
+    assert tf32, "the space was exhausted without proposing tf32"
+    for t in tf32:
+        assert t.user_attrs["outcome"] == "unsupported"
+        assert "tf32" in t.user_attrs["reason"]
+        assert "startup_s" not in t.user_attrs or t.user_attrs["startup_s"] is None  # no process was started
+        assert t.values[0] == 0.0 and t.system_attrs["constraints"][1] > 0
+
+
+def test_rerun_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="resume", budget={"trials": 2})
+    first = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    study = _study(tmp_path, "resume")
+    before = {t.number: (t.params, t.values, t.datetime_complete) for t in study.get_trials()}
+    again = run_cli("search", "--spec", str(spec), cwd=tmp_path)  # budget already spent: runs nothing
+    assert again.returncode == 0, again.stderr
+    assert {t.number: (t.params, t.values, t.datetime_complete) for t in study.get_trials()} == before
+    more = run_cli("search", "--spec", str(spec), "--trials", "3", cwd=tmp_path)
+    assert more.returncode == 0, more.stderr
+    after = study.get_trials()
+    for number, (params, values, completed) in before.items():
+        assert (after[number].params, after[number].values, after[number].datetime_complete) == (params, values, completed)
+    assert sum(t.user_attrs["outcome"] != "unsupported" for t in after) == 3
+    assert "reference" in study.user_attrs and len(study.user_attrs["reference"]["runs_heldout"]) == 2
+
+
+def test_export_command_writes_the_same_file_from_the_storage(searched: tuple[Path, str]) -> None:
+    workdir, _ = searched
+    written = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
+    out = workdir / "again.json"
+    done = run_cli("export", "--spec", str(workdir / "small.yaml"), "--format", "json", "-o", str(out), cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    exported = json.loads(out.read_text())
+    assert exported == written
+    by_url = run_cli("export", "--study", "small", "--storage", "sqlite:///studies/small.db", "-o", "x.yaml", cwd=workdir)
+    assert by_url.returncode == 0, by_url.stderr
+    assert yaml.safe_load((workdir / "x.yaml").read_text()) == written
+
+
+def test_diverging_fp16_config_is_infeasible(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        name="overflow",
+        workload_args={"features": 32, "hidden": 64, "depth": 2, "samples": 1024, "input_scale": 1.0e6},
+        baseline={"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none"},
+        space={"precision": ["fp32", "fp16"], "batch_size": [64], "workers": [0], "compile": ["none"]},
+        budget={"trials": 2},
+    )
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = {t.params["precision"]: t for t in _study(tmp_path, "overflow").get_trials()}
+    fp16 = trials["fp16"]
+    assert fp16.user_attrs["outcome"] == "nan", fp16.user_attrs
+    assert fp16.user_attrs["feasible"] is False
+    assert fp16.values[1] == float("inf")
+    export = yaml.safe_load((tmp_path / "studies" / "overflow.best.yaml").read_text())
+    assert export["params"]["precision"] == "fp32"
+
+
+def test_oom_rules_out_larger_batches_without_running_them(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        name="ceiling",
+        workload="tests.study_workloads:memory_ceiling",
+        workload_args={"ceiling": 32},
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+        space={"precision": ["fp32"], "batch_size": [8, 16, 32, 64], "workers": [0], "compile": ["none"]},
+        budget={"trials": 10},
+    )
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = _study(tmp_path, "ceiling").get_trials()
+    outcomes = {t.params["batch_size"]: t.user_attrs["outcome"] for t in trials}
+    assert outcomes[8] == outcomes[16] == "ok"
+    assert "oom" in outcomes.values()
+    first_oom = min(t.number for t in trials if t.user_attrs["outcome"] == "oom")
+    oom_batch = trials[first_oom].params["batch_size"]
+    later_larger = [t for t in trials if t.number > first_oom and t.params["batch_size"] >= oom_batch]
+    assert later_larger == [], "a batch an OOM had ruled out was run"
+    assert "every config of the space has been tried" in done.stdout
+
+
+def test_bad_spec_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, space={"precision": ["fp8"]})
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert str(spec) in done.stderr and "space.precision" in done.stderr and "fp32" in done.stderr
+    assert not (tmp_path / "studies").exists()
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"workload": "no_such_module:factory"}, ["workload", "no_such_module"]),
+        ({"workload": "tests.study_workloads:missing"}, ["workload", "missing"]),
+        ({"device": "cuda:3"}, ["device"]),
+    ],
+)
+def test_unusable_workload_or_device_exits_2_before_anything_is_stored(tmp_path: Path, changes: dict, words: list[str]) -> None:
+    if changes.get("device", "").startswith("cuda") and os.path.exists("/dev/nvidia0"):
+        pytest.skip("this machine has a GPU")
+    spec = write_spec(tmp_path, **changes)
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    for word in words:
+        assert word in done.stderr
+    assert not (tmp_path / "studies").exists()
+
+
+@pytest.mark.parametrize(
+    "storage, words",
+    [
+        ("not a url", ["storage", "not a SQLAlchemy database URL"]),
+        ("nosuchdb://x/y", ["storage", "nosuchdb"]),
+        ("sqlite:///no/such/folder/x.db", ["storage", "does not exist"]),
+        ("postgresql://nobody@127.0.0.1:1/none", ["storage", "cannot open"]),
+    ],
+)
+def test_bad_storage_exits_2(tmp_path: Path, storage: str, words: list[str]) -> None:
+    spec = write_spec(tmp_path)
+    done = run_cli("search", "--spec", str(spec), "--storage", storage, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    for word in words:
+        assert word in done.stderr
+
+
+def test_bad_arguments_exit_2(tmp_path: Path) -> None:
+    done = run_cli("search", "--spec", "x.yaml", "--trials", "-3", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    missing = run_cli("search", "--spec", "nope.yaml", cwd=tmp_path)
+    assert missing.returncode == 2 and "nope.yaml" in missing.stderr and missing.stderr.count("\n") == 1
+
+
+def test_env_prints_device_versions_support_and_fingerprint(tmp_path: Path) -> None:
+    done = run_cli("env", "--device", "cpu", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for word in ("device", "torch", "bf16", "tf32", "fingerprint"):
+        assert word in done.stdout
+
+
+@pytest.mark.skipif(not os.environ.get("AUTOTUNER_TEST_POSTGRES_URL"), reason="AUTOTUNER_TEST_POSTGRES_URL is not set")
+def test_search_on_postgresql(tmp_path: Path) -> None:
+    url = os.environ["AUTOTUNER_TEST_POSTGRES_URL"]
+    name = f"pg_{os.getpid()}_{tmp_path.name[-8:]}".replace("-", "_")
+    spec = write_spec(tmp_path, name=name, budget={"trials": 2})
+    try:
+        done = run_cli("search", "--spec", str(spec), "--storage", url, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        study = optuna.load_study(study_name=name, storage=url)
+        assert sum(t.user_attrs["outcome"] != "unsupported" for t in study.get_trials()) == 2
+        export = yaml.safe_load((tmp_path / "studies" / f"{name}.best.yaml").read_text())
+        assert export["study"]["storage"] == url
+    finally:
+        try:
+            optuna.delete_study(study_name=name, storage=url)
+        except KeyError:
+            pass
+
+
+def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_path: Path) -> None:
+    spec = write_spec(
+        tmp_path,
+        name="interrupt",
+        budget={"trials": 3},
+        trial={"warmup_steps": 1, "steps": 400, "windows": 2, "drift_steps": 3, "timeout": 300},
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # SIGINT as a terminal sends it; a shell may have left it ignored for background children.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "autotuner", "search", "--spec", str(spec)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    db = tmp_path / "studies" / "interrupt.db"
+    deadline = time.monotonic() + 240
+    running = None
+    while time.monotonic() < deadline and running is None:
+        time.sleep(0.5)
+        if db.exists():
+            try:
+                trials = _study(tmp_path, "interrupt").get_trials(deepcopy=False)
+            except Exception:  # the study is being created
+                continue
+            running = next((t for t in trials if t.state is optuna.trial.TrialState.RUNNING and t.number >= 1), None)
+    assert running is not None, "no trial started"
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr
+    trials = _study(tmp_path, "interrupt").get_trials()
+    cut = trials[running.number]
+    assert cut.state is optuna.trial.TrialState.FAIL
+    assert (tmp_path / "studies" / "interrupt.best.yaml").exists()  # exported from what finished
+    finished_before = {t.number: t.values for t in trials if t.state is optuna.trial.TrialState.COMPLETE}
+    again = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = _study(tmp_path, "interrupt").get_trials()
+    assert {t.number: t.values for t in after if t.number in finished_before} == finished_before
+    retried = [t for t in after if t.user_attrs.get("retry_of") == running.number]
+    assert len(retried) == 1 and retried[0].params == cut.params and retried[0].state is optuna.trial.TrialState.COMPLETE
+    assert sum(t.state is optuna.trial.TrialState.COMPLETE and t.user_attrs["outcome"] != "unsupported" for t in after) == 3
