@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -23,12 +25,12 @@ def rate(value: float | None) -> str:
     return "-" if not value else f"{value:,.0f}/s"
 
 
-def percent(value: Any) -> str:
+def percent(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"
     if value == "inf" or value == float("inf"):
         return "inf"
-    return f"{float(value):.3%}"
+    return f"{float(value):.{digits}%}"
 
 
 def dashboard_command(storage_url: str) -> str:
@@ -37,7 +39,8 @@ def dashboard_command(storage_url: str) -> str:
 
 class SearchReporter:
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
+        # Logs and pipes get 120 columns rather than rich's 80, so the result table stays whole.
+        self.console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
     def start(self, job: Job, storage_url: str, environment: dict[str, Any], budget: int) -> None:
         self.console.print(
@@ -75,23 +78,24 @@ class SearchReporter:
 
     def finish(self, summary: SearchSummary) -> None:
         base = summary.baseline
-        table = Table(title="Top configs (feasible, by throughput)")
-        for column in ("trial", "config", "throughput", "speedup", "drift", "spread", "warm-up s", "peak MiB"):
-            table.add_column(column)
+        table = Table(title="Top configs (feasible, by throughput)", box=box.SIMPLE_HEAD)
         feasible = sorted((t for t in summary.trials if t.feasible), key=lambda t: -t.throughput)
         shown = feasible[:TOP] + ([base] if base is not None and base not in feasible[:TOP] else [])
+        knobs = [k for k in (shown[0].config if shown else {}) if k != "accumulation"]
+        for column in ("trial", *(k.replace("_size", "") for k in knobs), "samples/s", "speedup", "drift", "spread", "warm-up"):
+            table.add_column(column, no_wrap=True)
         for t in shown:
             speedup = f"{t.throughput / base.throughput:.2f}x" if base and base.throughput else "-"
-            label = f"#{t.number}" + (" baseline" if t.role == "baseline" else "")
+            label = f"#{t.number}" + (" base" if t.role == "baseline" else "")
+            values = [f"{t.config[k]}x{t.config.get('accumulation', 1)}" if k == "batch_size" else str(t.config.get(k)) for k in knobs]
             table.add_row(
                 label,
-                format_config(t.config),
+                *values,
                 rate(t.throughput),
                 speedup,
                 percent(t.metrics.get("drift")),
-                percent(t.metrics.get("throughput_spread")),
-                f"{t.metrics.get('warmup_s', 0):.2f}",
-                f"{t.metrics.get('peak_memory_mb', 0):.0f}",
+                percent(t.metrics.get("throughput_spread"), 1),
+                f"{t.metrics.get('warmup_s', 0):.2f}s",
             )
         self.console.print(table)
         counts: dict[str, int] = {}
