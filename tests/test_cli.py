@@ -292,3 +292,36 @@ def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_pat
     retried = [t for t in after if t.user_attrs.get("retry_of") == running.number]
     assert len(retried) == 1 and retried[0].params == cut.params and retried[0].state is optuna.trial.TrialState.COMPLETE
     assert sum(t.state is optuna.trial.TrialState.COMPLETE and t.user_attrs["outcome"] != "unsupported" for t in after) == 3
+
+
+def test_memory_limit_makes_trials_infeasible_and_no_feasible_config_exits_1(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="tight", objective={"max_drift": 0.01, "max_memory_mb": 1.0}, budget={"trials": 1})
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no feasible config" in done.stdout
+    (trial,) = _study(tmp_path, "tight").get_trials()
+    assert trial.user_attrs["outcome"] == "ok" and trial.user_attrs["feasible"] is False
+    assert "memory" in trial.user_attrs["reason"]
+    assert trial.system_attrs["constraints"][2] > 0
+    assert not (tmp_path / "studies" / "tight.best.yaml").exists()
+
+
+def test_a_study_refuses_other_hardware_and_a_changed_job(searched: tuple[Path, str]) -> None:
+    workdir, _ = searched
+    spec = workdir / "small.yaml"
+    study = _study(workdir)
+    changed = yaml.safe_load(spec.read_text())
+    changed["global_batch"] = 128
+    other = workdir / "changed" / "small.yaml"
+    other.parent.mkdir()
+    other.write_text(yaml.safe_dump(changed))
+    done = run_cli("search", "--spec", str(other), "--storage", "sqlite:///studies/small.db", cwd=workdir)
+    assert done.returncode == 2 and "different job" in done.stderr and "Traceback" not in done.stderr
+    fingerprint = study.user_attrs["fingerprint"]
+    study.set_user_attr("fingerprint", "0123456789abcdef")
+    try:
+        done = run_cli("search", "--spec", str(spec), cwd=workdir)
+    finally:
+        study.set_user_attr("fingerprint", fingerprint)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "fingerprint 0123456789abcdef" in done.stderr and done.stderr.count("\n") == 1
