@@ -24,7 +24,8 @@ class SpecError(AutotunerError):
         self.source = source
         self.key = key
         prefix = "".join(f"{part}: " for part in (source, key) if part)
-        super().__init__(prefix + message)
+        # One line always, even when a key or a value from the file holds a line break.
+        super().__init__((prefix + message).replace("\r", "\\r").replace("\n", "\\n"))
 
 
 class HardwareMismatch(AutotunerError):

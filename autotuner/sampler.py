@@ -3,7 +3,8 @@
 Optuna proposes (the oracle); this wrapper keeps it from proposing a config the study already
 has (finished, or running in another worker) or one an out-of-memory trial has ruled out (same
 knobs, a batch at least as large). When the wrapped sampler keeps proposing such configs (TPE
-exploiting a front it already knows), a random fresh config is run instead. Infeasible trials
+exploiting a front it already knows), the fresh config nearest to its proposals (fewest knobs
+changed) is run instead, so what the sampler learnt still steers the search. Infeasible trials
 reach the wrapped sampler as COMPLETE trials whose constraints are violated, which Optuna's
 samplers rank below every feasible trial, so they learn from them; FAIL trials, which they would
 ignore, are used only for interrupted runs.
@@ -83,6 +84,7 @@ class FreshConfigSampler(BaseSampler):
             return {}  # an enqueued trial (the baseline, a retry) carries its own params
         trials = study.get_trials(deepcopy=False)
         base_space = self.base.infer_relative_search_space(study, trial)
+        proposals = []
         for _ in range(ATTEMPTS):
             params = self.base.sample_relative(study, trial, base_space) if base_space else {}
             for name, distribution in self.space.items():
@@ -90,8 +92,13 @@ class FreshConfigSampler(BaseSampler):
                     params[name] = self.base.sample_independent(study, trial, name, distribution)
             if self.is_fresh(params, trials, exclude=trial.number):
                 return params
+            proposals.append(params)
         fresh = [c for c in self._configs() if self.is_fresh(c, trials, exclude=trial.number)]
-        return self._rng.choice(fresh) if fresh else params
+        if not fresh:
+            return proposals[-1]
+        distance = {i: min(sum(c[k] != p[k] for k in c) for p in proposals) for i, c in enumerate(fresh)}
+        nearest = min(distance.values())
+        return self._rng.choice([fresh[i] for i, d in distance.items() if d == nearest])
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
         return self.base.sample_independent(study, trial, param_name, param_distribution)

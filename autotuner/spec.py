@@ -106,8 +106,11 @@ class Job:
         return override or self.spec.storage or f"sqlite:///studies/{self.name}.db"
 
     def identity(self) -> str:
-        """Hash of everything that changes what a trial measures; a study keeps one identity."""
-        data = self.spec.model_dump(exclude={"budget", "storage", "sampler"})
+        """Hash of everything that changes what a trial measures; a study keeps one identity.
+
+        The device is not part of it (workers of one study use different GPUs; the hardware
+        fingerprint guards what matters), nor the budget, storage, sampler or trial timeout."""
+        data = self.spec.model_dump(exclude={"budget": True, "storage": True, "sampler": True, "device": True, "trial": {"timeout"}})
         data["space"], data["baseline"] = self.space, self.baseline
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -144,6 +147,8 @@ def _describe_pydantic(error: dict[str, Any]) -> tuple[str, str]:
         return key, f"unknown key; allowed here: {', '.join(_allowed_keys(loc[:-1]))}"
     if kind == "missing":
         return key, "required key is missing"
+    if loc == ["space"] and kind in ("string_type", "dict_type"):
+        return key, f"must be a preset name or a mapping of knob -> [choices] (got {error.get('input')!r})"
     if kind == "literal_error":
         return key, f"{error['input']!r} is not allowed; choose between {error['ctx']['expected']}"
     return key, f"{error['msg'][0].lower()}{error['msg'][1:]} (got {error.get('input')!r})"
@@ -204,9 +209,9 @@ def _resolve_space(job: Job, source: str) -> None:
         elif knob in preset:
             values = _choices(preset[knob], knob, f"{preset_name} preset: {knob}", source, backend.knobs[knob])
             if knob == "batch_size":
-                values = [b for b in values if spec.global_batch % b == 0]
-                if not values:
-                    raise SpecError(f"no batch_size of the {preset_name!r} preset divides global_batch ({spec.global_batch}); give space.batch_size", source=source, key="space.batch_size")
+                dividing = [b for b in values if spec.global_batch % b == 0]
+                # No preset size divides an odd global batch: use its divisors in the preset's range.
+                values = dividing or [d for d in range(min(values), min(max(values), spec.global_batch) + 1) if spec.global_batch % d == 0]
         else:
             values = [job.baseline.get(knob, KNOBS[knob].reference)]
         job.space[knob] = values
@@ -231,6 +236,8 @@ def _resolve_baseline(job: Job, source: str) -> None:
 
 def parse_spec(data: Any, source: str, text: str = "") -> Job:
     """Validate already-loaded YAML data."""
+    if data is None:
+        raise SpecError("the file is empty; a job spec needs at least name, backend, workload and global_batch", source=source)
     if not isinstance(data, dict):
         raise SpecError(f"a job spec is a mapping of keys (name, backend, workload, global_batch, ...), not {type(data).__name__}", source=source)
     try:
