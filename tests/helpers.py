@@ -1,0 +1,57 @@
+"""Shared helpers for the trial, drift, spec and sampler tests.
+
+Importing this module puts the repository root on `sys.path` so that `tests.faulty_workloads`
+imports by path in trial processes too: the fork server copies this process's `sys.path` when it
+starts, and every trial process is forked from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from autotuner.trial import TrialRequest  # noqa: E402
+
+RUNNER = "backends.pytorch.runner"
+FAULTY = "tests.faulty_workloads"
+
+FP32 = {"precision": "fp32", "batch_size": 8, "accumulation": 1, "workers": 0, "compile": "none"}
+
+SMALL_MLP = {"features": 16, "hidden": 32, "depth": 2, "samples": 128}
+"""Arguments that make the built-in mlp small enough for a trial in about a second on a CPU."""
+
+
+def request(workload: str, workload_args: dict[str, Any] | None = None, *, measure: bool = True, **config: Any) -> TrialRequest:
+    """A small trial request: global batch 8, 1 warm-up step, 2 windows of 2 steps, 2 drift steps."""
+    full = {**FP32, **config}
+    full["accumulation"] = 8 // full["batch_size"]
+    fields = {
+        "heldout_batch": 8,  # the baseline's micro-batch in a search
+    }
+    known = {f.name for f in dataclasses.fields(TrialRequest)}
+    return TrialRequest(
+        **{k: v for k, v in fields.items() if k in known},
+        workload=workload if ":" in workload else f"{FAULTY}:{workload}",
+        workload_args=dict(workload_args or {}),
+        device="cpu",
+        config=full,
+        global_batch=8,
+        seed=0,
+        warmup_steps=1,
+        steps=2,
+        windows=2,
+        drift_steps=2,
+        measure=measure,
+    )
+
+
+def preloaded(arg: object) -> dict[str, bool]:
+    """Run in a trial process (as `TrialLauncher.call("tests.helpers", "preloaded", ...)`): what the
+    fork server had imported before this trial started. This module itself imports no framework."""
+    return {name: name in sys.modules for name in ("backends.pytorch.runner", "torch", "torch._dynamo")}
