@@ -64,6 +64,9 @@ def open_storage(url: str, *, default: bool = False) -> optuna.storages.BaseStor
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if parsed.get_backend_name() != "sqlite" else None)
+    except ImportError:
+        hint = " (pip install 'autotuner[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
+        raise SpecError(f"cannot open the storage {url!r}: the driver for {parsed.drivername!r} is not installed{hint}", key="storage") from None
     except Exception as exc:
         reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
         raise SpecError(f"cannot open the storage {url!r}: {reason}", key="storage") from None
