@@ -19,7 +19,12 @@ __version__ = "0.1.0"
 
 # The study loop and the spec import `backends`, which imports `autotuner.knobs`: loading them
 # lazily keeps `import backends` (the fork server's first import) free of an import cycle.
-_LAZY = {"Search": "autotuner.search", "SearchSummary": "autotuner.search", "Job": "autotuner.spec", "load_spec": "autotuner.spec"}
+_LAZY = {
+    "Search": "autotuner.search",
+    "SearchSummary": "autotuner.search",
+    "Job": "autotuner.spec",
+    "load_spec": "autotuner.spec",
+}
 
 
 def __getattr__(name: str) -> Any:

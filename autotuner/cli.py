@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -18,7 +19,7 @@ from autotuner.errors import AutotunerError, SpecError
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line and exit 2, like every other bad input
+    def error(self, message: str) -> NoReturn:  # one line and exit 2, like every other bad input
         self.exit(2, f"autotuner: error: {message}\n")
 
 
@@ -69,7 +70,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise SpecError(f"no study {name!r} in {url}", key="name") from None
-    path = write_export(export_data(study, url), Path(args.output) if args.output else export_path(name, args.format), args.format)
+    path = write_export(
+        export_data(study, url), Path(args.output) if args.output else export_path(name, args.format), args.format
+    )
     print(path)
     return 0
 
@@ -95,9 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     search = commands.add_parser("search", help="run (or resume) the study of a job spec")
     search.add_argument("--spec", required=True, help="the job spec (YAML)")
-    search.add_argument("--storage", help="SQLAlchemy URL of the study's storage (default: sqlite:///studies/<name>.db)")
-    search.add_argument("--trials", type=_positive_int, help="trials to run in the whole study (overrides budget.trials)")
-    search.add_argument("--timeout", type=_positive_float, help="seconds of trials for the whole study (overrides budget.timeout)")
+    search.add_argument(
+        "--storage", help="SQLAlchemy URL of the study's storage (default: sqlite:///studies/<name>.db)"
+    )
+    search.add_argument(
+        "--trials", type=_positive_int, help="trials to run in the whole study (overrides budget.trials)"
+    )
+    search.add_argument(
+        "--timeout", type=_positive_float, help="seconds of trials for the whole study (overrides budget.timeout)"
+    )
     search.set_defaults(handler=cmd_search)
 
     export = commands.add_parser("export", help="write the best config and its evidence from the storage")

@@ -62,7 +62,15 @@ class SearchReporter:
             f"reference noise floor {percent(reference['noise_floor'])}"
         )
 
-    def trial(self, done: TrialRecord, ran: int, budget: int, elapsed_s: float, best: TrialRecord | None, baseline: TrialRecord | None) -> None:
+    def trial(
+        self,
+        done: TrialRecord,
+        ran: int,
+        budget: int,
+        elapsed_s: float,
+        best: TrialRecord | None,
+        baseline: TrialRecord | None,
+    ) -> None:
         config = format_config(done.config)
         if done.outcome == "ok":
             status = f"{rate(done.throughput)} drift {percent(done.metrics.get('drift'))}"
@@ -82,12 +90,23 @@ class SearchReporter:
         feasible = sorted((t for t in summary.trials if t.feasible), key=lambda t: -t.throughput)
         shown = feasible[:TOP] + ([base] if base is not None and base not in feasible[:TOP] else [])
         knobs = [k for k in (shown[0].config if shown else {}) if k != "accumulation"]
-        for column in ("trial", *(k.replace("_size", "") for k in knobs), "samples/s", "speedup", "drift", "spread", "warm-up"):
+        for column in (
+            "trial",
+            *(k.replace("_size", "") for k in knobs),
+            "samples/s",
+            "speedup",
+            "drift",
+            "spread",
+            "warm-up",
+        ):
             table.add_column(column, no_wrap=True)
         for t in shown:
             speedup = f"{t.throughput / base.throughput:.2f}x" if base and base.throughput else "-"
             label = f"#{t.number}" + (" base" if t.role == "baseline" else "")
-            values = [f"{t.config[k]}x{t.config.get('accumulation', 1)}" if k == "batch_size" else str(t.config.get(k)) for k in knobs]
+            values = [
+                f"{t.config[k]}x{t.config.get('accumulation', 1)}" if k == "batch_size" else str(t.config.get(k))
+                for k in knobs
+            ]
             table.add_row(
                 label,
                 *values,
@@ -109,6 +128,8 @@ class SearchReporter:
         else:
             b = summary.best
             speedup = f", {b.throughput / base.throughput:.2f}x the baseline" if base and base.throughput else ""
-            self.console.print(f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{speedup}")
+            self.console.print(
+                f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{speedup}"
+            )
             self.console.print(f"exported: {summary.export}")
         self.console.print(f"dashboard: {dashboard_command(summary.storage_url)}")

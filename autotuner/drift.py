@@ -37,5 +37,5 @@ def measure_drift(
         raise ValueError(
             f"the trial took {len(trajectory)} drift steps but the reference took {len(reference_trajectory)}"
         )
-    gaps = [relative_gap(v, r) for v, r in zip(trajectory, reference_trajectory)]
+    gaps = [relative_gap(v, r) for v, r in zip(trajectory, reference_trajectory, strict=True)]
     return Drift(relative_gap(heldout, reference_heldout), max(gaps, default=0.0))

@@ -44,25 +44,37 @@ def export_data(study: optuna.Study, storage_url: str) -> dict[str, Any]:
     settings = attrs.get("autotuner", {})
     reference = attrs.get("reference", {})
     metrics = {"throughput": winner.throughput, **winner.metrics}
-    return _plain({
-        "version": EXPORT_VERSION,
-        "params": winner.config,
-        "metrics": metrics,
-        "baseline": {
-            "params": base.config if base else None,
-            "throughput": base.throughput if base else None,
-            "outcome": base.outcome if base else None,
-        },
-        "speedup": winner.throughput / base.throughput if base and base.throughput > 0 else None,
-        "drift": {
-            "tolerance": settings.get("max_drift"),
-            "reference_noise_floor": reference.get("noise_floor"),
-            "reference_config": reference.get("config"),
-        },
-        "environment": {**attrs.get("environment", {}), "fingerprint": attrs.get("fingerprint")},
-        "spec": {"path": settings.get("spec_path"), "identity": settings.get("identity"), "workload": settings.get("workload"), "global_batch": settings.get("global_batch")},
-        "study": {"name": study.study_name, "storage": storage_url, "trial": winner.number, "trials_ran": sum(t.ran for t in trials)},
-    })
+    return _plain(
+        {
+            "version": EXPORT_VERSION,
+            "params": winner.config,
+            "metrics": metrics,
+            "baseline": {
+                "params": base.config if base else None,
+                "throughput": base.throughput if base else None,
+                "outcome": base.outcome if base else None,
+            },
+            "speedup": winner.throughput / base.throughput if base and base.throughput > 0 else None,
+            "drift": {
+                "tolerance": settings.get("max_drift"),
+                "reference_noise_floor": reference.get("noise_floor"),
+                "reference_config": reference.get("config"),
+            },
+            "environment": {**attrs.get("environment", {}), "fingerprint": attrs.get("fingerprint")},
+            "spec": {
+                "path": settings.get("spec_path"),
+                "identity": settings.get("identity"),
+                "workload": settings.get("workload"),
+                "global_batch": settings.get("global_batch"),
+            },
+            "study": {
+                "name": study.study_name,
+                "storage": storage_url,
+                "trial": winner.number,
+                "trials_ran": sum(t.ran for t in trials),
+            },
+        }
+    )
 
 
 def export_path(name: str, fmt: str = "yaml") -> Path:

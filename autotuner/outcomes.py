@@ -78,7 +78,9 @@ def exception_message(exc: BaseException, is_oom: Callable[[BaseException], bool
 def classify_end(end: ProcessEnd) -> Classified:
     """Map the end of a trial process to its outcome. Every trial goes through here."""
     if end.timed_out:
-        return Classified(Outcome.TIMEOUT, f"no result within the trial timeout of {end.timeout_s:g} s; the process was killed")
+        return Classified(
+            Outcome.TIMEOUT, f"no result within the trial timeout of {end.timeout_s:g} s; the process was killed"
+        )
     if end.read_error is not None:
         return Classified(Outcome.CRASH, _one_line(f"the trial process sent an unreadable result: {end.read_error}"))
     message = end.message

@@ -33,7 +33,9 @@ def make_base_sampler(name: str, seed: int | None, startup_trials: int = 5) -> B
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
-            return optuna.samplers.TPESampler(multivariate=True, constant_liar=True, n_startup_trials=startup_trials, seed=seed)
+            return optuna.samplers.TPESampler(
+                multivariate=True, constant_liar=True, n_startup_trials=startup_trials, seed=seed
+            )
         if name == "random":
             return optuna.samplers.RandomSampler(seed=seed)
         if name == "gp":
@@ -48,17 +50,24 @@ def oom_rules_out(params: dict[str, Any], trials: Sequence[FrozenTrial]) -> Froz
     others = {k: v for k, v in params.items() if k != "batch_size"}
     for t in trials:
         if t.state is TrialState.COMPLETE and t.user_attrs.get("outcome") == "oom":
-            if t.params.get("batch_size", 0) <= params.get("batch_size", 0) and {
-                k: v for k, v in t.params.items() if k != "batch_size"
-            } == others:
+            if (
+                t.params.get("batch_size", 0) <= params.get("batch_size", 0)
+                and {k: v for k, v in t.params.items() if k != "batch_size"} == others
+            ):
                 return t
     return None
 
 
 class FreshConfigSampler(BaseSampler):
-    def __init__(self, base: BaseSampler, space: dict[str, list[Any]], configs: Callable[[], list[dict[str, Any]]], seed: int | None = None):
+    def __init__(
+        self,
+        base: BaseSampler,
+        space: dict[str, list[Any]],
+        configs: Callable[[], list[dict[str, Any]]],
+        seed: int | None = None,
+    ):
         self.base = base
-        self.space = {name: CategoricalDistribution(choices) for name, choices in space.items()}
+        self.space: dict[str, BaseDistribution] = {n: CategoricalDistribution(c) for n, c in space.items()}
         self._configs = configs
         self._rng = random.Random(seed)
 
@@ -79,7 +88,9 @@ class FreshConfigSampler(BaseSampler):
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self.space)
 
-    def sample_relative(self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         if not search_space or trial.system_attrs.get("fixed_params"):
             return {}  # an enqueued trial (the baseline, a retry) carries its own params
         trials = study.get_trials(deepcopy=False)
@@ -100,7 +111,9 @@ class FreshConfigSampler(BaseSampler):
         nearest = min(distance.values())
         return self._rng.choice([fresh[i] for i, d in distance.items() if d == nearest])
 
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
         return self.base.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:

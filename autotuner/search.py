@@ -36,7 +36,9 @@ def make_launcher(backend: Backend) -> TrialLauncher:
     return TrialLauncher([backend.runner])
 
 
-def probe_environment(launcher: TrialLauncher, backend: Backend, device: str, workload: str, source: str | None = None) -> dict[str, Any]:
+def probe_environment(
+    launcher: TrialLauncher, backend: Backend, device: str, workload: str, source: str | None = None
+) -> dict[str, Any]:
     """The device's environment and capabilities, from a trial process; checks the workload imports."""
     probed = launcher.call(backend.runner, "probe", {"device": device, "workload": workload}, PROBE_TIMEOUT_S)
     if probed.outcome is not Outcome.OK:
@@ -77,7 +79,9 @@ def run_reference(launcher: TrialLauncher, job: Job, device: str) -> dict[str, A
     for _ in range(2):
         result = launcher.call(job.backend.runner, "run", request, job.spec.trial.timeout)
         if result.outcome is not Outcome.OK:
-            raise BackendError(f"the fp32 reference run failed ({result.outcome}: {result.reason}); no drift can be measured")
+            raise BackendError(
+                f"the fp32 reference run failed ({result.outcome}: {result.reason}); no drift can be measured"
+            )
         runs.append(result)
     first, second = (r.result["losses"] for r in runs)
     noise = measure_drift(second["heldout"], second["trajectory"], first["heldout"], first["trajectory"])
@@ -142,7 +146,9 @@ class Search:
 
         all_configs = list(job.configs())
         settings = job.sampler
-        sampler = FreshConfigSampler(make_base_sampler(settings.name, settings.seed), job.space, lambda: all_configs, settings.seed)
+        sampler = FreshConfigSampler(
+            make_base_sampler(settings.name, settings.seed), job.space, lambda: all_configs, settings.seed
+        )
         study.sampler = sampler
         self._enqueue_baseline_and_retries(study)
 
@@ -162,7 +168,7 @@ class Search:
                 if not waiting and not sampler.fresh_configs(study):
                     self.reporter.note("every config of the space has been tried")
                     break
-                current = study.ask(sampler.space)
+                current = study.ask(dict(sampler.space))
                 config = job.complete(current.params)
                 role = current.user_attrs.get("role", "search")
                 if not sampler.is_fresh(current.params, study.get_trials(deepcopy=False), exclude=current.number):
@@ -177,14 +183,25 @@ class Search:
                     with self.reporter.running(f"trial {ran + 1}/{self.max_trials}: {format_config(config)}"):
                         request = trial_request(job, config, environment["device"])
                         result = launcher.call(job.backend.runner, "run", request, job.spec.trial.timeout)
-                done = record(study, current, job, config, result, role=role, reference=reference, environment=environment)
+                done = record(
+                    study, current, job, config, result, role=role, reference=reference, environment=environment
+                )
                 current = None
                 trials = records(study)
-                self.reporter.trial(done, sum(t.ran for t in trials), self.max_trials, time.monotonic() - started, best(trials), baseline(trials))
+                self.reporter.trial(
+                    done,
+                    sum(t.ran for t in trials),
+                    self.max_trials,
+                    time.monotonic() - started,
+                    best(trials),
+                    baseline(trials),
+                )
         except KeyboardInterrupt:
             interrupted = True
             if current is not None:
-                current.set_user_attr("reason", "the search was interrupted while this trial ran; it is retried on resume")
+                current.set_user_attr(
+                    "reason", "the search was interrupted while this trial ran; it is retried on resume"
+                )
                 study.tell(current, state=TrialState.FAIL)
         trials = records(study)
         summary = SearchSummary(trials, best(trials), baseline(trials), self.storage_url, None, interrupted)
@@ -203,5 +220,7 @@ class Search:
         done = {config_key(t.params) for t in live}
         for t in trials:
             if t.state is TrialState.FAIL and t.params and config_key(t.params) not in done:
-                study.enqueue_trial(dict(t.params), user_attrs={"role": t.user_attrs.get("role", "search"), "retry_of": t.number})
+                study.enqueue_trial(
+                    dict(t.params), user_attrs={"role": t.user_attrs.get("role", "search"), "retry_of": t.number}
+                )
                 done.add(config_key(t.params))

@@ -110,21 +110,23 @@ class Job:
 
         The device is not part of it (workers of one study use different GPUs; the hardware
         fingerprint guards what matters), nor the budget, storage, sampler or trial timeout."""
-        data = self.spec.model_dump(exclude={"budget": True, "storage": True, "sampler": True, "device": True, "trial": {"timeout"}})
+        data = self.spec.model_dump(
+            exclude={"budget": True, "storage": True, "sampler": True, "device": True, "trial": {"timeout"}}
+        )
         data["space"], data["baseline"] = self.space, self.baseline
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def complete(self, params: dict[str, Any]) -> Config:
         """A full config from sampled params: fixed knobs from the baseline, accumulation derived."""
-        config = {knob: params.get(knob, self.baseline[knob]) for knob in self.space}
-        config["accumulation"] = self.spec.global_batch // config["batch_size"]
+        config: Config = {knob: params.get(knob, self.baseline[knob]) for knob in self.space}
+        config["accumulation"] = self.spec.global_batch // int(config["batch_size"])
         return config
 
     def configs(self) -> Iterator[dict[str, Any]]:
         """Every point of the space, as sampled params."""
         names = list(self.space)
         for values in itertools.product(*(self.space[n] for n in names)):
-            yield dict(zip(names, values))
+            yield dict(zip(names, values, strict=True))
 
     def reference_config(self) -> Config:
         """The numerically strictest config: the baseline's batching, everything else strict."""
@@ -159,7 +161,14 @@ def _allowed_keys(loc: list[str]) -> list[str]:
     for part in loc:
         field = model.model_fields.get(part)
         annotation = getattr(field, "annotation", None)
-        model = next((a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)), annotation)
+        model = next(
+            (
+                a
+                for a in getattr(annotation, "__args__", (annotation,))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ),
+            annotation,
+        )
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return []
     return list(model.model_fields)
@@ -189,29 +198,45 @@ def _resolve_space(job: Job, source: str) -> None:
         inline = dict(raw)
         preset = inline.pop("preset", preset_name)
         if not isinstance(preset, str):
-            raise SpecError(f"must be the name of a preset ({', '.join(search_spaces.available())})", source=source, key="space.preset")
+            raise SpecError(
+                f"must be the name of a preset ({', '.join(search_spaces.available())})",
+                source=source,
+                key="space.preset",
+            )
         preset_name = preset
     try:
         preset = search_spaces.load_preset(preset_name)
     except KeyError:
         key = "space.preset" if isinstance(raw, dict) else "space"
-        raise SpecError(f"no preset {preset_name!r}; choose between {', '.join(search_spaces.available())}", source=source, key=key) from None
+        raise SpecError(
+            f"no preset {preset_name!r}; choose between {', '.join(search_spaces.available())}", source=source, key=key
+        ) from None
     for knob in inline:
         if knob not in searchable:
-            raise SpecError(f"the {backend.name} backend has no knob {knob!r}; knobs: {', '.join(searchable)}", source=source, key=f"space.{knob}")
+            raise SpecError(
+                f"the {backend.name} backend has no knob {knob!r}; knobs: {', '.join(searchable)}",
+                source=source,
+                key=f"space.{knob}",
+            )
     for knob in searchable:
         if knob in inline:
             values = _choices(inline[knob], knob, f"space.{knob}", source, backend.knobs[knob])
             if knob == "batch_size":
                 for b in values:
                     if spec.global_batch % b:
-                        raise SpecError(f"{b} does not divide global_batch ({spec.global_batch})", source=source, key="space.batch_size")
+                        raise SpecError(
+                            f"{b} does not divide global_batch ({spec.global_batch})",
+                            source=source,
+                            key="space.batch_size",
+                        )
         elif knob in preset:
             values = _choices(preset[knob], knob, f"{preset_name} preset: {knob}", source, backend.knobs[knob])
             if knob == "batch_size":
                 dividing = [b for b in values if spec.global_batch % b == 0]
                 # No preset size divides an odd global batch: use its divisors in the preset's range.
-                values = dividing or [d for d in range(min(values), min(max(values), spec.global_batch) + 1) if spec.global_batch % d == 0]
+                values = dividing or [
+                    d for d in range(min(values), min(max(values), spec.global_batch) + 1) if spec.global_batch % d == 0
+                ]
         else:
             values = [job.baseline.get(knob, KNOBS[knob].reference)]
         job.space[knob] = values
@@ -222,7 +247,11 @@ def _resolve_baseline(job: Job, source: str) -> None:
     for knob, value in spec.baseline.items():
         if knob not in backend.knobs or knob in DERIVED:
             allowed = ", ".join(k for k in backend.knobs if k not in DERIVED)
-            raise SpecError(f"the {backend.name} backend has no knob {knob!r} to set; knobs: {allowed}", source=source, key=f"baseline.{knob}")
+            raise SpecError(
+                f"the {backend.name} backend has no knob {knob!r} to set; knobs: {allowed}",
+                source=source,
+                key=f"baseline.{knob}",
+            )
         problem = KNOBS[knob].check(value, backend.knobs[knob])
         if problem:
             raise SpecError(problem, source=source, key=f"baseline.{knob}")
@@ -230,32 +259,50 @@ def _resolve_baseline(job: Job, source: str) -> None:
     baseline["batch_size"] = spec.global_batch
     baseline.update(spec.baseline)
     if spec.global_batch % baseline["batch_size"]:
-        raise SpecError(f"{baseline['batch_size']} does not divide global_batch ({spec.global_batch})", source=source, key="baseline.batch_size")
+        raise SpecError(
+            f"{baseline['batch_size']} does not divide global_batch ({spec.global_batch})",
+            source=source,
+            key="baseline.batch_size",
+        )
     job.baseline = baseline
 
 
 def parse_spec(data: Any, source: str, text: str = "") -> Job:
     """Validate already-loaded YAML data."""
     if data is None:
-        raise SpecError("the file is empty; a job spec needs at least name, backend, workload and global_batch", source=source)
+        raise SpecError(
+            "the file is empty; a job spec needs at least name, backend, workload and global_batch", source=source
+        )
     if not isinstance(data, dict):
-        raise SpecError(f"a job spec is a mapping of keys (name, backend, workload, global_batch, ...), not {type(data).__name__}", source=source)
+        raise SpecError(
+            f"a job spec is a mapping of keys (name, backend, workload, global_batch, ...), not {type(data).__name__}",
+            source=source,
+        )
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         # For a union (e.g. sampler: name or mapping) the deepest error is the telling one.
-        key, message = _describe_pydantic(max(exc.errors(), key=lambda e: len(e["loc"])))
+        errors: list[Any] = list(exc.errors())
+        key, message = _describe_pydantic(max(errors, key=lambda e: len(e["loc"])))
         raise SpecError(message, source=source, key=key) from None
     if not NAME.match(spec.name):
-        raise SpecError("must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit", source=source, key="name")
+        raise SpecError(
+            "must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit", source=source, key="name"
+        )
     if spec.backend not in BACKENDS:
-        raise SpecError(f"{spec.backend!r} is not a backend; choose between {', '.join(BACKENDS)}", source=source, key="backend")
+        raise SpecError(
+            f"{spec.backend!r} is not a backend; choose between {', '.join(BACKENDS)}", source=source, key="backend"
+        )
     backend = get_backend(spec.backend)
     ref = spec.workload
     if ref.startswith("builtin:"):
         if ref.removeprefix("builtin:") not in backend.builtin_workloads:
             choices = ", ".join(f"builtin:{n}" for n in backend.builtin_workloads)
-            raise SpecError(f"no built-in workload {ref!r}; choose between {choices} or give package.module:function", source=source, key="workload")
+            raise SpecError(
+                f"no built-in workload {ref!r}; choose between {choices} or give package.module:function",
+                source=source,
+                key="workload",
+            )
     elif not is_import_path(ref):
         raise SpecError(f"{ref!r} is neither builtin:<name> nor package.module:function", source=source, key="workload")
     if not re.match(r"^(auto|cpu|cuda(:\d+)?)$", spec.device):
@@ -276,7 +323,9 @@ def load_spec(path: str | Path) -> Job:
     except FileNotFoundError:
         raise SpecError("no such file", source=source) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"cannot read the spec: {exc.__class__.__name__}: {getattr(exc, 'strerror', None) or exc}", source=source) from None
+        raise SpecError(
+            f"cannot read the spec: {exc.__class__.__name__}: {getattr(exc, 'strerror', None) or exc}", source=source
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -20,11 +20,11 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import optuna
 import sqlalchemy
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotuner.drift import measure_drift
 from autotuner.environment import fingerprint
@@ -35,7 +35,7 @@ from autotuner.spec import Job
 from autotuner.trial import TrialResult
 
 METRIC_NAMES = ["throughput", "drift"]
-DIRECTIONS = ["maximize", "minimize"]
+DIRECTIONS: list[Literal["maximize", "minimize"]] = ["maximize", "minimize"]
 CONSTRAINT_NAMES = ["drift", "outcome", "memory"]
 DRIFT_CAP = 1e6
 """Infinite drift is stored as this in constraint values, which must be finite JSON."""
@@ -49,11 +49,16 @@ def open_storage(url: str, *, default: bool = False) -> optuna.storages.BaseStor
         parsed = sqlalchemy.engine.make_url(url)
         parsed.get_dialect()
     except sqlalchemy.exc.ArgumentError:
-        raise SpecError(f"{url!r} is not a SQLAlchemy database URL (e.g. sqlite:///studies/x.db, postgresql://host/db)", key="storage") from None
+        raise SpecError(
+            f"{url!r} is not a SQLAlchemy database URL (e.g. sqlite:///studies/x.db, postgresql://host/db)",
+            key="storage",
+        ) from None
     except sqlalchemy.exc.NoSuchModuleError:
         raise SpecError(f"{url!r}: no SQLAlchemy dialect {parsed.drivername!r} is installed", key="storage") from None
     except ImportError as exc:
-        raise SpecError(f"{url!r}: its database driver is not installed ({exc}); e.g. pip install psycopg2-binary", key="storage") from None
+        raise SpecError(
+            f"{url!r}: its database driver is not installed ({exc}); e.g. pip install psycopg2-binary", key="storage"
+        ) from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         folder = Path(parsed.database).parent
         if default:
@@ -63,10 +68,15 @@ def open_storage(url: str, *, default: bool = False) -> optuna.storages.BaseStor
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True} if parsed.get_backend_name() != "sqlite" else None)
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs={"pool_pre_ping": True} if parsed.get_backend_name() != "sqlite" else None
+            )
     except ImportError:
         hint = " (pip install 'autotuner[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
-        raise SpecError(f"cannot open the storage {url!r}: the driver for {parsed.drivername!r} is not installed{hint}", key="storage") from None
+        raise SpecError(
+            f"cannot open the storage {url!r}: the driver for {parsed.drivername!r} is not installed{hint}",
+            key="storage",
+        ) from None
     except Exception as exc:
         reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
         raise SpecError(f"cannot open the storage {url!r}: {reason}", key="storage") from None
@@ -74,7 +84,7 @@ def open_storage(url: str, *, default: bool = False) -> optuna.storages.BaseStor
 
 def open_study(storage: optuna.storages.BaseStorage, job: Job, environment: dict[str, Any]) -> optuna.Study:
     """Create the study, or load it and check that this spec and this hardware match it."""
-    print_fingerprint = fingerprint(environment)
+    ours = fingerprint(environment)
     try:
         study = optuna.load_study(study_name=job.name, storage=storage)
     except KeyError:
@@ -84,43 +94,53 @@ def open_study(storage: optuna.storages.BaseStorage, job: Job, environment: dict
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(METRIC_NAMES)
-        study.set_user_attr("autotuner", {
-            "identity": job.identity(),
-            "spec_path": job.source,
-            "backend": job.backend.name,
-            "workload": job.spec.workload,
-            "global_batch": job.spec.global_batch,
-            "max_drift": job.spec.objective.max_drift,
-            "max_memory_mb": job.spec.objective.max_memory_mb,
-        })
+        study.set_user_attr(
+            "autotuner",
+            {
+                "identity": job.identity(),
+                "spec_path": job.source,
+                "backend": job.backend.name,
+                "workload": job.spec.workload,
+                "global_batch": job.spec.global_batch,
+                "max_drift": job.spec.objective.max_drift,
+                "max_memory_mb": job.spec.objective.max_memory_mb,
+            },
+        )
         study.set_user_attr("environment", environment)
-        study.set_user_attr("fingerprint", print_fingerprint)
+        study.set_user_attr("fingerprint", ours)
         study.set_user_attr("constraints", CONSTRAINT_NAMES)
         return study
     if [d.name.lower() for d in study.directions] != DIRECTIONS:
-        raise SpecError(f"study {job.name!r} in this storage was not made by autotuner; choose another name", key="name")
-    if attrs.get("fingerprint") != print_fingerprint:
+        raise SpecError(
+            f"study {job.name!r} in this storage was not made by autotuner; choose another name", key="name"
+        )
+    if attrs.get("fingerprint") != ours:
         theirs = attrs.get("environment", {})
         raise HardwareMismatch(
-            f"study {job.name!r} was measured on {theirs.get('device_name')} (torch {theirs.get('versions', {}).get('torch')}, "
-            f"fingerprint {attrs.get('fingerprint')}); this worker is {environment.get('device_name')} "
-            f"(torch {environment.get('versions', {}).get('torch')}, fingerprint {print_fingerprint}): "
-            "its timings would not compare. Use another study name for this hardware."
+            f"study {job.name!r} was measured on {_machine(theirs)}, fingerprint {attrs.get('fingerprint')}; "
+            f"this worker is {_machine(environment)}, fingerprint {ours}: its timings would not compare. "
+            "Use another study name for this hardware."
         )
     if attrs["autotuner"].get("identity") != job.identity():
         raise SpecError(
-            f"study {job.name!r} was made from a different job (workload, batch, space, tolerance or trial settings changed); "
-            "rename the study to start a new one, or restore the spec",
+            f"study {job.name!r} was made from a different job (workload, batch, space, tolerance or trial "
+            "settings changed); rename the study to start a new one, or restore the spec",
             source=job.source,
             key="name",
         )
     return study
 
 
+def _machine(environment: dict[str, Any]) -> str:
+    return f"{environment.get('device_name')} (torch {environment.get('versions', {}).get('torch')})"
+
+
 # ------------------------------------------------------------------ recording
 
 
-def trial_metrics(result: TrialResult, reference: dict[str, Any] | None, config: Config, environment: dict[str, Any]) -> dict[str, Any]:
+def trial_metrics(
+    result: TrialResult, reference: dict[str, Any] | None, config: Config, environment: dict[str, Any]
+) -> dict[str, Any]:
     """Everything measured about one trial, derived from the trial process's result."""
     metrics: dict[str, Any] = {"startup_s": result.startup_s, "wall_s": result.wall_s}
     data = result.result
@@ -196,7 +216,7 @@ def record(
         trial.set_user_attr(key, value)
     # The list form of the constraints is read by Optuna's samplers and by optuna-dashboard alike.
     trial.storage.set_trial_system_attr(trial._trial_id, "constraints", [violations[name] for name in CONSTRAINT_NAMES])
-    values = [metrics.get("throughput", 0.0) if outcome is not Outcome.UNSUPPORTED else 0.0, drift if drift is not None else math.inf]
+    values = [metrics.get("throughput", 0.0), drift if drift is not None else math.inf]
     frozen = study.tell(trial, values)
     return TrialRecord.from_frozen(frozen)
 

@@ -30,7 +30,11 @@ def main() -> None:
     spec = Path(args.spec).resolve()
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "autotuner", "search", "--spec", str(spec)], cwd=folder, env={**os.environ, "COLUMNS": "160"})
+        done = subprocess.run(
+            [sys.executable, "-m", "autotuner", "search", "--spec", str(spec)],
+            cwd=folder,
+            env={**os.environ, "COLUMNS": "160"},
+        )
         wall_s = time.perf_counter() - started
         name = spec.stem
         study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/studies/{name}.db")
@@ -50,7 +54,14 @@ def main() -> None:
             "trials_recorded": len(trials),
             "outcomes": {o: sum(t.outcome == o for t in trials) for o in sorted({t.outcome for t in trials})},
             "baseline": {"config": base.config, "throughput": base.throughput} if base else None,
-            "best": {"config": winner.config, "throughput": winner.throughput, "drift": winner.metrics.get("drift"), "spread": winner.metrics.get("throughput_spread")} if winner else None,
+            "best": {
+                "config": winner.config,
+                "throughput": winner.throughput,
+                "drift": winner.metrics.get("drift"),
+                "spread": winner.metrics.get("throughput_spread"),
+            }
+            if winner
+            else None,
             "speedup": winner.throughput / base.throughput if winner and base else None,
             "trial_startup_s_median": statistics.median(startup) if startup else None,
             "trial_wall_s_median": statistics.median(t.metrics["wall_s"] for t in ran) if ran else None,

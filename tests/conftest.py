@@ -36,7 +36,11 @@ def write_spec(folder: Path, **changes: Any) -> Path:
 
 def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """The installed command as a user runs it, from `cwd` (where studies/ lands)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "COLUMNS": "200"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "COLUMNS": "200",
+    }
     return subprocess.run(
         [sys.executable, "-m", "autotuner", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -69,7 +69,9 @@ class _RecordingDataset(torch.utils.data.Dataset):
         return self.inputs[index], self.labels[index]
 
 
-def _workload(model: nn.Module, samples: int = 64, pid_dir: str | None = None, hang_in_worker: bool = False) -> TorchWorkload:
+def _workload(
+    model: nn.Module, samples: int = 64, pid_dir: str | None = None, hang_in_worker: bool = False
+) -> TorchWorkload:
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(samples, FEATURES, generator=generator)
     labels = torch.randint(CLASSES, (samples,), generator=generator)

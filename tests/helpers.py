@@ -27,7 +27,9 @@ SMALL_MLP = {"features": 16, "hidden": 32, "depth": 2, "samples": 128}
 """Arguments that make the built-in mlp small enough for a trial in about a second on a CPU."""
 
 
-def request(workload: str, workload_args: dict[str, Any] | None = None, *, measure: bool = True, **config: Any) -> TrialRequest:
+def request(
+    workload: str, workload_args: dict[str, Any] | None = None, *, measure: bool = True, **config: Any
+) -> TrialRequest:
     """A small trial request: global batch 8, 1 warm-up step, 2 windows of 2 steps, 2 drift steps."""
     full = {**FP32, **config}
     full["accumulation"] = 8 // full["batch_size"]

@@ -19,7 +19,9 @@ class _MemoryCeiling(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= self.ceiling:
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {x.shape[0]} rows (ceiling {self.ceiling})")
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {x.shape[0]} rows (ceiling {self.ceiling})"
+            )
         return self.linear(x)
 
 

@@ -108,7 +108,11 @@ def test_rerun_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None
     assert more.returncode == 0, more.stderr
     after = study.get_trials()
     for number, (params, values, completed) in before.items():
-        assert (after[number].params, after[number].values, after[number].datetime_complete) == (params, values, completed)
+        assert (after[number].params, after[number].values, after[number].datetime_complete) == (
+            params,
+            values,
+            completed,
+        )
     assert sum(t.user_attrs["outcome"] != "unsupported" for t in after) == 3
     assert "reference" in study.user_attrs and len(study.user_attrs["reference"]["runs_heldout"]) == 2
 
@@ -121,7 +125,9 @@ def test_export_command_writes_the_same_file_from_the_storage(searched: tuple[Pa
     assert done.returncode == 0, done.stderr
     exported = json.loads(out.read_text())
     assert exported == written
-    by_url = run_cli("export", "--study", "small", "--storage", "sqlite:///studies/small.db", "-o", "x.yaml", cwd=workdir)
+    by_url = run_cli(
+        "export", "--study", "small", "--storage", "sqlite:///studies/small.db", "-o", "x.yaml", cwd=workdir
+    )
     assert by_url.returncode == 0, by_url.stderr
     assert yaml.safe_load((workdir / "x.yaml").read_text()) == written
 
@@ -186,7 +192,9 @@ def test_bad_spec_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> No
         ({"device": "cuda:3"}, ["device"]),
     ],
 )
-def test_unusable_workload_or_device_exits_2_before_anything_is_stored(tmp_path: Path, changes: dict, words: list[str]) -> None:
+def test_unusable_workload_or_device_exits_2_before_anything_is_stored(
+    tmp_path: Path, changes: dict, words: list[str]
+) -> None:
     if changes.get("device", "").startswith("cuda") and os.path.exists("/dev/nvidia0"):
         pytest.skip("this machine has a GPU")
     spec = write_spec(tmp_path, **changes)
@@ -260,7 +268,11 @@ def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_pat
     # SIGINT as a terminal sends it; a shell may have left it ignored for background children.
     process = subprocess.Popen(
         [sys.executable, "-m", "autotuner", "search", "--spec", str(spec)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     db = tmp_path / "studies" / "interrupt.db"
@@ -290,8 +302,13 @@ def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_pat
     after = _study(tmp_path, "interrupt").get_trials()
     assert {t.number: t.values for t in after if t.number in finished_before} == finished_before
     retried = [t for t in after if t.user_attrs.get("retry_of") == running.number]
-    assert len(retried) == 1 and retried[0].params == cut.params and retried[0].state is optuna.trial.TrialState.COMPLETE
-    assert sum(t.state is optuna.trial.TrialState.COMPLETE and t.user_attrs["outcome"] != "unsupported" for t in after) == 3
+    assert (
+        len(retried) == 1 and retried[0].params == cut.params and retried[0].state is optuna.trial.TrialState.COMPLETE
+    )
+    assert (
+        sum(t.state is optuna.trial.TrialState.COMPLETE and t.user_attrs["outcome"] != "unsupported" for t in after)
+        == 3
+    )
 
 
 def test_memory_limit_makes_trials_infeasible_and_no_feasible_config_exits_1(tmp_path: Path) -> None:

@@ -6,11 +6,10 @@ import math
 
 import pytest
 
-from tests.helpers import RUNNER, SMALL_MLP, request
-
 from autotuner.drift import Drift, measure_drift, relative_gap
 from autotuner.outcomes import Outcome
 from autotuner.trial import TrialLauncher
+from tests.helpers import RUNNER, SMALL_MLP, request
 
 MLP = "backends.pytorch.workloads:mlp"
 TIMEOUT_S = 120.0
@@ -28,7 +27,15 @@ def test_identical_is_zero() -> None:
 
 @pytest.mark.parametrize(
     ("value", "reference", "expected"),
-    [(1.01, 1.0, 0.01), (0.99, 1.0, 0.01), (3.0, 2.0, 0.5), (1.0, 2.0, 0.5), (-1.5, -1.0, 0.5), (1.0, -1.0, 2.0), (0.0, 4.0, 1.0)],
+    [
+        (1.01, 1.0, 0.01),
+        (0.99, 1.0, 0.01),
+        (3.0, 2.0, 0.5),
+        (1.0, 2.0, 0.5),
+        (-1.5, -1.0, 0.5),
+        (1.0, -1.0, 2.0),
+        (0.0, 4.0, 1.0),
+    ],
 )
 def test_known_relative_gaps(value: float, reference: float, expected: float) -> None:
     assert relative_gap(value, reference) == pytest.approx(expected, rel=1e-12)
@@ -94,7 +101,9 @@ def test_reference_run_twice_has_exactly_zero_drift(launcher: TrialLauncher, ref
     assert again.outcome is Outcome.OK, again.reason
     losses = again.result["losses"]
     assert losses == reference  # bit for bit on the CPU
-    assert measure_drift(losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]) == Drift(0.0, 0.0)
+    assert measure_drift(
+        losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]
+    ) == Drift(0.0, 0.0)
 
 
 def test_measuring_first_does_not_change_the_drift_phase(launcher: TrialLauncher, reference: dict) -> None:
@@ -105,7 +114,9 @@ def test_measuring_first_does_not_change_the_drift_phase(launcher: TrialLauncher
     assert result.result["throughput"]["samples_per_s"] > 0
     losses = result.result["losses"]
     assert len(losses["trajectory"]) == 2
-    assert measure_drift(losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]) == Drift(0.0, 0.0)
+    assert measure_drift(
+        losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]
+    ) == Drift(0.0, 0.0)
 
 
 def test_loader_workers_do_not_change_the_numerics(launcher: TrialLauncher, reference: dict) -> None:
@@ -120,7 +131,12 @@ def test_accumulation_changes_the_numerics_only_by_rounding(launcher: TrialLaunc
     result = launcher.call(RUNNER, "run", request(MLP, SMALL_MLP, batch_size=4), TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
     assert result.result["losses"]["trajectory"][0] == pytest.approx(reference["trajectory"][0], rel=1e-5)
-    drift = measure_drift(result.result["losses"]["heldout"], result.result["losses"]["trajectory"], reference["heldout"], reference["trajectory"])
+    drift = measure_drift(
+        result.result["losses"]["heldout"],
+        result.result["losses"]["trajectory"],
+        reference["heldout"],
+        reference["trajectory"],
+    )
     assert drift.heldout < 1e-4 and drift.trajectory_max < 1e-4
 
 

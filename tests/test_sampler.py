@@ -23,24 +23,32 @@ optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 
 def all_configs(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    return [dict(zip(space, values)) for values in itertools.product(*space.values())]
+    return [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
 
 
-def make_study(space: dict[str, list[Any]], base: str = "tpe", seed: int = 0) -> tuple[optuna.Study, FreshConfigSampler]:
+def make_study(
+    space: dict[str, list[Any]], base: str = "tpe", seed: int = 0
+) -> tuple[optuna.Study, FreshConfigSampler]:
     configs = all_configs(space)
     sampler = FreshConfigSampler(make_base_sampler(base, seed), space, lambda: configs, seed)
-    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler, storage=optuna.storages.InMemoryStorage())
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=sampler, storage=optuna.storages.InMemoryStorage()
+    )
     return study, sampler
 
 
-def record(study: optuna.Study, trial: optuna.Trial, values: list[float], constraints: list[float], outcome: str = "ok") -> None:
+def record(
+    study: optuna.Study, trial: optuna.Trial, values: list[float], constraints: list[float], outcome: str = "ok"
+) -> None:
     """What `autotuner.study.record` stores, as far as a sampler can see it."""
     trial.set_user_attr("outcome", outcome)
     trial.storage.set_trial_system_attr(trial._trial_id, "constraints", constraints)
     study.tell(trial, values)
 
 
-def oom_trial(params: dict[str, Any], space: dict[str, list[Any]], outcome: str = "oom", state: TrialState = TrialState.COMPLETE):
+def oom_trial(
+    params: dict[str, Any], space: dict[str, list[Any]], outcome: str = "oom", state: TrialState = TrialState.COMPLETE
+):
     return create_trial(
         state=state,
         params=params,
@@ -103,7 +111,9 @@ def test_enqueued_params_are_used_as_they_are() -> None:
     assert trial.params == done
     # the caller sees it is not fresh (search.py then records it as FAIL without running it)
     assert not sampler.is_fresh(trial.params, study.get_trials(deepcopy=False), exclude=trial.number)
-    assert sampler.is_fresh(trial.params, [t for t in study.get_trials(deepcopy=False) if t.number == trial.number], exclude=trial.number)
+    assert sampler.is_fresh(
+        trial.params, [t for t in study.get_trials(deepcopy=False) if t.number == trial.number], exclude=trial.number
+    )
 
 
 # ---------------------------------------------------------------- OOM rules
@@ -199,7 +209,11 @@ def later_half_infeasible(study: optuna.Study, ask, infeasible_state: TrialState
 
 def plain_tpe_run(seed: int, infeasible_state: TrialState) -> int:
     distributions = {k: CategoricalDistribution(v) for k, v in PROBLEM.items()}
-    study = optuna.create_study(directions=["maximize", "minimize"], sampler=make_base_sampler("tpe", seed), storage=optuna.storages.InMemoryStorage())
+    study = optuna.create_study(
+        directions=["maximize", "minimize"],
+        sampler=make_base_sampler("tpe", seed),
+        storage=optuna.storages.InMemoryStorage(),
+    )
     return later_half_infeasible(study, lambda s: s.ask(distributions), infeasible_state)
 
 
@@ -245,7 +259,9 @@ def test_the_search_sampler_learns_from_infeasible_trials() -> None:
     for seed in SEEDS:
         study, sampler = make_study(PROBLEM, "tpe", seed)
         later.append(later_half_infeasible(study, lambda s, sp=sampler: s.ask(sp.space)))
-    assert sum(later) <= UNIFORM_LATER / 2, f"infeasible value in the later halves: {later} (uniform: {UNIFORM_LATER:g} in all)"
+    assert sum(later) <= UNIFORM_LATER / 2, (
+        f"infeasible value in the later halves: {later} (uniform: {UNIFORM_LATER:g} in all)"
+    )
 
 
 # ---------------------------------------------------------------- what `record` stores is what the samplers read
@@ -259,23 +275,51 @@ def test_record_stores_infeasible_trials_as_complete_with_violated_constraints()
     from autotuner.trial import TrialResult
 
     job = parse_spec(
-        {"name": "rec", "backend": "pytorch", "workload": "builtin:mlp", "global_batch": 64, "space": {"precision": ["fp32", "fp16"], "batch_size": [64], "workers": [0], "compile": ["none"]}},
+        {
+            "name": "rec",
+            "backend": "pytorch",
+            "workload": "builtin:mlp",
+            "global_batch": 64,
+            "space": {"precision": ["fp32", "fp16"], "batch_size": [64], "workers": [0], "compile": ["none"]},
+        },
         "rec.yaml",
     )
     study = optuna.create_study(directions=["maximize", "minimize"], storage=optuna.storages.InMemoryStorage())
     space = {k: CategoricalDistribution(v) for k, v in job.space.items()}
     reference = {"heldout": 2.0, "trajectory": [2.5, 2.2]}
-    throughput = {"samples_per_s": 900.0, "spread": 0.01, "window_samples_per_s": [900.0], "warmup_s": 0.1, "measured_s": 1.0}
+    throughput = {
+        "samples_per_s": 900.0,
+        "spread": 0.01,
+        "window_samples_per_s": [900.0],
+        "warmup_s": 0.1,
+        "measured_s": 1.0,
+    }
 
     def one(params: dict[str, Any], result: TrialResult):
         study.enqueue_trial(params)
         trial = study.ask(space)
-        study_record(study, trial, job, job.complete(trial.params), result, role="search", reference=reference, environment={})
+        study_record(
+            study, trial, job, job.complete(trial.params), result, role="search", reference=reference, environment={}
+        )
         return study.trials[-1]
 
     fp32 = {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none"}
-    ok = one(fp32, TrialResult(Outcome.OK, result={"throughput": throughput, "losses": {"heldout": 2.0, "trajectory": [2.5, 2.2]}}))
-    drifted = one({**fp32, "precision": "fp16"}, TrialResult(Outcome.OK, result={"throughput": {**throughput, "samples_per_s": 2000.0}, "losses": {"heldout": 3.0, "trajectory": [2.5, 2.9]}}))
+    ok = one(
+        fp32,
+        TrialResult(
+            Outcome.OK, result={"throughput": throughput, "losses": {"heldout": 2.0, "trajectory": [2.5, 2.2]}}
+        ),
+    )
+    drifted = one(
+        {**fp32, "precision": "fp16"},
+        TrialResult(
+            Outcome.OK,
+            result={
+                "throughput": {**throughput, "samples_per_s": 2000.0},
+                "losses": {"heldout": 3.0, "trajectory": [2.5, 2.9]},
+            },
+        ),
+    )
     oom = one(fp32, TrialResult(Outcome.OOM, "OutOfMemoryError: CUDA out of memory."))
 
     assert ok.state is TrialState.COMPLETE and ok.values == [900.0, 0.0]

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import ROOT  
-
 from autotuner.errors import SpecError
 from autotuner.spec import Job, load_spec, parse_spec
+from tests.helpers import ROOT
 
 MINIMAL = {"name": "job", "backend": "pytorch", "workload": "builtin:mlp", "global_batch": 64}
 
@@ -84,7 +83,13 @@ def test_minimal_spec_has_the_documented_defaults(tmp_path: Path) -> None:
         "workers": [0, 1, 2, 4, 8],
         "compile": ["none", "default", "reduce-overhead", "max-autotune"],
     }
-    assert job.reference_config() == {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none", "accumulation": 1}
+    assert job.reference_config() == {
+        "precision": "fp32",
+        "batch_size": 64,
+        "workers": 0,
+        "compile": "none",
+        "accumulation": 1,
+    }
     assert job.text == (tmp_path / "job.yaml").read_text()
     assert job.source == str(tmp_path / "job.yaml")
 
@@ -96,10 +101,17 @@ def test_sampler_as_a_bare_name(tmp_path: Path) -> None:
 
 
 def test_every_point_of_the_space_is_a_config(tmp_path: Path) -> None:
-    job = spec(tmp_path, space={"precision": ["fp32", "bf16"], "batch_size": [16, 64], "workers": [0], "compile": ["none"]})
+    job = spec(
+        tmp_path, space={"precision": ["fp32", "bf16"], "batch_size": [16, 64], "workers": [0], "compile": ["none"]}
+    )
     configs = list(job.configs())
     assert len(configs) == 4
-    assert {(c["precision"], c["batch_size"]) for c in configs} == {("fp32", 16), ("fp32", 64), ("bf16", 16), ("bf16", 64)}
+    assert {(c["precision"], c["batch_size"]) for c in configs} == {
+        ("fp32", 16),
+        ("fp32", 64),
+        ("bf16", 16),
+        ("bf16", 64),
+    }
     assert all(set(c) == {"precision", "batch_size", "workers", "compile"} for c in configs)
 
 
@@ -136,11 +148,19 @@ def test_the_baseline_values_are_added_to_the_space(tmp_path: Path) -> None:
     assert job.space["compile"] == ["none"]
     assert job.complete({}) == {**job.baseline, "accumulation": 2}
     # the reference keeps the baseline's batching but is strict in everything else
-    assert job.reference_config() == {"precision": "fp32", "batch_size": 32, "workers": 0, "compile": "none", "accumulation": 2}
+    assert job.reference_config() == {
+        "precision": "fp32",
+        "batch_size": 32,
+        "workers": 0,
+        "compile": "none",
+        "accumulation": 2,
+    }
 
 
 def test_complete_derives_accumulation_and_fills_fixed_knobs(tmp_path: Path) -> None:
-    job = spec(tmp_path, baseline={"workers": 1}, space={"precision": ["fp32", "bf16"], "batch_size": [8, 16], "workers": [1]})
+    job = spec(
+        tmp_path, baseline={"workers": 1}, space={"precision": ["fp32", "bf16"], "batch_size": [8, 16], "workers": [1]}
+    )
     config = job.complete({"precision": "bf16", "batch_size": 8})
     assert config == {"precision": "bf16", "batch_size": 8, "workers": 1, "compile": "none", "accumulation": 8}
     assert job.complete({"precision": "fp32", "batch_size": 64})["accumulation"] == 1
@@ -191,7 +211,12 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("section", "key", "allowed"),
-    [("trial", "stepz", "drift_steps"), ("objective", "max_dirft", "max_drift"), ("budget", "trails", "trials"), ("sampler", "nme", "seed")],
+    [
+        ("trial", "stepz", "drift_steps"),
+        ("objective", "max_dirft", "max_drift"),
+        ("budget", "trails", "trials"),
+        ("sampler", "nme", "seed"),
+    ],
 )
 def test_unknown_nested_key(tmp_path: Path, section: str, key: str, allowed: str) -> None:
     refused(tmp_path, changed(**{section: {key: 1}}), f"{section}.{key}", "unknown key", allowed)
@@ -299,14 +324,21 @@ def test_minimal_spec_with_an_odd_global_batch_is_valid(tmp_path: Path) -> None:
     assert 100 in job.space["batch_size"]
 
 
-@pytest.mark.parametrize(("space", "key"), [("nope", "space"), ({"preset": "nope"}, "space.preset"), ({"preset": 3}, "space.preset")])
+@pytest.mark.parametrize(
+    ("space", "key"), [("nope", "space"), ({"preset": "nope"}, "space.preset"), ({"preset": 3}, "space.preset")]
+)
 def test_preset_that_does_not_exist(tmp_path: Path, space: Any, key: str) -> None:
     refused(tmp_path, changed(space=space), key, "pytorch-cpu")
 
 
 @pytest.mark.parametrize(
     ("workload", "fragment"),
-    [("builtin:resnet", "builtin:mlp"), ("not a path", "package.module:function"), ("module_without_function", "package.module:function"), ("pkg.mod:fn()", "package.module:function")],
+    [
+        ("builtin:resnet", "builtin:mlp"),
+        ("not a path", "package.module:function"),
+        ("module_without_function", "package.module:function"),
+        ("pkg.mod:fn()", "package.module:function"),
+    ],
 )
 def test_bad_workload_reference(tmp_path: Path, workload: str, fragment: str) -> None:
     refused(tmp_path, changed(workload=workload), "workload", fragment)
@@ -323,7 +355,11 @@ def test_study_name_cannot_be_a_path(tmp_path: Path, name: str) -> None:
 
 
 def test_error_stays_one_line_for_a_key_with_a_newline(tmp_path: Path) -> None:
-    refused(tmp_path, '{"name": "job", "backend": "pytorch", "workload": "builtin:mlp", "global_batch": 64, "a\\nb": 1}\n', None)
+    refused(
+        tmp_path,
+        '{"name": "job", "backend": "pytorch", "workload": "builtin:mlp", "global_batch": 64, "a\\nb": 1}\n',
+        None,
+    )
 
 
 # ---------------------------------------------------------------- refused: the file itself

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import FAULTY, ROOT, RUNNER, request
-
 from autotuner.outcomes import Outcome, ProcessEnd, classify_end, exception_message
 from autotuner.trial import TrialLauncher, TrialResult
 from backends.pytorch.runner import classify_exception
+from tests.helpers import FAULTY, ROOT, RUNNER, request
 
 TIMEOUT_S = 60.0
 """Generous: a healthy tiny trial takes a few seconds; only the hang is meant to hit a limit."""
@@ -30,7 +29,9 @@ def launcher() -> TrialLauncher:
     return TrialLauncher([RUNNER])
 
 
-def run(launcher: TrialLauncher, name: str, timeout_s: float = TIMEOUT_S, args: dict | None = None, **config) -> TrialResult:
+def run(
+    launcher: TrialLauncher, name: str, timeout_s: float = TIMEOUT_S, args: dict | None = None, **config
+) -> TrialResult:
     return launcher.call(RUNNER, "run", request(name, args, **config), timeout_s)
 
 
@@ -151,7 +152,9 @@ def _live(pgid: int) -> dict[int, str]:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("where", ["forward", "loader"])
-def test_hang_is_a_timeout_and_the_whole_process_group_is_gone(launcher: TrialLauncher, tmp_path: Path, where: str) -> None:
+def test_hang_is_a_timeout_and_the_whole_process_group_is_gone(
+    launcher: TrialLauncher, tmp_path: Path, where: str
+) -> None:
     """A hang is killed at the timeout, and the trial process and its data-loader worker both die.
     With `loader`, the worker itself sleeps (so PyTorch's worker watchdog, which ends an orphaned
     idle worker after a few seconds, cannot do the launcher's job): only killing the group ends it."""
@@ -228,7 +231,9 @@ def test_the_fork_server_has_what_the_first_optimizer_step_imports(launcher: Tri
 def test_backends_imports_first_in_a_fresh_interpreter() -> None:
     """The fork server imports `backends.pytorch.runner` before anything else of the project."""
     for module in ("backends", "backends.pytorch.runner", "autotuner.trial", "autotuner.spec"):
-        done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, f"import {module}: {done.stderr.strip().splitlines()[-1:]}"
 
 
@@ -269,7 +274,12 @@ def test_classify_end_ok_carries_the_result() -> None:
 
 @pytest.mark.parametrize(
     ("exitcode", "name"),
-    [(-signal.SIGSEGV, "SIGSEGV"), (-signal.SIGKILL, "SIGKILL"), (-signal.SIGBUS, "SIGBUS"), (-signal.SIGABRT, "SIGABRT")],
+    [
+        (-signal.SIGSEGV, "SIGSEGV"),
+        (-signal.SIGKILL, "SIGKILL"),
+        (-signal.SIGBUS, "SIGBUS"),
+        (-signal.SIGABRT, "SIGABRT"),
+    ],
 )
 def test_classify_end_negative_exit_code_names_the_signal(exitcode: int, name: str) -> None:
     c = classify_end(ProcessEnd(message=None, exitcode=exitcode))
@@ -292,7 +302,9 @@ def test_classify_end_positive_exit_code_without_message() -> None:
 
 
 def test_classify_end_read_error_is_a_crash_with_the_error() -> None:
-    c = classify_end(ProcessEnd(message=None, exitcode=0, read_error="UnpicklingError: invalid load key, '\\x00'.\nmore"))
+    c = classify_end(
+        ProcessEnd(message=None, exitcode=0, read_error="UnpicklingError: invalid load key, '\\x00'.\nmore")
+    )
     assert c.outcome is Outcome.CRASH
     assert_one_line(c.reason)
     assert "UnpicklingError" in c.reason
@@ -306,7 +318,12 @@ def test_classify_end_timed_out_wins_over_everything_else() -> None:
 
 
 def test_classify_end_raised_message_keeps_kind_reason_and_traceback() -> None:
-    message = {"status": "raised", "kind": "error", "reason": "KeyError: 'x'\n  with a second line", "traceback": "Traceback...\nKeyError"}
+    message = {
+        "status": "raised",
+        "kind": "error",
+        "reason": "KeyError: 'x'\n  with a second line",
+        "traceback": "Traceback...\nKeyError",
+    }
     c = classify_end(ProcessEnd(message=message, exitcode=0))
     assert c.outcome is Outcome.ERROR
     assert c.reason == "KeyError: 'x' with a second line"

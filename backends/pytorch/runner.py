@@ -162,7 +162,9 @@ def _set_matmul_precision(precision: str) -> None:
 class Trainer:
     """One optimizer step of a workload under one config."""
 
-    def __init__(self, workload: TorchWorkload, forward: Callable[..., Any], config: dict[str, Any], device: torch.device):
+    def __init__(
+        self, workload: TorchWorkload, forward: Callable[..., Any], config: dict[str, Any], device: torch.device
+    ):
         self.workload, self.forward, self.device = workload, forward, device
         self.accumulation = int(config["accumulation"])
         precision = config["precision"]
@@ -175,20 +177,20 @@ class Trainer:
         self.optimizer = workload.optimizer(workload.model.parameters())
         self.non_blocking = device.type == "cuda"
 
-    def _to_device(self, value: Any) -> Any:
+    def to_device(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return value.to(self.device, non_blocking=self.non_blocking)
         if isinstance(value, (list, tuple)):
-            return type(value)(self._to_device(v) for v in value)
+            return type(value)(self.to_device(v) for v in value)
         if isinstance(value, dict):
-            return {k: self._to_device(v) for k, v in value.items()}
+            return {k: self.to_device(v) for k, v in value.items()}
         return value
 
     def step(self, batches: Iterator[Any]) -> torch.Tensor:
         """One optimizer step over `accumulation` micro-batches; returns the mean loss (on device)."""
         total = torch.zeros((), device=self.device)
         for _ in range(self.accumulation):
-            inputs, target = self._to_device(next(batches))
+            inputs, target = self.to_device(next(batches))
             with self.autocast():
                 loss = self.workload.loss_fn(self.forward(inputs), target)
             self.scaler.scale(loss / self.accumulation).backward()
@@ -199,7 +201,9 @@ class Trainer:
         return total / self.accumulation
 
 
-def _loader(dataset: Any, config: dict[str, Any], device: torch.device, shuffle: bool, seed: int) -> torch.utils.data.DataLoader:
+def _loader(
+    dataset: Any, config: dict[str, Any], device: torch.device, shuffle: bool, seed: int
+) -> torch.utils.data.DataLoader:
     workers = int(config["workers"])
     return torch.utils.data.DataLoader(
         dataset,
@@ -238,7 +242,9 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _measure(workload: TorchWorkload, forward: Callable[..., Any], request: TrialRequest, device: torch.device) -> dict[str, Any]:
+def _measure(
+    workload: TorchWorkload, forward: Callable[..., Any], request: TrialRequest, device: torch.device
+) -> dict[str, Any]:
     config = request.config
     trainer = Trainer(workload, forward, config, device)
     batches = _forever(_loader(workload.dataset, config, device, shuffle=True, seed=request.seed))
@@ -270,7 +276,9 @@ def _measure(workload: TorchWorkload, forward: Callable[..., Any], request: Tria
     return metrics
 
 
-def _drift_phase(workload: TorchWorkload, forward: Callable[..., Any], request: TrialRequest, device: torch.device) -> dict[str, Any]:
+def _drift_phase(
+    workload: TorchWorkload, forward: Callable[..., Any], request: TrialRequest, device: torch.device
+) -> dict[str, Any]:
     """K optimizer steps on the dataset's first K*global_batch items in order, then the fp32 loss
     on the held-out batch."""
     config = request.config
@@ -279,7 +287,7 @@ def _drift_phase(workload: TorchWorkload, forward: Callable[..., Any], request: 
     ordered = torch.utils.data.Subset(workload.dataset, [i % size for i in range(needed)])
     trainer = Trainer(workload, forward, config, device)
     batches = iter(_loader(ordered, config, device, shuffle=False, seed=request.seed))
-    trajectory = []
+    trajectory: list[float] = []
     for _ in range(request.drift_steps):
         loss = trainer.step(batches)
         _check_finite(loss, f"drift step {len(trajectory) + 1}")
@@ -294,7 +302,7 @@ def _drift_phase(workload: TorchWorkload, forward: Callable[..., Any], request: 
     with torch.no_grad():  # eager fp32: the weights are what is compared, not the eval numerics
         for start in range(0, count, chunk):
             items = [heldout[i] for i in range(start, min(count, start + chunk))]
-            inputs, target = trainer._to_device(torch.utils.data.default_collate(items))
+            inputs, target = trainer.to_device(torch.utils.data.default_collate(items))
             total += workload.loss_fn(workload.model(inputs), target).double() * len(items)
     workload.model.train()
     loss = total / count
@@ -323,5 +331,3 @@ def run(request: TrialRequest) -> dict[str, Any]:
     _seed(request.seed)
     result["losses"] = _drift_phase(workload, forward, request, device)
     return result
-
-

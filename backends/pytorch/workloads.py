@@ -88,7 +88,9 @@ class RenderedImages(torch.utils.data.Dataset):
         if torch.rand(1, generator=rng) < 0.5:
             image = image.flip(-1)
         kernel = self.blur
-        image = F.conv1d(image.reshape(-1, 1, self.size), kernel.view(1, 1, -1), padding=2).reshape(3, self.size, self.size)
+        image = F.conv1d(image.reshape(-1, 1, self.size), kernel.view(1, 1, -1), padding=2).reshape(
+            3, self.size, self.size
+        )
         image = F.conv1d(image.transpose(1, 2).reshape(-1, 1, self.size), kernel.view(1, 1, -1), padding=2)
         image = image.reshape(3, self.size, self.size).transpose(1, 2)
         image = (image - image.mean()) / (image.std() + 1e-5)
