@@ -51,10 +51,21 @@ def cmd_search(args: argparse.Namespace) -> int:
     return Search(job, storage=args.storage, trials=args.trials, timeout=args.timeout).run().exit_code
 
 
+def cmd_apply(args: argparse.Namespace) -> int:
+    from autotuner.apply import apply_config, load_config, print_applied
+    from autotuner.spec import load_spec
+
+    tuned = load_config(args.config)
+    job = load_spec(args.spec)
+    print_applied(apply_config(tuned, job, steps=args.steps, device=args.device, force=args.force))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
     from autotuner.export import export_data, export_path, write_export
+    from autotuner.knobs import format_config
     from autotuner.spec import load_spec
     from autotuner.study import open_storage
 
@@ -70,10 +81,27 @@ def cmd_export(args: argparse.Namespace) -> int:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise SpecError(f"no study {name!r} in {url}", key="name") from None
-    path = write_export(
-        export_data(study, url), Path(args.output) if args.output else export_path(name, args.format), args.format
-    )
+    data = export_data(study, url, top=args.top or 0)
+    path = write_export(data, Path(args.output) if args.output else export_path(name, args.format), args.format)
+    for entry in data.get("top", []):
+        print(f"{entry['rank']:>3}. #{entry['trial']} {format_config(entry['params'])}: {entry['throughput']:,.0f}/s")
     print(path)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from autotuner.report import load_report, report_path, write_report
+    from autotuner.spec import load_spec
+
+    if args.spec:
+        job = load_spec(args.spec)
+        name, url = job.name, job.storage_url(args.storage)
+    elif args.study and args.storage:
+        name, url = args.study, args.storage
+    else:
+        raise SpecError("give --spec, or --study with --storage")
+    report = load_report(url, name)
+    print(write_report(report, Path(args.output) if args.output else report_path(name, args.format), args.format))
     return 0
 
 
@@ -89,6 +117,24 @@ def cmd_env(args: argparse.Namespace) -> int:
     for what, value in describe(environment):
         table.add_row(what, value)
     Console(highlight=False).print(table)
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from autotuner.dashboard import serve
+    from autotuner.spec import load_spec
+
+    if args.spec:
+        url = load_spec(args.spec).storage_url(args.storage)
+    elif args.storage:
+        url = args.storage
+    else:
+        raise SpecError("give --spec, or --storage with the study's database URL")
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise SpecError(
+            f"no study database at {url.removeprefix('sqlite:///')}; run autotuner search first", key="storage"
+        )
+    serve(url, args.host, args.port)
     return 0
 
 
@@ -109,13 +155,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.set_defaults(handler=cmd_search)
 
+    apply = commands.add_parser("apply", help="run the job with an exported config; compare its throughput")
+    apply.add_argument("config", help="the exported config (studies/<name>.best.yaml or .json)")
+    apply.add_argument("--spec", required=True, help="the job spec the config was tuned for")
+    apply.add_argument(
+        "--steps", type=_positive_int, help="optimizer steps to measure (default: 10x the spec's trial.steps, >= 50)"
+    )
+    apply.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the spec's device)")
+    apply.add_argument("--force", action="store_true", help="run it even if tuned for another job or other hardware")
+    apply.set_defaults(handler=cmd_apply)
+
     export = commands.add_parser("export", help="write the best config and its evidence from the storage")
     export.add_argument("--spec", help="the job spec (gives the study name and storage)")
     export.add_argument("--study", help="study name, with --storage, when there is no spec at hand")
     export.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
     export.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    export.add_argument("--top", type=_positive_int, help="also list the K best feasible configs (written as `top`)")
     export.add_argument("-o", "--output", help="where to write (default: studies/<name>.best.<format>)")
     export.set_defaults(handler=cmd_export)
+
+    report = commands.add_parser("report", help="write one self-contained page (HTML or markdown) of the study")
+    report.add_argument("--spec", help="the job spec (gives the study name and storage)")
+    report.add_argument("--study", help="study name, with --storage, when there is no spec at hand")
+    report.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
+    report.add_argument("--format", choices=("html", "md"), default="html", help="md: for a pull-request comment")
+    report.add_argument("-o", "--output", help="where to write (default: studies/<name>.report.<format>)")
+    report.set_defaults(handler=cmd_report)
+
+    dashboard = commands.add_parser("dashboard", help="serve optuna-dashboard for the study (127.0.0.1 unless --host)")
+    dashboard.add_argument("--spec", help="the job spec (gives the storage)")
+    dashboard.add_argument("--storage", help="SQLAlchemy URL of the storage")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    dashboard.add_argument("--port", type=_positive_int, default=8080)
+    dashboard.set_defaults(handler=cmd_dashboard)
 
     env = commands.add_parser("env", help="print the device, versions, capabilities and the study fingerprint")
     env.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

@@ -10,7 +10,7 @@ import optuna
 import yaml
 
 from autotuner.errors import AutotunerError
-from autotuner.study import TrialRecord, baseline, best, records
+from autotuner.study import TrialRecord, baseline, best, records, shown_url
 
 EXPORT_VERSION = 1
 
@@ -32,8 +32,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def export_data(study: optuna.Study, storage_url: str) -> dict[str, Any]:
-    """Everything `best.yaml` holds, read from the study."""
+def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str, Any]:
+    """Everything `best.yaml` holds, read from the study; with `top`, the `top` best feasible
+    configs too (rank 1 is the best)."""
     trials = records(study)
     winner = best(trials)
     if winner is None:
@@ -69,12 +70,29 @@ def export_data(study: optuna.Study, storage_url: str) -> dict[str, Any]:
             },
             "study": {
                 "name": study.study_name,
-                "storage": storage_url,
+                "storage": shown_url(storage_url),
                 "trial": winner.number,
                 "trials_ran": sum(t.ran for t in trials),
             },
+            **({"top": _top(trials, base, top)} if top else {}),
         }
     )
+
+
+def _top(trials: list[TrialRecord], base: TrialRecord | None, count: int) -> list[dict[str, Any]]:
+    ranked = sorted((t for t in trials if t.feasible), key=lambda t: -t.throughput)[:count]
+    return [
+        {
+            "rank": rank,
+            "trial": t.number,
+            "params": t.config,
+            "throughput": t.throughput,
+            "speedup": t.throughput / base.throughput if base and base.throughput > 0 else None,
+            "drift": t.metrics.get("drift"),
+            "throughput_spread": t.metrics.get("throughput_spread"),
+        }
+        for rank, t in enumerate(ranked, start=1)
+    ]
 
 
 def export_path(name: str, fmt: str = "yaml") -> Path:

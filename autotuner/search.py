@@ -18,6 +18,7 @@ import optuna
 from optuna.trial import TrialState
 
 from autotuner.console import SearchReporter
+from autotuner.dashboard import publish
 from autotuner.drift import measure_drift
 from autotuner.errors import BackendError, SpecError
 from autotuner.export import export_data, export_path, write_export
@@ -208,6 +209,7 @@ class Search:
         if summary.best is not None:
             path = write_export(export_data(study, self.storage_url), export_path(job.name))
             summary.export = str(path)
+        publish(study)
         self.reporter.finish(summary)
         return summary
 

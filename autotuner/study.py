@@ -43,6 +43,14 @@ DRIFT_CAP = 1e6
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def shown_url(url: str) -> str:
+    """The storage URL without its password, for what is written down and passed around."""
+    try:
+        return str(sqlalchemy.engine.make_url(url).render_as_string(hide_password=True))
+    except sqlalchemy.exc.ArgumentError:
+        return url
+
+
 def open_storage(url: str, *, default: bool = False) -> optuna.storages.BaseStorage:
     """An Optuna RDB storage at `url`, or one clear SpecError line saying why not."""
     try:

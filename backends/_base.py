@@ -1,6 +1,6 @@
 """The backend contract.
 
-A backend has two halves:
+A backend has three parts:
 
 * a `Backend` object (this class), imported by the engine in the search process. It must not
   import its framework. It names the knobs and values the backend has, its built-in workloads,
@@ -25,6 +25,31 @@ A backend has two halves:
       ``gpu``). A non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None.
+
+* an apply module (``backends/<name>/apply.py``): the one implementation of what a config means
+  for a training loop. The runner's ``run`` trains through it, and users import it for their
+  own loop, so what a trial measured is what a user gets. It provides one class:
+
+  ``TunedTraining(config, model, optimizer, dataset=None, device=None)``
+      ``config`` is an `autotuner.apply.TunedConfig` (from ``load_config``: its ``params``,
+      checked against this backend's knobs) or a plain mapping of knob values. The constructor
+      does everything decided once: places the model on ``device`` (None: the backend's
+      default), sets the precision (framework flags, autocast or dtype policy), compiles or
+      jits the model (``model``: what the loop calls; a model already compiled is kept), and
+      builds ``loader`` over ``dataset`` (None without one). Attributes: ``model``,
+      ``optimizer``, ``device``, ``loader``, ``batch_size`` (micro-batch), ``accumulation``,
+      ``global_batch``. Methods, called in this order each micro-step:
+      ``to_device(batch)``; ``autocast()``, a context for the forward pass and the loss;
+      ``backward(loss)``, this micro-batch's gradients divided by ``accumulation`` (and scaled
+      for fp16); ``step() -> bool``, which every ``accumulation``-th call steps the optimizer,
+      clears the accumulated gradients and returns True, and otherwise returns False. And
+      ``make_loader(dataset, *, shuffle=True, seed=None)``: a loader of micro-batches with the
+      config's workers, dropping the last partial one.
+
+  A JAX backend fills in the same names: ``autocast()`` sets the bf16 compute policy and
+  ``jax.default_matmul_precision``, ``model`` is the jitted apply function, ``backward`` takes
+  what differentiation gives in JAX (the gradient pytree, from ``jax.value_and_grad``) and
+  ``step()`` applies the optax update (``optax.MultiSteps`` for the accumulation).
 """
 
 from __future__ import annotations

@@ -342,3 +342,16 @@ def test_a_study_refuses_other_hardware_and_a_changed_job(searched: tuple[Path, 
         study.set_user_attr("fingerprint", fingerprint)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "fingerprint 0123456789abcdef" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_export_top_lists_the_best_feasible_configs_in_order(searched: tuple[Path, str]) -> None:
+    workdir, _ = searched
+    done = run_cli("export", "--spec", str(workdir / "small.yaml"), "--top", "2", "-o", "top.yaml", cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    top = yaml.safe_load((workdir / "top.yaml").read_text())["top"]
+    feasible = sorted(
+        (t for t in _study(workdir).get_trials() if t.user_attrs["feasible"]), key=lambda t: -t.user_attrs["throughput"]
+    )
+    assert [entry["trial"] for entry in top] == [t.number for t in feasible[:2]]
+    assert [entry["rank"] for entry in top] == [1, 2]
+    assert "1. #" in done.stdout

@@ -1,8 +1,9 @@
 """The PyTorch backend, trial-process side: one config of one workload, timed and seeded.
 
 Imported by the fork server before any trial, so importing it must not initialise CUDA.
-Precision is decided once, before the loop (an autocast context or a null one, a GradScaler
-enabled only for fp16); the step itself has no branches on the config.
+The config is applied by `backends.pytorch.apply.TunedTraining`, the object users apply an
+exported config with in their own loop: a trial trains through it, so what a study measures is
+exactly what a user gets.
 """
 
 from __future__ import annotations
@@ -26,10 +27,8 @@ from autotuner.outcomes import NonFiniteLoss
 from autotuner.telemetry import GpuSampler
 from autotuner.trial import TrialRequest
 from autotuner.workload import WorkloadImportError, load_factory
+from backends.pytorch.apply import TunedTraining, resolve_device
 from backends.pytorch.workload import TorchWorkload, as_workload
-
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
 
 
 def classify_exception(exc: BaseException) -> str | None:
@@ -37,22 +36,6 @@ def classify_exception(exc: BaseException) -> str | None:
 
 
 # ---------------------------------------------------------------- environment
-
-
-def resolve_device(spec: str) -> torch.device:
-    if spec == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    device = torch.device(spec)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {spec!r}: CUDA is not available here")
-        index = device.index or 0
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-        return torch.device("cuda", index)
-    if device.type != "cpu":
-        raise ValueError(f"device {spec!r}: the pytorch backend runs on cpu or cuda")
-    return device
 
 
 def _cpu_name() -> str:
@@ -152,72 +135,18 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _set_matmul_precision(precision: str) -> None:
-    tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-
-
-class Trainer:
-    """One optimizer step of a workload under one config."""
-
-    def __init__(
-        self, workload: TorchWorkload, forward: Callable[..., Any], config: dict[str, Any], device: torch.device
-    ):
-        self.workload, self.forward, self.device = workload, forward, device
-        self.accumulation = int(config["accumulation"])
-        precision = config["precision"]
-        self.autocast: Callable[[], contextlib.AbstractContextManager[Any]] = (
-            (lambda: torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision]))
-            if precision in AUTOCAST_DTYPES
-            else contextlib.nullcontext
-        )
-        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        self.optimizer = workload.optimizer(workload.model.parameters())
-        self.non_blocking = device.type == "cuda"
-
-    def to_device(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return value.to(self.device, non_blocking=self.non_blocking)
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.to_device(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self.to_device(v) for k, v in value.items()}
-        return value
-
-    def step(self, batches: Iterator[Any]) -> torch.Tensor:
-        """One optimizer step over `accumulation` micro-batches; returns the mean loss (on device)."""
-        total = torch.zeros((), device=self.device)
-        for _ in range(self.accumulation):
-            inputs, target = self.to_device(next(batches))
-            with self.autocast():
-                loss = self.workload.loss_fn(self.forward(inputs), target)
-            self.scaler.scale(loss / self.accumulation).backward()
-            total += loss.detach().float()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return total / self.accumulation
-
-
-def _loader(
-    dataset: Any, config: dict[str, Any], device: torch.device, shuffle: bool, seed: int
-) -> torch.utils.data.DataLoader:
-    workers = int(config["workers"])
-    return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=int(config["batch_size"]),
-        shuffle=shuffle,
-        drop_last=True,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0,
-        # Linux's usual fork: workers start in milliseconds. (A trial process comes from a fork
-        # server, whose default would start a second fork server and re-import torch.)
-        multiprocessing_context="fork" if workers > 0 else None,
-        generator=torch.Generator().manual_seed(seed),
-    )
+def _train_step(workload: TorchWorkload, training: TunedTraining, batches: Iterator[Any]) -> torch.Tensor:
+    """One optimizer step over `accumulation` micro-batches, written as a user's loop is; returns
+    the mean loss (on the device)."""
+    total = torch.zeros((), device=training.device)
+    for _ in range(training.accumulation):
+        inputs, target = training.to_device(next(batches))
+        with training.autocast():
+            loss = workload.loss_fn(training.model(inputs), target)
+        training.backward(loss)
+        total += loss.detach().float()
+        training.step()
+    return total / training.accumulation
 
 
 def _forever(loader: torch.utils.data.DataLoader) -> Iterator[Any]:
@@ -242,17 +171,14 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _measure(
-    workload: TorchWorkload, forward: Callable[..., Any], request: TrialRequest, device: torch.device
-) -> dict[str, Any]:
-    config = request.config
-    trainer = Trainer(workload, forward, config, device)
-    batches = _forever(_loader(workload.dataset, config, device, shuffle=True, seed=request.seed))
+def _measure(workload: TorchWorkload, training: TunedTraining, request: TrialRequest) -> dict[str, Any]:
+    device = training.device
+    batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
     running = torch.zeros((), device=device)
 
     def step() -> None:
         nonlocal running
-        running = running + trainer.step(batches)
+        running = running + _train_step(workload, training, batches)
 
     def after_window() -> None:
         _check_finite(running, "the measured steps")
@@ -276,20 +202,17 @@ def _measure(
     return metrics
 
 
-def _drift_phase(
-    workload: TorchWorkload, forward: Callable[..., Any], request: TrialRequest, device: torch.device
-) -> dict[str, Any]:
+def _drift_phase(workload: TorchWorkload, training: TunedTraining, request: TrialRequest) -> dict[str, Any]:
     """K optimizer steps on the dataset's first K*global_batch items in order, then the fp32 loss
     on the held-out batch."""
-    config = request.config
+    device = training.device
     needed = request.drift_steps * request.global_batch
     size = len(workload.dataset)  # type: ignore[arg-type]
     ordered = torch.utils.data.Subset(workload.dataset, [i % size for i in range(needed)])
-    trainer = Trainer(workload, forward, config, device)
-    batches = iter(_loader(ordered, config, device, shuffle=False, seed=request.seed))
+    batches = iter(training.make_loader(ordered, shuffle=False, seed=request.seed))
     trajectory: list[float] = []
     for _ in range(request.drift_steps):
-        loss = trainer.step(batches)
+        loss = _train_step(workload, training, batches)
         _check_finite(loss, f"drift step {len(trajectory) + 1}")
         trajectory.append(loss.item())
     heldout = workload.heldout
@@ -302,7 +225,7 @@ def _drift_phase(
     with torch.no_grad():  # eager fp32: the weights are what is compared, not the eval numerics
         for start in range(0, count, chunk):
             items = [heldout[i] for i in range(start, min(count, start + chunk))]
-            inputs, target = trainer.to_device(torch.utils.data.default_collate(items))
+            inputs, target = training.to_device(torch.utils.data.default_collate(items))
             total += workload.loss_fn(workload.model(inputs), target).double() * len(items)
     workload.model.train()
     loss = total / count
@@ -310,24 +233,30 @@ def _drift_phase(
     return {"heldout": loss.item(), "trajectory": trajectory}
 
 
+def _training(
+    workload: TorchWorkload, model: torch.nn.Module, request: TrialRequest, device: torch.device
+) -> TunedTraining:
+    """The config applied to `model`, with a fresh optimizer (and so a fresh GradScaler)."""
+    return TunedTraining(request.config, model, workload.optimizer(workload.model.parameters()), device=device)
+
+
 def run(request: TrialRequest) -> dict[str, Any]:
     device = resolve_device(request.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    _set_matmul_precision(request.config["precision"])
     _seed(request.seed)
     workload = as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
     workload.model.to(device).train()
     initial = copy.deepcopy(workload.model.state_dict())
-    mode = request.config["compile"]
-    forward = workload.model if mode == "none" else torch.compile(workload.model, mode=COMPILE_MODES[mode])
+    training = _training(workload, workload.model, request, device)
     result: dict[str, Any] = {
         "tokens_per_sample": workload.tokens_per_sample,
         "flops_per_sample": workload.flops_per_sample,
     }
     if request.measure:
-        result.update(_measure(workload, forward, request, device))
+        result.update(_measure(workload, training, request))
         workload.model.load_state_dict(initial)
+        training = _training(workload, training.model, request, device)  # compiled once, not twice
     _seed(request.seed)
-    result["losses"] = _drift_phase(workload, forward, request, device)
+    result["losses"] = _drift_phase(workload, training, request)
     return result

@@ -1,0 +1,401 @@
+"""Applying an exported config: reading `studies/<name>.best.yaml`, and running a job with it.
+
+Two ways in, and one implementation of what a config means (the backend's `apply` module, which
+the trials themselves train through):
+
+* from Python, `load_config(path)` returns a `TunedConfig`; the backend's `TunedTraining`
+  applies it to the user's own model, optimizer and dataset;
+* from the command line, `apply_config` checks that the config was tuned for this job and this
+  hardware, runs the job with it for N optimizer steps in a trial process, and `print_applied`
+  sets the throughput it got next to the study's.
+
+Importing this module imports neither a framework nor Optuna: a training script that only reads
+the config does not pay for the study machinery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autotuner.environment import fingerprint
+from autotuner.errors import BackendError, HardwareMismatch, SpecError
+from autotuner.knobs import KNOBS, Config, format_config
+from backends import BACKENDS, Capabilities
+
+if TYPE_CHECKING:
+    from autotuner.spec import Job
+
+READS_VERSIONS = (1,)
+"""The `autotuner.export.EXPORT_VERSION` values this reader understands."""
+AGREEMENT = 0.10
+"""An applied throughput this far from the study's (relative) gets a warning."""
+MIN_APPLY_STEPS = 50
+
+
+# ------------------------------------------------------------------ reading an export
+
+
+class _Section(BaseModel):
+    # The export carries more evidence than applying needs: keep it, check only what is used.
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+
+class _Metrics(_Section):
+    throughput: float = Field(gt=0)
+
+
+class _Baseline(_Section):
+    params: dict[str, Any] | None = None
+    throughput: float | None = None
+
+
+class _Environment(_Section):
+    backend: str
+    fingerprint: str
+
+
+class _SpecRef(_Section):
+    identity: str
+    global_batch: int | None = Field(None, gt=0)
+
+
+class _StudyRef(_Section):
+    name: str
+    trial: int | None = None
+
+
+class _ExportFile(BaseModel):
+    # A newer export may add top-level evidence; what changes its meaning bumps `version`.
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+    version: int
+    params: dict[str, Any]
+    metrics: _Metrics
+    baseline: _Baseline
+    speedup: float | None
+    environment: _Environment
+    spec: _SpecRef
+    study: _StudyRef
+    drift: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TunedConfig:
+    """An exported best config and the evidence behind it, validated. Plain data: no framework."""
+
+    params: Config
+    """One value per knob, `accumulation` included: what `TunedTraining` applies."""
+    metrics: dict[str, Any]
+    """What the study measured for it: `throughput` (samples/s, median), its spread, drift, ..."""
+    baseline: dict[str, Any]
+    speedup: float | None
+    environment: dict[str, Any]
+    """The hardware and software it was tuned on, with its `fingerprint`."""
+    spec: dict[str, Any]
+    """The job it was tuned for: `identity` (see `autotuner.spec.Job.identity`), path, global batch."""
+    study: dict[str, Any]
+    drift: dict[str, Any]
+    source: str
+    """The file it was read from."""
+
+    @property
+    def backend(self) -> str:
+        return str(self.environment["backend"])
+
+    @property
+    def throughput(self) -> float:
+        """The study's median throughput for this config, in samples/s."""
+        return float(self.metrics["throughput"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.environment["fingerprint"])
+
+    @property
+    def identity(self) -> str:
+        return str(self.spec["identity"])
+
+    def __str__(self) -> str:
+        return (
+            f"{format_config(self.params)} (trial #{self.study.get('trial')} of study {self.study['name']}, "
+            f"{self.throughput:,.0f} samples/s)"
+        )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _validation_error(exc: ValidationError, source: str) -> SpecError:
+    error = exc.errors()[0]
+    key = ".".join(str(part) for part in error["loc"]) or None
+    if error["type"] == "missing":
+        return SpecError(
+            "required key is missing (autotuner search and autotuner export write it)", source=source, key=key
+        )
+    message = f"{error['msg'][0].lower()}{error['msg'][1:]}"
+    return SpecError(f"{message} (got {_short(error.get('input'))})", source=source, key=key)
+
+
+def parse_config(data: Any, source: str) -> TunedConfig:
+    """Validate already-loaded export data; every problem is one `SpecError` line."""
+    if not isinstance(data, dict):
+        kind = "nothing" if data is None else type(data).__name__
+        raise SpecError(
+            f"an exported config is a mapping (params, metrics, baseline, environment, spec, study), not {kind}",
+            source=source,
+        )
+    try:
+        export = _ExportFile.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, source) from None
+    if export.version not in READS_VERSIONS:
+        raise SpecError(
+            f"export version {export.version} is not one this autotuner reads "
+            f"({', '.join(map(str, READS_VERSIONS))}); export the study again with this version",
+            source=source,
+            key="version",
+        )
+    backend = BACKENDS.get(export.environment.backend)
+    if backend is None:
+        raise SpecError(
+            f"{export.environment.backend!r} is not a backend; choose between {', '.join(BACKENDS)}",
+            source=source,
+            key="environment.backend",
+        )
+    params = dict(export.params)
+    for knob in params:
+        if knob not in backend.knobs:
+            raise SpecError(
+                f"the {backend.name} backend has no knob {knob!r}; knobs: {', '.join(backend.knobs)}",
+                source=source,
+                key=f"params.{knob}",
+            )
+    for knob, allowed in backend.knobs.items():
+        if knob not in params:
+            raise SpecError("required key is missing (every knob has a value)", source=source, key=f"params.{knob}")
+        problem = KNOBS[knob].check(params[knob], allowed)
+        if problem:
+            raise SpecError(problem, source=source, key=f"params.{knob}")
+    global_batch = export.spec.global_batch
+    if global_batch is not None and params["batch_size"] * params["accumulation"] != global_batch:
+        raise SpecError(
+            f"batch_size x accumulation is {params['batch_size']} x {params['accumulation']}, "
+            f"but spec.global_batch is {global_batch}",
+            source=source,
+            key="params.accumulation",
+        )
+    return TunedConfig(
+        params=params,
+        metrics=export.metrics.model_dump(),
+        baseline=export.baseline.model_dump(),
+        speedup=export.speedup,
+        environment=export.environment.model_dump(),
+        spec=export.spec.model_dump(),
+        study=export.study.model_dump(),
+        drift=dict(export.drift),
+        source=source,
+    )
+
+
+def load_config(path: str | Path) -> TunedConfig:
+    """Read an exported config (`studies/<name>.best.yaml`, or `.json`) and validate it."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("no such file", source=source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise SpecError(f"cannot read the config: {exc.__class__.__name__}: {reason}", source=source) from None
+    if source.endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"line {exc.lineno}: not valid JSON ({exc.msg})", source=source) from None
+    else:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}: " if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise SpecError(f"{where}not valid YAML ({problem})", source=source) from None
+        except RecursionError:
+            raise SpecError("not valid YAML (nested too deeply)", source=source) from None
+    return parse_config(data, source)
+
+
+# ------------------------------------------------------------------ `autotuner apply`
+
+
+@dataclass(frozen=True)
+class AppliedRun:
+    """What running a job with a tuned config gave, next to what the study measured."""
+
+    tuned: TunedConfig
+    config: Config
+    """The config as run (accumulation derived from this job's global batch)."""
+    environment: dict[str, Any]
+    throughput: dict[str, Any]
+    """`autotuner.measure.Throughput` as a dict: median, spread, windows, warm-up."""
+    heldout_loss: float | None
+    drift_steps: int
+    wall_s: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return float(self.throughput["samples_per_s"])
+
+    @property
+    def ratio(self) -> float:
+        """Applied over study throughput (medians)."""
+        return self.samples_per_s / self.tuned.throughput
+
+    @property
+    def agrees(self) -> bool:
+        return abs(self.ratio - 1.0) <= AGREEMENT
+
+
+def default_steps(job: Job) -> int:
+    """10x the optimizer steps of one of the study's measured windows, at least 50."""
+    return max(MIN_APPLY_STEPS, 10 * job.spec.trial.steps)
+
+
+def _machine(environment: dict[str, Any]) -> str:
+    versions = environment.get("versions") or {}
+    return f"{environment.get('device_name')} (torch {versions.get('torch')}, driver {environment.get('driver')})"
+
+
+def job_mismatch(tuned: TunedConfig, job: Job) -> str | None:
+    """Why `tuned` was not tuned for `job`, or None when it was (same identity)."""
+    if tuned.identity == job.identity():
+        return None
+    return (
+        f"it was tuned for another job (identity {tuned.identity}, spec {tuned.spec.get('path')}); "
+        f"{job.source} is identity {job.identity()}: its workload, batch, space or trial settings differ"
+    )
+
+
+def machine_mismatch(tuned: TunedConfig, environment: dict[str, Any]) -> str | None:
+    """Why `tuned` was not tuned on this hardware and software, or None when it was."""
+    ours = fingerprint(environment)
+    if tuned.fingerprint == ours:
+        return None
+    return (
+        f"it was tuned on {_machine(tuned.environment)}, fingerprint {tuned.fingerprint}; "
+        f"this machine is {_machine(environment)}, fingerprint {ours}: its figures need not hold here"
+    )
+
+
+def apply_config(
+    tuned: TunedConfig,
+    job: Job,
+    *,
+    steps: int | None = None,
+    device: str | None = None,
+    force: bool = False,
+    warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
+) -> AppliedRun:
+    """Run `job` with `tuned` for `steps` optimizer steps (default `default_steps`) in a trial
+    process, measured as a trial is: warm-up, then windows as long as the study's, their median
+    and spread. A config tuned for another job or other hardware is refused unless `force`."""
+    from autotuner.outcomes import Outcome
+    from autotuner.search import make_launcher, probe_environment, trial_request  # Optuna: only here
+
+    if tuned.backend != job.backend.name:
+        raise SpecError(
+            f"the config is for the {tuned.backend} backend, the job for {job.backend.name}",
+            source=tuned.source,
+            key="environment.backend",
+        )
+    other_job = job_mismatch(tuned, job)
+    if other_job and not force:
+        raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
+    launcher = make_launcher(job.backend)
+    environment = probe_environment(launcher, job.backend, device or job.spec.device, job.workload_path(), job.source)
+    other_machine = machine_mismatch(tuned, environment)
+    if other_machine and not force:
+        raise HardwareMismatch(f"{tuned.source}: {other_machine}. Use --force to run it anyway")
+    for problem in filter(None, (other_job, other_machine)):
+        warn(f"{tuned.source}: {problem} (--force)")
+
+    batch = tuned.params["batch_size"]
+    if job.spec.global_batch % batch:
+        raise SpecError(
+            f"batch_size {batch} does not divide the job's global_batch ({job.spec.global_batch})",
+            source=tuned.source,
+            key="params.batch_size",
+        )
+    config = job.complete(tuned.params)
+    unsupported = job.backend.unsupported_reason(config, Capabilities.from_dict(environment["capabilities"]))
+    if unsupported:
+        raise SpecError(f"this machine cannot run it: {unsupported}", source=tuned.source, key="params")
+
+    settings = job.spec.trial
+    total = steps or default_steps(job)
+    per_window = min(settings.steps, total)
+    windows = math.ceil(total / per_window)
+    request = dataclasses.replace(trial_request(job, config, environment["device"]), steps=per_window, windows=windows)
+    timeout = settings.timeout * max(1.0, per_window * windows / (settings.steps * settings.windows))
+    result = launcher.call(job.backend.runner, "run", request, timeout)
+    if result.outcome is not Outcome.OK:
+        raise BackendError(f"the config failed on this machine: {result.outcome}: {result.reason}")
+    return AppliedRun(
+        tuned=tuned,
+        config=config,
+        environment=environment,
+        throughput=result.result["throughput"],
+        heldout_loss=(result.result.get("losses") or {}).get("heldout"),
+        drift_steps=settings.drift_steps,
+        wall_s=result.wall_s,
+    )
+
+
+def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+    """The applied throughput next to the study's, their ratio, and the held-out loss of both."""
+    out, err = out or sys.stdout, err or sys.stderr
+    tuned, measured = run.tuned, run.throughput
+    study_spread = tuned.metrics.get("throughput_spread")
+    print(
+        f"{tuned.source}: {format_config(run.config)} (trial #{tuned.study.get('trial')} of {tuned.study['name']})",
+        file=out,
+    )
+    print(
+        f"ran {measured['steps'] * measured['windows']} optimizer steps of {measured['samples_per_step']} samples "
+        f"({measured['windows']} windows of {measured['steps']}, after {measured['warmup_s']:.2f} s of warm-up) "
+        f"on {run.environment['device']} ({run.environment['device_name']})",
+        file=out,
+    )
+    print(
+        f"throughput: {run.samples_per_s:,.0f} samples/s here (spread {measured['spread']:.1%}), "
+        f"{tuned.throughput:,.0f} samples/s in the study"
+        + (f" (spread {float(study_spread):.1%})" if isinstance(study_spread, (int, float)) else "")
+        + f": ratio {run.ratio:.2f}",
+        file=out,
+    )
+    study_loss = tuned.metrics.get("heldout_loss")
+    if run.heldout_loss is not None and isinstance(study_loss, (int, float)) and study_loss:
+        gap = abs(run.heldout_loss - study_loss) / abs(study_loss)
+        print(
+            f"held-out loss after {run.drift_steps} steps: {run.heldout_loss:.6g} here, {study_loss:.6g} in the study "
+            f"({'identical' if gap == 0 else f'{gap:.3%} apart'})",
+            file=out,
+        )
+    if not run.agrees:
+        print(
+            f"autotuner: warning: the throughput here is {abs(run.ratio - 1):.0%} "
+            f"{'below' if run.ratio < 1 else 'above'} the study's (more than {AGREEMENT:.0%}): "
+            "the machine may be busier or different, or the study's short windows were noisy",
+            file=err,
+        )

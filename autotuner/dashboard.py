@@ -1,0 +1,94 @@
+"""What optuna-dashboard shows of a study, and `autotuner dashboard` to serve it.
+
+The dashboard reads everything from the storage: the metric names (axes of its Pareto front),
+each trial's user attrs (metrics, outcome, reason) and `constraints` system attr (infeasible
+trials are drawn as infeasible). `publish` adds what the dashboard cannot compute itself: a
+markdown study note with the summary, and charts saved into the study as plotly figures.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from autotuner.console import percent, rate
+from autotuner.environment import fingerprint
+from autotuner.knobs import format_config
+from autotuner.study import baseline, best, records
+
+CHARTS = ("throughput-by-knob", "pareto-front")
+
+
+def study_note(study: optuna.Study) -> str:
+    """The markdown summary shown as the study's note."""
+    trials = records(study)
+    winner, base = best(trials), baseline(trials)
+    attrs = study.user_attrs
+    settings, reference, environment = (
+        attrs.get("autotuner", {}),
+        attrs.get("reference", {}),
+        attrs.get("environment", {}),
+    )
+    lines = [f"## autotuner: {study.study_name}", ""]
+    if winner is None:
+        lines.append("**No feasible config yet**: every trial so far failed or drifted past the tolerance.")
+    else:
+        speedup = f", **{winner.throughput / base.throughput:.2f}x** the baseline" if base and base.throughput else ""
+        lines.append(
+            f"**Best:** trial #{winner.number}, `{format_config(winner.config)}`: "
+            f"{rate(winner.throughput)}{speedup}, drift {percent(winner.metrics.get('drift'))}"
+        )
+    if base is not None:
+        lines.append(
+            f"\n**Baseline:** trial #{base.number}, `{format_config(base.config)}`: "
+            f"{rate(base.throughput)} ({base.outcome})"
+        )
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.outcome] = counts.get(t.outcome, 0) + 1
+    lines += [
+        "",
+        "| | |",
+        "|---|---|",
+        f"| drift tolerance | {percent(settings.get('max_drift'))} |",
+        f"| reference noise floor | {percent(reference.get('noise_floor'))} "
+        f"(fp32 eager, `{format_config(reference.get('config') or {})}`) |",
+        f"| memory limit | {f'{limit:g} MiB' if (limit := settings.get('max_memory_mb')) else 'none'} |",
+        f"| trials ran | {sum(t.ran for t in trials)} |",
+        f"| outcomes | {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))} |",
+        f"| workload | `{settings.get('workload')}`, global batch {settings.get('global_batch')} |",
+        f"| device | {environment.get('device')}: {environment.get('device_name')} |",
+        f"| versions | {', '.join(f'{k} {v}' for k, v in (environment.get('versions') or {}).items() if v)} |",
+        f"| fingerprint | `{attrs.get('fingerprint') or fingerprint(environment)}` |",
+        "",
+        "Each trial's metrics, outcome and reason are its user attributes; infeasible trials "
+        "(failed, or drift or memory over the limit) are marked infeasible in the plots.",
+    ]
+    return "\n".join(lines)
+
+
+def publish(study: optuna.Study) -> None:
+    """Write the note and the charts into the study (overwriting earlier versions)."""
+    from optuna_dashboard import save_note, save_plotly_graph_object
+
+    from autotuner.charts import pareto_figure, throughput_by_knob_figure
+
+    save_note(study, study_note(study))
+    trials = records(study)
+    tolerance = float(study.user_attrs.get("autotuner", {}).get("max_drift", 0.01))
+    figures = {
+        "throughput-by-knob": throughput_by_knob_figure(trials),
+        "pareto-front": pareto_figure(trials, tolerance),
+    }
+    for graph_id in CHARTS:
+        save_plotly_graph_object(study, figures[graph_id], graph_object_id=graph_id)
+
+
+def serve(storage_url: str, host: str, port: int) -> None:
+    """Run the real optuna-dashboard on `host:port` until interrupted."""
+    from optuna_dashboard import run_server
+
+    from autotuner.study import open_storage
+
+    storage = open_storage(storage_url)
+    print(f"optuna-dashboard for {storage_url} on http://{host}:{port}/ (Ctrl-C stops it)", flush=True)
+    run_server(storage, host=host, port=port)

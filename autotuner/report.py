@@ -1,0 +1,348 @@
+"""`autotuner report`: one page of a study's evidence, read from the storage alone.
+
+`load_report` reads the study (trials as `autotuner.study.TrialRecord`, the study user attrs);
+the tables below are plain text built once, and `render_html` / `render_markdown` lay them out.
+The HTML page is self-contained (plotly.js inlined once, no external CSS, JS or fonts), so it
+opens offline; the markdown, for a pull-request comment, gives the charts' key numbers as tables.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotuner import charts
+from autotuner.console import percent, rate
+from autotuner.environment import describe, fingerprint
+from autotuner.errors import SpecError
+from autotuner.knobs import format_config
+from autotuner.study import TrialRecord, baseline, best, open_storage, records, shown_url, spent_seconds
+
+FORMATS = ("html", "md")
+TOP = 10
+
+Table = tuple[list[str], list[list[str]]]
+"""Column headers and rows of plain (unescaped) text."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a report shows, read from one study."""
+
+    name: str
+    storage_url: str
+    trials: list[TrialRecord]
+    settings: dict[str, Any]
+    reference: dict[str, Any]
+    environment: dict[str, Any]
+    fingerprint: str
+
+    @cached_property
+    def best(self) -> TrialRecord | None:
+        return best(self.trials)
+
+    @cached_property
+    def baseline(self) -> TrialRecord | None:
+        return baseline(self.trials)
+
+    @property
+    def tolerance(self) -> float:
+        return float(self.settings.get("max_drift") or 0.01)
+
+    def speedup(self, trial: TrialRecord) -> str:
+        value = charts.speedup(trial, self.baseline)
+        return "-" if value is None else f"{value:.2f}x"
+
+
+def load_report(storage_url: str, name: str, *, default: bool = False) -> Report:
+    """Read study `name` from the storage, or raise a one-line SpecError saying why not."""
+    if storage_url.startswith("sqlite:///"):
+        database = storage_url.removeprefix("sqlite:///")
+        if database not in ("", ":memory:") and not Path(database).exists():
+            # Opening a missing SQLite file would create an empty database: refuse instead.
+            raise SpecError(f"no study database at {database}; run autotuner search first", key="storage")
+    storage = open_storage(storage_url, default=default)
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise SpecError(f"no study {name!r} in {storage_url}", key="name") from None
+    attrs = study.user_attrs
+    if "autotuner" not in attrs:
+        raise SpecError(f"study {name!r} in {storage_url} was not made by autotuner", key="name")
+    environment = attrs.get("environment") or {}
+    return Report(
+        name=study.study_name,
+        storage_url=storage_url,
+        trials=records(study),
+        settings=attrs["autotuner"],
+        reference=attrs.get("reference") or {},
+        environment=environment,
+        fingerprint=attrs.get("fingerprint") or fingerprint(environment),
+    )
+
+
+def report_path(name: str, fmt: str = "html") -> Path:
+    return Path("studies") / f"{name}.report.{fmt}"
+
+
+def write_report(report: Report, path: Path, fmt: str = "html") -> Path:
+    text = render_html(report) if fmt == "html" else render_markdown(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+# ------------------------------------------------------------------ content, shared by both formats
+
+
+def _drift(trial: TrialRecord) -> str:
+    return charts.drift_text(trial.drift) if "drift" in trial.metrics else "-"
+
+
+def headline(report: Report) -> str:
+    winner, base = report.best, report.baseline
+    if winner is None:
+        ran = sum(t.ran for t in report.trials)
+        if not ran:
+            return "No feasible config: no trial has run yet."
+        return (
+            f"No feasible config: none of the {ran} trials that ran was both ok and within the drift "
+            f"tolerance{' and memory limit' if report.settings.get('max_memory_mb') else ''}."
+        )
+    versus = f", {report.speedup(winner)} the baseline's {rate(base.throughput)}" if base and base.throughput else ""
+    return (
+        f"Best: trial #{winner.number} {format_config(winner.config)}: {rate(winner.throughput)}{versus}, "
+        f"drift {_drift(winner)}."
+    )
+
+
+def summary_table(report: Report) -> Table:
+    winner, base = report.best, report.baseline
+    settings, reference = report.settings, report.reference
+    counts = Counter(t.outcome for t in report.trials)
+    limit = settings.get("max_memory_mb")
+    rows = [
+        ["study", f"{report.name} ({shown_url(report.storage_url)})"],
+        ["workload", f"{settings.get('workload')}, global batch {settings.get('global_batch')}"],
+        ["best config", f"#{winner.number} {format_config(winner.config)}" if winner else "none feasible"],
+        ["best throughput", rate(winner.throughput) if winner else "-"],
+        ["speedup over baseline", report.speedup(winner) if winner else "-"],
+        ["baseline config", f"#{base.number} {format_config(base.config)}" if base else "not run yet"],
+        ["baseline throughput", f"{rate(base.throughput)} ({base.outcome})" if base else "-"],
+        ["drift tolerance", percent(settings.get("max_drift"), 2)],
+        [
+            "reference noise floor",
+            f"{charts.drift_text(float(reference['noise_floor']))} (fp32 eager, "
+            f"{format_config(reference.get('config') or {})})"
+            if reference.get("noise_floor") is not None
+            else "no reference run yet",
+        ],
+        ["memory limit", f"{limit:g} MiB" if limit else "none"],
+        ["trials", f"{len(report.trials)} ({sum(t.ran for t in report.trials)} ran a process)"],
+        ["feasible trials", str(sum(t.feasible for t in report.trials))],
+        ["outcomes", ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-"],
+        ["trial time", f"{spent_seconds(report.trials):.1f} s"],
+    ]
+    return ["", ""], rows
+
+
+def front_table(report: Report) -> Table:
+    front = charts.pareto_front(report.trials)
+    rows = [[f"#{t.number}", format_config(t.config), rate(t.throughput), report.speedup(t), _drift(t)] for t in front]
+    return ["trial", "config", "throughput", "speedup", "drift"], rows
+
+
+def top_table(report: Report, top: int = TOP) -> Table:
+    rows = [
+        [str(rank), f"#{t.number}", format_config(t.config), rate(t.throughput), report.speedup(t), _drift(t)]
+        for rank, t in enumerate(charts.fastest_feasible(report.trials, top), start=1)
+    ]
+    return ["rank", "trial", "config", "throughput", "speedup", "drift"], rows
+
+
+def knob_tables(report: Report) -> list[tuple[str, Table]]:
+    """Per knob: the best and median throughput of the ok trials at each value."""
+    ok = charts.ok_trials(report.trials)
+    tables = []
+    for knob in charts.knobs_of(ok):
+        by_value: dict[str, list[float]] = {}
+        for t in (t for t in ok if knob in t.config):
+            by_value.setdefault(charts.knob_value(t.config, knob), []).append(t.throughput)
+        rows = [
+            [value, str(len(by_value[value])), rate(max(by_value[value])), rate(statistics.median(by_value[value]))]
+            for value in charts.value_order(knob, ok)
+        ]
+        title = "batch_size (micro x accumulation)" if knob == "batch_size" else knob
+        tables.append((title, (["value", "ok trials", "best", "median"], rows)))
+    return tables
+
+
+def trial_table(report: Report) -> Table:
+    def metric(t: TrialRecord, key: str, fmt: str) -> str:
+        value = t.metrics.get(key)
+        return "-" if value is None else fmt.format(value)
+
+    rows = [
+        [
+            f"#{t.number}",
+            t.role,
+            format_config(t.config),
+            t.outcome,
+            "yes" if t.feasible else "no",
+            t.reason,
+            rate(t.throughput),
+            percent(t.metrics.get("throughput_spread"), 1),
+            _drift(t),
+            metric(t, "warmup_s", "{:.2f} s"),
+            metric(t, "peak_memory_mb", "{:,.0f} MiB"),
+        ]
+        for t in sorted(report.trials, key=lambda t: t.number)
+    ]
+    headers = ["trial", "role", "config", "outcome", "feasible", "reason", "throughput", "spread", "drift"]
+    return [*headers, "warm-up", "peak memory"], rows
+
+
+def environment_table(report: Report) -> Table:
+    rows = [[what, value] for what, value in describe(report.environment) if what != "fingerprint"]
+    return ["", ""], [*rows, ["fingerprint", report.fingerprint]]
+
+
+# ------------------------------------------------------------------ HTML
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1280px;
+       padding: 0 1em; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+td.num { text-align: right; white-space: nowrap; }
+tr.infeasible td { color: #8a1f1f; background: #fff6f6; }
+.headline { font-size: 1.1em; padding: 0.6em 1em; border-left: 4px solid #2ca02c; background: #f3faf3; }
+.headline.none { border-color: #d62728; background: #fdf3f3; }
+.chart { margin: 0.5em 0; }
+.scroll { overflow-x: auto; }
+code { font-size: 0.95em; }
+"""
+
+_NUMERIC = {"throughput", "speedup", "drift", "spread", "warm-up", "peak memory", "best", "median", "ok trials"}
+
+
+def html_table(table: Table, row_classes: Sequence[str] | None = None) -> str:
+    headers, rows = table
+    numeric = [h in _NUMERIC for h in headers]
+    head = "" if not any(headers) else "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>"
+    body = []
+    for index, row in enumerate(rows):
+        cls = f' class="{row_classes[index]}"' if row_classes and row_classes[index] else ""
+        cells = "".join(
+            f"<td{' class=num' if numeric[i] else ''}>{html.escape(cell)}</td>" for i, cell in enumerate(row)
+        )
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f'<div class="scroll"><table>{head}{"".join(body)}</table></div>'
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    # plotly.js names CDN defaults for map traces these charts never draw; `\/` keeps the
+    # strings the same in JS while the page holds no CDN address at all.
+    return get_plotlyjs().replace("https://cdn", "https:\\/\\/cdn")
+
+
+def _figure_html(figure: Any, div_id: str) -> str:
+    body: str = figure.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=div_id,
+        default_height=figure.layout.height or 450,
+        config={"displaylogo": False, "responsive": True},
+    )
+    return f'<div class="chart">{body}</div>'
+
+
+def render_html(report: Report) -> str:
+    trials = report.trials
+    table = trial_table(report)
+    sections = [
+        f"<h1>autotuner report: {html.escape(report.name)}</h1>",
+        f'<p class="headline{"" if report.best else " none"}">{html.escape(headline(report))}</p>',
+        "<h2>Summary</h2>",
+        html_table(summary_table(report)),
+        "<h2>Pareto front: throughput against drift</h2>",
+        "<p>Every trial that measured a throughput; the feasible trials no other feasible trial beats on "
+        "both throughput and drift are joined. The dashed line is the drift tolerance.</p>",
+        _figure_html(charts.pareto_figure(trials, report.tolerance), "pareto"),
+        html_table(front_table(report)),
+        "<h2>Speedup of the top configs</h2>",
+        _figure_html(charts.speedup_figure(trials, report.baseline, TOP), "speedup"),
+        "<h2>Effect of each knob</h2>",
+        _figure_html(charts.throughput_by_knob_figure(trials), "knobs"),
+        f"<h2>All trials ({len(trials)})</h2>",
+        html_table(table, ["" if t.feasible else "infeasible" for t in sorted(trials, key=lambda t: t.number)]),
+        "<h2>Environment</h2>",
+        html_table(environment_table(report)),
+    ]
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>autotuner report: {html.escape(report.name)}</title>",
+            f"<style>{STYLE}</style>",
+            f'<script type="text/javascript">{_plotly_js()}</script>',
+            "</head><body>",
+            *sections,
+            "</body></html>",
+            "",
+        ]
+    )
+
+
+# ------------------------------------------------------------------ markdown
+
+
+def _md_cell(text: str) -> str:
+    return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|") or " "
+
+
+def md_table(table: Table) -> str:
+    headers, rows = table
+    lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_md_cell(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _md_details(summary: str, body: str) -> str:
+    """A folded section: GitHub renders the table inside once a blank line sets it apart."""
+    return f"<details><summary>{html.escape(summary)}</summary>\n\n{body}\n\n</details>"
+
+
+def render_markdown(report: Report) -> str:
+    front, top = front_table(report), top_table(report)
+    parts = [
+        f"## autotuner report: {_md_cell(report.name)}",
+        f"**{_md_cell(headline(report))}**",
+        md_table(summary_table(report)),
+        f"### Pareto front (feasible trials, drift tolerance {percent(report.tolerance, 2)})",
+        md_table(front) if front[1] else "No feasible trial.",
+        f"### Top {TOP} speedups over the baseline",
+        md_table(top) if top[1] else "No feasible trial.",
+        "### Throughput by knob value (ok trials)",
+    ]
+    knobs = knob_tables(report)
+    parts += [f"**{_md_cell(title)}**\n\n{md_table(table)}" for title, table in knobs] or ["No ok trial."]
+    parts += [
+        _md_details(f"All trials ({len(report.trials)})", md_table(trial_table(report))),
+        _md_details("Environment", md_table(environment_table(report))),
+    ]
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,196 @@
+"""A tuned config applied to a PyTorch training loop: the user's own, and the trials' loop too.
+
+`TunedTraining` is the one implementation of what a config means in PyTorch. The trial runner
+(`backends.pytorch.runner`) trains through it, so what a study measured is what a user gets:
+
+    from autotuner.apply import load_config
+    from backends.pytorch.apply import TunedTraining
+
+    tuned = TunedTraining(load_config("studies/quickstart.best.yaml"), model, optimizer, dataset)
+    for inputs, target in tuned.loader:
+        inputs, target = tuned.to_device((inputs, target))
+        with tuned.autocast():
+            loss = loss_fn(tuned.model(inputs), target)
+        tuned.backward(loss)
+        if tuned.step():
+            ...  # an optimizer step was taken: schedulers, logging
+
+Precision is decided once, in the constructor (TF32 flags, an autocast context or a null one, a
+GradScaler enabled only for fp16); the step itself has no branches on the config. Importing this
+module does not initialise CUDA (the fork server preloads it with the runner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from autotuner.knobs import KNOBS, Config
+from backends.pytorch import PYTORCH
+
+if TYPE_CHECKING:
+    from autotuner.apply import TunedConfig
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
+
+
+def resolve_device(spec: str | torch.device | None) -> torch.device:
+    """`auto` (or None): cuda:0 if there is a GPU, else the CPU; otherwise a checked cpu/cuda device."""
+    spec = "auto" if spec is None else str(spec)
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {spec!r}: CUDA is not available here")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        return torch.device("cuda", index)
+    if device.type != "cpu":
+        raise ValueError(f"device {spec!r}: the pytorch backend runs on cpu or cuda")
+    return device
+
+
+def set_matmul_precision(precision: str) -> None:
+    """TF32 matmuls and convolutions for `tf32`, strict fp32 for every other precision (process-wide)."""
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+
+
+def _params(config: TunedConfig | Mapping[str, Any]) -> Config:
+    """The knob values of `config`, checked against the PyTorch backend's knob table."""
+    if not isinstance(config, Mapping):
+        if config.backend != PYTORCH.name:
+            raise ValueError(f"this config was tuned with the {config.backend} backend, not {PYTORCH.name}")
+        config = config.params
+    params = dict(config)
+    if set(params) != set(PYTORCH.knobs):
+        raise ValueError(
+            f"a {PYTORCH.name} config holds {', '.join(PYTORCH.knobs)}; this one has {', '.join(params) or 'nothing'}"
+        )
+    for knob, allowed in PYTORCH.knobs.items():
+        problem = KNOBS[knob].check(params[knob], allowed)
+        if problem:
+            raise ValueError(f"config {knob}: {problem}")
+    return params
+
+
+def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    if mode == "none":
+        return model
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(model, OptimizedModule):  # already compiled (the runner's drift phase): compile once
+        return model
+    compiled: torch.nn.Module = torch.compile(model, mode=COMPILE_MODES[mode])  # type: ignore[assignment]
+    return compiled
+
+
+class TunedTraining:
+    """One tuned config applied to a model, its optimizer and (optionally) its dataset.
+
+    The constructor moves `model` to `device` (default: cuda:0 if there is a GPU, else the CPU),
+    sets the TF32 flags (on for `tf32`, strict fp32 otherwise; process-wide), and compiles the
+    model with the config's mode (`model` is then the `torch.compile` wrapper, sharing the
+    parameters of the module passed in; a module `torch.compile` already wrapped is kept as it is).
+    `config` is a `TunedConfig` from `autotuner.apply.load_config`, or a plain mapping of knob
+    values (precision, batch_size, accumulation, workers, compile).
+
+    Build the optimizer over the model's parameters before or after: moving a module keeps its
+    parameter objects. With `dataset`, `loader` is its DataLoader (see `make_loader`).
+    """
+
+    def __init__(
+        self,
+        config: TunedConfig | Mapping[str, Any],
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset: torch.utils.data.Dataset[Any] | None = None,
+        device: str | torch.device | None = None,
+    ):
+        self.params = _params(config)
+        self.device = resolve_device(device)
+        self.precision: str = self.params["precision"]
+        self.batch_size = int(self.params["batch_size"])
+        self.accumulation = int(self.params["accumulation"])
+        self.workers = int(self.params["workers"])
+        set_matmul_precision(self.precision)
+        self.model = _compiled(model.to(self.device), self.params["compile"])
+        self.optimizer = optimizer
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        dtype = AUTOCAST_DTYPES.get(self.precision)
+        self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            functools.partial(torch.autocast, self.device.type, dtype=dtype) if dtype else contextlib.nullcontext
+        )
+        self._non_blocking = self.device.type == "cuda"
+        self._micro_steps = 0
+        self.loader = self.make_loader(dataset) if dataset is not None else None
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: micro-batch x accumulation."""
+        return self.batch_size * self.accumulation
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context for the forward pass and the loss: autocast for bf16/fp16, nothing otherwise."""
+        return self._autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate this micro-batch's gradients: the loss divided by `accumulation` (so the sum over
+        the micro-batches is the mean over the global batch), scaled by the GradScaler for fp16."""
+        self.scaler.scale(loss / self.accumulation).backward()
+
+    def step(self) -> bool:
+        """Call after every `backward`. Every `accumulation`-th call steps the optimizer (through the
+        GradScaler, which skips the update when fp16 gradients overflowed), updates the scale and
+        zeroes the gradients, and returns True; the other calls return False."""
+        self._micro_steps += 1
+        if self._micro_steps % self.accumulation:
+            return False
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def to_device(self, value: Any) -> Any:
+        """A batch (tensor, or tuples, lists and dicts of them) on the device; non-blocking from the
+        pinned memory of a CUDA loader."""
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device, non_blocking=self._non_blocking)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.to_device(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.to_device(v) for k, v in value.items()}
+        return value
+
+    def make_loader(
+        self, dataset: torch.utils.data.Dataset[Any], *, shuffle: bool = True, seed: int | None = None
+    ) -> torch.utils.data.DataLoader[Any]:
+        """A DataLoader of micro-batches: `workers` worker processes (persistent, started with fork
+        where the platform has it, as in the trials), pinned memory on CUDA, and the last partial
+        micro-batch dropped so every optimizer step sees `global_batch` samples. `seed` fixes the
+        shuffling and the workers' seeds."""
+        workers = self.workers
+        fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            drop_last=True,
+            num_workers=workers,
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=workers > 0,
+            # Linux's usual fork: workers start in milliseconds. (A trial process comes from a fork
+            # server, whose default would start a second fork server and re-import torch.)
+            multiprocessing_context="fork" if fork else None,
+            generator=torch.Generator().manual_seed(seed) if seed is not None else None,
+        )

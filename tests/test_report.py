@@ -1,0 +1,278 @@
+"""`autotuner report` and the charts it draws: figures built from trials stored by the real
+`autotuner.study.record`, and the command run on a real small study."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution
+
+from autotuner import charts
+from autotuner.errors import SpecError
+from autotuner.export import export_data
+from autotuner.knobs import format_config
+from autotuner.outcomes import Outcome
+from autotuner.report import load_report, render_html, render_markdown
+from autotuner.spec import parse_spec
+from autotuner.study import TrialRecord, baseline, best, open_storage, open_study, record, records
+from autotuner.trial import TrialResult
+from tests.conftest import run_cli, write_spec
+
+ENVIRONMENT = {
+    "backend": "pytorch",
+    "device": "cpu",
+    "device_name": "test CPU",
+    "driver": "test",
+    "versions": {"python": "3.11", "torch": "2.x"},
+    "capabilities": {"bf16": True, "fp16": True},
+}
+REFERENCE = {"config": {"precision": "fp32"}, "heldout": 2.0, "trajectory": [2.5, 2.2], "noise_floor": 0.0}
+MARKUP = "<script>alert('reason')</script>"
+
+
+def _ok(samples_per_s: float, heldout: float) -> TrialResult:
+    throughput = {
+        "samples_per_s": samples_per_s,
+        "spread": 0.02,
+        "window_samples_per_s": [samples_per_s],
+        "warmup_s": 0.1,
+        "measured_s": 1.0,
+    }
+    return TrialResult(
+        Outcome.OK,
+        result={"throughput": throughput, "losses": {"heldout": heldout, "trajectory": [2.5, heldout]}},
+    )
+
+
+# trial number -> (params, result); the fp32 baseline has drift 0, #2 drifts past the 1% tolerance,
+# #3 diverges (measured throughput, infinite drift), #5 is dominated by #1, #6 ran out of memory.
+TRIALS: list[tuple[dict[str, Any], TrialResult]] = [
+    ({"precision": "fp32", "batch_size": 16}, _ok(1000.0, 2.0)),
+    ({"precision": "bf16", "batch_size": 64}, _ok(3000.0, 2.002)),
+    ({"precision": "fp16", "batch_size": 64}, _ok(4000.0, 2.5)),
+    (
+        {"precision": "fp16", "batch_size": 16},
+        TrialResult(Outcome.NAN, "loss is nan", result={"throughput": _ok(3500.0, 2.0).result["throughput"]}),
+    ),
+    ({"precision": "bf16", "batch_size": 16}, _ok(2000.0, 2.001)),
+    ({"precision": "fp32", "batch_size": 64}, _ok(1500.0, 2.004)),
+    ({"precision": "fp16", "batch_size": 8}, TrialResult(Outcome.OOM, MARKUP)),
+]
+FRONT = [1, 4, 0]
+
+
+def _job(name: str) -> Any:
+    return parse_spec(
+        {
+            "name": name,
+            "backend": "pytorch",
+            "workload": "builtin:mlp",
+            "global_batch": 64,
+            "baseline": {"precision": "fp32", "batch_size": 16, "workers": 0, "compile": "none"},
+            "space": {
+                "precision": ["fp32", "bf16", "fp16"],
+                "batch_size": [8, 16, 64],
+                "workers": [0],
+                "compile": ["none"],
+            },
+        },
+        f"{name}.yaml",
+    )
+
+
+def _store(url: str, name: str, trials: list[tuple[dict[str, Any], TrialResult]]) -> optuna.Study:
+    job = _job(name)
+    study = open_study(open_storage(url), job, ENVIRONMENT)
+    study.set_user_attr("reference", REFERENCE)
+    space = {k: CategoricalDistribution(v) for k, v in job.space.items()}
+    for number, (params, result) in enumerate(trials):
+        study.enqueue_trial({"workers": 0, "compile": "none", **params})
+        trial = study.ask(space)
+        role = "baseline" if number == 0 else "search"
+        record(study, trial, job, job.complete(trial.params), result, role=role, reference=REFERENCE, environment={})
+    return study
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[TrialRecord]]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('report')}/studies.db"
+    study = _store(url, "synthetic", TRIALS)
+    return url, records(study)
+
+
+def _trace(figure: Any, name: str) -> Any:
+    return next(t for t in figure.data if t.name == name)
+
+
+def test_stored_trials_are_what_the_charts_expect(stored: tuple[str, list[TrialRecord]]) -> None:
+    _, trials = stored
+    assert [t.feasible for t in trials] == [True, True, False, False, True, True, False]
+    assert trials[0].drift == 0 and math.isinf(trials[3].drift) and trials[3].throughput == 3500
+    assert trials[6].outcome == "oom" and trials[6].throughput == 0
+
+
+def test_pareto_front_is_the_non_dominated_feasible_set(stored: tuple[str, list[TrialRecord]]) -> None:
+    _, trials = stored
+    front = charts.pareto_front(trials)
+    assert [t.number for t in front] == FRONT
+    feasible = [t for t in trials if t.feasible]
+    for t in feasible:
+        dominated = any(
+            u.throughput >= t.throughput and u.drift <= t.drift and (u.throughput, u.drift) != (t.throughput, t.drift)
+            for u in feasible
+        )
+        assert (t in front) != dominated, t.number
+
+
+def test_pareto_figure_shows_every_measured_trial_and_says_what_it_leaves_out(
+    stored: tuple[str, list[TrialRecord]],
+) -> None:
+    _, trials = stored
+    figure = charts.pareto_figure(trials, 0.01)
+    assert figure.layout.xaxis.title.text == "throughput (samples/s)"
+    assert figure.layout.yaxis.title.text == "drift (relative)"
+    assert figure.layout.yaxis.type == "log"
+    plotted = {name: list(_trace(figure, name).customdata) for name in (t.name for t in figure.data)}
+    assert plotted["feasible"] == [1, 4, 5]
+    assert plotted["infeasible"] == [2]  # drifted past the tolerance
+    assert plotted["drift inf (drawn at the top)"] == [3]  # diverged: drawn, never dropped
+    assert plotted["drift 0 (drawn at the axis floor)"] == [0]
+    assert plotted["Pareto front (feasible)"] == FRONT
+    assert plotted["baseline"] == [0]
+    top = _trace(figure, "drift inf (drawn at the top)").y[0]
+    assert top > max(t.drift for t in trials if math.isfinite(t.drift))
+    assert any(shape.y0 == 0.01 for shape in figure.layout.shapes)  # the tolerance line
+    notes = " ".join(a.text for a in figure.layout.annotations)
+    assert "tolerance 1.00%" in notes and "oom 1" in notes  # the OOM trial had no throughput to plot
+    assert "trial #2" in _trace(figure, "infeasible").text[0] and "drift" in _trace(figure, "infeasible").text[0]
+
+
+def test_speedup_figure_ranks_the_feasible_configs_against_the_baseline(
+    stored: tuple[str, list[TrialRecord]],
+) -> None:
+    _, trials = stored
+    figure = charts.speedup_figure(trials, baseline(trials), top=3)
+    (bars,) = figure.data
+    assert bars.type == "bar"
+    assert list(bars.customdata) == [1, 4, 5]
+    assert list(bars.x) == pytest.approx([3.0, 2.0, 1.5])
+    assert bars.y[0].startswith("#1 precision=bf16 batch=64x1")
+    assert charts.speedup_figure(trials, None).data == ()  # no baseline: no bars, a note instead
+
+
+def test_throughput_by_knob_figure_has_a_panel_per_knob_of_ok_trials(
+    stored: tuple[str, list[TrialRecord]],
+) -> None:
+    _, trials = stored
+    figure = charts.throughput_by_knob_figure(trials)
+    assert [t.name for t in figure.data] == ["precision", "batch_size", "workers", "compile"]
+    assert all(t.type == "box" for t in figure.data)
+    batch = _trace(figure, "batch_size")
+    assert set(batch.x) == {"16x4", "64x1"}  # micro-batch x accumulation
+    assert sorted(batch.customdata) == [0, 1, 2, 4, 5]  # ok trials only: not the nan or the oom
+    assert figure.layout.xaxis.categoryarray == ("fp32", "bf16", "fp16")
+    assert figure.layout.yaxis.title.text == "throughput (samples/s)"
+
+
+def test_report_content_from_the_storage(stored: tuple[str, list[TrialRecord]]) -> None:
+    url, _ = stored
+    report = load_report(url, "synthetic")
+    page = render_html(report)
+    assert MARKUP not in page and "&lt;script&gt;alert(" in page  # stored text is escaped
+    assert page.count("<script") == 4  # plotly.js once, then one per chart
+    assert "precision=bf16 batch=64x1 workers=0 compile=none" in page
+    assert all(f'id="{chart}"' in page for chart in ("pareto", "speedup", "knobs"))
+    markdown = render_markdown(report)
+    assert "| speedup over baseline | 3.00x |" in markdown
+    assert "| #1 | precision=bf16 batch=64x1 workers=0 compile=none | 3,000/s | 3.00x | 0.100% |" in markdown
+    assert "| bf16 | 2 | 3,000/s | 2,500/s |" in markdown  # per-knob best and median
+    assert "| #3 | search | precision=fp16 batch=16x4 workers=0 compile=none | nan | no |" in markdown
+    assert "&lt;script&gt;" in markdown and MARKUP not in markdown
+
+
+def test_a_study_without_a_feasible_trial_still_gets_a_report(stored: tuple[str, list[TrialRecord]]) -> None:
+    url, _ = stored
+    _store(url, "hopeless", [TRIALS[6], TRIALS[2]])
+    report = load_report(url, "hopeless")
+    assert report.best is None
+    assert "No feasible config" in render_html(report)
+    markdown = render_markdown(report)
+    assert "No feasible config" in markdown and "No feasible trial." in markdown
+
+
+def test_a_study_without_trials_still_gets_a_report(stored: tuple[str, list[TrialRecord]]) -> None:
+    url, _ = stored
+    _store(url, "empty", [])
+    report = load_report(url, "empty")
+    assert "No feasible config" in render_html(report)
+    assert "No ok trial." in render_markdown(report)
+    assert charts.throughput_by_knob_figure([]).data == ()
+
+
+def test_bad_storage_or_study_is_one_spec_error(tmp_path: Path, stored: tuple[str, list[TrialRecord]]) -> None:
+    url, _ = stored
+    with pytest.raises(SpecError, match="no study 'nope'"):
+        load_report(url, "nope")
+    with pytest.raises(SpecError, match="no study database"):
+        load_report(f"sqlite:///{tmp_path}/missing.db", "synthetic")
+    assert not (tmp_path / "missing.db").exists()
+    with pytest.raises(SpecError, match="not a SQLAlchemy database URL"):
+        load_report("not a url", "synthetic")
+
+
+def test_the_storage_password_stays_out_of_the_report(stored: tuple[str, list[TrialRecord]]) -> None:
+    url, _ = stored
+    report = dataclasses.replace(load_report(url, "synthetic"), storage_url="postgresql://tuner:s3cret@db/studies")
+    for text in (render_html(report), render_markdown(report)):
+        assert "s3cret" not in text and "postgresql://tuner:***@db/studies" in text
+
+
+def test_the_storage_password_stays_out_of_the_export(stored: tuple[str, list[TrialRecord]]) -> None:
+    url, _ = stored
+    study = optuna.load_study(study_name="synthetic", storage=url)
+    export = export_data(study, "postgresql://tuner:s3cret@db/studies")
+    assert export["study"]["storage"] == "postgresql://tuner:***@db/studies"
+
+
+def test_report_command_on_a_real_study(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, budget={"trials": 2})
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/studies/small.db")
+    numbers = [t.number for t in study.trials]
+    assert len(numbers) >= 2
+
+    html_run = run_cli("report", "--spec", str(spec), cwd=tmp_path)
+    assert html_run.returncode == 0, html_run.stderr
+    page_path = tmp_path / "studies" / "small.report.html"
+    assert html_run.stdout.strip() == str(Path("studies") / "small.report.html")
+    page = page_path.read_text()
+    assert "autotuner report: small" in page
+    assert 'id="pareto"' in page and "Plotly.newPlot" in page
+    assert '<script src="http' not in page and "https://cdn" not in page
+    assert not re.search(r"""<(?:link|script|img)[^>]+(?:href|src)=["']?https?:""", page)  # nothing to fetch
+    winner = best(records(study))
+    assert winner is not None and format_config(winner.config) in page
+    table = page[page.index("All trials") :]
+    for number in numbers:
+        assert f"<td>#{number}</td>" in table
+
+    md_run = run_cli("report", "--spec", str(spec), "--format", "md", cwd=tmp_path)
+    assert md_run.returncode == 0, md_run.stderr
+    markdown = (tmp_path / "studies" / "small.report.md").read_text()
+    for heading in ("### Pareto front", "### Top 10 speedups", "### Throughput by knob value", "All trials"):
+        assert heading in markdown
+    assert "| trial | role | config | outcome | feasible |" in markdown
+    assert "<script" not in markdown
+
+    missing = run_cli("report", "--study", "nope", "--storage", "sqlite:///studies/small.db", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == "autotuner: error: name: no study 'nope' in sqlite:///studies/small.db"
+    bad = run_cli("report", "--study", "small", "--storage", "nonsense://", cwd=tmp_path)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
