@@ -268,8 +268,9 @@ class AppliedRun:
 
 
 def default_steps(job: Job) -> int:
-    """10x the optimizer steps of one of the study's measured windows, at least 50."""
-    return max(MIN_APPLY_STEPS, 10 * job.spec.trial.steps)
+    """10x the optimizer steps a trial of the study measures (`trial.steps` x `trial.windows`),
+    at least 50. Like the trial's, each window is lengthened to last `trial.min_window_s`."""
+    return max(MIN_APPLY_STEPS, 10 * job.spec.trial.steps * job.spec.trial.windows)
 
 
 def _machine(environment: dict[str, Any]) -> str:
@@ -307,9 +308,10 @@ def apply_config(
     force: bool = False,
     warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
 ) -> AppliedRun:
-    """Run `job` with `tuned` for `steps` optimizer steps (default `default_steps`) in a trial
-    process, measured as a trial is: warm-up, then windows as long as the study's, their median
-    and spread. A config tuned for another job or other hardware is refused unless `force`."""
+    """Run `job` with `tuned` for at least `steps` optimizer steps (default `default_steps`) in a
+    trial process, measured as a trial is: warm-up, then windows as long as the study's (each
+    lengthened to `trial.min_window_s` by the same calibration), their median and spread. A config
+    tuned for another job or other hardware is refused unless `force`."""
     from autotuner.outcomes import Outcome
     from autotuner.search import make_launcher, probe_environment, trial_request  # Optuna: only here
 

@@ -1,7 +1,10 @@
 """Timing a training step honestly, the same way for every backend.
 
 Warm-up steps run first (compilation, jit, allocator settling) and their wall time is kept as
-`warmup_s`. Then `windows` windows of `steps` optimizer steps each are timed, with the device
+`warmup_s`. With a minimum window duration, one calibration window of `steps` steps follows
+(kept as `calibration_s`): when it was shorter than the minimum, every window gets
+proportionally more steps, so a fast config is not timed over a few milliseconds of scheduler
+noise. Then `windows` windows of that many optimizer steps each are timed, with the device
 synchronized at both edges of every window; whatever the step does (data loading included) is
 inside the window. Throughput is the median over windows; the spread (max - min over median) is
 kept with it so a noisy measurement is visible.
@@ -9,6 +12,7 @@ kept with it so a noisy measurement is visible.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -27,8 +31,11 @@ class Throughput:
     measured_s: float
     """Sum of the windows' wall time."""
     steps: int
+    """Optimizer steps per window: the requested steps, raised to fill the minimum duration."""
     windows: int
     samples_per_step: int
+    calibration_s: float = 0.0
+    """Wall time of the calibration window (0 without a minimum window duration)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,6 +54,7 @@ def measure_throughput(
     steps: int,
     windows: int,
     samples_per_step: int,
+    min_window_s: float = 0.0,
     after_window: Callable[[], None] | None = None,
 ) -> Throughput:
     """Time `step` (one optimizer step of `samples_per_step` samples).
@@ -59,16 +67,24 @@ def measure_throughput(
         step()
     synchronize()
     warmup_s = time.perf_counter() - start
-    durations = []
-    for _ in range(windows):
+
+    def window(count: int) -> float:
         synchronize()
         start = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(count):
             step()
         synchronize()
-        durations.append(time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
         if after_window is not None:
             after_window()
+        return elapsed
+
+    calibration_s = 0.0
+    if min_window_s > 0:
+        calibration_s = window(steps)
+        if calibration_s < min_window_s:
+            steps = math.ceil(steps * min_window_s / max(calibration_s, 1e-9))
+    durations = [window(steps) for _ in range(windows)]
     rates = [steps * samples_per_step / d for d in durations]
     return Throughput(
         samples_per_s=statistics.median(rates),
@@ -79,4 +95,5 @@ def measure_throughput(
         steps=steps,
         windows=windows,
         samples_per_step=samples_per_step,
+        calibration_s=calibration_s,
     )

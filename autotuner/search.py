@@ -69,6 +69,7 @@ def trial_request(job: Job, config: Config, device: str, *, measure: bool = True
         drift_steps=settings.drift_steps,
         heldout_batch=job.baseline["batch_size"],
         measure=measure,
+        min_window_s=settings.min_window_s,
     )
 
 

@@ -53,6 +53,8 @@ class TrialSettings(_Strict):
     steps: int = Field(10, gt=0, le=100_000)
     """Optimizer steps per measured window."""
     windows: int = Field(3, gt=0, le=1000)
+    min_window_s: float = Field(0.5, ge=0, le=3600)
+    """A window lasts at least this long: `steps` is raised once, from a calibration window."""
     drift_steps: int = Field(5, gt=0, le=10_000)
     """K: optimizer steps the trial and the reference take before the held-out loss is compared."""
     timeout: float = Field(600.0, gt=0)

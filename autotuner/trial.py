@@ -42,6 +42,8 @@ class TrialRequest:
     """Chunk size of the held-out evaluation: the baseline's micro-batch, which is known to fit."""
     measure: bool = True
     """False for the reference: only the drift phase runs."""
+    min_window_s: float = 0.0
+    """Shortest measured window (`autotuner.measure.measure_throughput`)."""
 
 
 @dataclass

@@ -1,9 +1,12 @@
-"""The CPU quickstart, measured: wall time, trials, baseline and best throughput, overheads.
+"""The CPU quickstart, measured: wall time, trials, baseline and best throughput, overheads,
+and what applying the winner gives next to the study's figure.
 
-    python benchmarks/quickstart.py [--spec studies/quickstart.yaml]
+    python benchmarks/quickstart.py [--spec studies/quickstart.yaml] [--apply-runs 3]
 
 Runs `autotuner search` on the spec in a fresh temporary folder (so a fresh study), times it,
-then reads the study back from its storage. Writes benchmarks/results/<name>.json.
+then reads the study back from its storage, then runs the exported best config `--apply-runs`
+times as `autotuner apply` does (default steps: 10x a trial window). Writes
+benchmarks/results/<name>.json.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from autotuner.study import baseline, best, records
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="studies/quickstart.yaml")
+    parser.add_argument("--apply-runs", type=int, default=3)
     args = parser.parse_args()
     spec = Path(args.spec).resolve()
     with tempfile.TemporaryDirectory() as folder:
@@ -70,9 +74,30 @@ def main() -> None:
             "reference_wall_s": reference["wall_s"],
             "drift_tolerance": study.user_attrs["autotuner"]["max_drift"],
         }
+        export = Path(folder) / "studies" / f"{name}.best.yaml"
+        if winner and export.exists() and args.apply_runs:
+            results["apply"] = _apply(export, spec, args.apply_runs)
     out = Path(__file__).parent / "results" / f"{name}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+
+
+def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
+    """`autotuner apply` of the export, `runs` times: its throughput over the study's."""
+    from autotuner.apply import apply_config, default_steps, load_config
+    from autotuner.spec import load_spec
+
+    tuned, job = load_config(export), load_spec(spec)
+    applied = [apply_config(tuned, job) for _ in range(runs)]
+    ratios = [run.ratio for run in applied]
+    return {
+        "steps": default_steps(job),
+        "study_throughput": tuned.throughput,
+        "throughputs": [run.samples_per_s for run in applied],
+        "ratios": ratios,
+        "ratio_median": statistics.median(ratios),
+        "within_10_percent": sum(abs(r - 1) <= 0.10 for r in ratios),
+    }
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ SMALL_SPEC: dict[str, Any] = {
     "baseline": {"precision": "fp32", "batch_size": 16, "workers": 0, "compile": "none"},
     "space": {"precision": ["fp32", "bf16", "tf32"], "batch_size": [16, 64], "workers": [0], "compile": ["none"]},
     "budget": {"trials": 3},
-    "trial": {"warmup_steps": 1, "steps": 3, "windows": 2, "drift_steps": 3, "timeout": 120},
+    "trial": {"warmup_steps": 1, "steps": 3, "windows": 2, "min_window_s": 0.05, "drift_steps": 3, "timeout": 120},
     "sampler": {"name": "tpe", "seed": 0},
 }
 

@@ -300,8 +300,11 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert f"{export['metrics']['throughput']:,.0f} samples/s in the study" in out
     assert re.search(r"[\d,]+ samples/s here \(spread", out)
     assert re.search(r"ratio \d+\.\d\d", out)
-    # The default: 10x the spec's 3 steps per window, at least 50, in windows as long as the study's.
-    assert "51 optimizer steps of 64 samples (17 windows of 3" in out
+    # The default: 10x the 3 steps x 2 windows a trial measures, in windows of (at least) 3 steps
+    # lengthened to trial.min_window_s as the study's are.
+    ran = re.search(r"ran (\d+) optimizer steps of 64 samples \(20 windows of (\d+)", out)
+    assert ran is not None, out
+    assert int(ran[1]) == 20 * int(ran[2]) and int(ran[2]) >= 3
     assert "held-out loss after 3 steps" in out and "(identical)" in out  # CPU runs repeat bitwise
     assert "Traceback" not in done.stderr
 

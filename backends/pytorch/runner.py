@@ -194,11 +194,12 @@ def _measure(workload: TorchWorkload, training: TunedTraining, request: TrialReq
             steps=request.steps,
             windows=request.windows,
             samples_per_step=samples_per_step,
+            min_window_s=request.min_window_s,
             after_window=after_window,
         )
     metrics: dict[str, Any] = {"throughput": throughput.as_dict(), "peak_memory_mb": _peak_memory_mb(device)}
     if sampler is not None:
-        metrics["gpu"] = sampler.summary(samples_per_step * request.steps * request.windows)
+        metrics["gpu"] = sampler.summary(samples_per_step * throughput.steps * throughput.windows)
     return metrics
 
 

@@ -1,0 +1,62 @@
+"""The timing protocol every backend shares: warm-up apart, windows between synchronizations,
+a calibration window that lengthens windows too short to time."""
+
+from __future__ import annotations
+
+import time
+
+from autotuner.measure import measure_throughput, relative_spread
+
+
+class Recorder:
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        self.sleep_s, self.events = sleep_s, []  # type: ignore[var-annotated]
+
+    def step(self) -> None:
+        self.events.append("step")
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+
+    def sync(self) -> None:
+        self.events.append("sync")
+
+    def window_end(self) -> None:
+        self.events.append("check")
+
+
+def test_windows_are_bracketed_by_synchronizations_and_warmup_is_apart() -> None:
+    rec = Recorder()
+    result = measure_throughput(
+        rec.step, rec.sync, warmup_steps=2, steps=3, windows=2, samples_per_step=8, after_window=rec.window_end
+    )
+    window = ["sync", "step", "step", "step", "sync", "check"]
+    assert rec.events == ["step", "step", "sync", *window, *window]
+    assert (result.steps, result.windows, result.samples_per_step) == (3, 2, 8)
+    assert result.calibration_s == 0.0 and len(result.window_samples_per_s) == 2
+    assert result.samples_per_s > 0 and result.warmup_s >= 0
+
+
+def test_a_calibration_window_lengthens_windows_shorter_than_the_minimum() -> None:
+    rec = Recorder(sleep_s=0.001)
+    result = measure_throughput(
+        rec.step, rec.sync, warmup_steps=1, steps=2, windows=3, samples_per_step=4, min_window_s=0.05
+    )
+    # each step sleeps at least 1 ms, so 2 steps last well under 50 ms: the window grows, at most 25x
+    assert 2 < result.steps <= 50
+    assert rec.events.count("step") == 1 + 2 + 3 * result.steps
+    assert result.calibration_s > 0
+    assert result.measured_s >= 3 * 0.001 * result.steps
+
+
+def test_windows_already_long_enough_keep_their_steps() -> None:
+    rec = Recorder(sleep_s=0.002)
+    result = measure_throughput(
+        rec.step, rec.sync, warmup_steps=0, steps=2, windows=2, samples_per_step=1, min_window_s=0.001
+    )
+    assert result.steps == 2
+    assert rec.events.count("step") == 2 + 2 * 2
+
+
+def test_spread_is_range_over_median() -> None:
+    assert relative_spread([90.0, 100.0, 110.0]) == 0.2
+    assert relative_spread([5.0]) == 0.0
