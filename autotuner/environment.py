@@ -7,6 +7,15 @@ import json
 from typing import Any
 
 FINGERPRINT_KEYS = ("backend", "device_name", "driver", "versions")
+CAPABILITY_ROWS = (
+    ("bf16", "bf16"),
+    ("fp16", "fp16"),
+    ("tf32", "tf32"),
+    ("torch.compile", "compile"),
+    ("CUDA graphs", "cuda_graphs"),
+    ("XLA jit", "jit"),
+)
+"""(label, capability) rows of `describe`, for the capabilities the backend's probe reports."""
 
 
 def fingerprint(environment: dict[str, Any]) -> str:
@@ -27,13 +36,16 @@ def describe(environment: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [(name, str(version)) for name, version in versions.items() if version is not None]
     if "compute_capability" in environment:
         rows.append(("compute capability", str(environment["compute_capability"])))
+    rows += [(label, "yes" if caps[key] else "no") for label, key in CAPABILITY_ROWS if key in caps]
     rows += [
-        ("bf16", "yes" if caps.get("bf16") else "no"),
-        ("fp16", "yes" if caps.get("fp16") else "no"),
-        ("tf32", "yes" if caps.get("tf32") else "no"),
-        ("torch.compile", "yes" if caps.get("compile") else "no"),
-        ("CUDA graphs", "yes" if caps.get("cuda_graphs") else "no"),
         ("peak FLOP/s known", ", ".join(environment.get("peak_flops") or {}) or "no (no MFU)"),
         ("fingerprint", fingerprint(environment)),
     ]
     return rows
+
+
+def framework_versions(environment: dict[str, Any]) -> str:
+    """`torch 2.3.0, cuda 12.1` or `jax 0.4.30, jaxlib 0.4.30, optax 0.2.3`: what the backend
+    reported, Python aside."""
+    versions = environment.get("versions") or {}
+    return ", ".join(f"{name} {version}" for name, version in versions.items() if name != "python" and version)

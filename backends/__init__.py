@@ -9,9 +9,10 @@ without importing a framework.
 from __future__ import annotations
 
 from backends._base import Backend, Capabilities
+from backends.jax import JAX
 from backends.pytorch import PYTORCH
 
-BACKENDS: dict[str, Backend] = {PYTORCH.name: PYTORCH}
+BACKENDS: dict[str, Backend] = {PYTORCH.name: PYTORCH, JAX.name: JAX}
 
 
 def get_backend(name: str) -> Backend:

@@ -26,6 +26,8 @@ class PyTorchBackend(Backend):
         "gpt": "backends.pytorch.workloads:gpt",
     }
     default_space = "pytorch"
+    requires = ("torch",)
+    install = "pip install torch"
 
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
         precision = config.get("precision", "fp32")

@@ -1,0 +1,46 @@
+"""The JAX backend, engine side: knobs, built-in workloads, what a device can honour.
+
+Importing this module does not import jax (the engine validates specs and decides what is
+unsupported without it). The trial-process half is `backends.jax.runner`; user workloads return
+a `backends.jax.workload.JaxWorkload`; `backends.jax.apply.TunedTraining` applies a config to a
+JAX training loop.
+"""
+
+from __future__ import annotations
+
+from autotuner.knobs import Config
+from backends._base import Backend, Capabilities
+
+
+class JaxBackend(Backend):
+    name = "jax"
+    runner = "backends.jax.runner"
+    knobs = {
+        "precision": ("fp32", "tf32", "bf16"),
+        "batch_size": None,
+        "accumulation": None,
+        "workers": None,
+        "jit": ("on", "off"),
+    }
+    builtin_workloads = {
+        "mlp": "backends.jax.workloads:mlp",
+        "gpt": "backends.jax.workloads:gpt",
+    }
+    default_space = "jax"
+    requires = ("jax", "optax")
+    install = "pip install 'autotuner[jax]'"
+
+    def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
+        precision = config.get("precision", "fp32")
+        if precision == "tf32" and not capabilities.tf32:
+            return "tf32: this device has no TF32 matmuls (it needs an NVIDIA GPU of compute capability 8.0 or newer)"
+        if precision == "bf16" and not capabilities.bf16:
+            return "bf16: this device does not support bfloat16"
+        if config.get("jit", "off") == "on" and not capabilities.jit:
+            return "jit=on: XLA cannot compile a function here"
+        return None
+
+
+JAX = JaxBackend()
+
+__all__ = ["JAX", "JaxBackend"]

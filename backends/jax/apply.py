@@ -1,0 +1,295 @@
+"""A tuned config applied to a JAX training loop: the user's own, and the trials' loop too.
+
+`TunedTraining` is the one implementation of what a config means in JAX. The trial runner
+(`backends.jax.runner`) trains through it, so what a study measured is what a user gets:
+
+    from autotuner.apply import load_config
+    from backends.jax.apply import TunedTraining
+
+    tuned = TunedTraining(load_config("studies/quickstart-jax.best.yaml"), loss_fn, optax.adamw(1e-3),
+                          dataset, params=params)
+    for batch in tuned.loader:
+        batch = tuned.to_device(batch)
+        with tuned.autocast():
+            loss, grads = tuned.model(tuned.params, batch)
+        tuned.backward(grads)
+        if tuned.step():
+            ...  # an optimizer step was taken: logging, checkpoints of tuned.params
+
+Precision is decided once, in the constructor: the dtype policy is part of `model` (bf16 runs the
+loss on bf16 copies of the fp32 parameters and of the batch's floats; the gradients come back in
+fp32 for the fp32 master parameters), and `autocast()` is the matmul-precision context (TF32 for
+`tf32`, strict fp32 otherwise, which JAX does not default to on GPUs). `jit: on` compiles the
+differentiated loss, the gradient accumulation and the optimizer update with XLA; `off` runs
+them op by op. Accumulation sums the micro-batches' gradients and updates once with their mean
+(what `optax.MultiSteps` does, without its per-micro-step `lax.cond`, which JAX would compile
+anew at every call outside jit).
+`workers` host threads gather the next micro-batches and put them on the device ahead of the
+step. Importing this module does not initialise any device.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import re
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from autotuner.knobs import KNOBS, Config
+from backends.jax import JAX
+from backends.jax.workload import ArrayDataset
+
+if TYPE_CHECKING:
+    from autotuner.apply import TunedConfig
+
+COMPUTE_DTYPES = {"bf16": jnp.bfloat16}
+"""Precisions that compute in another dtype than the fp32 parameters."""
+STRICT_MATMULS = "float32"
+MATMUL_PRECISION = {"tf32": "tensorfloat32"}
+"""`jax.default_matmul_precision` per precision; STRICT_MATMULS for the others."""
+PREFETCH_PER_WORKER = 2
+"""Micro-batches each prefetch thread keeps in flight (DataLoader's prefetch_factor)."""
+
+
+def gpus() -> list[jax.Device]:
+    """The CUDA GPUs JAX sees (none with a CPU-only jaxlib)."""
+    try:
+        return list(jax.devices("gpu"))
+    except RuntimeError:  # no GPU platform in this jaxlib, or none initialised
+        return []
+
+
+def resolve_device(spec: str | jax.Device | None) -> jax.Device:
+    """`auto` (or None): the first GPU if JAX has one, else the CPU; `cpu`, `cuda` or `cuda:N`."""
+    if isinstance(spec, jax.Device):
+        return spec
+    spec = "auto" if spec is None else str(spec)
+    if spec == "auto":
+        visible = gpus()
+        return visible[0] if visible else jax.devices("cpu")[0]
+    if spec == "cpu":
+        return jax.devices("cpu")[0]
+    match = re.fullmatch(r"cuda(?::(\d+))?", spec)
+    if match is None:
+        raise ValueError(f"device {spec!r}: the jax backend runs on cpu or cuda")
+    visible = gpus()
+    if not visible:
+        raise ValueError(f"device {spec!r}: JAX sees no CUDA GPU here (a CUDA jaxlib is `pip install jax[cuda12]`)")
+    index = int(match.group(1) or 0)
+    if index >= len(visible):
+        raise ValueError(f"device {spec!r}: only {len(visible)} CUDA device(s) visible")
+    return visible[index]
+
+
+def device_name(device: jax.Device) -> str:
+    """`cpu` or `cuda:N`, as specs name devices."""
+    return "cpu" if device.platform == "cpu" else f"cuda:{gpus().index(device)}"
+
+
+def _params(config: TunedConfig | Mapping[str, Any]) -> Config:
+    """The knob values of `config`, checked against the JAX backend's knob table."""
+    if not isinstance(config, Mapping):
+        if config.backend != JAX.name:
+            raise ValueError(f"this config was tuned with the {config.backend} backend, not {JAX.name}")
+        config = config.params
+    params = dict(config)
+    if set(params) != set(JAX.knobs):
+        raise ValueError(
+            f"a {JAX.name} config holds {', '.join(JAX.knobs)}; this one has {', '.join(params) or 'nothing'}"
+        )
+    for knob, allowed in JAX.knobs.items():
+        problem = KNOBS[knob].check(params[knob], allowed)
+        if problem:
+            raise ValueError(f"config {knob}: {problem}")
+    return params
+
+
+def cast_floats(tree: Any, dtype: Any) -> Any:
+    """`tree` with every floating-point array cast to `dtype` (integers, such as token ids, kept)."""
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(jnp.result_type(x), jnp.floating) else x, tree)
+
+
+def _with_policy(loss_fn: Callable[[Any, Any], jax.Array], dtype: Any) -> Callable[[Any, Any], jax.Array]:
+    """`loss_fn` computed on `dtype` copies of the parameters and of the batch's floats, its value
+    in fp32: the gradient of the cast brings the gradients back to the parameters' fp32."""
+    if dtype is None:
+        return loss_fn
+
+    def loss(params: Any, batch: Any) -> jax.Array:
+        return loss_fn(cast_floats(params, dtype), cast_floats(batch, dtype)).astype(jnp.float32)
+
+    return loss
+
+
+def collate(dataset: Any, indices: np.ndarray) -> Any:
+    """The items at `indices` stacked into one batch (gathered at once from an ArrayDataset)."""
+    if isinstance(dataset, ArrayDataset):
+        return dataset[indices]
+    items = [dataset[int(i)] for i in indices]
+    return jax.tree.map(lambda *leaves: np.stack(leaves), *items)
+
+
+class Loader:
+    """Micro-batches of a map-style dataset; each iteration is one epoch (reshuffled from `seed`,
+    as a DataLoader with a seeded generator), the last partial micro-batch dropped. With
+    `workers` > 0, that many host threads gather the next micro-batches and put them on `device`
+    ahead of the step (PREFETCH_PER_WORKER each); with 0, batches are gathered when asked for and
+    come as numpy arrays (`TunedTraining.to_device` places them)."""
+
+    def __init__(self, dataset: Any, batch_size: int, *, shuffle: bool, seed: int | None, workers: int, device: Any):
+        self.dataset, self.batch_size, self.shuffle, self.drop_last = dataset, batch_size, shuffle, True
+        self.workers, self.device = workers, device
+        self._rng = np.random.default_rng(seed)
+        self._pool: ThreadPoolExecutor | None = None
+        if workers > 0:  # kept across epochs (DataLoader's persistent workers), ended with the loader
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="autotuner-prefetch")
+            weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+
+    def __len__(self) -> int:
+        return len(self.dataset) // self.batch_size
+
+    def _batches(self) -> list[np.ndarray]:
+        count = len(self) * self.batch_size
+        order = self._rng.permutation(len(self.dataset))[:count] if self.shuffle else np.arange(count)
+        return list(order.reshape(len(self), self.batch_size))
+
+    def _placed(self, indices: np.ndarray) -> Any:
+        return jax.device_put(collate(self.dataset, indices), self.device)
+
+    def __iter__(self) -> Iterator[Any]:
+        batches = self._batches()
+        pool = self._pool
+        if pool is None:
+            for indices in batches:
+                yield collate(self.dataset, indices)
+            return
+        pending: collections.deque[Future[Any]] = collections.deque()
+        upcoming = iter(batches)
+
+        def prefetch() -> None:
+            indices = next(upcoming, None)
+            if indices is not None:
+                pending.append(pool.submit(self._placed, indices))
+
+        try:
+            for _ in range(PREFETCH_PER_WORKER * self.workers):
+                prefetch()
+            while pending:
+                batch = pending.popleft().result()
+                prefetch()  # refill before handing the batch over
+                yield batch
+        finally:
+            for future in pending:  # an epoch left early: drop what was prefetched for it
+                future.cancel()
+
+
+class TunedTraining:
+    """One tuned config applied to a loss function, its optax optimizer, the parameters and
+    (optionally) a dataset.
+
+    `model` is `loss_fn` differentiated under the config's dtype policy, `model(params, batch) ->
+    (loss, grads)`, jitted for `jit: on`; `params` are the fp32 master parameters on `device`
+    (default: the first GPU if JAX has one, else the CPU), which `step()` updates with the optax
+    `optimizer`, whose state is `opt_state`.
+    `config` is a `TunedConfig` from `autotuner.apply.load_config`, or a plain mapping of knob
+    values (precision, batch_size, accumulation, workers, jit), kept as `config`. With `dataset`,
+    `loader` is its `Loader` (see `make_loader`).
+    """
+
+    def __init__(
+        self,
+        config: TunedConfig | Mapping[str, Any],
+        model: Callable[[Any, Any], jax.Array],
+        optimizer: optax.GradientTransformation,
+        dataset: Any | None = None,
+        device: str | jax.Device | None = None,
+        *,
+        params: Any,
+    ):
+        self.config = _params(config)
+        self.device = resolve_device(device)
+        self.precision: str = self.config["precision"]
+        self.batch_size = int(self.config["batch_size"])
+        self.accumulation = int(self.config["accumulation"])
+        self.workers = int(self.config["workers"])
+        self.jit = self.config["jit"] == "on"
+        cast = COMPUTE_DTYPES.get(self.precision)
+        self.compute_dtype = cast or jnp.float32
+        self.matmul_precision = MATMUL_PRECISION.get(self.precision, STRICT_MATMULS)
+        self.loss_fn = model
+        grad_fn = jax.value_and_grad(_with_policy(model, cast))
+        self.model: Callable[[Any, Any], tuple[jax.Array, Any]] = jax.jit(grad_fn) if self.jit else grad_fn
+        self.optimizer = optimizer
+        accumulation = self.accumulation
+
+        def add(total: Any, grads: Any) -> Any:
+            return jax.tree.map(jnp.add, total, grads)
+
+        def update(params: Any, opt_state: Any, total: Any) -> tuple[Any, Any]:
+            grads = jax.tree.map(lambda g: g / accumulation, total) if accumulation > 1 else total
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self._add = jax.jit(add) if self.jit else add
+        self._update = jax.jit(update) if self.jit else update
+        self.params: Any = None
+        self.opt_state: Any = None
+        self.restart(params)
+        self.loader = self.make_loader(dataset) if dataset is not None else None
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: micro-batch x accumulation."""
+        return self.batch_size * self.accumulation
+
+    def restart(self, params: Any) -> None:
+        """Train from `params` again (placed on the device) with a fresh optimizer state; the
+        compiled functions are kept, so nothing is compiled twice."""
+        self.params = jax.device_put(params, self.device)
+        self.opt_state = self.optimizer.init(self.params)
+        self._total: Any = None
+        self._handed = False
+        self._micro_steps = 0
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context for `model`: TF32 matmuls for `tf32`, strict fp32 matmuls otherwise."""
+        context: contextlib.AbstractContextManager[Any] = jax.default_matmul_precision(self.matmul_precision)
+        return context
+
+    def backward(self, grads: Any) -> None:
+        """Accumulate this micro-batch's gradients (from `model`): the optimizer step takes their
+        mean over the `accumulation` micro-batches, the gradient of the global batch's mean loss."""
+        self._total = grads if self._total is None else self._add(self._total, grads)
+        self._handed = True
+
+    def step(self) -> bool:
+        """Call after every `backward`. Every `accumulation`-th call applies the optax update with
+        the mean gradient to `params`, clears the accumulated gradients and returns True; the other
+        calls return False."""
+        if not self._handed:
+            raise RuntimeError("step() needs the gradients of a micro-batch first: call backward(grads)")
+        self._handed = False
+        self._micro_steps += 1
+        if self._micro_steps % self.accumulation:
+            return False
+        self.params, self.opt_state = self._update(self.params, self.opt_state, self._total)
+        self._total = None
+        return True
+
+    def to_device(self, value: Any) -> Any:
+        """A batch (a pytree of arrays) on the device; what a prefetch thread placed stays put."""
+        return jax.device_put(value, self.device)
+
+    def make_loader(self, dataset: Any, *, shuffle: bool = True, seed: int | None = None) -> Loader:
+        """A `Loader` of micro-batches with the config's prefetch threads, the last partial
+        micro-batch dropped so every optimizer step sees `global_batch` samples. `seed` fixes the
+        shuffling."""
+        return Loader(dataset, self.batch_size, shuffle=shuffle, seed=seed, workers=self.workers, device=self.device)

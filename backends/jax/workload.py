@@ -1,0 +1,114 @@
+"""What a JAX workload factory returns.
+
+A factory is a function named in the spec by import path (`package.module:function`); it is
+called in every trial process with the spec's `workload_args` as keyword arguments, after
+`random` and `numpy.random` are seeded with the trial's seed (`trial.seed`), and returns a
+`JaxWorkload`:
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from backends.jax.workload import ArrayDataset, JaxWorkload
+
+    def my_job(hidden: int = 512) -> JaxWorkload:
+        key = jax.random.key(np.random.randint(2**31))  # the trial's seed
+        params = init_params(key, hidden)               # a pytree of float32 arrays
+
+        def loss_fn(params, batch):                     # the mean loss over a batch
+            inputs, labels = batch
+            logits = apply(params, inputs)
+            return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
+
+        return JaxWorkload(
+            params=params,
+            loss_fn=loss_fn,
+            optimizer=optax.adamw(1e-3),
+            dataset=ArrayDataset(inputs, labels),       # dataset[i] -> (inputs[i], labels[i])
+        )
+
+The backend owns everything the knobs change: the device, the dtype policy and the matmul
+precision, jit, batching with its host prefetch threads, and gradient accumulation
+(`backends.jax.apply.TunedTraining`). So the loss must be a pure function of its arguments
+(no side effects, no state outside `params`), written for any float dtype: under bf16 it is
+called with bf16 copies of the parameters and of the batch's float arrays. Compute the final
+reduction from `logits.astype(jnp.float32)`, as above, so that the loss itself stays in fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+
+class ArrayDataset:
+    """Numpy arrays sharing their first dimension, one sample per row: `dataset[i]` is the tuple
+    of the arrays' rows `i` (PyTorch's TensorDataset). Indexed with an array of indices, it
+    gathers a whole batch at once, which the loader does."""
+
+    def __init__(self, *arrays: np.ndarray):
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array")
+        self.arrays = tuple(np.asarray(a) for a in arrays)
+        if len({len(a) for a in self.arrays}) != 1:
+            raise ValueError(f"the arrays have different lengths: {[len(a) for a in self.arrays]}")
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, index: int | np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(a[index] for a in self.arrays)
+
+
+@dataclass
+class JaxWorkload:
+    params: Any
+    """The initial parameters: a pytree of float32 arrays (the fp32 master copy every precision
+    keeps). The backend places them on the device."""
+    loss_fn: Callable[[Any, Any], jax.Array]
+    """`loss_fn(params, batch) -> scalar`: the mean loss over `batch`, a micro-batch of the
+    dataset's items stacked along a new first axis (a tuple of arrays for a tuple item)."""
+    optimizer: optax.GradientTransformation
+    """The optax optimizer; it sees the mean gradient of each global batch (the backend accumulates)."""
+    dataset: Any
+    """Map-style, with a length; each item is a pytree (usually a tuple) of numpy arrays. Must give
+    the same item for the same index in every process (per-index randomness only), and be safe to
+    read from several threads (the prefetch workers)."""
+    heldout: Any | None = None
+    """The fixed batch drift is measured on, a dataset like `dataset`; default: its last 256 items."""
+    tokens_per_sample: int | None = None
+    """Set it to get tokens/s as well as samples/s."""
+    flops_per_sample: float | None = None
+    """Training FLOPs (forward and backward) per sample; with it, MFU is reported on GPUs."""
+
+
+def _is_float_array(leaf: Any) -> bool:
+    dtype = getattr(leaf, "dtype", None)
+    return dtype is not None and np.issubdtype(dtype, np.floating) and getattr(leaf, "shape", None) is not None
+
+
+def as_workload(built: Any, ref: str) -> JaxWorkload:
+    """Check what a factory returned; a 4-tuple (params, loss_fn, optimizer, dataset) is accepted."""
+    if isinstance(built, tuple) and len(built) == 4:
+        built = JaxWorkload(*built)
+    if not isinstance(built, JaxWorkload):
+        raise TypeError(f"workload factory {ref} returned {type(built).__name__}, expected a JaxWorkload")
+    leaves = jax.tree.leaves(built.params)
+    if not leaves or not all(_is_float_array(leaf) for leaf in leaves):
+        raise TypeError(f"workload factory {ref}: params must be a pytree of float arrays")
+    if not callable(built.loss_fn):
+        raise TypeError(f"workload factory {ref}: loss_fn must be a callable loss_fn(params, batch)")
+    if not (callable(getattr(built.optimizer, "init", None)) and callable(getattr(built.optimizer, "update", None))):
+        kind = type(built.optimizer).__name__
+        raise TypeError(f"workload factory {ref}: optimizer is {kind}, not an optax GradientTransformation")
+    for name in ("dataset", "heldout"):
+        data = getattr(built, name)
+        if data is not None and (not hasattr(data, "__getitem__") or not hasattr(data, "__len__")):
+            raise TypeError(f"workload factory {ref}: {name} must be map-style (__getitem__ and __len__)")
+    return built

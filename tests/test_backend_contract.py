@@ -1,0 +1,521 @@
+"""The backend contract (`backends/_base.py`), one suite that every backend runs.
+
+Each backend comes with a small harness that knows how to write a training loop in its framework
+(a tiny model, its loss and an SGD optimizer) and how to look inside it (weights, the compute
+dtype, whether the step is compiled). The tests are written once against the harness: every knob
+is honoured by the backend's `TunedTraining`, and real trials through the backend's runner, in
+trial processes, report what the engine needs (throughput, memory, losses), classify their
+failures (out of memory by the framework's own error, a diverged loss, an exception in the
+factory), and keep the fp32 reference deterministic and drift-free. CPU only, real frameworks.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import pytest
+
+import search_spaces
+from autotuner.apply import TunedConfig
+from autotuner.drift import measure_drift
+from autotuner.knobs import DERIVED, KNOBS
+from autotuner.outcomes import Outcome
+from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
+from backends import BACKENDS, Backend, Capabilities
+from tests.helpers import ROOT  # noqa: F401 - puts the repository on sys.path for the trial processes
+
+TIMEOUT_S = 120.0
+"""Generous: a tiny trial takes a few seconds."""
+SAMPLES = 16
+FEATURES = 8
+CLASSES = 3
+SMALL_MLP = {"features": 16, "hidden": 32, "depth": 1, "samples": 128}
+"""The built-in mlp, small enough for a trial in a few seconds on a CPU."""
+
+
+class Harness:
+    """What the contract tests need to write and inspect a training loop in one framework."""
+
+    backend: Backend
+    faulty: str
+    """Module of workloads that misbehave on purpose (ok, oom, nan, raises_in_factory, wrong_return)."""
+    workload_type: str
+    """The class name a factory must return."""
+    compiled: dict[str, Any]
+    """The knob value that compiles the step (the reference's value does not)."""
+    optimized: dict[str, Any]
+    """A fast config the CPU honours, for the drift check."""
+    quick: dict[str, Any]
+    """Knob values that make a tiny trial quickest here (a JAX step op by op compiles each of its
+    ~100 operations on first use, one jit compiles it whole), for the tests that are not about
+    the reference."""
+    step_variants: tuple[dict[str, Any], ...]
+    """Knob values the accumulation check runs under (cheap to compile here: torch.compile costs
+    ~20 s a model on a CPU, a jit of a tiny model milliseconds)."""
+
+    def reference(self, **changes: Any) -> dict[str, Any]:
+        """A full config at the knobs' reference values, micro-batch 4, with `changes`."""
+        config = {knob: KNOBS[knob].reference for knob in self.backend.knobs}
+        config.update(batch_size=4, accumulation=1)
+        config.update(changes)
+        return config
+
+    def training(self, config: dict[str, Any], dataset: Any = None) -> Any:
+        """The backend's TunedTraining over a freshly initialised tiny model (the same weights
+        every call) and an SGD optimizer."""
+        raise NotImplementedError
+
+    def data(self, samples: int = SAMPLES) -> tuple[np.ndarray, np.ndarray]:
+        generator = np.random.default_rng(1)
+        return generator.standard_normal((samples, FEATURES), dtype=np.float32), np.arange(samples) % CLASSES
+
+    def dataset(self, samples: int) -> Any:
+        """`samples` items; item i's label is i (to see which items a batch holds)."""
+        raise NotImplementedError
+
+    def batch(self, start: int, stop: int) -> Any:
+        """Items start..stop of `data()` as one batch, in the framework's host arrays."""
+        raise NotImplementedError
+
+    def micro_step(self, tuned: Any, batch: Any) -> bool:
+        """One micro-step as a user's loop writes it: what `step()` returned."""
+        raise NotImplementedError
+
+    def weights(self, tuned: Any) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def compute_dtype(self, tuned: Any) -> str:
+        """The dtype the forward pass computes in, under `autocast()`."""
+        raise NotImplementedError
+
+    def matmul_precision(self, tuned: Any) -> str:
+        """`tf32` or `strict`: the fp32 matmul precision in effect under `autocast()`."""
+        raise NotImplementedError
+
+    def is_compiled(self, tuned: Any) -> bool:
+        raise NotImplementedError
+
+    def loader_workers(self, loader: Any) -> int:
+        raise NotImplementedError
+
+    def labels(self, batch: Any) -> list[int]:
+        raise NotImplementedError
+
+    def real_oom(self) -> BaseException:
+        """An instance of the framework's out-of-memory error, as the framework raises it."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Put back process-wide settings a TunedTraining changed."""
+
+
+class PyTorchHarness(Harness):
+    backend = BACKENDS["pytorch"]
+    faulty = "tests.faulty_workloads"
+    workload_type = "TorchWorkload"
+    compiled = {"compile": "default"}
+    optimized = {"precision": "bf16"}
+    quick: dict[str, Any] = {}
+    step_variants = ({},)
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        self._saved = torch.get_float32_matmul_precision()
+
+    def _model(self) -> Any:
+        torch = self.torch
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, CLASSES))
+
+    def training(self, config: dict[str, Any], dataset: Any = None) -> Any:
+        from backends.pytorch.apply import TunedTraining
+
+        model = self._model()
+        return TunedTraining(config, model, self.torch.optim.SGD(model.parameters(), lr=0.1), dataset, device="cpu")
+
+    def dataset(self, samples: int) -> Any:
+        inputs, _ = self.data(samples)
+        return self.torch.utils.data.TensorDataset(self.torch.from_numpy(inputs), self.torch.arange(samples))
+
+    def batch(self, start: int, stop: int) -> Any:
+        inputs, labels = self.data()
+        return self.torch.from_numpy(inputs[start:stop]), self.torch.from_numpy(labels[start:stop])
+
+    def micro_step(self, tuned: Any, batch: Any) -> bool:
+        inputs, target = tuned.to_device(batch)
+        with tuned.autocast():
+            loss = self.torch.nn.functional.cross_entropy(tuned.model(inputs), target)
+        tuned.backward(loss)
+        return bool(tuned.step())
+
+    def weights(self, tuned: Any) -> list[np.ndarray]:
+        return [p.detach().cpu().numpy().copy() for p in tuned.model.parameters()]
+
+    def compute_dtype(self, tuned: Any) -> str:
+        inputs, _ = tuned.to_device(self.batch(0, 4))
+        with tuned.autocast():
+            return str(tuned.model(inputs).dtype).removeprefix("torch.")
+
+    def matmul_precision(self, tuned: Any) -> str:
+        with tuned.autocast():
+            return "tf32" if self.torch.get_float32_matmul_precision() == "high" else "strict"
+
+    def is_compiled(self, tuned: Any) -> bool:
+        # Asserted on the wrapper without running it: a CPU compile costs ~20 s per model.
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        return isinstance(tuned.model, OptimizedModule)
+
+    def loader_workers(self, loader: Any) -> int:
+        return int(loader.num_workers)
+
+    def labels(self, batch: Any) -> list[int]:
+        return [int(v) for v in batch[1]]
+
+    def real_oom(self) -> BaseException:
+        return self.torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def restore(self) -> None:
+        from backends.pytorch.apply import set_matmul_precision
+
+        set_matmul_precision("fp32")
+        self.torch.set_float32_matmul_precision(self._saved)
+
+
+class JaxHarness(Harness):
+    backend = BACKENDS["jax"]
+    faulty = "tests.faulty_jax_workloads"
+    workload_type = "JaxWorkload"
+    compiled = {"jit": "on"}
+    optimized = {"precision": "bf16", "jit": "on"}
+    quick = {"jit": "on"}
+    step_variants = ({}, {"jit": "on"})
+
+    def __init__(self) -> None:
+        import jax
+
+        self.jax = jax
+        self.calls: list[tuple[str, str]] = []
+        """(parameter dtype, input dtype) each time the Python of the loss ran."""
+
+    def _loss(self, params: Any, batch: Any) -> Any:
+        from tests.faulty_jax_workloads import _loss
+
+        self.calls.append((str(params["w1"].dtype), str(batch[0].dtype)))
+        return _loss(params, batch)
+
+    def _params(self) -> dict[str, np.ndarray]:
+        init = np.random.default_rng(0)
+        return {
+            "w1": (init.standard_normal((FEATURES, 16)) / np.sqrt(FEATURES)).astype(np.float32),
+            "b1": np.zeros(16, np.float32),
+            "w2": (init.standard_normal((16, CLASSES)) / 4.0).astype(np.float32),
+            "b2": np.zeros(CLASSES, np.float32),
+        }
+
+    def training(self, config: dict[str, Any], dataset: Any = None) -> Any:
+        import optax
+
+        from backends.jax.apply import TunedTraining
+
+        return TunedTraining(config, self._loss, optax.sgd(0.1), dataset, device="cpu", params=self._params())
+
+    def dataset(self, samples: int) -> Any:
+        from backends.jax.workload import ArrayDataset
+
+        inputs, _ = self.data(samples)
+        return ArrayDataset(inputs, np.arange(samples, dtype=np.int32))
+
+    def batch(self, start: int, stop: int) -> Any:
+        inputs, labels = self.data()
+        return inputs[start:stop], labels[start:stop].astype(np.int32)
+
+    def micro_step(self, tuned: Any, batch: Any) -> bool:
+        batch = tuned.to_device(batch)
+        with tuned.autocast():
+            loss, grads = tuned.model(tuned.params, batch)
+        tuned.backward(grads)
+        return bool(tuned.step())
+
+    def weights(self, tuned: Any) -> list[np.ndarray]:
+        return [np.asarray(leaf) for leaf in self.jax.tree.leaves(tuned.params)]
+
+    def compute_dtype(self, tuned: Any) -> str:
+        self.calls.clear()
+        self.micro_step(tuned, self.batch(0, 4))
+        params_dtype, inputs_dtype = self.calls[-1]
+        assert params_dtype == inputs_dtype, "the parameters and the inputs compute in one dtype"
+        assert all(leaf.dtype == np.float32 for leaf in self.jax.tree.leaves(tuned.params)), "fp32 master weights"
+        return params_dtype
+
+    def matmul_precision(self, tuned: Any) -> str:
+        with tuned.autocast():
+            return "tf32" if self.jax.config.jax_default_matmul_precision == "tensorfloat32" else "strict"
+
+    def is_compiled(self, tuned: Any) -> bool:
+        """Jitted: the loss's Python runs once (the trace), however many steps follow."""
+        self.calls.clear()
+        for _ in range(3):
+            self.micro_step(tuned, self.batch(0, 4))
+        return len(self.calls) == 1
+
+    def loader_workers(self, loader: Any) -> int:
+        return int(loader.workers)
+
+    def labels(self, batch: Any) -> list[int]:
+        return [int(v) for v in np.asarray(batch[1])]
+
+    def real_oom(self) -> BaseException:
+        import jax.numpy as jnp
+
+        from tests.faulty_jax_workloads import BEYOND_ANY_HOST
+
+        try:
+            jnp.zeros(BEYOND_ANY_HOST, jnp.float32).block_until_ready()
+        except Exception as exc:  # noqa: BLE001 - whatever XLA raises is what is classified
+            return exc
+        raise AssertionError("XLA allocated 16 TiB")
+
+
+HARNESSES = {"pytorch": PyTorchHarness, "jax": JaxHarness}
+
+
+@pytest.fixture(scope="module")
+def launcher() -> TrialLauncher:
+    """One fork server for the module, with every backend's runner preloaded (multiprocessing
+    keeps one fork server per process: its preload is the first launcher's)."""
+    return TrialLauncher([backend.runner for backend in BACKENDS.values()])
+
+
+@pytest.fixture(params=list(HARNESSES), scope="class")
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    made = HARNESSES[request.param]()
+    yield made
+    made.restore()
+
+
+def _request(
+    harness: Harness, workload: str, config: dict[str, Any], *, measure: bool = True, **args: Any
+) -> TrialRequest:
+    """Global batch 8 (micro-batch 4 x 2 by default), 1 warm-up step, 2 windows of 2 steps, 2 drift steps."""
+    config = {**harness.reference(batch_size=4), **config}
+    config["accumulation"] = 8 // config["batch_size"]
+    if ":" not in workload:
+        workload = f"{harness.faulty}:{workload}"
+    return TrialRequest(
+        workload=workload,
+        workload_args=args,
+        device="cpu",
+        config=config,
+        global_batch=8,
+        seed=0,
+        warmup_steps=1,
+        steps=2,
+        windows=2,
+        drift_steps=2,
+        heldout_batch=4,
+        measure=measure,
+    )
+
+
+def _mlp(harness: Harness) -> str:
+    return harness.backend.resolve_workload("builtin:mlp")
+
+
+def _run(launcher: TrialLauncher, harness: Harness, request: TrialRequest) -> TrialResult:
+    return launcher.call(harness.backend.runner, "run", request, TIMEOUT_S)
+
+
+class TestBackendContract:
+    # ------------------------------------------------------------ the engine side
+
+    def test_the_knobs_are_rows_of_the_knob_table(self, harness: Harness) -> None:
+        backend = harness.backend
+        assert {"precision", "batch_size", "accumulation", "workers"} <= set(backend.knobs)
+        for name, allowed in backend.knobs.items():
+            knob = KNOBS[name]
+            assert (allowed is None) == (knob.choices is None), name
+            if allowed is not None and knob.choices is not None:
+                assert set(allowed) <= set(knob.choices), name
+                assert knob.reference in allowed, f"{name}: the reference value must be one the backend honours"
+        assert backend.default_space in search_spaces.available()
+        assert backend.missing_requirements() is None
+
+    def test_the_cpu_runs_the_reference_and_refuses_tf32_with_a_reason(self, harness: Harness) -> None:
+        cpu = Capabilities(bf16=True, compile=True, jit=True)
+        backend = harness.backend
+        assert backend.unsupported_reason(harness.reference(), Capabilities()) is None
+        assert backend.unsupported_reason(harness.reference(precision="bf16"), cpu) is None
+        assert backend.unsupported_reason(harness.reference(**harness.compiled), cpu) is None
+        reason = backend.unsupported_reason(harness.reference(precision="tf32"), cpu)
+        assert reason is not None and reason.startswith("tf32:") and "\n" not in reason
+        reason = backend.unsupported_reason(harness.reference(precision="bf16"), Capabilities())
+        assert reason is not None and reason.startswith("bf16:")
+
+    # ------------------------------------------------------------ TunedTraining honours every knob
+
+    def test_precision_sets_the_compute_dtype(self, harness: Harness) -> None:
+        assert harness.compute_dtype(harness.training(harness.reference(precision="fp32"))) == "float32"
+        assert harness.compute_dtype(harness.training(harness.reference(precision="bf16"))) == "bfloat16"
+
+    def test_tf32_allows_tf32_matmuls_and_every_other_precision_is_strict(self, harness: Harness) -> None:
+        assert harness.matmul_precision(harness.training(harness.reference(precision="tf32"))) == "tf32"
+        assert harness.matmul_precision(harness.training(harness.reference(precision="bf16"))) == "strict"
+        assert harness.matmul_precision(harness.training(harness.reference(precision="fp32"))) == "strict"
+
+    def test_accumulated_micro_batches_step_as_the_whole_batch(self, harness: Harness) -> None:
+        for variant in harness.step_variants:
+            whole = harness.training(harness.reference(batch_size=SAMPLES, accumulation=1, **variant))
+            before = harness.weights(whole)
+            assert harness.micro_step(whole, harness.batch(0, SAMPLES)) is True
+            expected = harness.weights(whole)
+            assert any(not np.array_equal(a, b) for a, b in zip(before, expected, strict=True)), "no update"
+
+            accumulated = harness.training(harness.reference(batch_size=4, accumulation=4, **variant))
+            assert accumulated.global_batch == SAMPLES
+            stepped = [harness.micro_step(accumulated, harness.batch(i, i + 4)) for i in range(0, SAMPLES, 4)]
+            assert stepped == [False, False, False, True], variant
+            for got, want in zip(harness.weights(accumulated), expected, strict=True):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(variant))
+
+    def test_step_steps_once_every_accumulation_calls(self, harness: Harness) -> None:
+        tuned = harness.training(harness.reference(batch_size=2, accumulation=3))
+        assert (tuned.batch_size, tuned.accumulation, tuned.global_batch) == (2, 3, 6)
+        snapshots, reported = [], []
+        for _ in range(6):
+            reported.append(harness.micro_step(tuned, harness.batch(0, 2)))
+            snapshots.append(harness.weights(tuned))
+        assert reported == [False, False, True] * 2
+        moved = [any(not np.array_equal(a, b) for a, b in zip(x, y, strict=True)) for x, y in pairwise(snapshots)]
+        assert moved == [False, True, False, False, True], "the weights change on the optimizer steps only"
+
+    def test_compile_or_jit_is_applied_and_the_reference_is_eager(self, harness: Harness) -> None:
+        assert harness.is_compiled(harness.training(harness.reference(**harness.compiled))) is True
+        assert harness.is_compiled(harness.training(harness.reference())) is False
+
+    def test_the_loader_has_the_micro_batch_and_the_workers(self, harness: Harness) -> None:
+        dataset = harness.dataset(18)
+        tuned = harness.training(harness.reference(batch_size=4, workers=2), dataset)
+        assert harness.loader_workers(tuned.loader) == 2
+        epoch = list(tuned.loader)
+        assert [len(harness.labels(b)) for b in epoch] == [4] * 4, "micro-batches, the partial last one dropped"
+        seen = [label for b in epoch for label in harness.labels(b)]
+        assert len(set(seen)) == 16 and set(seen) <= set(range(18))
+        assert seen != sorted(seen), "shuffled"
+        again = [label for b in tuned.make_loader(dataset, seed=3) for label in harness.labels(b)]
+        assert again == [label for b in tuned.make_loader(dataset, seed=3) for label in harness.labels(b)]
+        plain = harness.training(harness.reference(batch_size=4), dataset).make_loader(dataset, shuffle=False)
+        assert harness.loader_workers(plain) == 0
+        assert [harness.labels(b) for b in plain] == [list(range(i, i + 4)) for i in range(0, 16, 4)]
+
+    def test_a_config_of_another_backend_is_refused(self, harness: Harness) -> None:
+        with pytest.raises(ValueError, match="precision"):
+            harness.training(harness.reference(precision="fp8"))
+        other = next(name for name in BACKENDS if name != harness.backend.name)
+        foreign = next(k for k in BACKENDS[other].knobs if k not in harness.backend.knobs)
+        with pytest.raises(ValueError, match=foreign):
+            harness.training({**harness.reference(), foreign: KNOBS[foreign].reference})
+        tuned = TunedConfig(
+            params=harness.reference(),
+            metrics={"throughput": 1.0},
+            baseline={},
+            speedup=None,
+            environment={"backend": other, "fingerprint": "0"},
+            spec={"identity": "0"},
+            study={"name": "x"},
+            drift={},
+            source="x.best.yaml",
+        )
+        with pytest.raises(ValueError, match=f"tuned with the {other} backend"):
+            harness.training(tuned)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------ the runner, in trial processes
+
+    def test_the_probe_reports_the_environment(self, harness: Harness, launcher: TrialLauncher) -> None:
+        arg = {"device": "cpu", "workload": _mlp(harness), "workload_args": SMALL_MLP}
+        probed = launcher.call(harness.backend.runner, "probe", arg, TIMEOUT_S)
+        assert probed.outcome is Outcome.OK, probed.reason
+        environment = probed.result
+        assert environment["device"] == "cpu" and environment["device_name"] and environment["driver"]
+        assert environment["device_count"] == 0 and environment["peak_flops"] == {}
+        assert environment["workload_error"] is None
+        assert environment["versions"]["python"] and len(environment["versions"]) > 1
+        capabilities = Capabilities.from_dict(environment["capabilities"])
+        assert not capabilities.accelerator and not capabilities.tf32
+        assert harness.backend.unsupported_reason(harness.reference(), capabilities) is None
+        assert harness.backend.unsupported_reason(harness.reference(precision="tf32"), capabilities) is not None
+        bad = launcher.call(harness.backend.runner, "probe", {**arg, "workload_args": {"depth": "two"}}, TIMEOUT_S)
+        assert bad.outcome is Outcome.OK and "does not build a workload" in bad.result["workload_error"]
+
+    def test_a_trial_reports_throughput_memory_and_losses(self, harness: Harness, launcher: TrialLauncher) -> None:
+        result = _run(launcher, harness, _request(harness, _mlp(harness), harness.quick, **SMALL_MLP))
+        assert result.outcome is Outcome.OK, result.reason + (result.traceback or "")
+        throughput = result.result["throughput"]
+        assert (throughput["windows"], throughput["steps"], throughput["samples_per_step"]) == (2, 2, 8)
+        assert len(throughput["window_samples_per_s"]) == 2 and throughput["samples_per_s"] > 0
+        assert throughput["warmup_s"] > 0 and throughput["measured_s"] > 0
+        assert result.result["peak_memory_mb"] > 0
+        losses = result.result["losses"]
+        assert len(losses["trajectory"]) == 2
+        assert all(isinstance(v, float) and np.isfinite(v) for v in [losses["heldout"], *losses["trajectory"]])
+
+    def test_the_reference_is_deterministic_and_a_measured_run_of_it_does_not_drift(
+        self, harness: Harness, launcher: TrialLauncher
+    ) -> None:
+        reference = harness.reference()
+        runs = [
+            _run(launcher, harness, _request(harness, _mlp(harness), reference, measure=measure, **SMALL_MLP))
+            for measure in (False, False, True)
+        ]
+        assert all(r.outcome is Outcome.OK for r in runs), [r.reason for r in runs]
+        first, second, measured = (r.result["losses"] for r in runs)
+        assert "throughput" not in runs[0].result, "the reference runs the drift phase only"
+        assert first == second, "two runs of the fp32 reference are bitwise equal"
+        drift = measure_drift(measured["heldout"], measured["trajectory"], first["heldout"], first["trajectory"])
+        assert drift.heldout < 1e-6 and drift.trajectory_max < 1e-6, drift
+
+    def test_a_fast_config_drifts_little_from_the_reference(self, harness: Harness, launcher: TrialLauncher) -> None:
+        reference, fast = (
+            _run(launcher, harness, _request(harness, _mlp(harness), config, measure=False, **SMALL_MLP))
+            for config in ({}, harness.optimized)
+        )
+        assert reference.outcome is Outcome.OK and fast.outcome is Outcome.OK, (reference.reason, fast.reason)
+        ref, got = reference.result["losses"], fast.result["losses"]
+        drift = measure_drift(got["heldout"], got["trajectory"], ref["heldout"], ref["trajectory"])
+        assert 0 < drift.heldout < 0.01, f"{harness.optimized}: {drift}"
+
+    def test_out_of_memory_is_oom_by_the_framework_error(self, harness: Harness, launcher: TrialLauncher) -> None:
+        runner = importlib.import_module(harness.backend.runner)
+        assert runner.classify_exception(harness.real_oom()) == "oom"
+        assert runner.classify_exception(RuntimeError("RESOURCE_EXHAUSTED: CUDA out of memory")) is None
+        assert runner.classify_exception(ValueError("x")) is None
+        result = _run(launcher, harness, _request(harness, "oom", harness.quick))
+        assert result.outcome is Outcome.OOM, result.reason
+        assert result.reason and "\n" not in result.reason and result.traceback is None
+
+    def test_a_diverged_loss_is_nan(self, harness: Harness, launcher: TrialLauncher) -> None:
+        result = _run(launcher, harness, _request(harness, "nan", harness.quick))
+        assert result.outcome is Outcome.NAN, result.reason
+        assert "nan" in result.reason and result.traceback is None
+
+    def test_an_exception_in_the_factory_is_an_error_with_its_traceback(
+        self, harness: Harness, launcher: TrialLauncher
+    ) -> None:
+        result = _run(launcher, harness, _request(harness, "raises_in_factory", harness.quick))
+        assert result.outcome is Outcome.ERROR
+        assert result.reason == "ValueError: the factory refuses to build (samples=64)"
+        assert result.traceback is not None and "raises_in_factory" in result.traceback
+        wrong = _run(launcher, harness, _request(harness, "wrong_return", harness.quick))
+        assert wrong.outcome is Outcome.ERROR
+        assert wrong.reason.startswith("TypeError:") and harness.workload_type in wrong.reason
+
+
+def test_every_registered_backend_runs_the_contract() -> None:
+    assert set(HARNESSES) == set(BACKENDS)
+    assert all(set(DERIVED) <= set(backend.knobs) for backend in BACKENDS.values())

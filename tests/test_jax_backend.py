@@ -1,0 +1,269 @@
+"""What the JAX backend adds beyond the shared contract (`tests/test_backend_contract.py`): specs
+naming it (its presets, YAML's bare on/off, a Python without jax), its built-in workloads against
+their PyTorch twins, its prefetching loader, and a JAX study searched, exported and applied
+from the command line (and from the README's loop). CPU only, real jax and torch."""
+
+from __future__ import annotations
+
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+import pytest
+import yaml
+
+from autotuner.errors import SpecError
+from autotuner.spec import load_spec
+from backends.jax import JAX
+from backends.jax.apply import TunedTraining
+from backends.jax.workload import ArrayDataset, JaxWorkload, as_workload
+from tests.conftest import ROOT, run_cli
+
+JAX_SPEC: dict[str, Any] = {
+    "name": "small-jax",
+    "backend": "jax",
+    "workload": "builtin:mlp",
+    "workload_args": {"features": 16, "hidden": 32, "depth": 1, "samples": 256},
+    "device": "cpu",
+    "global_batch": 32,
+    "baseline": {"precision": "fp32", "batch_size": 8, "workers": 0, "jit": "on"},
+    "space": {"precision": ["fp32", "tf32"], "batch_size": [8, 32], "workers": [0], "jit": ["on"]},
+    "budget": {"trials": 3},  # more than the space's feasible configs: every config is tried
+    "trial": {"warmup_steps": 1, "steps": 3, "windows": 2, "min_window_s": 0.05, "drift_steps": 2, "timeout": 120},
+    "sampler": {"name": "tpe", "seed": 0},
+}
+
+
+def _write(folder: Path, spec: dict[str, Any]) -> Path:
+    path = folder / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+# ---------------------------------------------------------------- specs
+
+
+def test_the_jax_quickstart_spec_uses_the_jax_knobs_and_presets() -> None:
+    job = load_spec(ROOT / "studies" / "quickstart-jax.yaml")
+    assert job.backend is JAX
+    assert set(job.space) == {"precision", "batch_size", "workers", "jit"}
+    assert job.space["jit"] == ["off", "on"] and "tf32" not in job.space["precision"]
+    assert job.baseline == {"precision": "fp32", "batch_size": 16, "workers": 0, "jit": "off"}
+    assert job.reference_config() == {
+        "precision": "fp32",
+        "batch_size": 16,
+        "workers": 0,
+        "jit": "off",
+        "accumulation": 16,
+    }
+
+
+def test_a_jax_spec_gets_the_jax_preset_by_default(tmp_path: Path) -> None:
+    minimal = {"name": "job", "backend": "jax", "workload": "builtin:gpt", "global_batch": 64}
+    job = load_spec(_write(tmp_path, {**minimal, "name": "job"}))
+    assert job.space["precision"] == ["fp32", "tf32", "bf16"] and job.space["jit"] == ["off", "on"]
+    assert job.workload_path() == "backends.jax.workloads:gpt"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        ("baseline: {jit: off}", "baseline.jit", "quote it"),
+        ("space: {jit: [on, off]}", "space.jit", "quote it"),
+        ("baseline: {compile: none}", "baseline.compile", "jax backend has no knob"),
+        ("workload: builtin:cnn", "workload", "builtin:mlp, builtin:gpt"),
+        ("baseline: {precision: fp16}", "baseline.precision", "fp32, tf32, bf16"),
+    ],
+)
+def test_bad_jax_specs_are_one_line(tmp_path: Path, text: str, key: str, fragment: str) -> None:
+    base = {"name": "job", "backend": "jax", "workload": "builtin:mlp", "global_batch": 64}
+    data = {**base, **yaml.safe_load(text)}
+    with pytest.raises(SpecError) as caught:
+        load_spec(_write(tmp_path, data))
+    message = str(caught.value)
+    assert "\n" not in message and caught.value.key == key and fragment in message, message
+
+
+WITHOUT_JAX = """
+import sys
+sys.modules["jax"] = None  # what `import jax` finds in a Python without it
+from autotuner.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_jax_spec_in_a_python_without_jax_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    spec = _write(tmp_path, JAX_SPEC)
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_JAX, "search", "--spec", str(spec)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (
+        f"autotuner: error: {spec}: backend: "
+        "the jax backend needs jax, not installed here: pip install 'autotuner[jax]'\n"
+    )
+    assert not (tmp_path / "studies").exists(), "nothing is stored"
+
+
+# ---------------------------------------------------------------- the built-ins and the factory contract
+
+
+def test_the_builtin_workloads_are_the_twins_of_the_pytorch_ones() -> None:
+    from backends.jax import workloads
+    from backends.pytorch import workloads as torch_workloads
+
+    np.random.seed(0)
+    tiny_gpt = {"vocab": 32, "length": 16, "dim": 16, "layers": 2, "heads": 2, "samples": 64}
+    for name, args in (("mlp", {"features": 16, "hidden": 32, "depth": 2, "samples": 64}), ("gpt", tiny_gpt)):
+        ours = as_workload(getattr(workloads, name)(**args), name)
+        theirs = getattr(torch_workloads, name)(**args)
+        params = sum(leaf.size for leaf in jax.tree.leaves(ours.params))
+        assert params == sum(p.numel() for p in theirs.model.parameters()), name
+        assert len(ours.dataset) == len(theirs.dataset) and len(ours.heldout) == len(theirs.heldout)
+        for mine, torch_item in zip(ours.dataset[0], theirs.dataset[0], strict=True):
+            assert mine.shape == tuple(torch_item.shape), name
+        assert (ours.tokens_per_sample, ours.flops_per_sample) == (theirs.tokens_per_sample, theirs.flops_per_sample)
+    assert ours.flops_per_sample is not None and ours.flops_per_sample > 0
+
+
+def test_the_parameters_follow_the_trial_seed_and_the_data_do_not() -> None:
+    from backends.jax.workloads import mlp
+
+    def build(seed: int) -> JaxWorkload:
+        np.random.seed(seed)
+        return mlp(features=8, hidden=8, depth=1, samples=32)
+
+    a, b, c = build(0), build(0), build(1)
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True))
+    assert not np.array_equal(a.params[0]["w"], c.params[0]["w"])
+    assert np.array_equal(a.dataset.arrays[0], c.dataset.arrays[0])
+
+
+def test_as_workload_says_what_is_wrong() -> None:
+    good = JaxWorkload(
+        {"w": np.ones(2, np.float32)}, lambda p, b: p["w"].sum(), optax.sgd(0.1), ArrayDataset(np.ones(4))
+    )
+    assert as_workload(good, "x:y") is good
+    assert isinstance(as_workload(tuple(vars(good).values())[:4], "x:y"), JaxWorkload)
+    with pytest.raises(TypeError, match="optax GradientTransformation"):
+        as_workload(JaxWorkload(good.params, good.loss_fn, "adam", good.dataset), "x:y")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="pytree of float arrays"):
+        as_workload(JaxWorkload({"w": np.ones(2, np.int32)}, good.loss_fn, good.optimizer, good.dataset), "x:y")
+    with pytest.raises(TypeError, match="map-style"):
+        as_workload(JaxWorkload(good.params, good.loss_fn, good.optimizer, iter([1])), "x:y")
+    with pytest.raises(ValueError, match="different lengths"):
+        ArrayDataset(np.ones(3), np.ones(4))
+
+
+def test_prefetch_workers_put_the_batches_on_the_device_ahead() -> None:
+    config = {"precision": "fp32", "batch_size": 4, "accumulation": 1, "jit": "off"}
+    dataset = ArrayDataset(np.arange(40, dtype=np.float32).reshape(20, 2), np.arange(20))
+    params = {"w": np.ones(2, np.float32)}
+    prefetching = TunedTraining(
+        {**config, "workers": 2}, lambda p, b: p["w"].sum(), optax.sgd(0.1), dataset, params=params
+    )
+    batches = list(prefetching.loader)
+    assert all(isinstance(leaf, jax.Array) and leaf.devices() == {prefetching.device} for b in batches for leaf in b)
+    assert sorted(int(v) for b in batches for v in b[1]) == list(range(20))
+    plain = TunedTraining({**config, "workers": 0}, lambda p, b: p["w"].sum(), optax.sgd(0.1), dataset, params=params)
+    assert all(isinstance(leaf, np.ndarray) for b in plain.loader for leaf in b)
+    left_early = iter(prefetching.loader)
+    next(left_early)
+    left_early.close()  # an epoch abandoned midway drops what was prefetched for it
+    assert [len(b[1]) for b in prefetching.loader] == [4] * 5
+
+
+def test_step_before_backward_is_refused() -> None:
+    tuned = TunedTraining(
+        {"precision": "fp32", "batch_size": 4, "accumulation": 1, "workers": 0, "jit": "off"},
+        lambda p, b: p["w"].sum(),
+        optax.sgd(0.1),
+        params={"w": np.ones(2, np.float32)},
+    )
+    with pytest.raises(RuntimeError, match="backward"):
+        tuned.step()
+
+
+# ---------------------------------------------------------------- a JAX study from the command line
+
+
+@pytest.fixture(scope="module")
+def jax_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
+    """A tiny JAX study (its eager fp32 reference, then every config of its space): folder, spec
+    and export."""
+    workdir = tmp_path_factory.mktemp("jax-study")
+    spec = _write(workdir, JAX_SPEC)
+    done = run_cli("search", "--spec", str(spec), cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    export = yaml.safe_load((workdir / "studies" / "small-jax.best.yaml").read_text())
+    return workdir, spec, export
+
+
+def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
+    jax_study: tuple[Path, Path, dict[str, Any]],
+) -> None:
+    import optuna
+
+    workdir, _, export = jax_study
+    assert set(export["params"]) == set(JAX.knobs)
+    assert export["params"]["jit"] == "on" and export["params"]["precision"] == "fp32"
+    assert export["environment"]["backend"] == "jax" and "jax" in export["environment"]["versions"]
+    assert export["metrics"]["drift"] < 1e-4  # jit against the eager reference: rounding only
+    study = optuna.load_study(study_name="small-jax", storage=f"sqlite:///{workdir}/studies/small-jax.db")
+    reference = study.user_attrs["reference"]
+    assert reference["config"]["jit"] == "off" and reference["noise_floor"] == 0.0
+    outcomes = sorted((t.params["precision"], t.user_attrs["outcome"]) for t in study.trials)
+    assert outcomes == [("fp32", "ok"), ("fp32", "ok"), ("tf32", "unsupported"), ("tf32", "unsupported")]
+
+
+def test_autotuner_apply_runs_a_jax_export(jax_study: tuple[Path, Path, dict[str, Any]]) -> None:
+    workdir, spec, export = jax_study
+    done = run_cli("apply", "studies/small-jax.best.yaml", "--spec", str(spec), "--steps", "6", cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{export['metrics']['throughput']:,.0f} samples/s in the study" in done.stdout
+    assert "held-out loss after 2 steps" in done.stdout and "(identical)" in done.stdout  # CPU runs repeat bitwise
+    assert "Traceback" not in done.stderr
+
+
+def test_autotuner_env_describes_the_jax_backend(tmp_path: Path) -> None:
+    done = run_cli("env", "--backend", "jax", "--device", "cpu", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {cells[0]: cells[1] for line in done.stdout.splitlines() if len(cells := line.strip("│ ").split(" │ ")) == 2}
+    rows = {name.strip(): value.strip() for name, value in rows.items()}
+    assert rows["backend"] == "jax" and rows["jax"] == jax.__version__ and rows["XLA jit"] == "yes", rows
+    assert "torch.compile" not in done.stdout
+
+
+README_SECTION = "## JAX"
+
+
+def test_readme_jax_loop_runs_against_an_exported_config(
+    jax_study: tuple[Path, Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme[readme.index(README_SECTION) :], re.S)
+    assert len(blocks) >= 2, "the JAX section shows a workload factory and a training loop"
+    _, _, export = jax_study
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "quickstart-jax.best.yaml").write_text(yaml.safe_dump(export))
+    factory = tmp_path / "jax_job.py"
+    factory.write_text(blocks[0])
+    (tmp_path / "train.py").write_text(blocks[1])
+    monkeypatch.chdir(tmp_path)
+    built = as_workload(runpy.run_path(str(factory))["make_workload"](hidden=8), "jax_job:make_workload")
+    assert isinstance(built, JaxWorkload)
+    scope = runpy.run_path(str(tmp_path / "train.py"), run_name="__main__")
+    tuned = scope["tuned"]
+    assert isinstance(tuned, TunedTraining) and tuned.jit and tuned.batch_size == export["params"]["batch_size"]
+    assert scope["steps"] > 0
