@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from autotuner.environment import fingerprint
+from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.knobs import KNOBS, Config, format_config
+from autotuner.spec import parse_yaml
 from backends import BACKENDS, Capabilities
 
 if TYPE_CHECKING:
@@ -223,16 +223,10 @@ def load_config(path: str | Path) -> TunedConfig:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise SpecError(f"line {exc.lineno}: not valid JSON ({exc.msg})", source=source) from None
+        except (ValueError, RecursionError) as exc:  # a 5000-digit number, or nesting too deep
+            raise SpecError(f"not valid JSON ({' '.join(str(exc).split())[:100]})", source=source) from None
     else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}: " if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise SpecError(f"{where}not valid YAML ({problem})", source=source) from None
-        except RecursionError:
-            raise SpecError("not valid YAML (nested too deeply)", source=source) from None
+        data = parse_yaml(text, source)
     return parse_config(data, source)
 
 
@@ -274,8 +268,7 @@ def default_steps(job: Job) -> int:
 
 
 def _machine(environment: dict[str, Any]) -> str:
-    versions = environment.get("versions") or {}
-    return f"{environment.get('device_name')} (torch {versions.get('torch')}, driver {environment.get('driver')})"
+    return f"{environment.get('device_name')} ({framework_versions(environment)}, driver {environment.get('driver')})"
 
 
 def job_mismatch(tuned: TunedConfig, job: Job) -> str | None:

@@ -15,12 +15,13 @@ from typing import NoReturn
 from rich.console import Console
 from rich.table import Table
 
-from autotuner.errors import AutotunerError, SpecError
+from autotuner.errors import AutotunerError, SpecError, shown
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line and exit 2, like every other bad input
-        self.exit(2, f"autotuner: error: {message}\n")
+        line = message.replace("\r", "\\r").replace("\n", "\\n")  # an argument may hold a line break
+        self.exit(2, f"autotuner: error: {line}\n")
 
 
 def _positive_int(text: str) -> int:
@@ -31,6 +32,14 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {value}")
     return value
+
+
+def _study_name(text: str) -> str:
+    from autotuner.spec import NAME, NAME_RULE
+
+    if not NAME.fullmatch(text):  # it names files in studies/: never a path
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a study name: it {NAME_RULE}")
+    return text
 
 
 def _positive_float(text: str) -> float:
@@ -48,7 +57,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     from autotuner.spec import load_spec
 
     job = load_spec(args.spec)
-    return Search(job, storage=args.storage, trials=args.trials, timeout=args.timeout).run().exit_code
+    if args.jobs and args.jobs > 1:
+        from autotuner.jobs import run_jobs
+
+        passthrough = [
+            *(["--storage", args.storage] if args.storage else []),
+            *(["--trials", str(args.trials)] if args.trials else []),
+            *(["--timeout", str(args.timeout)] if args.timeout else []),
+        ]
+        return run_jobs(job, args.jobs, passthrough)
+    search = Search(job, storage=args.storage, trials=args.trials, timeout=args.timeout, device=args.device)
+    return search.run().exit_code
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -76,7 +95,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         name, url, default = args.study, args.storage, False
     else:
         raise SpecError("give --spec, or --study with --storage")
-    storage = open_storage(url, default=default)
+    storage = open_storage(url, default=default, create=False)
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
@@ -111,6 +130,9 @@ def cmd_env(args: argparse.Namespace) -> int:
     from backends import BACKENDS
 
     backend = BACKENDS[args.backend]
+    missing = backend.missing_requirements()
+    if missing:
+        raise SpecError(missing, key="--backend")
     workload = backend.resolve_workload(f"builtin:{next(iter(backend.builtin_workloads))}")
     environment = probe_environment(make_launcher(backend), backend, args.device, workload, "--device")
     table = Table(show_header=False, title="autotuner environment")
@@ -139,6 +161,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from backends import BACKENDS
+
     parser = _Parser(prog="autotuner", description="Find the fastest training config that keeps the job's numerics.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -152,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.add_argument(
         "--timeout", type=_positive_float, help="seconds of trials for the whole study (overrides budget.timeout)"
+    )
+    placement = search.add_mutually_exclusive_group()
+    placement.add_argument("--device", help="auto, cpu, cuda or cuda:N for this worker (overrides the spec's device)")
+    placement.add_argument(
+        "--jobs", type=_positive_int, help="start one worker per GPU, N in all, on cuda:0 to cuda:N-1 (not on a CPU)"
     )
     search.set_defaults(handler=cmd_search)
 
@@ -169,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = commands.add_parser("export", help="write the best config and its evidence from the storage")
     export.add_argument("--spec", help="the job spec (gives the study name and storage)")
-    export.add_argument("--study", help="study name, with --storage, when there is no spec at hand")
+    export.add_argument("--study", type=_study_name, help="study name, with --storage, when there is no spec at hand")
     export.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
     export.add_argument("--format", choices=("yaml", "json"), default="yaml")
     export.add_argument("--top", type=_positive_int, help="also list the K best feasible configs (written as `top`)")
@@ -178,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="write one self-contained page (HTML or markdown) of the study")
     report.add_argument("--spec", help="the job spec (gives the study name and storage)")
-    report.add_argument("--study", help="study name, with --storage, when there is no spec at hand")
+    report.add_argument("--study", type=_study_name, help="study name, with --storage, when there is no spec at hand")
     report.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
     report.add_argument("--format", choices=("html", "md"), default="html", help="md: for a pull-request comment")
     report.add_argument("-o", "--output", help="where to write (default: studies/<name>.report.<format>)")
@@ -193,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = commands.add_parser("env", help="print the device, versions, capabilities and the study fingerprint")
     env.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    env.add_argument("--backend", default="pytorch", choices=("pytorch",))
+    env.add_argument("--backend", default="pytorch", choices=tuple(BACKENDS))
     env.set_defaults(handler=cmd_env)
     return parser
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from autotuner.knobs import format_config
@@ -45,7 +46,7 @@ class SearchReporter:
     def start(self, job: Job, storage_url: str, environment: dict[str, Any], budget: int) -> None:
         self.console.print(
             f"[bold]{job.name}[/]: {job.spec.workload} on {environment['device']} ({environment['device_name']}), "
-            f"global batch {job.spec.global_batch}, {budget} trials, storage {storage_url}"
+            f"global batch {job.spec.global_batch}, {budget} trials, storage {escape(storage_url)}"
         )
 
     @contextlib.contextmanager
@@ -72,11 +73,12 @@ class SearchReporter:
         baseline: TrialRecord | None,
     ) -> None:
         config = format_config(done.config)
+        reason = escape(done.reason)  # the user's exception text: "[/]" in it is not markup
         if done.outcome == "ok":
             status = f"{rate(done.throughput)} drift {percent(done.metrics.get('drift'))}"
-            status += "" if done.feasible else f" [yellow]infeasible: {done.reason}[/]"
+            status += "" if done.feasible else f" [yellow]infeasible: {reason}[/]"
         else:
-            status = f"[red]{done.outcome}[/]: {done.reason}"
+            status = f"[red]{done.outcome}[/]: {reason}"
         best_text = ""
         if best is not None:
             speedup = f" ({best.throughput / baseline.throughput:.2f}x)" if baseline and baseline.throughput else ""
@@ -132,4 +134,4 @@ class SearchReporter:
                 f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{speedup}"
             )
             self.console.print(f"exported: {summary.export}")
-        self.console.print(f"dashboard: {dashboard_command(summary.storage_url)}")
+        self.console.print(f"dashboard: {escape(dashboard_command(summary.storage_url))}")

@@ -8,6 +8,19 @@ failing, which is a trial outcome): exit code 1.
 
 from __future__ import annotations
 
+from typing import Any
+
+SHOWN_CHARS = 60
+
+
+def shown(value: Any) -> str:
+    """`repr(value)` for an error line, cut to SHOWN_CHARS: the line quotes the input, not all of it."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long to print
+        text = f"<a {type(value).__name__} too long to print>"
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
+
 
 class AutotunerError(Exception):
     """Base class of the errors the CLI turns into one line and an exit code."""
@@ -36,5 +49,12 @@ class HardwareMismatch(AutotunerError):
 
 class BackendError(AutotunerError):
     """The backend could not be started at all (not one trial failing)."""
+
+    exit_code = 1
+
+
+class StorageError(AutotunerError):
+    """The study's storage failed in the middle of a search (unreachable, or locked for longer
+    than its busy timeout). Everything finished is in it; rerunning the command resumes."""
 
     exit_code = 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,7 @@ def export_path(name: str, fmt: str = "yaml") -> Path:
 def write_export(data: dict[str, Any], path: Path, fmt: str = "yaml") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=2) + "\n" if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # workers of one study may write it at once
     tmp.write_text(text)
     tmp.replace(path)  # a reader never sees half a file
     return path

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autotuner.errors import shown
+
 Config = dict[str, Any]
 """One value per knob, `accumulation` included. Plain data: it is stored as trial params."""
 
@@ -26,17 +28,23 @@ class Knob:
     """The numerically strictest value, used by the fp32 reference and the default baseline."""
     minimum: int = 1
     """For integer knobs: the smallest allowed value."""
+    maximum: int | None = None
+    """For integer knobs: the largest allowed value, if any."""
 
     def check(self, value: Any, allowed: tuple[Any, ...] | None) -> str | None:
         """Return why `value` is not allowed for this knob, or None when it is."""
         if allowed is None:
             if isinstance(value, bool) or not isinstance(value, int):
-                return f"must be an integer >= {self.minimum}, got {value!r}"
+                return f"must be an integer >= {self.minimum}, got {shown(value)}"
             if value < self.minimum:
-                return f"must be an integer >= {self.minimum}, got {value}"
+                return f"must be an integer >= {self.minimum}, got {shown(value)}"
+            if self.maximum is not None and value > self.maximum:
+                return f"must be an integer <= {self.maximum}, got {shown(value)}"
             return None
         if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
-            return f"{value!r} is not allowed; choose between {', '.join(map(str, allowed))}"
+            # YAML 1.1 reads a bare on/off/yes/no as a boolean: say so where the knob's values are words.
+            quote = " (quote it: YAML reads a bare on/off as a boolean)" if isinstance(value, bool) else ""
+            return f"{shown(value)} is not allowed; choose between {', '.join(map(str, allowed))}{quote}"
         return None
 
 
@@ -51,7 +59,7 @@ KNOBS: dict[str, Knob] = {
         ),
         Knob("batch_size", "micro-batch per forward/backward", None, None),
         Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1),
-        Knob("workers", "data-loader worker processes", None, 0, minimum=0),
+        Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024),
         Knob(
             "compile",
             "torch.compile mode",

@@ -12,6 +12,7 @@ kept with it so a noisy measurement is visible.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -56,11 +57,13 @@ def measure_throughput(
     samples_per_step: int,
     min_window_s: float = 0.0,
     after_window: Callable[[], None] | None = None,
+    telemetry: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Throughput:
     """Time `step` (one optimizer step of `samples_per_step` samples).
 
     `after_window` runs after each window's closing synchronization, outside the timed span
-    (a backend checks there that the loss stayed finite).
+    (a backend checks there that the loss stayed finite). `telemetry` (an
+    `autotuner.telemetry.Telemetry`) is entered around the timed windows only.
     """
     start = time.perf_counter()
     for _ in range(warmup_steps):
@@ -84,7 +87,8 @@ def measure_throughput(
         calibration_s = window(steps)
         if calibration_s < min_window_s:
             steps = math.ceil(steps * min_window_s / max(calibration_s, 1e-9))
-    durations = [window(steps) for _ in range(windows)]
+    with telemetry or contextlib.nullcontext():
+        durations = [window(steps) for _ in range(windows)]
     rates = [steps * samples_per_step / d for d in durations]
     return Throughput(
         samples_per_s=statistics.median(rates),

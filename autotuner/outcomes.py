@@ -61,9 +61,10 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 def exception_message(exc: BaseException, is_oom: Callable[[BaseException], bool]) -> dict[str, Any]:
     """The message a trial process sends when `exc` stopped it. `is_oom` is the backend's test
-    by exception type (never by matching error text)."""
+    for its framework's out-of-memory errors; Python's own MemoryError (the host, or the trial's
+    memory limit, refused an allocation) is one everywhere."""
     summary = _one_line(f"{type(exc).__name__}: {exc}")
-    if is_oom(exc):
+    if isinstance(exc, MemoryError) or is_oom(exc):
         return {"status": "raised", "kind": Outcome.OOM.value, "reason": summary}
     if isinstance(exc, NonFiniteLoss):
         return {"status": "raised", "kind": Outcome.NAN.value, "reason": _one_line(str(exc))}

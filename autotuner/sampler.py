@@ -23,10 +23,19 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.knobs import config_key
+from autotuner.knobs import DERIVED, config_key
 
 ATTEMPTS = 16
 LIVE = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+
+
+def trial_params(trial: FrozenTrial) -> dict[str, Any]:
+    """The config a trial runs: its params, or for a trial still waiting in the queue, the params
+    it was enqueued with (derived knobs left out, as in sampled params)."""
+    if trial.params or trial.state is not TrialState.WAITING:
+        return dict(trial.params)
+    fixed = trial.system_attrs.get("fixed_params") or {}
+    return {k: v for k, v in fixed.items() if k not in DERIVED}
 
 
 def make_base_sampler(name: str, seed: int | None, startup_trials: int = 5) -> BaseSampler:
@@ -77,7 +86,7 @@ class FreshConfigSampler(BaseSampler):
 
     def is_fresh(self, params: dict[str, Any], trials: Sequence[FrozenTrial], exclude: int | None = None) -> bool:
         key = config_key(params)
-        if any(t.state in LIVE and t.number != exclude and config_key(t.params) == key for t in trials):
+        if any(t.state in LIVE and t.number != exclude and config_key(trial_params(t)) == key for t in trials):
             return False
         return oom_rules_out(params, trials) is None
 

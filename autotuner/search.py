@@ -4,44 +4,70 @@ Optuna proposes configs (through `autotuner.sampler`), the backend runs each one
 process (`autotuner.trial`), and this loop orchestrates: it probes the hardware, opens the
 study, runs the fp32 reference once per study, makes the baseline trial 0, records every trial
 (`autotuner.study.record`), keeps to the budget (per study, across runs and workers) and writes
-the export. A failed trial is recorded and the search goes on; bad input or an unusable storage
-stops it before anything is run.
+the export. What only one of several workers may do (the reference, a config, a trial of the
+budget, a retry) goes through `autotuner.workers.Coordinator`. A failed trial is recorded and
+the search goes on; bad input or an unusable storage stops it before anything is run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.trial import TrialState
 
 from autotuner.console import SearchReporter
 from autotuner.dashboard import publish
 from autotuner.drift import measure_drift
-from autotuner.errors import BackendError, SpecError
+from autotuner.errors import BackendError, SpecError, StorageError
 from autotuner.export import export_data, export_path, write_export
-from autotuner.knobs import Config, config_key, format_config
+from autotuner.knobs import Config, format_config
 from autotuner.outcomes import Outcome
-from autotuner.sampler import FreshConfigSampler, make_base_sampler
+from autotuner.sampler import FreshConfigSampler, make_base_sampler, oom_rules_out
 from autotuner.spec import Job
-from autotuner.study import TrialRecord, baseline, best, open_storage, open_study, record, records, spent_seconds
+from autotuner.study import (
+    TrialRecord,
+    baseline,
+    best,
+    give_up,
+    open_storage,
+    open_study,
+    record,
+    records,
+    shown_url,
+    spent_seconds,
+)
 from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
+from autotuner.workers import POLL_S, Coordinator
 from backends import Backend, Capabilities
 
 PROBE_TIMEOUT_S = 300.0
+REFERENCE_LEASE_TRIALS = 3
+"""A worker running the reference (two trial runs) holds it for this many trial timeouts, plus
+the probe's; past that, another worker takes it over."""
 
 
-def make_launcher(backend: Backend) -> TrialLauncher:
-    return TrialLauncher([backend.runner])
+def make_launcher(backend: Backend, memory_limit_mb: float | None = None) -> TrialLauncher:
+    return TrialLauncher([backend.runner], memory_limit_mb=memory_limit_mb)
 
 
 def probe_environment(
-    launcher: TrialLauncher, backend: Backend, device: str, workload: str, source: str | None = None
+    launcher: TrialLauncher,
+    backend: Backend,
+    device: str,
+    workload: str,
+    source: str | None = None,
+    workload_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The device's environment and capabilities, from a trial process; checks the workload imports."""
-    probed = launcher.call(backend.runner, "probe", {"device": device, "workload": workload}, PROBE_TIMEOUT_S)
+    """The device's environment and capabilities, from a trial process; checks that the workload
+    imports and, given its `workload_args`, that the factory builds a workload from them."""
+    arg = {"device": device, "workload": workload, "workload_args": workload_args}
+    probed = launcher.call(backend.runner, "probe", arg, PROBE_TIMEOUT_S)
     if probed.outcome is not Outcome.OK:
         if probed.outcome is Outcome.ERROR and probed.reason.startswith("ValueError: device"):
             raise SpecError(probed.reason.removeprefix("ValueError: "), source=source)
@@ -122,6 +148,7 @@ class Search:
         storage: str | None = None,
         trials: int | None = None,
         timeout: float | None = None,
+        device: str | None = None,
         reporter: SearchReporter | None = None,
     ):
         self.job = job
@@ -129,22 +156,31 @@ class Search:
         self.is_default_storage = storage is None and job.spec.storage is None
         self.max_trials = trials if trials is not None else job.spec.budget.trials
         self.timeout = timeout if timeout is not None else job.spec.budget.timeout
+        self.device = device or job.spec.device
+        self.device_source = "--device" if device else job.source
         self.reporter = reporter or SearchReporter()
 
     def run(self) -> SearchSummary:
+        try:
+            return self._search()
+        except (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError) as exc:
+            reason = " ".join(str(getattr(exc, "orig", None) or exc.__cause__ or exc).split())[:200]
+            raise StorageError(
+                f"the storage {shown_url(self.storage_url)} failed: {reason}; every finished trial is kept "
+                "there, and running the same command again resumes the study"
+            ) from None
+
+    def _search(self) -> SearchSummary:
         job = self.job
-        launcher = make_launcher(job.backend)
-        environment = probe_environment(launcher, job.backend, job.spec.device, job.workload_path(), job.source)
+        launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
+        environment = probe_environment(
+            launcher, job.backend, self.device, job.workload_path(), self.device_source, dict(job.spec.workload_args)
+        )
         capabilities = Capabilities.from_dict(environment["capabilities"])
-        storage = open_storage(self.storage_url, default=self.is_default_storage)
+        storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
         study = open_study(storage, job, environment)
+        workers = Coordinator(study, storage)
         self.reporter.start(job, self.storage_url, environment, self.max_trials)
-        reference = study.user_attrs.get("reference")
-        if reference is None:
-            with self.reporter.running("fp32 reference (2 runs)"):
-                reference = run_reference(launcher, job, environment["device"])
-            study.set_user_attr("reference", reference)
-        self.reporter.reference(reference, job.spec.objective.max_drift)
 
         all_configs = list(job.configs())
         settings = job.sampler
@@ -152,59 +188,54 @@ class Search:
             make_base_sampler(settings.name, settings.seed), job.space, lambda: all_configs, settings.seed
         )
         study.sampler = sampler
-        self._enqueue_baseline_and_retries(study)
 
         interrupted = False
         started = time.monotonic()
-        current: optuna.Trial | None = None
         try:
+            workers.recover()  # first: a cut-off baseline is retried, not enqueued afresh
+            workers.enqueue_baseline(self.job.baseline)
+            reference = workers.reference(
+                lambda: self._run_reference(launcher, environment["device"]),
+                REFERENCE_LEASE_TRIALS * job.spec.trial.timeout + PROBE_TIMEOUT_S,
+                lambda: self.reporter.note("waiting for the fp32 reference, which another worker is running"),
+            )
+            self.reporter.reference(reference, job.spec.objective.max_drift)
+            waiting_noted = False
             while True:
+                workers.recover()
                 trials = records(study)
-                ran = sum(t.ran for t in trials)
-                if ran >= self.max_trials:
+                if sum(t.ran for t in trials) >= self.max_trials:
                     break
                 if self.timeout is not None and spent_seconds(trials) >= self.timeout:
                     self.reporter.note(f"the study's time budget of {self.timeout:g} s is spent")
                     break
+                if not workers.slots_left(self.max_trials):
+                    if not waiting_noted:
+                        self.reporter.note("the rest of the budget is running on other workers: waiting for them")
+                        waiting_noted = True
+                    time.sleep(POLL_S)  # a trial cut off there frees its slot, and this worker retries it
+                    continue
                 waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                 if not waiting and not sampler.fresh_configs(study):
                     self.reporter.note("every config of the space has been tried")
                     break
-                current = study.ask(dict(sampler.space))
-                config = job.complete(current.params)
-                role = current.user_attrs.get("role", "search")
-                if not sampler.is_fresh(current.params, study.get_trials(deepcopy=False), exclude=current.number):
-                    current.set_user_attr("reason", "another worker took this config first")
-                    study.tell(current, state=TrialState.FAIL)
-                    current = None
-                    continue
-                reason = job.backend.unsupported_reason(config, capabilities)
-                if reason:
-                    result = TrialResult.unsupported(reason)
-                else:
-                    with self.reporter.running(f"trial {ran + 1}/{self.max_trials}: {format_config(config)}"):
-                        request = trial_request(job, config, environment["device"])
-                        result = launcher.call(job.backend.runner, "run", request, job.spec.trial.timeout)
-                done = record(
-                    study, current, job, config, result, role=role, reference=reference, environment=environment
-                )
-                current = None
-                trials = records(study)
-                self.reporter.trial(
-                    done,
-                    sum(t.ran for t in trials),
-                    self.max_trials,
-                    time.monotonic() - started,
-                    best(trials),
-                    baseline(trials),
-                )
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # Optuna warns that heartbeats are meant for optimize()
+                    trial = study.ask(dict(sampler.space))
+                with workers.owning(trial):
+                    done = self._run_trial(study, trial, workers, launcher, capabilities, environment, reference)
+                if done is not None:
+                    trials = records(study)
+                    self.reporter.trial(
+                        done,
+                        sum(t.ran for t in trials),
+                        self.max_trials,
+                        time.monotonic() - started,
+                        best(trials),
+                        baseline(trials),
+                    )
         except KeyboardInterrupt:
             interrupted = True
-            if current is not None:
-                current.set_user_attr(
-                    "reason", "the search was interrupted while this trial ran; it is retried on resume"
-                )
-                study.tell(current, state=TrialState.FAIL)
         trials = records(study)
         summary = SearchSummary(trials, best(trials), baseline(trials), self.storage_url, None, interrupted)
         if summary.best is not None:
@@ -214,16 +245,52 @@ class Search:
         self.reporter.finish(summary)
         return summary
 
-    def _enqueue_baseline_and_retries(self, study: optuna.Study) -> None:
-        """Trial 0 is the baseline; configs whose trial was cut off (FAIL) run again."""
-        trials = study.get_trials(deepcopy=False)
-        live = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)]
-        if not any(t.user_attrs.get("role") == "baseline" for t in live):
-            study.enqueue_trial(self.job.baseline, user_attrs={"role": "baseline"})
-        done = {config_key(t.params) for t in live}
-        for t in trials:
-            if t.state is TrialState.FAIL and t.params and config_key(t.params) not in done:
-                study.enqueue_trial(
-                    dict(t.params), user_attrs={"role": t.user_attrs.get("role", "search"), "retry_of": t.number}
-                )
-                done.add(config_key(t.params))
+    def _run_reference(self, launcher: TrialLauncher, device: str) -> dict[str, Any]:
+        with self.reporter.running("fp32 reference (2 runs)"):
+            return run_reference(launcher, self.job, device)
+
+    def _run_trial(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        workers: Coordinator,
+        launcher: TrialLauncher,
+        capabilities: Capabilities,
+        environment: dict[str, Any],
+        reference: dict[str, Any],
+    ) -> TrialRecord | None:
+        """Run and record one asked-for trial; None when it is given up without running."""
+        job = self.job
+        try:
+            holder = workers.claim_config(trial)
+            if holder == trial.number:
+                return None  # another worker was handed this very trial and runs it
+            if holder is not None:
+                give_up(study, trial, f"trial {holder} has this config", duplicate_of=holder)
+                return None
+            ruled_out = oom_rules_out(trial.params, study.get_trials(deepcopy=False))
+            if ruled_out is not None:
+                give_up(study, trial, f"trial {ruled_out.number} ran out of memory", ruled_out_by=ruled_out.number)
+                return None
+            config = job.complete(trial.params)
+            role = trial.user_attrs.get("role", "search")
+            reason = job.backend.unsupported_reason(config, capabilities)
+            if reason:
+                result = TrialResult.unsupported(reason)
+            else:
+                slot = workers.claim_slot(trial, self.max_trials)
+                if slot is None:
+                    give_up(study, trial, "the budget was spent by other workers")
+                    return None
+                with self.reporter.running(f"trial {slot + 1}/{self.max_trials}: {format_config(config)}"):
+                    request = trial_request(job, config, environment["device"])
+                    result = launcher.call(job.backend.runner, "run", request, job.spec.trial.timeout)
+            return record(study, trial, job, config, result, role=role, reference=reference, environment=environment)
+        except KeyboardInterrupt:
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # it was recorded already
+                trial.set_user_attr("reason", "the search was interrupted while this trial ran; it is retried")
+                study.tell(trial, state=TrialState.FAIL)
+            raise
+        except optuna.exceptions.UpdateFinishedTrialError:
+            self.reporter.note(f"trial {trial.number} was failed as stale by another worker; it is retried")
+            return None

@@ -4,7 +4,8 @@
 every key against the models below (unknown keys, wrong types, non-positive sizes) and then
 against the backend's knob table (unknown knobs or values, empty choice lists, a batch size that
 does not divide `global_batch`). Any problem is one `SpecError` line naming the file, the key
-and what is allowed.
+and what is allowed. Nothing in a spec is executed except the workload factory it names, which is
+trusted code (like a pytest conftest.py) imported in trial processes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,23 +23,30 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import search_spaces
-from autotuner.errors import SpecError
+from autotuner.errors import SpecError, shown
 from autotuner.knobs import DERIVED, KNOBS, Config
 from autotuner.workload import is_import_path
 from backends import BACKENDS, Backend, get_backend
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A study name (matched whole): it names files in studies/, so it can never be a path."""
+NAME_RULE = "must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit"
 SAMPLERS = ("tpe", "random", "gp", "nsga2")
+MAX_VALUES = 100_000
+"""Most values (scalars, lists and mappings, aliases expanded) a spec may hold."""
+MAX_CONFIGS = 100_000
+"""Most configs a search space may hold: every one is listed for the sampler."""
+SHOWN_KEY_CHARS = 80
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class Objective(_Strict):
     max_drift: float = Field(0.01, gt=0, le=1e6)
     """Largest relative held-out loss drift from the fp32 reference that is still feasible."""
-    max_memory_mb: float | None = Field(None, gt=0)
+    max_memory_mb: float | None = Field(None, gt=0, le=2**30)
     """Peak device memory (CUDA) or peak resident memory (CPU) limit, in MiB."""
 
 
@@ -57,8 +66,11 @@ class TrialSettings(_Strict):
     """A window lasts at least this long: `steps` is raised once, from a calibration window."""
     drift_steps: int = Field(5, gt=0, le=10_000)
     """K: optimizer steps the trial and the reference take before the held-out loss is compared."""
-    timeout: float = Field(600.0, gt=0)
+    timeout: float = Field(600.0, gt=0, le=7 * 86400)
     """Seconds before a trial process is killed and recorded as `timeout`."""
+    max_memory_mb: float | None = Field(None, ge=64, le=2**30)
+    """Host memory each trial process may allocate (RLIMIT_DATA: heap and private mappings), in
+    MiB; past it an allocation fails and the trial is `oom`. None: no limit."""
     seed: int = Field(0, ge=0, lt=2**32)
 
 
@@ -111,9 +123,16 @@ class Job:
         """Hash of everything that changes what a trial measures; a study keeps one identity.
 
         The device is not part of it (workers of one study use different GPUs; the hardware
-        fingerprint guards what matters), nor the budget, storage, sampler or trial timeout."""
+        fingerprint guards what matters), nor the budget, storage, sampler or the trial's timeout
+        and memory limit."""
         data = self.spec.model_dump(
-            exclude={"budget": True, "storage": True, "sampler": True, "device": True, "trial": {"timeout"}}
+            exclude={
+                "budget": True,
+                "storage": True,
+                "sampler": True,
+                "device": True,
+                "trial": {"timeout", "max_memory_mb"},
+            }
         )
         data["space"], data["baseline"] = self.space, self.baseline
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -145,17 +164,17 @@ def _describe_pydantic(error: dict[str, Any]) -> tuple[str, str]:
     loc = [str(p) for p in error["loc"] if not str(p).startswith(("function-", "literal["))]
     # Union members appear in the location (e.g. "str", "SamplerSettings"): drop them.
     loc = [p for p in loc if not (p[:1].isupper() or p in ("str", "dict[str,any]", "none"))]
-    key = ".".join(loc) or "(top level)"
+    key = ".".join(loc)[:SHOWN_KEY_CHARS] or "(top level)"
     kind = error["type"]
     if kind == "extra_forbidden":
         return key, f"unknown key; allowed here: {', '.join(_allowed_keys(loc[:-1]))}"
     if kind == "missing":
         return key, "required key is missing"
     if loc == ["space"] and kind in ("string_type", "dict_type"):
-        return key, f"must be a preset name or a mapping of knob -> [choices] (got {error.get('input')!r})"
+        return key, f"must be a preset name or a mapping of knob -> [choices] (got {shown(error.get('input'))})"
     if kind == "literal_error":
-        return key, f"{error['input']!r} is not allowed; choose between {error['ctx']['expected']}"
-    return key, f"{error['msg'][0].lower()}{error['msg'][1:]} (got {error.get('input')!r})"
+        return key, f"{shown(error['input'])} is not allowed; choose between {error['ctx']['expected']}"
+    return key, f"{error['msg'][0].lower()}{error['msg'][1:]} (got {shown(error.get('input'))})"
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:
@@ -211,12 +230,14 @@ def _resolve_space(job: Job, source: str) -> None:
     except KeyError:
         key = "space.preset" if isinstance(raw, dict) else "space"
         raise SpecError(
-            f"no preset {preset_name!r}; choose between {', '.join(search_spaces.available())}", source=source, key=key
+            f"no preset {shown(preset_name)}; choose between {', '.join(search_spaces.available())}",
+            source=source,
+            key=key,
         ) from None
     for knob in inline:
         if knob not in searchable:
             raise SpecError(
-                f"the {backend.name} backend has no knob {knob!r}; knobs: {', '.join(searchable)}",
+                f"the {backend.name} backend has no knob {shown(knob)}; knobs: {', '.join(searchable)}",
                 source=source,
                 key=f"space.{knob}",
             )
@@ -250,7 +271,7 @@ def _resolve_baseline(job: Job, source: str) -> None:
         if knob not in backend.knobs or knob in DERIVED:
             allowed = ", ".join(k for k in backend.knobs if k not in DERIVED)
             raise SpecError(
-                f"the {backend.name} backend has no knob {knob!r} to set; knobs: {allowed}",
+                f"the {backend.name} backend has no knob {shown(knob)} to set; knobs: {allowed}",
                 source=source,
                 key=f"baseline.{knob}",
             )
@@ -280,6 +301,7 @@ def parse_spec(data: Any, source: str, text: str = "") -> Job:
             f"a job spec is a mapping of keys (name, backend, workload, global_batch, ...), not {type(data).__name__}",
             source=source,
         )
+    _check_size(data, source)
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
@@ -287,35 +309,72 @@ def parse_spec(data: Any, source: str, text: str = "") -> Job:
         errors: list[Any] = list(exc.errors())
         key, message = _describe_pydantic(max(errors, key=lambda e: len(e["loc"])))
         raise SpecError(message, source=source, key=key) from None
-    if not NAME.match(spec.name):
-        raise SpecError(
-            "must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit", source=source, key="name"
-        )
+    if not NAME.fullmatch(spec.name):
+        raise SpecError(NAME_RULE, source=source, key="name")
     if spec.backend not in BACKENDS:
         raise SpecError(
-            f"{spec.backend!r} is not a backend; choose between {', '.join(BACKENDS)}", source=source, key="backend"
+            f"{shown(spec.backend)} is not a backend; choose between {', '.join(BACKENDS)}",
+            source=source,
+            key="backend",
         )
     backend = get_backend(spec.backend)
+    missing = backend.missing_requirements()
+    if missing:
+        raise SpecError(missing, source=source, key="backend")
     ref = spec.workload
     if ref.startswith("builtin:"):
         if ref.removeprefix("builtin:") not in backend.builtin_workloads:
             choices = ", ".join(f"builtin:{n}" for n in backend.builtin_workloads)
             raise SpecError(
-                f"no built-in workload {ref!r}; choose between {choices} or give package.module:function",
+                f"no built-in workload {shown(ref)}; choose between {choices} or give package.module:function",
                 source=source,
                 key="workload",
             )
     elif not is_import_path(ref):
-        raise SpecError(f"{ref!r} is neither builtin:<name> nor package.module:function", source=source, key="workload")
-    if not re.match(r"^(auto|cpu|cuda(:\d+)?)$", spec.device):
-        raise SpecError(f"{spec.device!r} is not a device; use auto, cpu, cuda or cuda:N", source=source, key="device")
+        raise SpecError(
+            f"{shown(ref)} is neither builtin:<name> nor package.module:function", source=source, key="workload"
+        )
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", spec.device):
+        raise SpecError(
+            f"{shown(spec.device)} is not a device; use auto, cpu, cuda or cuda:N", source=source, key="device"
+        )
     job = Job(spec, source, text)
     _resolve_baseline(job, source)
     _resolve_space(job, source)
     for knob, value in job.baseline.items():  # the baseline is trial 0: it is a point of the space
         if value not in job.space[knob]:
             job.space[knob] = [value, *job.space[knob]]
+    configs = math.prod(len(values) for values in job.space.values())
+    if configs > MAX_CONFIGS:
+        raise SpecError(
+            f"the space holds {configs:,} configs; at most {MAX_CONFIGS:,} (give fewer choices)",
+            source=source,
+            key="space",
+        )
     return job
+
+
+def _check_size(data: Any, source: str) -> None:
+    """Refuse data that contains itself, or holds more than MAX_VALUES values once YAML aliases
+    are expanded: a few lines of anchors can stand for billions of values."""
+    count = 0
+
+    def walk(value: Any, ancestors: frozenset[int]) -> None:
+        nonlocal count
+        count += 1
+        if count > MAX_VALUES:
+            raise SpecError(f"too large: more than {MAX_VALUES:,} values once its aliases are expanded", source=source)
+        if isinstance(value, (dict, list)):
+            if id(value) in ancestors:
+                raise SpecError("a value contains itself (a YAML alias inside its own anchor)", source=source)
+            inner = ancestors | {id(value)}
+            for item in value.values() if isinstance(value, dict) else value:
+                walk(item, inner)
+
+    try:
+        walk(data, frozenset())
+    except RecursionError:
+        raise SpecError("not valid YAML (nested too deeply)", source=source) from None
 
 
 def load_spec(path: str | Path) -> Job:
@@ -328,8 +387,14 @@ def load_spec(path: str | Path) -> Job:
         raise SpecError(
             f"cannot read the spec: {exc.__class__.__name__}: {getattr(exc, 'strerror', None) or exc}", source=source
         ) from None
+    return parse_spec(parse_yaml(text, source), source, text)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text as plain data, with `yaml.safe_load`: no tag builds a Python object. Any problem
+    is one SpecError line naming `source`."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -337,4 +402,5 @@ def load_spec(path: str | Path) -> Job:
         raise SpecError(f"{where}not valid YAML ({problem})", source=source) from None
     except RecursionError:
         raise SpecError("not valid YAML (nested too deeply)", source=source) from None
-    return parse_spec(data, source, text)
+    except (ValueError, OverflowError) as exc:  # a scalar the constructor refuses: 2024-13-45, a 5000-digit int
+        raise SpecError(f"not valid YAML ({' '.join(str(exc).split())[:100]})", source=source) from None

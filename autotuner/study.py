@@ -11,12 +11,18 @@ dashboard work from the storage alone:
   the constraint values as the `constraints` system attr (what Optuna's samplers and
   optuna-dashboard both read).
 
-Live Optuna trials are written only through `record`; `TrialRecord` is the stored view.
+Live Optuna trials are written only through `record` (and `give_up`, for a trial a worker asked
+for but does not run); `TrialRecord` is the stored view. Trial user attrs that say how a trial
+relates to others: `retry_of` (the cut-off trial it runs again), `given_up` and `duplicate_of`.
+The claims that coordinate the workers of a study are its `autotuner:*` system attrs
+(`autotuner.claims`, `autotuner.workers`).
 """
 
 from __future__ import annotations
 
 import math
+import random
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +32,9 @@ import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial
 
+from autotuner.claims import Claims
 from autotuner.drift import measure_drift
-from autotuner.environment import fingerprint
+from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import HardwareMismatch, SpecError
 from autotuner.knobs import Config
 from autotuner.outcomes import Outcome
@@ -40,6 +47,18 @@ CONSTRAINT_NAMES = ["drift", "outcome", "memory"]
 DRIFT_CAP = 1e6
 """Infinite drift is stored as this in constraint values, which must be finite JSON."""
 
+HEARTBEAT_S = 10
+"""How often a search process records, in the storage, that its running trial is alive."""
+GRACE_S = 60
+"""A running trial without a heartbeat for this long belongs to a worker that is gone."""
+SQLITE_BUSY_S = 30
+"""How long an SQLite writer waits for another worker's transaction before it gives up."""
+OPEN_ATTEMPTS = 5
+GIVEN_UP = "given_up"
+"""Trial user attr: why a worker gave the trial up without running it (see `give_up`)."""
+CUT_OFF = "its worker stopped while it ran (killed, or cut off from the storage); it is retried"
+"""The reason of a trial failed for a missing heartbeat, which Optuna fails without one."""
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -51,8 +70,16 @@ def shown_url(url: str) -> str:
         return url
 
 
-def open_storage(url: str, *, default: bool = False) -> optuna.storages.BaseStorage:
-    """An Optuna RDB storage at `url`, or one clear SpecError line saying why not."""
+def open_storage(
+    url: str, *, default: bool = False, heartbeat: bool = False, create: bool = True
+) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage at `url`, or one clear SpecError line saying why not. Without
+    `create`, a SQLite file that does not exist is refused rather than created (for commands
+    that only read a study).
+
+    With `heartbeat`, a search process records that its running trial is alive every
+    `HEARTBEAT_S` seconds (`autotuner.workers.Heartbeat`), and a running trial without a heartbeat
+    for `GRACE_S` is failed as stale by any worker of the study."""
     try:
         parsed = sqlalchemy.engine.make_url(url)
         parsed.get_dialect()
@@ -67,38 +94,102 @@ def open_storage(url: str, *, default: bool = False) -> optuna.storages.BaseStor
         raise SpecError(
             f"{url!r}: its database driver is not installed ({exc}); e.g. pip install psycopg2-binary", key="storage"
         ) from None
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        raise SpecError(
+            f"{url!r}: an in-memory database keeps nothing; give a file, e.g. sqlite:///x.db", key="storage"
+        )
+    if parsed.get_backend_name() == "sqlite" and parsed.database:
+        if not create and not Path(parsed.database).exists():
+            raise SpecError(f"no study database at {parsed.database}; run autotuner search first", key="storage")
         folder = Path(parsed.database).parent
         if default:
             folder.mkdir(parents=True, exist_ok=True)
         elif not folder.is_dir():
             raise SpecError(f"{url!r}: the folder {str(folder)!r} does not exist", key="storage")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(
-                url, engine_kwargs={"pool_pre_ping": True} if parsed.get_backend_name() != "sqlite" else None
-            )
-    except ImportError:
-        hint = " (pip install 'autotuner[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
-        raise SpecError(
-            f"cannot open the storage {url!r}: the driver for {parsed.drivername!r} is not installed{hint}",
-            key="storage",
-        ) from None
-    except Exception as exc:
-        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
-        raise SpecError(f"cannot open the storage {url!r}: {reason}", key="storage") from None
+    sqlite = parsed.get_backend_name() == "sqlite"
+    # SQLite: writers wait for each other (busy timeout) instead of failing with "database is locked".
+    engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_S}} if sqlite else {"pool_pre_ping": True}
+    beat: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S} if heartbeat else {}
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **beat)
+            break
+        except ImportError:
+            hint = " (pip install 'autotuner[postgres]')" if parsed.get_backend_name() == "postgresql" else ""
+            raise SpecError(
+                f"cannot open the storage {url!r}: the driver for {parsed.drivername!r} is not installed{hint}",
+                key="storage",
+            ) from None
+        except Exception as exc:
+            if attempt + 1 < OPEN_ATTEMPTS and _creation_race(exc, sqlite):
+                time.sleep(random.uniform(0.1, 0.5))  # another worker is creating the tables: look again
+                continue
+            reason = " ".join(str(getattr(exc, "orig", None) or exc).split())[:200]
+            raise SpecError(f"cannot open the storage {url!r}: {reason}", key="storage") from None
+    if sqlite:
+        _serialize_sqlite(storage.engine)
+    return storage
 
 
-def open_study(storage: optuna.storages.BaseStorage, job: Job, environment: dict[str, Any]) -> optuna.Study:
-    """Create the study, or load it and check that this spec and this hardware match it."""
+def _creation_race(exc: BaseException, sqlite: bool) -> bool:
+    """Workers opening a new database at once race to create Optuna's tables; the losers retry."""
+    cause = exc.__cause__ if isinstance(exc, optuna.exceptions.StorageInternalError) else exc
+    if isinstance(cause, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError)):
+        return True
+    return sqlite and isinstance(cause, sqlalchemy.exc.OperationalError)
+
+
+def _serialize_sqlite(engine: sqlalchemy.engine.Engine) -> None:
+    """Make every SQLite transaction take the write lock when it begins (BEGIN IMMEDIATE).
+
+    By default pysqlite starts a transaction at its first write, so a read-then-write (Optuna
+    moving a trial from WAITING to RUNNING) is not atomic between processes, and two transactions
+    that both read before writing deadlock, which SQLite reports at once as "database is
+    locked" without waiting. Taking the lock up front makes each transaction atomic and lets the
+    busy timeout queue the workers. (The recipe of SQLAlchemy's pysqlite documentation.)
+    """
+
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened while the storage was created predate the hooks
+
+
+def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[str, Any]) -> optuna.Study:
+    """Create the study, or load it and check that this spec and this hardware match it.
+
+    Workers that start together race to create it: the one that wins the `identity` claim
+    writes the study's attributes, and every other worker is checked against that claim."""
     ours = fingerprint(environment)
     try:
         study = optuna.load_study(study_name=job.name, storage=storage)
     except KeyError:
         study = optuna.create_study(study_name=job.name, storage=storage, directions=DIRECTIONS, load_if_exists=True)
+    if [d.name.lower() for d in study.directions] != DIRECTIONS:
+        raise SpecError(
+            f"study {job.name!r} in this storage was not made by autotuner; choose another name", key="name"
+        )
     attrs = study.user_attrs
     if "autotuner" not in attrs:
+        claimed = Claims(storage, storage.get_study_id_from_name(job.name)).claim(
+            "identity", {"fingerprint": ours, "identity": job.identity(), "environment": environment}
+        )
+        theirs = claimed.value if claimed is not None else {}
+        if claimed is not None and (theirs.get("fingerprint"), theirs.get("identity")) != (ours, job.identity()):
+            # Another worker is creating this study for other hardware or another job: refuse below.
+            attrs = {
+                "autotuner": {"identity": theirs.get("identity")},
+                "fingerprint": theirs.get("fingerprint"),
+                "environment": theirs.get("environment", {}),
+            }
+    if "autotuner" not in attrs:  # written by every matching worker alike, so a crash half-way harms nothing
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names(METRIC_NAMES)
@@ -118,10 +209,6 @@ def open_study(storage: optuna.storages.BaseStorage, job: Job, environment: dict
         study.set_user_attr("fingerprint", ours)
         study.set_user_attr("constraints", CONSTRAINT_NAMES)
         return study
-    if [d.name.lower() for d in study.directions] != DIRECTIONS:
-        raise SpecError(
-            f"study {job.name!r} in this storage was not made by autotuner; choose another name", key="name"
-        )
     if attrs.get("fingerprint") != ours:
         theirs = attrs.get("environment", {})
         raise HardwareMismatch(
@@ -140,7 +227,7 @@ def open_study(storage: optuna.storages.BaseStorage, job: Job, environment: dict
 
 
 def _machine(environment: dict[str, Any]) -> str:
-    return f"{environment.get('device_name')} (torch {environment.get('versions', {}).get('torch')})"
+    return f"{environment.get('device_name')} ({framework_versions(environment)})"
 
 
 # ------------------------------------------------------------------ recording
@@ -164,12 +251,15 @@ def trial_metrics(
         )
         if data.get("tokens_per_sample"):
             metrics["tokens_per_s"] = rate * data["tokens_per_sample"]
-        peak = (environment.get("peak_flops") or {}).get(config.get("precision", "fp32"))
-        if data.get("flops_per_sample") and peak:
-            metrics["mfu"] = rate * data["flops_per_sample"] / peak
+        if data.get("flops_per_sample"):
+            metrics["flops_per_sample"] = data["flops_per_sample"]
+            metrics["tflops"] = rate * data["flops_per_sample"] / 1e12
+            peak = (environment.get("peak_flops") or {}).get(config.get("precision", "fp32"))
+            if peak:  # the device's datasheet figure for this precision (autotuner/hardware.py)
+                metrics["mfu"] = rate * data["flops_per_sample"] / peak
     if data.get("peak_memory_mb") is not None:
         metrics["peak_memory_mb"] = data["peak_memory_mb"]
-    metrics.update(data.get("gpu") or {})
+    metrics.update(data.get("telemetry") or {})
     losses = data.get("losses")
     if losses and reference:
         drift = measure_drift(losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"])
@@ -229,6 +319,15 @@ def record(
     return TrialRecord.from_frozen(frozen)
 
 
+def give_up(study: optuna.Study, trial: optuna.Trial, reason: str, **attrs: Any) -> None:
+    """Store a trial this worker asked for but does not run (another trial has its config, or the
+    budget is spent): FAIL, so samplers ignore it, and marked, so it is neither counted, retried
+    nor shown. Optuna cannot delete a trial."""
+    for key, value in {GIVEN_UP: reason, **attrs}.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
 # ------------------------------------------------------------------ reading back
 
 
@@ -272,14 +371,15 @@ class TrialRecord:
             params=dict(t.params),
             role=attrs.get("role", "search"),
             outcome=attrs.get("outcome", "interrupted" if state == "FAIL" else state.lower()),
-            reason=attrs.get("reason", ""),
+            reason=attrs.get("reason", CUT_OFF if state == "FAIL" else ""),
             feasible=bool(attrs.get("feasible", False)) and state == "COMPLETE",
             metrics={k: v for k, v in attrs.items() if k not in known},
         )
 
 
 def records(study: optuna.Study) -> list[TrialRecord]:
-    return [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False)]
+    """Every trial of the study, but those given up without running (`give_up`)."""
+    return [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False) if GIVEN_UP not in t.user_attrs]
 
 
 def best(trials: list[TrialRecord]) -> TrialRecord | None:

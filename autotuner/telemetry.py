@@ -1,14 +1,106 @@
-"""GPU telemetry from NVML (the nvidia-ml-py package) during a measured window.
+"""Telemetry during the measured windows of a trial: the CPU always, the GPU where there is one.
 
-A background thread samples utilisation and power; energy comes from the board's energy
-counter where it has one. Without a GPU or NVML every figure is simply absent.
+`Telemetry` is what a runner hands to `autotuner.measure.measure_throughput`, which enters it
+around the timed windows only (not the warm-up or the calibration window).
+
+* CPU (`CpuSampler`): the CPU time of the trial's process group (the trial process leads its
+  own group, so its data-loader workers are counted) over the windows' wall time, as a share of
+  the cores the process may run on; and the peak resident memory of the group's processes.
+* GPU (`GpuSampler`, NVML from the nvidia-ml-py package): a background thread samples
+  utilisation and power; energy comes from the board's energy counter where it has one.
+  Without a GPU or NVML every GPU figure is simply absent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import threading
+import time
 from typing import Any
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _group_processes(group: int) -> list[str]:
+    """/proc entries of the processes in process group `group` (Linux; empty elsewhere)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == group:  # fields after the name: state, ppid, pgrp, ...
+            found.append(entry)
+    return found
+
+
+def _cpu_seconds(pids: list[str]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _TICKS
+
+
+def _peak_rss_mb(pids: list[str]) -> float:
+    total_kb = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):
+                        total_kb += int(line.split()[1])
+                        break
+        except OSError:
+            continue
+    return total_kb / 1024
+
+
+class CpuSampler:
+    """CPU utilisation and peak RSS of this process group between enter and exit (Linux /proc)."""
+
+    def __init__(self) -> None:
+        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self._start: tuple[float, float] | None = None
+        self._result: dict[str, float] = {}
+
+    def __enter__(self) -> CpuSampler:
+        pids = _group_processes(os.getpgrp())
+        if pids:
+            self._start = (time.perf_counter(), _cpu_seconds(pids))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._start is None:
+            return
+        pids = _group_processes(os.getpgrp())
+        wall = time.perf_counter() - self._start[0]
+        busy = _cpu_seconds(pids) - self._start[1]
+        if wall > 0:
+            self._result = {
+                "cpu_util_mean": 100.0 * busy / (wall * self.cores),
+                "cpu_cores": float(self.cores),
+                "processes": float(len(pids)),
+                "peak_rss_mb": _peak_rss_mb(pids),
+            }
+
+    def summary(self) -> dict[str, float]:
+        """`cpu_util_mean` (% of the `cpu_cores` available), `processes` and `peak_rss_mb`
+        (the sum of each process's own peak: an upper bound of the group's)."""
+        return dict(self._result)
 
 
 class GpuSampler:
@@ -69,4 +161,29 @@ class GpuSampler:
             out["power_w_mean"] = statistics.fmean(self._power_w)
         if self._energy_mj and min(self._energy_mj) >= 0 and samples > 0:
             out["energy_j_per_sample"] = (self._energy_mj[1] - self._energy_mj[0]) / 1000.0 / samples
+        return out
+
+
+class Telemetry:
+    """The samplers of one trial, entered together around the measured windows."""
+
+    def __init__(self, gpu_index: int | None = None):
+        self.cpu = CpuSampler()
+        self.gpu = GpuSampler(gpu_index) if gpu_index is not None else None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Telemetry:
+        self._stack.enter_context(self.cpu)
+        if self.gpu is not None:
+            self._stack.enter_context(self.gpu)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def summary(self, samples: int) -> dict[str, float]:
+        """Every figure the samplers have, for `samples` samples processed inside the windows."""
+        out = self.cpu.summary()
+        if self.gpu is not None:
+            out.update(self.gpu.summary(samples))
         return out

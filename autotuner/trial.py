@@ -4,8 +4,9 @@ an out-of-memory error there never reaches the search.
 Processes come from a fork server that has already imported the backend's runner (and with it
 the framework) but never touched the accelerator, so a trial starts in tens of milliseconds
 instead of re-importing torch, and no CUDA state is ever shared between configs. Each trial
-process leads its own process group, so killing it also kills its data-loader workers, and it
-dies with the fork server if the search process is killed.
+process leads its own process group, so killing it also kills its data-loader workers. If the
+search process dies, even by kill -9, the fork server ends and kills every trial process group
+it started (`autotuner._forkserver`); a trial process also dies with the fork server itself.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
+import resource
 import signal
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,21 +67,90 @@ class TrialResult:
         return cls(Outcome.UNSUPPORTED, reason)
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent (the fork server) dies."""
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Ask Linux to send this process `signum` when its parent dies (a no-op elsewhere)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
+        libc.prctl(1, signum)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
         pass
 
 
-def _trial_main(conn: multiprocessing.connection.Connection, runner: str, function: str, arg: Any) -> None:
+def _limit_memory(limit_mb: float | None) -> None:
+    """Cap what this process may allocate at `limit_mb` MiB (RLIMIT_DATA: its heap and private
+    writable mappings, where tensors live): past it an allocation fails, and the trial is `oom`."""
+    if limit_mb is not None:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        limit = int(limit_mb * 2**20)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+# A message on the pipe: an 8-byte big-endian length, then the pickle. The launcher reads it in
+# pieces, each bounded by the trial's deadline (Connection.recv would wait for a whole message
+# however long it takes: a process that wrote a broken length and hung would outlast its timeout).
+_LENGTH = struct.Struct("!Q")
+MAX_MESSAGE_BYTES = 256 * 2**20
+"""A trial's message is a few KiB (metrics, a traceback): a longer length is garbage."""
+
+
+class _Garbled(Exception):
+    """What came down the pipe is not a message."""
+
+
+def _send(conn: multiprocessing.connection.Connection, message: Any) -> None:
+    data = pickle.dumps(message)
+    view = memoryview(_LENGTH.pack(len(data)) + data)
+    while view:
+        view = view[os.write(conn.fileno(), view) :]
+
+
+def _read(conn: multiprocessing.connection.Connection, size: int, deadline: float) -> bytes:
+    """`size` bytes, or fewer where the pipe closed first; TimeoutError at `deadline`."""
+    data = bytearray()
+    while len(data) < size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not conn.poll(remaining):
+            raise TimeoutError
+        chunk = os.read(conn.fileno(), size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
+def _receive(conn: multiprocessing.connection.Connection, deadline: float) -> Any:
+    """The next message: EOFError when the pipe closed first, TimeoutError at `deadline`,
+    `_Garbled` when what came is not a message."""
+    header = _read(conn, _LENGTH.size, deadline)
+    if not header:
+        raise EOFError
+    if len(header) < _LENGTH.size:
+        raise _Garbled(f"the pipe closed after {len(header)} bytes of a message")
+    (size,) = _LENGTH.unpack(header)
+    if size > MAX_MESSAGE_BYTES:
+        raise _Garbled(f"a message length of {size} bytes")
+    data = _read(conn, size, deadline)
+    if len(data) < size:
+        raise _Garbled(f"the pipe closed after {len(data)} of a message's {size} bytes")
+    try:
+        return pickle.loads(data)
+    except Exception as exc:  # whatever unpickling garbage raises
+        raise _Garbled(f"{type(exc).__name__}: {exc}") from None
+
+
+def _trial_main(
+    conn: multiprocessing.connection.Connection,
+    runner: str,
+    function: str,
+    arg: Any,
+    memory_limit_mb: float | None = None,
+) -> None:
     """Entry point of a trial process."""
     os.setsid()  # own process group: the launcher kills it together with its workers
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
-    conn.send({"status": "started", "at": time.time()})
+    _limit_memory(memory_limit_mb)
+    _send(conn, {"status": "started", "at": time.time()})
     is_oom = lambda exc: False  # noqa: E731 - replaced once the runner imports
     try:
         module = importlib.import_module(runner)
@@ -85,7 +158,9 @@ def _trial_main(conn: multiprocessing.connection.Connection, runner: str, functi
         message = {"status": "ok", "result": getattr(module, function)(arg)}
     except BaseException as exc:  # everything the user's code raises is a trial outcome
         message = exception_message(exc, is_oom)
-    conn.send(message)
+        if memory_limit_mb is not None and message["kind"] == Outcome.OOM.value:
+            message["reason"] += f" (a trial process may allocate {memory_limit_mb:g} MiB: trial.max_memory_mb)"
+    _send(conn, message)
     conn.close()
     # Skip interpreter teardown: data-loader workers and compile pools are killed with the group.
     os._exit(0)
@@ -94,15 +169,18 @@ def _trial_main(conn: multiprocessing.connection.Connection, runner: str, functi
 class TrialLauncher:
     """Starts trial processes from a fork server that has `preload` imported."""
 
-    def __init__(self, preload: list[str]):
+    def __init__(self, preload: list[str], memory_limit_mb: float | None = None):
+        self.memory_limit_mb = memory_limit_mb
+        """Host memory each trial process may allocate (`_limit_memory`); None: no limit."""
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(preload)
+        # autotuner._forkserver kills every trial's process group when the fork server ends.
+        self._context.set_forkserver_preload(["autotuner._forkserver", *preload])
 
     def call(self, runner: str, function: str, arg: Any, timeout_s: float) -> TrialResult:
         """Run `runner.function(arg)` in a fresh trial process and classify how it ended."""
         receive, send = self._context.Pipe(duplex=False)
         asked_at = time.time()
-        process = self._context.Process(target=_trial_main, args=(send, runner, function, arg))
+        process = self._context.Process(target=_trial_main, args=(send, runner, function, arg, self.memory_limit_mb))
         process.start()
         send.close()
         startup_s = None
@@ -112,16 +190,15 @@ class TrialLauncher:
         timed_out = False
         try:
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not receive.poll(remaining):
+                try:
+                    received = _receive(receive, deadline)
+                except TimeoutError:
                     timed_out = True
                     break
-                try:
-                    received = receive.recv()
                 except EOFError:
                     break
-                except Exception as exc:  # garbage on the pipe
-                    read_error = f"{type(exc).__name__}: {exc}"
+                except _Garbled as exc:
+                    read_error = str(exc)
                     break
                 if isinstance(received, dict) and received.get("status") == "started" and startup_s is None:
                     startup_s = max(0.0, float(received.get("at", asked_at)) - asked_at)

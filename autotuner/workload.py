@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 class WorkloadImportError(ImportError):
@@ -20,7 +20,7 @@ class WorkloadImportError(ImportError):
 
 
 def is_import_path(ref: str) -> bool:
-    return bool(_PATH.match(ref))
+    return bool(_PATH.fullmatch(ref))
 
 
 def load_factory(ref: str) -> Callable[..., Any]:

@@ -8,11 +8,15 @@ A backend has three parts:
 * a runner module (`Backend.runner`), imported only in trial processes (and preloaded by the
   fork server, so it must not touch the accelerator at import time). It provides:
 
-  ``probe(device: str) -> dict``
-      Called once per search in a trial process, before anything is stored. Returns the
+  ``probe(arg: dict) -> dict``
+      Called once per search in a trial process, before anything is stored, with ``device``,
+      ``workload`` (an import path) and ``workload_args`` (None: only import the factory; else
+      also build a workload with them). Returns ``workload_error`` (why the factory cannot be
+      imported or does not build a workload from them; None when it does) and the
       environment: ``device`` (resolved, e.g. ``cuda:0``), ``device_name``, ``driver``,
       ``versions`` (framework and its toolchain), ``capabilities`` (a dict the
-      `Capabilities` fields can be built from) and ``peak_flops`` (per precision, or empty).
+      `Capabilities` fields can be built from), ``peak_flops`` (per precision, or empty) and
+      ``device_count`` (the GPUs this process sees: `search --jobs` starts one worker per GPU).
   ``run(request: autotuner.trial.TrialRequest) -> dict``
       Builds the workload with ``request.seed``, then, in this order: the measured phase
       (``request.measure``: warm-up steps, then ``request.windows`` windows of
@@ -46,14 +50,19 @@ A backend has three parts:
       ``make_loader(dataset, *, shuffle=True, seed=None)``: a loader of micro-batches with the
       config's workers, dropping the last partial one.
 
-  A JAX backend fills in the same names: ``autocast()`` sets the bf16 compute policy and
-  ``jax.default_matmul_precision``, ``model`` is the jitted apply function, ``backward`` takes
-  what differentiation gives in JAX (the gradient pytree, from ``jax.value_and_grad``) and
-  ``step()`` applies the optax update (``optax.MultiSteps`` for the accumulation).
+  A JAX backend fills in the same names for a functional loop, with the initial parameters as
+  a keyword (``TunedTraining(config, loss_fn, optimizer, dataset=None, device=None, *,
+  params)``): ``model`` is the loss function differentiated under the config's dtype policy
+  (``model(params, batch) -> (loss, grads)``, jitted with ``jit: on``; bf16 computes with bf16
+  copies of the fp32 parameters), ``autocast()`` is the ``jax.default_matmul_precision``
+  context (TF32 for ``tf32``, strict fp32 otherwise), ``backward(grads)`` accumulates the
+  gradient pytree and ``step()`` applies the optax update with the mean gradient to ``params``,
+  the fp32 master parameters it keeps.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -73,6 +82,8 @@ class Capabilities:
     compile: bool = False
     """torch.compile can build kernels here (a working inductor backend)."""
     cuda_graphs: bool = False
+    jit: bool = False
+    """XLA can compile a whole function here (JAX jit)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Capabilities:
@@ -92,6 +103,17 @@ class Backend:
     """`builtin:<name>` -> `package.module:function`."""
     default_space: str
     """Name of the search-space preset used when the spec names none."""
+    requires: tuple[str, ...] = ()
+    """Top-level modules the runner imports: checked, never imported, when a spec names the backend."""
+    install: str = ""
+    """The command that installs them."""
+
+    def missing_requirements(self) -> str | None:
+        """Why this backend cannot run in this Python (its framework is not installed), or None."""
+        missing = [module for module in self.requires if importlib.util.find_spec(module) is None]
+        if not missing:
+            return None
+        return f"the {self.name} backend needs {' and '.join(missing)}, not installed here: {self.install}"
 
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
         """Why the hardware cannot honour `config` (it is then recorded, never run), or None."""

@@ -178,3 +178,87 @@ def lambda_transform(samples: int = 64) -> TorchWorkload:
     base = workload.dataset
     workload.dataset = _TransformedDataset(base.inputs, base.labels, lambda x: x * 2.0)
     return workload
+
+
+# ---------------------------------------------------------------- one workload, a fault per config
+
+
+def _result_pipe() -> int:
+    """The file descriptor this trial process sends its result on (the writable end of the
+    launcher's pipe), found the way any code in the process could find it."""
+    import gc
+    import multiprocessing.connection
+
+    for obj in gc.get_objects():
+        if isinstance(obj, multiprocessing.connection.Connection) and obj.writable and not obj.closed:
+            return obj.fileno()
+    raise RuntimeError("no result pipe in this process")
+
+
+def _precision_seen() -> str:
+    """The precision a forward runs in, as a config sets it: fp32, or bf16/fp16 autocast."""
+    if torch.is_autocast_enabled("cpu"):
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}[torch.get_autocast_dtype("cpu")]
+    return "fp32"
+
+
+def _fault(kind: str, x: torch.Tensor, allocate_mb: int) -> torch.Tensor | None:
+    if kind == "segfault":
+        _no_core_dump()
+        os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(60)
+    elif kind == "abort":
+        _no_core_dump()
+        os.abort()
+    elif kind == "hang":
+        time.sleep(3600)
+    elif kind == "oom":
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (injected)")
+    elif kind == "allocate":  # never touched: any machine grants it, a memory limit on the process does not
+        torch.empty(allocate_mb * 2**20, dtype=torch.uint8)
+    elif kind == "nan":
+        return torch.full((x.shape[0], CLASSES), float("nan"), requires_grad=True)
+    elif kind == "garbage":  # bytes that are no message where the result goes; then carry on
+        os.write(_result_pipe(), b"this is not a message\n")
+    elif kind == "garbage_hang":  # the start of a message that never ends
+        os.write(_result_pipe(), (1000).to_bytes(8, "big") + b"partial")
+        time.sleep(3600)
+    elif kind == "exit":
+        os._exit(3)
+    elif kind == "error":
+        raise KeyError(f"user code failed on a batch of {x.shape[0]} [/] (not markup)")
+    else:
+        raise ValueError(f"unknown fault {kind!r}")
+    return None
+
+
+FAULTS = ("segfault", "abort", "hang", "oom", "allocate", "nan", "garbage", "garbage_hang", "exit", "error")
+
+
+def by_config(
+    faults: dict[str, str],
+    samples: int = 128,
+    allocate_mb: int = 1536,
+    state_dir: str | None = None,
+    fail_call: int = 0,
+) -> TorchWorkload:
+    """A healthy tiny workload that misbehaves for the configs named in `faults`, so that one study
+    meets every fault in turn: keys `<precision>/<micro-batch>` (the precision the forward runs
+    in: fp32, bf16 or fp16), values from FAULTS (`allocate` asks for `allocate_mb` MiB). With
+    `state_dir`, the factory counts its calls there and raises on call number `fail_call` (1 is
+    the first): a factory that fails once."""
+    for kind in faults.values():
+        if kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULTS)}")
+    if state_dir is not None:
+        calls = Path(state_dir) / "calls"
+        count = int(calls.read_text()) + 1 if calls.exists() else 1
+        calls.write_text(str(count))
+        if count == fail_call:
+            raise ValueError(f"the factory failed on call {count} (injected)")
+
+    def act(x: torch.Tensor) -> torch.Tensor | None:
+        kind = faults.get(f"{_precision_seen()}/{x.shape[0]}")
+        return _fault(kind, x, allocate_mb) if kind else None
+
+    return _workload(_Misbehaving(act), samples)

@@ -77,6 +77,9 @@ def test_search_stores_everything_on_the_study(searched: tuple[Path, str]) -> No
     assert len(keys) == len(set(keys)), "a config ran twice"
     ran = [t for t in trials if t.user_attrs["outcome"] != "unsupported"]
     assert len(ran) == 3
+    for t in ran:  # CPU telemetry of the measured windows, on every trial that ran
+        metrics = t.user_attrs
+        assert 0 < metrics["cpu_util_mean"] and metrics["cpu_cores"] >= 1 and metrics["peak_rss_mb"] > 0
 
 
 def test_unsupported_values_are_recorded_without_running(searched: tuple[Path, str]) -> None:

@@ -3,6 +3,9 @@ a calibration window that lengthens windows too short to time."""
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 import time
 
 from autotuner.measure import measure_throughput, relative_spread
@@ -60,3 +63,48 @@ def test_windows_already_long_enough_keep_their_steps() -> None:
 def test_spread_is_range_over_median() -> None:
     assert relative_spread([90.0, 100.0, 110.0]) == 0.2
     assert relative_spread([5.0]) == 0.0
+
+
+BUSY = """
+import os, sys, time
+from autotuner.telemetry import Telemetry
+child = os.fork()
+if child == 0:  # a second process of the group, like a data-loader worker
+    deadline = time.perf_counter() + 5
+    while time.perf_counter() < deadline:
+        pass
+    os._exit(0)
+telemetry = Telemetry()
+with telemetry:
+    deadline = time.perf_counter() + 0.5
+    while time.perf_counter() < deadline:
+        pass
+os.kill(child, 9)
+os.waitpid(child, 0)
+print(telemetry.summary(100))
+"""
+
+
+def test_cpu_telemetry_counts_the_whole_process_group() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BUSY], capture_output=True, text=True, start_new_session=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    summary = ast.literal_eval(done.stdout.strip())
+    assert summary["processes"] == 2  # the process and its child, nothing outside the group
+    assert summary["cpu_cores"] >= 1 and summary["peak_rss_mb"] > 0
+    assert summary["cpu_util_mean"] > 0
+    assert "gpu_util_mean" not in summary  # no GPU sampler without a GPU index
+
+
+def test_training_flops_are_counted_for_a_workload_that_does_not_declare_them() -> None:
+    from backends.pytorch import runner
+    from tests.helpers import SMALL_MLP, request
+
+    result = runner.run(request("backends.pytorch.workloads:mlp", SMALL_MLP))
+    # 16 -> 32 -> 32 -> 10: forward 2*in*out per layer, backward the weight gradient of every layer
+    # and the input gradient of all but the first (the inputs need none).
+    layers = [(16, 32), (32, 32), (32, 10)]
+    forward = sum(2 * i * o for i, o in layers)
+    assert result["flops_per_sample"] == forward + forward + sum(2 * i * o for i, o in layers[1:])
+    assert runner.run(request("backends.pytorch.workloads:mlp", SMALL_MLP, measure=False))["flops_per_sample"] is None

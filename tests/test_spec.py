@@ -346,7 +346,7 @@ def test_bad_workload_reference(tmp_path: Path, workload: str, fragment: str) ->
 
 
 def test_unknown_backend_and_device(tmp_path: Path) -> None:
-    refused(tmp_path, changed(backend="jax"), "backend", "pytorch")
+    refused(tmp_path, changed(backend="tensorflow"), "backend", "pytorch, jax")
     refused(tmp_path, changed(device="tpu"), "device", "cuda:N")
 
 

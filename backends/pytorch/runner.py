@@ -8,7 +8,6 @@ exactly what a user gets.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import platform
@@ -24,15 +23,23 @@ import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): le
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
-from autotuner.telemetry import GpuSampler
+from autotuner.telemetry import Telemetry
 from autotuner.trial import TrialRequest
 from autotuner.workload import WorkloadImportError, load_factory
 from backends.pytorch.apply import TunedTraining, resolve_device
 from backends.pytorch.workload import TorchWorkload, as_workload
 
+HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
+"""c10's CPU allocator has no exception type of its own: when the host (or the trial's memory
+limit) refuses an allocation it raises a plain RuntimeError with this text (alloc_cpu.cpp)."""
+
 
 def classify_exception(exc: BaseException) -> str | None:
-    return "oom" if isinstance(exc, torch.OutOfMemoryError) else None
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "oom"
+    if type(exc) is RuntimeError and HOST_ALLOCATION_FAILED in str(exc):  # no type to go by (see above)
+        return "oom"
+    return None
 
 
 # ---------------------------------------------------------------- environment
@@ -72,7 +79,8 @@ def _compile_works(device: torch.device) -> bool:
 
 
 def probe(arg: dict[str, Any]) -> dict[str, Any]:
-    """The environment of `arg["device"]`, and whether `arg["workload"]` imports."""
+    """The environment of `arg["device"]`, and whether `arg["workload"]` imports; with
+    `arg["workload_args"]`, whether the factory builds a workload from them."""
     device = resolve_device(arg["device"])
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -107,12 +115,19 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
         extra = {}
     workload_error = None
     try:
-        load_factory(arg["workload"])
+        factory = load_factory(arg["workload"])
+        if arg.get("workload_args") is not None:
+            _seed(0)
+            as_workload(factory(**arg["workload_args"]), arg["workload"])
     except WorkloadImportError as exc:
         workload_error = str(exc)
+    except Exception as exc:  # the factory's own error, or what it returned
+        problem = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        workload_error = f"{arg['workload']} does not build a workload: {problem}"
     return {
         "device": str(device),
         "device_name": name,
+        "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "driver": driver,
         "versions": {
             "python": platform.python_version(),
@@ -186,21 +201,23 @@ def _measure(workload: TorchWorkload, training: TunedTraining, request: TrialReq
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     samples_per_step = request.global_batch
-    with GpuSampler(device.index or 0) if device.type == "cuda" else contextlib.nullcontext() as sampler:
-        throughput = measure_throughput(
-            step,
-            _synchronize(device),
-            warmup_steps=request.warmup_steps,
-            steps=request.steps,
-            windows=request.windows,
-            samples_per_step=samples_per_step,
-            min_window_s=request.min_window_s,
-            after_window=after_window,
-        )
-    metrics: dict[str, Any] = {"throughput": throughput.as_dict(), "peak_memory_mb": _peak_memory_mb(device)}
-    if sampler is not None:
-        metrics["gpu"] = sampler.summary(samples_per_step * throughput.steps * throughput.windows)
-    return metrics
+    telemetry = Telemetry(gpu_index=device.index or 0 if device.type == "cuda" else None)
+    throughput = measure_throughput(
+        step,
+        _synchronize(device),
+        warmup_steps=request.warmup_steps,
+        steps=request.steps,
+        windows=request.windows,
+        samples_per_step=samples_per_step,
+        min_window_s=request.min_window_s,
+        after_window=after_window,
+        telemetry=telemetry,
+    )
+    return {
+        "throughput": throughput.as_dict(),
+        "peak_memory_mb": _peak_memory_mb(device),
+        "telemetry": telemetry.summary(samples_per_step * throughput.steps * throughput.windows),
+    }
 
 
 def _drift_phase(workload: TorchWorkload, training: TunedTraining, request: TrialRequest) -> dict[str, Any]:
@@ -234,6 +251,23 @@ def _drift_phase(workload: TorchWorkload, training: TunedTraining, request: Tria
     return {"heldout": loss.item(), "trajectory": trajectory}
 
 
+def _count_flops_per_sample(workload: TorchWorkload, training: TunedTraining) -> float | None:
+    """Training FLOPs per sample of a workload that does not declare them: one forward and
+    backward of a micro-batch under `torch.utils.flop_counter` (matmuls and convolutions), eager,
+    after the measured phase (the weights are restored before the drift phase); the gradients are
+    dropped and no optimizer step is taken."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    count = min(training.batch_size, len(workload.dataset))  # type: ignore[arg-type]
+    items = [workload.dataset[i] for i in range(count)]
+    inputs, target = training.to_device(torch.utils.data.default_collate(items))
+    with FlopCounterMode(display=False) as counter:
+        workload.loss_fn(workload.model(inputs), target).backward()
+    workload.model.zero_grad(set_to_none=True)
+    flops = counter.get_total_flops()
+    return flops / count if flops > 0 else None
+
+
 def _training(
     workload: TorchWorkload, model: torch.nn.Module, request: TrialRequest, device: torch.device
 ) -> TunedTraining:
@@ -256,6 +290,8 @@ def run(request: TrialRequest) -> dict[str, Any]:
     }
     if request.measure:
         result.update(_measure(workload, training, request))
+        if workload.flops_per_sample is None:
+            result["flops_per_sample"] = _count_flops_per_sample(workload, training)
         workload.model.load_state_dict(initial)
         training = _training(workload, training.model, request, device)  # compiled once, not twice
     _seed(request.seed)

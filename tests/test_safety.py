@@ -1,0 +1,168 @@
+"""Safety: YAML is only ever loaded safely, a study name can never name a file outside studies/,
+the dashboard is served to this machine alone unless --host says otherwise, and what a study
+writes is git-ignored."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autotuner.apply import load_config
+from autotuner.errors import SpecError
+from autotuner.export import export_path
+from autotuner.report import report_path
+from autotuner.spec import NAME, load_spec
+from tests.conftest import ROOT
+
+SOURCES = [
+    p for folder in ("autotuner", "backends", "search_spaces", "benchmarks") for p in (ROOT / folder).rglob("*.py")
+]
+MINIMAL = {"name": "job", "backend": "pytorch", "workload": "builtin:mlp", "global_batch": 64}
+
+
+# ---------------------------------------------------------------- YAML
+
+
+def test_the_project_loads_yaml_only_with_safe_load() -> None:
+    """yaml.load, full_load, unsafe_load or a Loader argument could build Python objects from a
+    file's tags: none of them appears in the project's code."""
+    assert SOURCES
+    unsafe = re.compile(r"yaml\.(load|full_load|unsafe_load|load_all|full_load_all|unsafe_load_all)\(|Loader\s*=")
+    found = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in SOURCES
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if unsafe.search(line)
+    ]
+    assert found == []
+    assert any("yaml.safe_load(" in p.read_text() for p in SOURCES)
+
+
+@pytest.mark.parametrize("suffix", ["spec", "config"])
+def test_a_python_tag_in_a_spec_or_an_exported_config_is_never_run(tmp_path: Path, suffix: str) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / f"{suffix}.yaml"
+    path.write_text(f'name: job\nparams: !!python/object/apply:os.system ["touch {marker}"]\n')
+    with pytest.raises(SpecError, match="not valid YAML"):
+        (load_spec if suffix == "spec" else load_config)(path)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- study names
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "/etc/x", "a/b", "", ".", "..", "a\x00b", "x\n", "a\\b", ".hidden", "~root", "C:x", "x" * 65]
+)
+def test_a_study_name_that_is_a_path_is_refused(tmp_path: Path, name: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**MINIMAL, "name": name}))
+    with pytest.raises(SpecError) as caught:
+        load_spec(path)
+    assert caught.value.key == "name" and "letters, digits" in str(caught.value)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(name=st.from_regex(NAME, fullmatch=True) | st.text(max_size=70))
+def test_every_name_a_spec_accepts_stays_inside_studies(name: str) -> None:
+    """The database, the export and the report of any name a spec accepts lie in studies/."""
+    from autotuner.spec import parse_spec
+
+    try:
+        job = parse_spec({**MINIMAL, "name": name}, "inline")
+    except SpecError:
+        return
+    studies = Path("studies").resolve()
+    database = Path(job.storage_url().removeprefix("sqlite:///"))
+    for path in (database, export_path(job.name), export_path(job.name, "json"), report_path(job.name, "md")):
+        assert path.resolve().parent == studies, path
+        assert path.name.startswith(name) and "/" not in name and "\x00" not in name
+
+
+# ---------------------------------------------------------------- the dashboard
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses of the sockets listening on `port` (from /proc/net/tcp and tcp6), in the
+    kernel's hex notation: 0100007F is 127.0.0.1, 00000000 is every address."""
+    addresses = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                addresses.add(address)
+    return addresses
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc/net")
+def test_the_dashboard_listens_on_this_machine_alone_by_default(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path}/board.db"
+    optuna.create_study(study_name="board", storage=storage)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotuner", "dashboard", "--storage", storage, "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the dashboard did not start: {server.communicate()[0]}") from None
+                time.sleep(0.3)
+        assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, and no other address
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+# ---------------------------------------------------------------- what a study writes
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
+def test_study_databases_exports_and_reports_are_git_ignored() -> None:
+    written = [
+        "studies/job.db",
+        "studies/job.db-journal",
+        "studies/job.best.yaml",
+        "studies/job.best.json",
+        "studies/job.best.yaml.tmp",
+        "studies/job.report.html",
+        "studies/job.report.md",
+        "studies/job.report.html.tmp",
+        "elsewhere/job.db",
+    ]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT, capture_output=True, text=True)
+    assert sorted(done.stdout.split()) == sorted(written), done.stdout + done.stderr
+    kept = ["studies/quickstart.yaml", "studies/my-job.yaml", "autotuner/spec.py"]
+    done = subprocess.run(["git", "check-ignore", "--no-index", *kept], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == "", done.stdout  # 1: none of them is ignored
