@@ -1,5 +1,6 @@
-"""The CPU quickstart, measured: wall time, trials, baseline and best throughput, overheads,
-and what applying the winner gives next to the study's figure.
+"""A CPU quickstart, measured: wall time, trials, baseline and best throughput, overheads, and
+what applying the winner gives next to the study's figure. PyTorch's by default; JAX's with
+`--spec studies/quickstart-jax.yaml`.
 
     python benchmarks/quickstart.py [--spec studies/quickstart.yaml] [--apply-runs 3]
 
@@ -52,7 +53,11 @@ def main() -> None:
             "spec": str(Path(args.spec)),
             "exit_code": done.returncode,
             "device": study.user_attrs["environment"]["device_name"],
-            "torch": study.user_attrs["environment"]["versions"]["torch"],
+            **{  # the framework the backend runs: torch, or jax and jaxlib
+                name: version
+                for name, version in study.user_attrs["environment"]["versions"].items()
+                if name in ("torch", "jax", "jaxlib")
+            },
             "wall_s": wall_s,
             "trials_ran": len(ran),
             "trials_recorded": len(trials),

@@ -33,8 +33,8 @@ JAX_SPEC: dict[str, Any] = {
     "device": "cpu",
     "global_batch": 32,
     "baseline": {"precision": "fp32", "batch_size": 8, "workers": 0, "jit": "on"},
-    "space": {"precision": ["fp32", "tf32"], "batch_size": [8, 32], "workers": [0], "jit": ["on"]},
-    "budget": {"trials": 3},  # more than the space's feasible configs: every config is tried
+    "space": {"precision": ["fp32", "tf32"], "batch_size": [8], "workers": [0], "jit": ["on"]},
+    "budget": {"trials": 2},  # more than the space's feasible configs: every config is tried
     "trial": {"warmup_steps": 1, "steps": 3, "windows": 2, "min_window_s": 0.05, "drift_steps": 2, "timeout": 120},
     "sampler": {"name": "tpe", "seed": 0},
 }
@@ -224,7 +224,7 @@ def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
     reference = study.user_attrs["reference"]
     assert reference["config"]["jit"] == "off" and reference["noise_floor"] == 0.0
     outcomes = sorted((t.params["precision"], t.user_attrs["outcome"]) for t in study.trials)
-    assert outcomes == [("fp32", "ok"), ("fp32", "ok"), ("tf32", "unsupported"), ("tf32", "unsupported")]
+    assert outcomes == [("fp32", "ok"), ("tf32", "unsupported")]
 
 
 def test_autotuner_apply_runs_a_jax_export(jax_study: tuple[Path, Path, dict[str, Any]]) -> None:
