@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from autotuner.cli import main
@@ -282,6 +282,8 @@ def test_huge_numbers_are_refused(tmp_path_factory: pytest.TempPathFactory, path
     spec: dict[str, Any] = yaml.safe_load(yaml.safe_dump(VALID))
     if path == ("budget", "timeout") and not literal.startswith("-"):
         literal = "-" + literal.lstrip("-")  # a very long time budget is valid: no limit
+    # YAML 1.1 reads `1e400` (no dot) as text, and text is a valid study name
+    assume(not (path == ("name",) and isinstance(yaml.safe_load(literal), str)))
     _set(spec, path, "RAWVALUE")
     text = yaml.safe_dump(spec).replace("RAWVALUE", literal, 1)
     refuse_spec(tmp_path_factory.mktemp("spec"), text)
