@@ -1,0 +1,181 @@
+"""What the benchmark scripts share: real trials run the way the search runs them, a real
+`autotuner search` in a fresh folder, the machine's description and the result files.
+
+The benchmarks import this as a sibling module (`python benchmarks/<name>.py` puts
+`benchmarks/` first on the path).
+"""
+
+from __future__ import annotations
+
+import os
+
+# The benchmarks ran on two cores shared with other people's jobs: there, OpenMP threads that
+# spin-wait at every barrier for a thread the OS has descheduled made small-batch steps 20-30x
+# slower than on an idle machine, which measured the load, not the config. Waiting threads
+# sleep instead (set before torch is imported anywhere, so every trial process inherits it);
+# `OMP_WAIT_POLICY=active python benchmarks/...` measures with spinning threads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotuner.knobs import Config
+from autotuner.outcomes import Outcome
+from autotuner.search import make_launcher, probe_environment, run_reference, trial_request
+from autotuner.spec import Job
+from autotuner.study import DIRECTIONS, TrialRecord, record
+from autotuner.trial import TrialRequest, TrialResult
+from backends import Capabilities
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine(environment: dict[str, Any]) -> str:
+    """`AMD EPYC (2 cores), torch 2.13.0+cpu`: the device as the study's environment names it."""
+    versions = environment.get("versions", {})
+    framework = next((f"{name} {versions[name]}" for name in ("torch", "jax") if versions.get(name)), "")
+    return ", ".join(part for part in (environment.get("device_name"), framework) if part)
+
+
+def cores(environment: dict[str, Any]) -> int:
+    """The CPU cores of the machine a study's environment describes (`... (2 cores)`), else this one's."""
+    name = str(environment.get("device_name", ""))
+    if name.endswith(" cores)"):
+        return int(name.rsplit("(", 1)[1].split()[0])
+    return os.cpu_count() or 1
+
+
+def guide_config(job: Job, capabilities: Capabilities, environment: dict[str, Any], batch: int | None = None) -> Config:
+    """The config the optimization guides recommend: bf16 (fp16 where bf16 is not supported),
+    the largest batch that fits (`batch`, by default the largest the global batch allows), one
+    loader worker per core, and `torch.compile` on where it can build kernels."""
+    precision = "bf16" if capabilities.bf16 else "fp16" if capabilities.fp16 else "fp32"
+    return job.complete(
+        {
+            **job.baseline,
+            "precision": precision,
+            "batch_size": batch or job.spec.global_batch,
+            "workers": cores(environment),
+            "compile": "default" if capabilities.compile else "none",
+        }
+    )
+
+
+def write_results(filename: str, data: dict[str, Any]) -> Path:
+    """`data` as JSON under benchmarks/results/, with the conditions it was measured in."""
+    conditions = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_avg_when_written": os.getloadavg()}
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / filename
+    path.write_text(json.dumps({**data, "conditions": conditions}, indent=2) + "\n")
+    return path
+
+
+def quartiles(values: list[float]) -> dict[str, float]:
+    """Median and quartiles (what a noisy figure is quoted with)."""
+    if len(values) < 2:
+        return {"median": values[0], "p25": values[0], "p75": values[0]}
+    low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+    return {"median": statistics.median(values), "p25": low, "p75": high}
+
+
+class Trials:
+    """Real trials of one job, launched as `autotuner search` launches them: the same fork
+    server, trial requests and timeout; unsupported configs decided without a process."""
+
+    def __init__(self, job: Job, device: str | None = None):
+        self.job = job
+        self.launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
+        self.environment = probe_environment(
+            self.launcher,
+            job.backend,
+            device or job.spec.device,
+            job.workload_path(),
+            job.source,
+            dict(job.spec.workload_args),
+        )
+        self.capabilities = Capabilities.from_dict(self.environment["capabilities"])
+
+    @property
+    def device(self) -> str:
+        return str(self.environment["device"])
+
+    def reference(self) -> dict[str, Any]:
+        return run_reference(self.launcher, self.job, self.device)
+
+    def request(self, config: Config, **changes: Any) -> TrialRequest:
+        """The request the search would send for `config`, with `changes` to its fields."""
+        return dataclasses.replace(trial_request(self.job, config, self.device), **changes)
+
+    def run(self, config: Config, request: TrialRequest | None = None) -> TrialResult:
+        reason = self.job.backend.unsupported_reason(config, self.capabilities)
+        if reason:
+            return TrialResult.unsupported(reason)
+        request = request or self.request(config)
+        return self.launcher.call(self.job.backend.runner, "run", request, self.job.spec.trial.timeout)
+
+
+def stored(
+    job: Job, config: Config, result: TrialResult, reference: dict[str, Any], environment: dict[str, Any]
+) -> TrialRecord:
+    """What `autotuner.study.record` stores for this trial (in a throwaway in-memory study)."""
+    study = optuna.create_study(directions=DIRECTIONS)
+    return record(study, study.ask(), job, config, result, role="search", reference=reference, environment=environment)
+
+
+def result_to_json(result: TrialResult) -> dict[str, Any]:
+    """A trial process's result as plain data (`result_from_json` reads it back)."""
+    return {
+        "outcome": result.outcome.value,
+        "reason": result.reason,
+        "traceback": result.traceback,
+        "result": result.result,
+        "startup_s": result.startup_s,
+        "wall_s": result.wall_s,
+    }
+
+
+def result_from_json(data: dict[str, Any]) -> TrialResult:
+    return TrialResult(
+        Outcome(data["outcome"]),
+        data["reason"],
+        data.get("traceback"),
+        data.get("result") or {},
+        data.get("startup_s"),
+        data.get("wall_s", 0.0),
+    )
+
+
+@dataclass
+class SearchRun:
+    """One `autotuner search` run in its own folder, and the study it left."""
+
+    wall_s: float
+    exit_code: int
+    started: datetime
+    ended: datetime
+    study: optuna.Study
+
+
+def run_search(spec: Path, name: str, folder: Path, *args: str) -> SearchRun:
+    """`autotuner search --spec SPEC` with `folder` as the working directory (so a fresh study in
+    folder/studies/), timed from the command's start to its exit."""
+    started = datetime.now()
+    clock = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "autotuner", "search", "--spec", str(spec.resolve()), *args],
+        cwd=folder,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    wall_s = time.perf_counter() - clock
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/studies/{name}.db")
+    return SearchRun(wall_s, done.returncode, started, datetime.now(), study)

@@ -1,0 +1,161 @@
+"""What the tuner costs beyond the training it measures.
+
+    python benchmarks/overhead.py [--spec studies/quickstart.yaml] [--grid-spec studies/bench-mlp.yaml] [--runs 20]
+
+1. Trial process start-up: the fork server against a fresh interpreter (`trial_overhead.py`, run
+   in its own interpreter), and the start-up the real study's trials stored.
+2. A real study: `autotuner search` on the spec in a fresh folder, timed from the command's
+   start to its exit. From the storage: the sum of the trials' wall time and of their measured
+   windows, the reference's wall time, and the trials' start and end times, from which the
+   search process's own time per trial (asking the sampler, claiming, recording, reading the
+   study back, printing) is the gap between one trial's start and the next one's, less the trial
+   process's wall time. Also the share of the search's wall time that the measured windows are.
+3. Micro-benchmark of the bookkeeping on SQLite: the study set up as the search sets it up
+   (`open_storage`, `open_study`, the spec's sampler wrapped in `FreshConfigSampler`, the
+   baseline enqueued) for the grid spec's job, then for every config of its recorded grid
+   (`benchmarks/results/grid-<name>.json`, from `search_efficiency.py`) the time of
+   `study.ask` (the sampler's proposal) and of `autotuner.study.record` (from the grid's result).
+
+Writes benchmarks/results/overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from _harness import RESULTS, machine, quartiles, result_from_json, run_search, write_results
+
+from autotuner.knobs import config_key
+from autotuner.sampler import FreshConfigSampler, make_base_sampler
+from autotuner.spec import Job, load_spec
+from autotuner.study import open_storage, open_study, record, records
+
+
+def startup(runs: int, folder: Path) -> dict[str, Any]:
+    """`trial_overhead.py` in its own interpreter: a trial process re-imports the launching
+    script's main module (multiprocessing's rule), so timed from here it would pay this script's
+    imports, which `autotuner search` (`python -m autotuner`) does not."""
+    out = folder / "startup.json"
+    script = Path(__file__).parent / "trial_overhead.py"
+    subprocess.run([sys.executable, str(script), "--runs", str(runs), "--out", str(out)], check=True)
+    return dict(json.loads(out.read_text()))
+
+
+def study_overhead(spec: str, folder: Path) -> dict[str, Any]:
+    job = load_spec(spec)
+    search = run_search(Path(spec), job.name, folder)
+    study = search.study
+    trials = records(study)
+    frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
+    ran = sorted((t for t in trials if t.ran), key=lambda t: t.number)
+    trial_wall = sum(float(t.metrics["wall_s"]) for t in ran)
+    measured = sum(float(t.metrics.get("measured_s") or 0.0) for t in ran)
+    warmup = sum(float(t.metrics.get("warmup_s") or 0.0) for t in ran)
+    reference = study.user_attrs["reference"]
+    starts = [frozen[t.number].datetime_start for t in ran]
+    ends = [frozen[t.number].datetime_complete for t in ran]
+    # The search process's own time per trial: from a trial's start to the next one's, less the
+    # trial process's wall time (the last trial: to its end).
+    gaps = [(b - a).total_seconds() for a, b in zip(starts, starts[1:], strict=False)] + [
+        (ends[-1] - starts[-1]).total_seconds()
+    ]
+    loop = [gap - float(t.metrics["wall_s"]) for gap, t in zip(gaps, ran, strict=True)]
+    outside = search.wall_s - trial_wall - reference["wall_s"]
+    return {
+        "spec": spec,
+        "machine": machine(study.user_attrs["environment"]),
+        "exit_code": search.exit_code,
+        "search_wall_s": search.wall_s,
+        "trials_ran": len(ran),
+        "trials_wall_s": trial_wall,
+        "measured_windows_s": measured,
+        "warmup_s": warmup,
+        "reference_wall_s": reference["wall_s"],
+        "wall_over_measured_windows": search.wall_s / measured,
+        "measured_share_of_wall": measured / search.wall_s,
+        "outside_trials_per_trial_s": outside / len(ran),
+        "loop_per_trial_s": quartiles(loop),
+        "before_first_trial_s": (starts[0] - search.started).total_seconds(),
+        "after_last_trial_s": (search.ended - ends[-1]).total_seconds(),
+        "trial_startup_s": quartiles([float(t.metrics["startup_s"]) for t in ran if t.metrics.get("startup_s")]),
+    }
+
+
+def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`study.ask` and `record` timed on SQLite, over every config of the grid."""
+    table = {config_key(e["params"]): e for e in grid["trials"]}
+    storage = open_storage(f"sqlite:///{folder}/bookkeeping.db", heartbeat=True)
+    study = open_study(storage, job, grid["environment"])
+    configs = list(job.configs())
+    settings = job.sampler
+    base = make_base_sampler(settings.name, settings.seed)
+    sampler = FreshConfigSampler(base, job.space, lambda: configs, settings.seed)
+    study.sampler = sampler
+    study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})
+    ask_s, record_s = [], []
+    while sampler.fresh_configs(study):
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as the search: Optuna warns that heartbeats are meant for optimize()
+            trial = study.ask(dict(sampler.space))
+        asked = time.perf_counter()
+        entry = table[config_key(trial.params)]
+        record(
+            study,
+            trial,
+            job,
+            job.complete(trial.params),
+            result_from_json(entry),
+            role=trial.user_attrs.get("role", "search"),
+            reference=grid["reference"],
+            environment=grid["environment"],
+        )
+        ask_s.append(asked - started)
+        record_s.append(time.perf_counter() - asked)
+    first, last = slice(0, 10), slice(-10, None)
+    return {
+        "storage": "sqlite (file)",
+        "sampler": settings.name,
+        "trials": len(ask_s),
+        "ask_s": quartiles(ask_s),
+        "record_s": quartiles(record_s),
+        "ask_s_median_first_10": statistics.median(ask_s[first]),
+        "ask_s_median_last_10": statistics.median(ask_s[last]),
+        "record_s_median_first_10": statistics.median(record_s[first]),
+        "record_s_median_last_10": statistics.median(record_s[last]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", default="studies/quickstart.yaml", help="the study whose overhead is measured")
+    parser.add_argument("--grid-spec", default="studies/bench-mlp.yaml", help="whose grid the micro-benchmark uses")
+    parser.add_argument("--runs", type=int, default=20, help="trial processes started for the start-up figure")
+    args = parser.parse_args()
+    job = load_spec(args.grid_spec)
+    grid_path = RESULTS / f"grid-{job.name}.json"
+    if not grid_path.exists():
+        raise SystemExit(f"{grid_path} is missing: run python benchmarks/search_efficiency.py --spec {args.grid_spec}")
+    grid = json.loads(grid_path.read_text())
+    if grid["identity"] != job.identity():
+        raise SystemExit(f"{grid_path} was recorded for another version of {args.grid_spec}: record it again")
+    with tempfile.TemporaryDirectory() as folder:
+        results: dict[str, Any] = {"startup": startup(args.runs, Path(folder))}
+        results["study"] = study_overhead(args.spec, Path(folder))
+        results["bookkeeping"] = bookkeeping(job, grid, Path(folder))
+    results["machine"] = results["study"]["machine"]
+    print(json.dumps(results, indent=2))
+    print(write_results("overhead.json", results))
+
+
+if __name__ == "__main__":
+    main()
