@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 # The benchmarks ran on two cores shared with other people's jobs: there, OpenMP threads that
-# spin-wait at every barrier for a thread the OS has descheduled made small-batch steps 20-30x
+# spin-wait at every barrier for a thread the OS has descheduled made small-batch steps many times
 # slower than on an idle machine, which measured the load, not the config. Waiting threads
 # sleep instead (set before torch is imported anywhere, so every trial process inherits it);
 # `OMP_WAIT_POLICY=active python benchmarks/...` measures with spinning threads.
@@ -38,6 +38,8 @@ from autotuner.trial import TrialRequest, TrialResult
 from backends import Capabilities
 
 RESULTS = Path(__file__).parent / "results"
+TRIAL_SETTINGS = ("warmup_steps", "steps", "windows", "min_window_s", "drift_steps", "seed")
+"""The spec's trial settings that change what a trial measures."""
 
 
 def machine(environment: dict[str, Any]) -> str:
@@ -68,6 +70,24 @@ def guide_config(job: Job, capabilities: Capabilities, environment: dict[str, An
             "workers": cores(environment),
             "compile": "default" if capabilities.compile else "none",
         }
+    )
+
+
+def measured_job(job: Job) -> dict[str, Any]:
+    """What a recorded trial's figures depend on: a grid recorded for other values is stale."""
+    spec = job.spec
+    return json.loads(
+        json.dumps(
+            {
+                "workload": spec.workload,
+                "workload_args": spec.workload_args,
+                "global_batch": spec.global_batch,
+                "space": job.space,
+                "baseline": job.baseline,
+                "max_drift": spec.objective.max_drift,
+                "trial": {k: getattr(spec.trial, k) for k in TRIAL_SETTINGS},
+            }
+        )
     )
 
 

@@ -32,7 +32,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from _harness import RESULTS, machine, quartiles, result_from_json, run_search, write_results
+from _harness import RESULTS, machine, measured_job, quartiles, result_from_json, run_search, write_results
 
 from autotuner.knobs import config_key
 from autotuner.sampler import FreshConfigSampler, make_base_sampler
@@ -146,7 +146,7 @@ def main() -> None:
     if not grid_path.exists():
         raise SystemExit(f"{grid_path} is missing: run python benchmarks/search_efficiency.py --spec {args.grid_spec}")
     grid = json.loads(grid_path.read_text())
-    if grid["identity"] != job.identity():
+    if grid["job"] != measured_job(job):
         raise SystemExit(f"{grid_path} was recorded for another version of {args.grid_spec}: record it again")
     with tempfile.TemporaryDirectory() as folder:
         results: dict[str, Any] = {"startup": startup(args.runs, Path(folder))}

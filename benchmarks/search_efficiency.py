@@ -45,6 +45,7 @@ from _harness import (
     Trials,
     guide_config,
     machine,
+    measured_job,
     quartiles,
     result_from_json,
     result_to_json,
@@ -201,7 +202,7 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
         entries.append({"params": params, "config": job.complete(params), **kept[median], "sweeps": rates})
     grid = {
         "spec": job.source,
-        "identity": job.identity(),
+        "job": measured_job(job),
         "machine": machine(trials.environment),
         "environment": trials.environment,
         "recorded_at": datetime.now().isoformat(timespec="seconds"),
@@ -379,7 +380,7 @@ def main() -> None:
         if args.record or not path.exists():
             write_results(path.name, record_grid(job, args.repeats))
         grid = json.loads(path.read_text())
-        if grid["identity"] != job.identity():
+        if grid["job"] != measured_job(job):
             raise SystemExit(f"{path} was recorded for another version of {spec}; run again with --record")
         print(f"{job.name}: replaying {len(grid['trials'])} configs, {args.seeds} seeds per sampler", flush=True)
         out["grids"][job.name] = {

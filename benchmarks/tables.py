@@ -151,6 +151,7 @@ def overhead(data: dict[str, Any]) -> list[str]:
     rows = [
         ("trial process start-up from the fork server (median)", _seconds(start["fork_startup_s_median"])),
         ("trial round trip from the fork server (median)", _seconds(start["fork_roundtrip_s_median"])),
+        ("trial start-up stored by the real study's trials (median)", _seconds(study["trial_startup_s"]["median"])),
         ("a fresh interpreter importing the runner (median)", _seconds(start["fresh_interpreter_import_s_median"])),
         ("fork server start (once per search)", _seconds(start["fork_server_start_s"])),
         (
@@ -209,7 +210,7 @@ def main() -> None:
         text = f"{text.rstrip()}\n\n## Results\n\n{START}\n{END}\n"
     head, _, rest = text.partition(START)
     _, _, tail = rest.partition(END)
-    README.write_text(f"{head}{START}\n\n" + "\n".join(sections) + f"{END}{tail}")
+    README.write_text(f"{head}{START}\n\n" + "\n".join(sections) + f"\n{END}{tail}")
     print(README)
 
 
