@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.knobs import KNOBS, Config, format_config
-from autotuner.spec import parse_yaml
+from autotuner.spec import parse_yaml, read_text
 from backends import BACKENDS, Capabilities
 
 if TYPE_CHECKING:
@@ -211,13 +211,7 @@ def parse_config(data: Any, source: str) -> TunedConfig:
 def load_config(path: str | Path) -> TunedConfig:
     """Read an exported config (`studies/<name>.best.yaml`, or `.json`) and validate it."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError("no such file", source=source) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise SpecError(f"cannot read the config: {exc.__class__.__name__}: {reason}", source=source) from None
+    text = read_text(path, "config")
     if source.endswith(".json"):
         try:
             data = json.loads(text)

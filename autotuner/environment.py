@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import platform
 from typing import Any
 
 FINGERPRINT_KEYS = ("backend", "device_name", "driver", "versions")
@@ -16,6 +18,17 @@ CAPABILITY_ROWS = (
     ("XLA jit", "jit"),
 )
 """(label, capability) rows of `describe`, for the capabilities the backend's probe reports."""
+
+
+def cpu_name() -> str:
+    """The host CPU's model and core count, `AMD EPYC (2 cores)`: the device name of a CPU trial."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{model or platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
 def fingerprint(environment: dict[str, Any]) -> str:

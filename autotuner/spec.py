@@ -377,16 +377,22 @@ def _check_size(data: Any, source: str) -> None:
         raise SpecError("not valid YAML (nested too deeply)", source=source) from None
 
 
-def load_spec(path: str | Path) -> Job:
-    source = str(path)
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of `path`, or one SpecError line saying why it cannot be read."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpecError("no such file", source=source) from None
+        raise SpecError("no such file", source=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(
-            f"cannot read the spec: {exc.__class__.__name__}: {getattr(exc, 'strerror', None) or exc}", source=source
+            f"cannot read the {what}: {exc.__class__.__name__}: {getattr(exc, 'strerror', None) or exc}",
+            source=str(path),
         ) from None
+
+
+def load_spec(path: str | Path) -> Job:
+    source = str(path)
+    text = read_text(path, "spec")
     return parse_spec(parse_yaml(text, source), source, text)
 
 

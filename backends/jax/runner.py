@@ -8,7 +8,6 @@ own loop: a trial trains through it, so what a study measures is exactly what a 
 
 from __future__ import annotations
 
-import os
 import platform
 import random
 import resource
@@ -21,6 +20,7 @@ import jaxlib
 import numpy as np
 import optax
 
+from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
@@ -48,17 +48,6 @@ def classify_exception(exc: BaseException) -> str | None:
 
 
 # ---------------------------------------------------------------- environment
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _bf16_works(device: jax.Device) -> bool:
@@ -97,7 +86,7 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
         if "bytes_limit" in stats:
             extra["memory_mb"] = stats["bytes_limit"] // 2**20
     else:
-        name = f"{_cpu_name()} ({os.cpu_count()} cores)"
+        name = cpu_name()
         driver = platform.release()
         capabilities = {"accelerator": False, "bf16": _bf16_works(device), "fp16": False, "tf32": False}
         extra = {}

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from autotuner.hardware import gpt_flops_per_token
 from backends.jax.workload import ArrayDataset, JaxWorkload
 
 HELDOUT = 256
@@ -166,12 +167,6 @@ def _markov_tokens(count: int, length: int, vocab: int, seed: int) -> np.ndarray
         drawn = rng.random(count)[:, None]
         tokens[:, t + 1] = np.minimum((cumulative[tokens[:, t]] < drawn).sum(axis=1), vocab - 1)
     return tokens
-
-
-def gpt_flops_per_token(params_without_embeddings: int, layers: int, dim: int, length: int) -> float:
-    """Training FLOPs per token, forward and backward: 6N for the weights plus 12*L*d*T for
-    attention (Kaplan et al. 2020, as PaLM's appendix B and nanoGPT's estimate_mfu use it)."""
-    return 6.0 * params_without_embeddings + 12.0 * layers * dim * length
 
 
 def gpt(

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): let the fork server pay once
 
+from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
@@ -43,17 +44,6 @@ def classify_exception(exc: BaseException) -> str | None:
 
 
 # ---------------------------------------------------------------- environment
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _cpu_autocast_works(dtype: torch.dtype) -> bool:
@@ -102,7 +92,7 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
         }
         extra = {"compute_capability": f"{props.major}.{props.minor}", "memory_mb": props.total_memory // 2**20}
     else:
-        name = f"{_cpu_name()} ({os.cpu_count()} cores)"
+        name = cpu_name()
         driver = platform.release()
         capabilities = {
             "accelerator": False,

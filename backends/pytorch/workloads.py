@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autotuner.hardware import gpt_flops_per_token
 from backends.pytorch.workload import TorchWorkload
 
 HELDOUT = 256
@@ -187,12 +188,6 @@ def _markov_tokens(count: int, length: int, vocab: int, seed: int) -> torch.Tens
 
 def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def gpt_flops_per_token(params_without_embeddings: int, layers: int, dim: int, length: int) -> float:
-    """Training FLOPs per token, forward and backward: 6N for the weights plus 12*L*d*T for
-    attention (Kaplan et al. 2020, as PaLM's appendix B and nanoGPT's estimate_mfu use it)."""
-    return 6.0 * params_without_embeddings + 12.0 * layers * dim * length
 
 
 def gpt(
