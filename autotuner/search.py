@@ -263,8 +263,6 @@ class Search:
         job = self.job
         try:
             holder = workers.claim_config(trial)
-            if holder == trial.number:
-                return None  # another worker was handed this very trial and runs it
             if holder is not None:
                 give_up(study, trial, f"trial {holder} has this config", duplicate_of=holder)
                 return None

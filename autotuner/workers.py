@@ -290,8 +290,8 @@ class Coordinator:
         name = "config:" + _digest(trial.params)
         while True:
             held = self.claims.claim(name, mine)
-            if held is None or held.value.get("worker") == self.worker.token:
-                return None
+            if held is None or held.value.get("trial_id") == trial._trial_id:
+                return None  # (the second case: this very trial claimed it, e.g. before a retried write)
             if self._state(held) is not TrialState.FAIL:
                 return int(held.value.get("trial", -1))
             if self.claims.take_over(held, mine):  # its trial was cut off: this one runs it again

@@ -25,6 +25,7 @@ import yaml
 from optuna.trial import TrialState
 
 from autotuner.claims import Claims
+from autotuner.environment import fingerprint
 from autotuner.errors import HardwareMismatch
 from autotuner.jobs import run_workers
 from autotuner.knobs import config_key
@@ -340,6 +341,22 @@ def test_two_machines_creating_one_study_at_once_cannot_both_join(tmp_path: Path
     assert sorted(results.get(timeout=5) for _ in workers) == ["joined", "refused"]
 
 
+def test_a_worker_joining_while_the_study_is_being_created_is_not_refused(tmp_path: Path) -> None:
+    # The creator has claimed the study's identity and written the first of its attrs when a
+    # worker on the same hardware loads it (seen under load): that worker joins, others do not.
+    spec = write_spec(tmp_path, name="halfway")
+    job = load_spec(spec)
+    storage = open_storage(f"sqlite:///{tmp_path}/halfway.db")
+    study = optuna.create_study(study_name="halfway", storage=storage, directions=["maximize", "minimize"])
+    creator = {"fingerprint": fingerprint(OTHER_MACHINE), "identity": job.identity(), "environment": OTHER_MACHINE}
+    assert Claims(storage, study._study_id).claim("identity", creator) is None
+    study.set_user_attr("autotuner", {"identity": job.identity()})
+    with pytest.raises(HardwareMismatch):
+        open_study(storage, job, {**OTHER_MACHINE, "device_name": "another GPU"})
+    joined = open_study(storage, job, dict(OTHER_MACHINE))
+    assert joined.user_attrs["fingerprint"] == fingerprint(OTHER_MACHINE)
+
+
 # ---------------------------------------------------------------- claims and the budget, across processes
 
 
@@ -388,6 +405,23 @@ def test_one_claim_and_the_budget_are_won_by_exactly_as_many_workers_as_allowed(
     workers = Coordinator(study, storage)
     assert workers.claim_slot(study.ask(), 2) == 0
     assert workers.claim_slot(study.ask(), 2) is None
+
+
+def test_a_worker_handed_a_config_it_ran_itself_gives_it_up(tmp_path: Path) -> None:
+    # With four workers, a sampler that finds no fresh config left (the others are running them)
+    # proposes one this worker already ran: its claim is this worker's, but not this trial's.
+    storage = open_storage(f"sqlite:///{tmp_path}/again.db")
+    study = optuna.create_study(study_name="again", storage=storage)
+    space = {"x": optuna.distributions.CategoricalDistribution([1, 2])}
+    workers = Coordinator(study, storage)
+    first = study.ask(space)
+    assert workers.claim_config(first) is None
+    assert workers.claim_config(first) is None  # the same trial claiming again keeps it
+    study.tell(first, 1.0)
+    study.enqueue_trial(first.params)
+    again = study.ask(space)
+    assert again.params == first.params
+    assert workers.claim_config(again) == first.number
 
 
 # ---------------------------------------------------------------- stale trials
