@@ -54,6 +54,8 @@ GRACE_S = 60
 SQLITE_BUSY_S = 30
 """How long an SQLite writer waits for another worker's transaction before it gives up."""
 OPEN_ATTEMPTS = 5
+STUDY_ATTRS = ("autotuner", "environment", "fingerprint", "constraints")
+"""The study user attrs a study's creator writes; until all are there, its `identity` claim decides."""
 GIVEN_UP = "given_up"
 """Trial user attr: why a worker gave the trial up without running it (see `give_up`)."""
 CUT_OFF = "its worker stopped while it ran (killed, or cut off from the storage); it is retried"
@@ -177,38 +179,19 @@ def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[
             f"study {job.name!r} in this storage was not made by autotuner; choose another name", key="name"
         )
     attrs = study.user_attrs
-    if "autotuner" not in attrs:
-        claimed = Claims(storage, storage.get_study_id_from_name(job.name)).claim(
-            "identity", {"fingerprint": ours, "identity": job.identity(), "environment": environment}
-        )
-        theirs = claimed.value if claimed is not None else {}
-        if claimed is not None and (theirs.get("fingerprint"), theirs.get("identity")) != (ours, job.identity()):
-            # Another worker is creating this study for other hardware or another job: refuse below.
-            attrs = {
-                "autotuner": {"identity": theirs.get("identity")},
-                "fingerprint": theirs.get("fingerprint"),
-                "environment": theirs.get("environment", {}),
-            }
-    if "autotuner" not in attrs:  # written by every matching worker alike, so a crash half-way harms nothing
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(METRIC_NAMES)
-        study.set_user_attr(
-            "autotuner",
-            {
-                "identity": job.identity(),
-                "spec_path": job.source,
-                "backend": job.backend.name,
-                "workload": job.spec.workload,
-                "global_batch": job.spec.global_batch,
-                "max_drift": job.spec.objective.max_drift,
-                "max_memory_mb": job.spec.objective.max_memory_mb,
-            },
-        )
-        study.set_user_attr("environment", environment)
-        study.set_user_attr("fingerprint", ours)
-        study.set_user_attr("constraints", CONSTRAINT_NAMES)
-        return study
+    if not all(key in attrs for key in STUDY_ATTRS):  # new, or another worker is writing them now
+        mine = {"fingerprint": ours, "identity": job.identity(), "environment": environment}
+        claimed = Claims(storage, storage.get_study_id_from_name(job.name)).claim("identity", mine)
+        theirs = claimed.value if claimed is not None else mine
+        if (theirs.get("fingerprint"), theirs.get("identity")) == (ours, job.identity()):
+            _write_study_attrs(study, job, environment, ours)  # every matching worker alike: idempotent
+            return study
+        # The worker creating this study has other hardware or another job: refused below.
+        attrs = {
+            "autotuner": {"identity": theirs.get("identity")},
+            "fingerprint": theirs.get("fingerprint"),
+            "environment": theirs.get("environment", {}),
+        }
     if attrs.get("fingerprint") != ours:
         theirs = attrs.get("environment", {})
         raise HardwareMismatch(
@@ -224,6 +207,27 @@ def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[
             key="name",
         )
     return study
+
+
+def _write_study_attrs(study: optuna.Study, job: Job, environment: dict[str, Any], fingerprint: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(METRIC_NAMES)
+    study.set_user_attr(
+        "autotuner",
+        {
+            "identity": job.identity(),
+            "spec_path": job.source,
+            "backend": job.backend.name,
+            "workload": job.spec.workload,
+            "global_batch": job.spec.global_batch,
+            "max_drift": job.spec.objective.max_drift,
+            "max_memory_mb": job.spec.objective.max_memory_mb,
+        },
+    )
+    study.set_user_attr("environment", environment)
+    study.set_user_attr("fingerprint", fingerprint)
+    study.set_user_attr("constraints", CONSTRAINT_NAMES)
 
 
 def _machine(environment: dict[str, Any]) -> str:
