@@ -264,8 +264,14 @@ def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_pat
     spec = write_spec(
         tmp_path,
         name="interrupt",
+        workload="tests.study_workloads:hang_once",
+        # Processes that train: 1-2 the reference, 3 the baseline, 4 trial 1, which hangs until Ctrl-C
+        workload_args={"folder": str(tmp_path), "hang_at": 4},
+        global_batch=32,
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+        space={"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32], "workers": [0], "compile": ["none"]},
         budget={"trials": 3},
-        trial={"warmup_steps": 1, "steps": 400, "windows": 2, "drift_steps": 3, "timeout": 300},
+        trial={"warmup_steps": 1, "steps": 2, "windows": 2, "drift_steps": 2, "min_window_s": 0, "timeout": 600},
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # SIGINT as a terminal sends it; a shell may have left it ignored for background children.
@@ -278,19 +284,12 @@ def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_pat
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    db = tmp_path / "studies" / "interrupt.db"
     deadline = time.monotonic() + 240
-    running = None
-    while time.monotonic() < deadline and running is None:
-        time.sleep(0.5)
-        if db.exists():
-            try:
-                trials = _study(tmp_path, "interrupt").get_trials(deepcopy=False)
-            except Exception:  # the study is being created
-                continue
-            running = next((t for t in trials if t.state is optuna.trial.TrialState.RUNNING and t.number >= 1), None)
-    assert running is not None, "no trial started"
-    time.sleep(1.0)
+    while time.monotonic() < deadline and not any(tmp_path.glob("hang-*")) and process.poll() is None:
+        time.sleep(0.2)
+    trials = _study(tmp_path, "interrupt").get_trials(deepcopy=False)
+    running = next((t for t in trials if t.state is optuna.trial.TrialState.RUNNING), None)
+    assert running is not None and running.number >= 1, process.communicate() if process.poll() is not None else trials
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stdout + stderr
