@@ -1,12 +1,13 @@
 """The `autotuner` command: parses arguments and hands each command to the module that owns it.
 
 Exit codes: 0 done; 1 no feasible config, or a backend failed; 2 bad input (one line, no
-traceback); 130 interrupted.
+traceback); 130 interrupted (Ctrl-C, or SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -227,8 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # `kill`, a batch scheduler's SIGTERM: stop as Ctrl-C stops
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         return int(args.handler(args))
     except AutotunerError as exc:

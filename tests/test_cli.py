@@ -260,7 +260,9 @@ def test_search_on_postgresql(tmp_path: Path) -> None:
             pass
 
 
-def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_path: Path, signum: int) -> None:
+    """Ctrl-C, and SIGTERM as `kill` and batch schedulers send it, end the search cleanly."""
     spec = write_spec(
         tmp_path,
         name="interrupt",
@@ -290,7 +292,7 @@ def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_pat
     trials = _study(tmp_path, "interrupt").get_trials(deepcopy=False)
     running = next((t for t in trials if t.state is optuna.trial.TrialState.RUNNING), None)
     assert running is not None and running.number >= 1, process.communicate() if process.poll() is not None else trials
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stdout + stderr
     assert "Traceback" not in stderr
