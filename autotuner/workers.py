@@ -14,7 +14,8 @@ happens to have read:
   `budget.trials` slots (`slot:<k>`), which is spent for good once that trial completes and
   free again if it is cut off; no slot, no process;
 * a trial cut off (Ctrl-C, kill -9 of its worker, a lost machine) is failed and its config is
-  enqueued again exactly once (`retry:<number>`, the retry carries `retry_of`).
+  enqueued again exactly once (`retry:<number>`, the retry carries `retry_of`), unless that
+  config has been cut off `MAX_CUT_OFFS` times in a row.
 
 A running trial belongs to a live worker as long as its heartbeat (Optuna's RDB heartbeat,
 recorded by the search process, which owns the Optuna trial while a trial process runs it)
@@ -53,6 +54,9 @@ OWNER = "autotuner:worker"
 """Trial system attr: the worker (`Worker.as_dict`) that runs the trial."""
 SLOT = "autotuner:slot"
 """Trial system attr: the budget slot the trial spent."""
+MAX_CUT_OFFS = 3
+"""A config cut off this many times in a row (its worker died or was stopped each time) is not
+retried again: it may be what kills its worker."""
 POLL_S = 1.0
 """How often a waiting worker looks at the storage again."""
 
@@ -157,6 +161,15 @@ class Heartbeat:
                 pass
 
 
+def _cut_offs(trial: FrozenTrial, by_number: Mapping[int, FrozenTrial]) -> int:
+    """How many times in a row `trial`'s config was cut off: it, and the trials it retries."""
+    count, seen = 1, {trial.number}
+    while (previous := by_number.get(trial.user_attrs.get("retry_of", -1))) is not None and previous.number not in seen:
+        count, trial = count + 1, previous
+        seen.add(trial.number)
+    return count
+
+
 def _digest(params: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config_key(params), default=str).encode()).hexdigest()[:24]
 
@@ -254,11 +267,14 @@ class Coordinator:
         retried = {t.user_attrs.get("retry_of") for t in trials} | {
             int(key.rsplit(":", 1)[1]) for key in self.claims.all("retry:")
         }
+        by_number = {t.number: t for t in trials}
         for t in trials:
             if t.state is not TrialState.FAIL or not t.params or GIVEN_UP in t.user_attrs or t.number in retried:
                 continue
             if config_key(t.params) in live:
                 continue  # the config ran again anyway (proposed afresh)
+            if _cut_offs(t, by_number) >= MAX_CUT_OFFS:
+                continue  # it takes its worker down with it, or is stopped every time: not again
             if self.claims.claim(f"retry:{t.number}", {"worker": self.worker.token}) is None:
                 role = t.user_attrs.get("role", "search")
                 self.study.enqueue_trial(dict(t.params), user_attrs={"role": role, "retry_of": t.number})

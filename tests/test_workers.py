@@ -31,7 +31,7 @@ from autotuner.jobs import run_workers
 from autotuner.knobs import config_key
 from autotuner.spec import load_spec
 from autotuner.study import open_storage, open_study
-from autotuner.workers import OWNER, Coordinator, Worker, alive
+from autotuner.workers import MAX_CUT_OFFS, OWNER, Coordinator, Worker, alive
 from tests.conftest import ROOT, run_cli, write_spec
 
 # ---------------------------------------------------------------- storages
@@ -451,6 +451,22 @@ def test_a_trial_whose_worker_died_on_this_machine_is_failed_at_once_and_retried
     assert trials[live.number].state is TrialState.RUNNING
     (retry,) = [t for t in trials if t.user_attrs.get("retry_of") == dead.number]
     assert retry.state is TrialState.WAITING and retry.system_attrs["fixed_params"] == {"x": dead.params["x"]}
+
+
+def test_a_config_cut_off_three_times_in_a_row_is_not_retried_again(tmp_path: Path) -> None:
+    storage = open_storage(f"sqlite:///{tmp_path}/cut.db", heartbeat=True)
+    study = optuna.create_study(study_name="cut", storage=storage)
+    space = {"x": optuna.distributions.CategoricalDistribution([1, 2])}
+    previous = None
+    for cut_offs in range(1, MAX_CUT_OFFS + 1):
+        trial = study.ask(space)
+        if previous is not None:
+            assert trial.params == previous.params and trial.user_attrs["retry_of"] == previous.number
+        study.tell(trial, state=TrialState.FAIL)  # cut off: its worker died
+        Coordinator(study, storage).recover()
+        waiting = study.get_trials(states=(TrialState.WAITING,))
+        assert len(waiting) == (1 if cut_offs < MAX_CUT_OFFS else 0), cut_offs
+        previous = trial
 
 
 def test_a_trial_of_another_machine_is_failed_when_its_heartbeat_stops(tmp_path: Path) -> None:
