@@ -28,7 +28,7 @@ from autotuner.errors import BackendError, SpecError, StorageError
 from autotuner.export import export_data, export_path, write_export
 from autotuner.knobs import Config, format_config
 from autotuner.outcomes import Outcome
-from autotuner.sampler import FreshConfigSampler, make_base_sampler, oom_rules_out
+from autotuner.sampler import make_sampler, oom_rules_out
 from autotuner.spec import Job
 from autotuner.study import (
     TrialRecord,
@@ -184,8 +184,12 @@ class Search:
 
         all_configs = list(job.configs())
         settings = job.sampler
-        sampler = FreshConfigSampler(
-            make_base_sampler(settings.name, settings.seed), job.space, lambda: all_configs, settings.seed
+        sampler = make_sampler(
+            settings.name,
+            settings.seed,
+            job.space,
+            lambda: all_configs,
+            lambda params: job.backend.unsupported_reason(job.complete(params), capabilities),
         )
         study.sampler = sampler
 

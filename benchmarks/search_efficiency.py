@@ -11,13 +11,15 @@ against a recorded grid of real trials (a tabular benchmark).
    `autotuner.study.record` makes of them (throughput, drift, outcome, feasibility), go to
    `benchmarks/results/grid-<name>.json` with the machine named.
 2. The replay (no training): for each sampler and seed, an in-memory Optuna study set up as
-   `autotuner search` sets one up (baseline enqueued as trial 0, the sampler wrapped in
-   `FreshConfigSampler`, OOM rule-outs given up, every trial stored by `autotuner.study.record`
+   `autotuner search` sets one up (baseline enqueued as trial 0, the sampler built by
+   `autotuner.sampler.make_sampler` from the spec's sampler name, the seed, the space and what
+   the device cannot run, OOM rule-outs given up, every trial stored by `autotuner.study.record`
    from the table's result), until a feasible trial reaches `--target` (97%) of the grid's best
    feasible throughput. Trials are counted as `budget.trials` counts them: unsupported configs
-   are free. Replayed: the default sampler (what a spec without `sampler` gets), Optuna's TPE
-   with its own defaults, GP, random, NSGA-II, and variants of the default (`_contenders`).
-   Writes `benchmarks/results/search_efficiency.json`.
+   are free. Replayed: the default sampler (what a spec without `sampler` gets: TPE after the
+   guided start), random, NSGA-II and GP as a spec naming them gets them, Optuna's TPE with its
+   own defaults, and variants of the default (`_contenders`). Writes
+   `benchmarks/results/search_efficiency.json`.
 
 Target: the project's default sampler gets there within 15% of the grid's size (the configs that
 run) and beats random search, both as a median over the seeds.
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import json
 import os
 import random
@@ -53,19 +54,23 @@ from _harness import (
     write_results,
 )
 from optuna.samplers import BaseSampler
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotuner.knobs import config_key, format_config
 from autotuner.outcomes import Outcome
-from autotuner.sampler import FreshConfigSampler, make_base_sampler, oom_rules_out
+from autotuner.sampler import (
+    FreshConfigSampler,
+    Unsupported,
+    make_base_sampler,
+    make_sampler,
+    oom_rules_out,
+    rule_of_thumb,
+)
 from autotuner.spec import Job, SamplerSettings, load_spec
 from autotuner.study import DIRECTIONS, TrialRecord, give_up, record
 from backends import Capabilities
 
 DEFAULT_SPECS = ["studies/bench-mlp.yaml", "studies/bench-cnn.yaml"]
-STARTUP_TRIALS: int = inspect.signature(make_base_sampler).parameters["startup_trials"].default
-"""The default sampler's random start-up trials (the baseline counts among them)."""
-VARIANT_STARTUP_TRIALS = (2, 3)
 CLOSE_BAR = 0.9
 """A second, looser bar (share of the best throughput), read off the same replays."""
 BUDGET_SHARE = 0.15
@@ -74,101 +79,46 @@ BUDGET_SHARE = 0.15
 
 @dataclass(frozen=True)
 class Contender:
-    make: Callable[[int], BaseSampler]
-    """The wrapped sampler for a seed (FreshConfigSampler wraps it, as in the search)."""
-    guide_first: bool = False
-    """Enqueue the guides' config (`_harness.guide_config`) right after the baseline."""
-    wrap: Callable[[BaseSampler, dict[str, list[Any]], int], BaseSampler] | None = None
-    """Wraps the sampler before FreshConfigSampler does (a prototype under evaluation)."""
-    throughput_only: bool = False
-    """A study with the throughput as its one objective (drift stays a constraint)."""
+    make: Callable[[int, Job, list[dict[str, Any]], Unsupported], FreshConfigSampler]
+    """The sampler for a seed, from the job, every config of its space and what the device cannot
+    run (the backend's `unsupported_reason` with the grid's capabilities)."""
+    guides_start: bool = False
+    """The guided start begins at the guides' config (`_harness.guide_config`) instead of the
+    sampler's rule of thumb."""
 
 
-class _ThroughputOnly:
-    """The study as `record` sees it, telling Optuna the throughput alone (`throughput_only`)."""
-
-    def __init__(self, study: optuna.Study):
-        self._study = study
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-    def tell(self, trial: optuna.Trial, values: list[float]) -> FrozenTrial:
-        return self._study.tell(trial, values[0])
+def _as_the_search(name: str) -> Contender:
+    """`sampler: {name: <name>}` as `autotuner search` builds it (`autotuner.sampler.make_sampler`)."""
+    return Contender(
+        lambda seed, job, configs, unsupported: make_sampler(name, seed, job.space, lambda: configs, unsupported)
+    )
 
 
-class IncumbentNeighbours(BaseSampler):
-    """A prototype under evaluation, not the engine's sampler: once `startup` trials are complete,
-    every other proposal is an untried config one knob away from the fastest feasible trial so
-    far (at random among them); the others are the wrapped sampler's."""
-
-    def __init__(self, base: BaseSampler, space: dict[str, list[Any]], seed: int, startup: int = STARTUP_TRIALS):
-        self.base, self.space, self.startup = base, space, startup
-        self._rng = random.Random(seed)
-
-    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, Any]:
-        return self.base.infer_relative_search_space(study, trial)
-
-    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]) -> dict[str, Any]:
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        feasible = [t for t in done if t.user_attrs.get("feasible")]
-        if len(done) >= self.startup and len(done) % 2 == 0 and feasible:
-            incumbent = max(feasible, key=lambda t: t.values[0]).params
-            tried = {config_key(t.params) for t in study.get_trials(deepcopy=False)}
-            neighbours = [
-                {**incumbent, knob: value}
-                for knob, values in self.space.items()
-                for value in values
-                if value != incumbent[knob]
-            ]
-            fresh = [n for n in neighbours if config_key(n) not in tried]
-            if fresh:
-                return self._rng.choice(fresh)
-        return self.base.sample_relative(study, trial, search_space)
-
-    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, name: str, distribution: Any) -> Any:
-        return self.base.sample_independent(study, trial, name, distribution)
-
-    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        self.base.before_trial(study, trial)
-
-    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
-        self.base.after_trial(study, trial, state, values)
+def _wrapped(base: Callable[[int], BaseSampler]) -> Contender:
+    """An Optuna sampler in `FreshConfigSampler`, with no guided start."""
+    return Contender(
+        lambda seed, job, configs, unsupported: FreshConfigSampler(
+            base(seed), job.space, lambda: configs, seed, unsupported=unsupported
+        )
+    )
 
 
 def _contenders() -> dict[str, Contender]:
-    """Every sampler replayed, by label. The variants change one thing in the default (fewer
-    random start-up trials, the guides' config tried right after the baseline, the throughput as
-    the only objective) and the prototypes add a proposal rule the engine lacks, to see what it
-    would take to meet the target."""
+    """Every sampler replayed, by label: the default and the other `sampler.name` values as the
+    search builds them, Optuna's TPE with its own defaults, and variants that change one thing in
+    the default (no guided start; the guides' config as the start)."""
     default = SamplerSettings().name  # what a spec without a `sampler` key gets
     contenders = {
-        f"default ({default})": Contender(lambda seed: make_base_sampler(default, seed)),
-        "tpe (Optuna's defaults)": Contender(lambda seed: optuna.samplers.TPESampler(seed=seed)),
-        "random": Contender(lambda seed: make_base_sampler("random", seed)),
-        "nsga2": Contender(lambda seed: make_base_sampler("nsga2", seed)),
+        f"default ({default})": _as_the_search(default),
+        "tpe (Optuna's defaults)": _wrapped(lambda seed: optuna.samplers.TPESampler(seed=seed)),
+        "random": _as_the_search("random"),
+        "nsga2": _as_the_search("nsga2"),
     }
-    gp = all(importlib.util.find_spec(m) for m in ("torch", "scipy"))  # GPSampler needs both
-    if gp:
-        contenders["gp"] = Contender(lambda seed: make_base_sampler("gp", seed))
-    for n in VARIANT_STARTUP_TRIALS:
-        contenders[f"variant: {default}, {n} start-up trials"] = Contender(
-            lambda seed, n=n: make_base_sampler(default, seed, startup_trials=n)
-        )
-    contenders[f"variant: {default}, the guides' config second"] = Contender(
-        lambda seed: make_base_sampler(default, seed), guide_first=True
-    )
-    contenders["variant: random, the guides' config second"] = Contender(
-        lambda seed: make_base_sampler("random", seed), guide_first=True
-    )
-    contenders[f"variant: {default}, throughput as the only objective"] = Contender(
-        lambda seed: make_base_sampler(default, seed), throughput_only=True
-    )
-    contenders[f"prototype: {default}, every other trial a neighbour of the best"] = Contender(
-        lambda seed: make_base_sampler(default, seed), wrap=IncumbentNeighbours
-    )
-    contenders[f"prototype: {default}, neighbours of the best, the guides' config second"] = Contender(
-        lambda seed: make_base_sampler(default, seed), guide_first=True, wrap=IncumbentNeighbours
+    if all(importlib.util.find_spec(m) for m in ("torch", "scipy")):  # GPSampler needs both
+        contenders["gp"] = _as_the_search("gp")
+    contenders[f"variant: {default} without the guided start"] = _wrapped(lambda seed: make_base_sampler(default, seed))
+    contenders[f"variant: {default}, the guides' config (a loader worker per core) as the start"] = Contender(
+        _as_the_search(default).make, guides_start=True
     )
     return contenders
 
@@ -244,19 +194,21 @@ def replay(
     contender: Contender,
     seed: int,
     bar: float,
-    second: dict[str, Any] | None = None,
+    start: dict[str, Any] | None = None,
 ) -> list[float]:
     """The best feasible throughput after each trial that ran (trials counted as the budget counts
-    them), until one reaches `bar`; `second`: params enqueued after the baseline."""
+    them), until one reaches `bar`; `start`: the guided start's config instead of the rule of thumb."""
     configs = list(job.configs())
-    base = contender.make(seed)
-    if contender.wrap is not None:
-        base = contender.wrap(base, job.space, seed)
-    sampler = FreshConfigSampler(base, job.space, lambda: configs, seed)
-    study = optuna.create_study(directions=DIRECTIONS[:1] if contender.throughput_only else DIRECTIONS, sampler=sampler)
+    capabilities = Capabilities.from_dict(grid["environment"]["capabilities"])
+
+    def unsupported(params: dict[str, Any]) -> str | None:  # as the search decides it
+        return job.backend.unsupported_reason(job.complete(params), capabilities)
+
+    sampler = contender.make(seed, job, configs, unsupported)
+    if start is not None and sampler.rule is not None:
+        sampler.rule = start
+    study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
     study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})  # as Coordinator.enqueue_baseline
-    if second is not None and second != job.baseline:
-        study.enqueue_trial(second)
     curve: list[float] = []
     while sampler.fresh_configs(study) or study.get_trials(states=(TrialState.WAITING,)):
         trial = study.ask(dict(sampler.space))
@@ -267,7 +219,7 @@ def replay(
         config = job.complete(trial.params)
         entry = table[config_key(trial.params)]
         done = record(
-            _ThroughputOnly(study) if contender.throughput_only else study,  # type: ignore[arg-type]
+            study,
             trial,
             job,
             config,
@@ -328,16 +280,20 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
         "budget_trials": BUDGET_SHARE * size,
         "samplers": {},
     }
-    guide = guide_config(job, Capabilities.from_dict(grid["environment"]["capabilities"]), grid["environment"])
+    capabilities = Capabilities.from_dict(grid["environment"]["capabilities"])
+    guide = guide_config(job, capabilities, grid["environment"])
     results["guides_config"] = guide
+    results["rule_of_thumb"] = rule_of_thumb(
+        job.space, lambda params: job.backend.unsupported_reason(job.complete(params), capabilities)
+    )
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # GPSampler warns of every single-value knob
     for label, contender in _contenders().items():
         curves, started = [], time.perf_counter()
-        second = _in_space(job, guide) if contender.guide_first else None
+        start = _in_space(job, guide) if contender.guides_start else None
         for seed in range(seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                curves.append(replay(job, grid, table, contender, seed, bar, second))
+                curves.append(replay(job, grid, table, contender, seed, bar, start))
         spent = time.perf_counter() - started
         needed = [len(curve) for curve in curves]
         stats = quartiles([float(n) for n in needed])

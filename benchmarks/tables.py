@@ -73,7 +73,8 @@ def search_efficiency(data: dict[str, Any]) -> list[str]:
         f"median and quartiles over {data['seeds']} seeds, replayed against grids of real trials "
         "(`results/grid-<name>.json`); trials counted as `budget.trials` counts them, the baseline being the "
         f"first. Target: the default sampler's median within {share:.0%} of the grid's size, and below random "
-        "search's. Variants change one thing in the default; prototypes add a proposal rule the engine lacks.",
+        "search's. The samplers are built as `autotuner search` builds them for the spec's `sampler` name "
+        "(`autotuner.sampler.make_sampler`); variants change one thing in the default.",
         "",
     ]
     for name, grid in grids.items():

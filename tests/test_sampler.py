@@ -13,11 +13,19 @@ from typing import Any
 
 import optuna
 import pytest
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotuner.knobs import config_key
-from autotuner.sampler import FreshConfigSampler, make_base_sampler, oom_rules_out
+from autotuner.sampler import (
+    ATTEMPTS,
+    FreshConfigSampler,
+    make_base_sampler,
+    make_sampler,
+    oom_rules_out,
+    rule_of_thumb,
+)
+from backends import Capabilities
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -334,3 +342,241 @@ def test_record_stores_infeasible_trials_as_complete_with_violated_constraints()
     assert oom.user_attrs["outcome"] == "oom"
     # and the OOM rule reads it back from the stored trial
     assert oom_rules_out({**fp32}, study.get_trials(deepcopy=False)) is not None
+
+
+# ---------------------------------------------------------------- what the wrapped sampler sees
+
+ORDERED = {"precision": ["fp32", "bf16"], "batch_size": [64, 8, 32], "workers": [0, 1, 2], "compile": ["none"]}
+
+
+class Recorder(optuna.samplers.BaseSampler):
+    """A wrapped sampler that records what it is shown and proposes `fixed`, else each knob's
+    last value (the largest index of an integer knob)."""
+
+    def __init__(self, fixed: dict[str, Any] | None = None):
+        self.fixed = fixed or {}
+        self.seen: list[tuple[str, Any, int, list[dict[str, Any]]]] = []
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        done = [dict(t.params) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+        self.seen.append((param_name, param_distribution, len(study.directions), done))
+        if param_name in self.fixed:
+            return self.fixed[param_name]
+        if isinstance(param_distribution, IntDistribution):
+            return param_distribution.high
+        return param_distribution.choices[-1]
+
+
+def test_integer_knobs_reach_the_wrapped_sampler_as_indices_and_map_back() -> None:
+    base = Recorder()
+    configs = all_configs(ORDERED)
+    sampler = FreshConfigSampler(base, ORDERED, lambda: configs, 0)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    trial = study.ask(sampler.space)
+    assert trial.params == {"precision": "bf16", "batch_size": 64, "workers": 2, "compile": "none"}
+    shown = {name: distribution for name, distribution, _, _ in base.seen}
+    assert shown == {
+        "precision": CategoricalDistribution(["fp32", "bf16"]),
+        "batch_size": IntDistribution(0, 2),  # 8, 32, 64
+        "workers": IntDistribution(0, 2),
+    }, "a knob with a single value is not sampled"
+    record(study, trial, [100.0, 0.5], [0.49, 0.0, 0.0])
+
+    base.seen.clear()
+    base.fixed = {"batch_size": 0, "workers": 1}
+    trial = study.ask(sampler.space)
+    assert trial.params == {"precision": "bf16", "batch_size": 8, "workers": 1, "compile": "none"}
+    _, _, objectives, done = base.seen[0]
+    assert objectives == 1, "the wrapped sampler sees the throughput as the one objective"
+    assert done == [{"precision": "bf16", "batch_size": 2, "workers": 2}], "finished trials in its encoding"
+    assert study.trials[0].params == {"precision": "bf16", "batch_size": 64, "workers": 2, "compile": "none"}
+
+
+def test_a_wrapped_sampler_that_repeats_itself_is_asked_a_few_times_then_the_nearest_fresh_config_runs() -> None:
+    space = {"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32]}
+    configs = all_configs(space)
+    base = Recorder()  # always bf16 at batch 32
+    sampler = FreshConfigSampler(base, space, lambda: configs, 0)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    record(study, study.ask(sampler.space), [3.0, 0.0], [0.0, 0.0, 0.0])
+    assert study.trials[0].params == {"precision": "bf16", "batch_size": 32}
+    base.seen.clear()
+    trial = study.ask(sampler.space)
+    assert len(base.seen) == ATTEMPTS * 2  # two knobs sampled per attempt
+    assert sum(trial.params[k] != v for k, v in study.trials[0].params.items()) == 1, trial.params
+
+
+# ---------------------------------------------------------------- the rule of thumb
+
+CPU = Capabilities(bf16=True, fp16=True, compile=True)
+AMPERE = Capabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True, jit=True)
+VOLTA = Capabilities(accelerator=True, fp16=True, compile=True, cuda_graphs=True, jit=True)
+PYTORCH_SPACE = {
+    "precision": ["fp32", "tf32", "bf16", "fp16"],
+    "batch_size": [8, 16, 32, 64, 128, 256, 512, 1024],
+    "workers": [0, 1, 2, 4, 8],
+    "compile": ["none", "default", "reduce-overhead", "max-autotune"],
+}
+
+
+def unsupported_on(capabilities: Capabilities):
+    from backends.pytorch import PYTORCH
+
+    return lambda params: PYTORCH.unsupported_reason(params, capabilities)
+
+
+def test_the_rule_of_thumb_is_the_fastest_supported_precision_the_largest_batch_middle_workers_compile_on() -> None:
+    expected = {"precision": "bf16", "batch_size": 1024, "workers": 2, "compile": "default"}
+    assert rule_of_thumb(PYTORCH_SPACE, unsupported_on(AMPERE)) == expected
+    assert rule_of_thumb(PYTORCH_SPACE, unsupported_on(VOLTA)) == {**expected, "precision": "fp16"}
+    no_low_precision = Capabilities(compile=False)
+    assert rule_of_thumb(PYTORCH_SPACE, unsupported_on(no_low_precision)) == {
+        **expected,
+        "precision": "fp32",
+        "compile": "none",
+    }
+    cpu_preset = {"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32], "workers": [0, 1, 2], "compile": ["none"]}
+    assert rule_of_thumb(cpu_preset, unsupported_on(CPU)) == {
+        "precision": "bf16",
+        "batch_size": 32,
+        "workers": 1,
+        "compile": "none",
+    }
+    jax = {"precision": ["fp32", "tf32", "bf16"], "workers": [0, 1, 2, 4], "jit": ["off", "on"]}
+    assert rule_of_thumb(jax) == {"precision": "bf16", "workers": 2, "jit": "on"}
+    assert rule_of_thumb({"workers": [4]}) == {"workers": 4}
+
+
+# ---------------------------------------------------------------- the guided start
+
+CPU_SPACE = {"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32, 64], "workers": [0, 1, 2], "compile": ["none"]}
+CPU_BASELINE = {"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"}
+
+
+def guided_study(
+    space: dict[str, list[Any]] = CPU_SPACE, seed: int = 0, unsupported=None
+) -> tuple[optuna.Study, FreshConfigSampler]:
+    configs = all_configs(space)
+    sampler = make_sampler("tpe", seed, space, lambda: configs, unsupported)
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=sampler, storage=optuna.storages.InMemoryStorage()
+    )
+    return study, sampler
+
+
+def speed(params: dict[str, Any]) -> float:
+    """A CPU-like job: bf16 faster, bigger batches faster, one worker best."""
+    precision = {"fp32": 1.0, "bf16": 2.0}[params["precision"]]
+    return precision * math.log2(params["batch_size"]) * (1.5 if params["workers"] == 1 else 1.0)
+
+
+def run_ok(study: optuna.Study, sampler: FreshConfigSampler, rate=speed) -> optuna.trial.FrozenTrial:
+    trial = study.ask(sampler.space)
+    record(study, trial, [rate(trial.params), 0.0], [-0.01, 0.0, 0.0])
+    return study.trials[-1]
+
+
+def one_knob_apart(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return sum(a[k] != b[k] for k in a) == 1
+
+
+def test_make_sampler_guides_the_default_only() -> None:
+    configs = all_configs(SMALL)
+    assert make_sampler("tpe", 0, SMALL, lambda: configs).rule is not None
+    for name in ("random", "nsga2"):
+        assert make_sampler(name, 0, SMALL, lambda: configs).rule is None
+
+
+def test_the_default_runs_the_rule_of_thumb_after_the_baseline_then_its_neighbours() -> None:
+    study, sampler = guided_study(unsupported=unsupported_on(CPU))
+    study.enqueue_trial(CPU_BASELINE)
+    assert run_ok(study, sampler).params == CPU_BASELINE
+    rule = {"precision": "bf16", "batch_size": 64, "workers": 1, "compile": "none"}
+    assert run_ok(study, sampler).params == rule
+    neighbours = [run_ok(study, sampler).params for _ in range(4)]
+    assert neighbours == [
+        {**rule, "precision": "fp32"},  # precision first
+        {**rule, "batch_size": 32},  # an integer knob one step down and up its values
+        {**rule, "workers": 0},
+        {**rule, "workers": 2},
+    ]
+
+
+def test_the_local_search_moves_to_the_best_after_scanning_its_neighbours() -> None:
+    study, sampler = guided_study()
+    study.enqueue_trial(CPU_BASELINE)
+    run_ok(study, sampler)
+    two_workers = lambda p: speed(p) * (3.0 if p["workers"] == 2 and p["batch_size"] == 64 else 1.0)  # noqa: E731
+    for _ in range(5):  # the rule of thumb and its four neighbours
+        run_ok(study, sampler, two_workers)
+    best = {"precision": "bf16", "batch_size": 64, "workers": 2, "compile": "none"}
+    assert best in [t.params for t in study.trials]
+    following = run_ok(study, sampler, two_workers).params
+    assert one_knob_apart(following, best), following  # the new centre's neighbours
+
+
+def test_the_guided_start_never_repeats_a_config_and_covers_the_space() -> None:
+    for seed in range(3):
+        study, sampler = guided_study(seed=seed)
+        study.enqueue_trial(CPU_BASELINE)
+        seen = set()
+        for _ in range(len(all_configs(CPU_SPACE))):
+            key = config_key(run_ok(study, sampler).params)
+            assert key not in seen
+            seen.add(key)
+        assert sampler.fresh_configs(study) == []
+
+
+def test_the_guided_start_steps_the_batch_down_after_an_out_of_memory() -> None:
+    study, sampler = guided_study()
+    study.enqueue_trial(CPU_BASELINE)
+    run_ok(study, sampler)
+    trial = study.ask(sampler.space)
+    assert trial.params == {"precision": "bf16", "batch_size": 64, "workers": 1, "compile": "none"}
+    record(study, trial, [0.0, math.inf], [0.0, 1.0, 0.0], outcome="oom")
+    assert study.ask(sampler.space).params == {"precision": "bf16", "batch_size": 32, "workers": 1, "compile": "none"}
+
+
+def test_the_guided_start_goes_back_to_the_strict_precision_when_the_rule_of_thumb_drifts() -> None:
+    study, sampler = guided_study()
+    study.enqueue_trial(CPU_BASELINE)
+    run_ok(study, sampler)
+    trial = study.ask(sampler.space)
+    record(study, trial, [speed(trial.params), 0.3], [0.29, 0.0, 0.0])  # over the drift tolerance
+    assert study.ask(sampler.space).params == {"precision": "fp32", "batch_size": 64, "workers": 1, "compile": "none"}
+
+
+def test_the_guided_start_skips_what_the_device_cannot_run() -> None:
+    no_bf16 = Capabilities(fp16=True)
+    study, sampler = guided_study(unsupported=unsupported_on(no_bf16))
+    assert sampler.rule is not None and sampler.rule["precision"] == "fp32"
+    study.enqueue_trial(CPU_BASELINE)
+    run_ok(study, sampler)
+    guided = [run_ok(study, sampler).params for _ in range(5)]  # the rule, then ring 1 and 2 without bf16
+    assert guided == [
+        {"precision": "fp32", "batch_size": 64, "workers": 1, "compile": "none"},
+        {"precision": "fp32", "batch_size": 32, "workers": 1, "compile": "none"},
+        {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none"},
+        {"precision": "fp32", "batch_size": 64, "workers": 2, "compile": "none"},
+        {"precision": "fp32", "batch_size": 16, "workers": 1, "compile": "none"},
+    ]
+
+
+def test_a_start_another_worker_runs_is_not_proposed_again() -> None:
+    study, sampler = guided_study()
+    study.enqueue_trial(CPU_BASELINE)
+    run_ok(study, sampler)
+    running = study.ask(sampler.space)  # left RUNNING, as in another worker
+    rule = {"precision": "bf16", "batch_size": 64, "workers": 1, "compile": "none"}
+    assert running.params == rule
+    configs = all_configs(CPU_SPACE)
+    other = make_sampler("tpe", 1, CPU_SPACE, lambda: configs)  # the other worker's own sampler
+    worker = optuna.load_study(study_name=study.study_name, storage=study._storage, sampler=other)
+    assert worker.ask(other.space).params == {**rule, "precision": "fp32"}, "a neighbour of the running start"
+    assert worker.ask(other.space).params == {**rule, "batch_size": 32}
