@@ -39,6 +39,8 @@ READS_VERSIONS = (1,)
 """The `autotuner.export.EXPORT_VERSION` values this reader understands."""
 AGREEMENT = 0.10
 """An applied throughput this far from the study's (relative) gets a warning."""
+PROMISE = 0.05
+"""The speedup `autotuner apply` delivers is within this of the export's (relative), or it warns."""
 MIN_APPLY_STEPS = 50
 
 
@@ -240,6 +242,9 @@ class AppliedRun:
     heldout_loss: float | None
     drift_steps: int
     wall_s: float
+    baseline: dict[str, Any] | None = None
+    """The export's baseline config, run here as long and measured the same way (throughput dict),
+    so that the speedup delivered is a ratio taken on this machine now."""
 
     @property
     def samples_per_s(self) -> float:
@@ -253,6 +258,21 @@ class AppliedRun:
     @property
     def agrees(self) -> bool:
         return abs(self.ratio - 1.0) <= AGREEMENT
+
+    @property
+    def speedup(self) -> float | None:
+        """The tuned config's throughput over the baseline's, both run here."""
+        return self.samples_per_s / float(self.baseline["samples_per_s"]) if self.baseline else None
+
+    @property
+    def promise_ratio(self) -> float | None:
+        """The speedup delivered here over the one in the export."""
+        return self.speedup / self.tuned.speedup if self.speedup and self.tuned.speedup else None
+
+    @property
+    def keeps_promise(self) -> bool | None:
+        ratio = self.promise_ratio
+        return None if ratio is None else abs(ratio - 1.0) <= PROMISE
 
 
 def default_steps(job: Job) -> int:
@@ -293,12 +313,15 @@ def apply_config(
     steps: int | None = None,
     device: str | None = None,
     force: bool = False,
+    baseline: bool = True,
     warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
 ) -> AppliedRun:
     """Run `job` with `tuned` for at least `steps` optimizer steps (default `default_steps`) in a
     trial process, measured as a trial is: warm-up, then windows as long as the study's (each
-    lengthened to `trial.min_window_s` by the same calibration), their median and spread. A config
-    tuned for another job or other hardware is refused unless `force`."""
+    lengthened to `trial.min_window_s` by the same calibration), their median and spread. With
+    `baseline`, the export's baseline config runs after it, as long, so the speedup delivered can
+    be set beside the export's. A config tuned for another job or other hardware is refused
+    unless `force`."""
     from autotuner.outcomes import Outcome
     from autotuner.search import make_launcher, probe_environment, trial_request  # Optuna: only here
 
@@ -311,7 +334,7 @@ def apply_config(
     other_job = job_mismatch(tuned, job)
     if other_job and not force:
         raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
-    launcher = make_launcher(job.backend)
+    launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
     environment = probe_environment(launcher, job.backend, device or job.spec.device, job.workload_path(), job.source)
     other_machine = machine_mismatch(tuned, environment)
     if other_machine and not force:
@@ -335,11 +358,22 @@ def apply_config(
     total = steps or default_steps(job)
     per_window = min(settings.steps, total)
     windows = math.ceil(total / per_window)
-    request = dataclasses.replace(trial_request(job, config, environment["device"]), steps=per_window, windows=windows)
     timeout = settings.timeout * max(1.0, per_window * windows / (settings.steps * settings.windows))
-    result = launcher.call(job.backend.runner, "run", request, timeout)
-    if result.outcome is not Outcome.OK:
-        raise BackendError(f"the config failed on this machine: {result.outcome}: {result.reason}")
+
+    def run(what: str, run_config: Config) -> Any:
+        request = trial_request(job, run_config, environment["device"])
+        result = launcher.call(
+            job.backend.runner, "run", dataclasses.replace(request, steps=per_window, windows=windows), timeout
+        )
+        if result.outcome is not Outcome.OK:
+            raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
+        return result
+
+    result = run("config", config)
+    base = None
+    base_params = tuned.baseline.get("params")
+    if baseline and base_params and tuned.speedup:
+        base = run("baseline config", job.complete(base_params)).result["throughput"]
     return AppliedRun(
         tuned=tuned,
         config=config,
@@ -348,6 +382,7 @@ def apply_config(
         heldout_loss=(result.result.get("losses") or {}).get("heldout"),
         drift_steps=settings.drift_steps,
         wall_s=result.wall_s,
+        baseline=base,
     )
 
 
@@ -373,6 +408,13 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         + f": ratio {run.ratio:.2f}",
         file=out,
     )
+    if run.baseline and run.promise_ratio is not None:
+        print(
+            f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
+            f"{float(run.baseline['samples_per_s']):,.0f} samples/s, run here as long), "
+            f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
+            file=out,
+        )
     study_loss = tuned.metrics.get("heldout_loss")
     if run.heldout_loss is not None and isinstance(study_loss, (int, float)) and study_loss:
         gap = abs(run.heldout_loss - study_loss) / abs(study_loss)
@@ -380,6 +422,14 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             f"held-out loss after {run.drift_steps} steps: {run.heldout_loss:.6g} here, {study_loss:.6g} in the study "
             f"({'identical' if gap == 0 else f'{gap:.3%} apart'})",
             file=out,
+        )
+    promise = run.promise_ratio
+    if promise is not None and run.keeps_promise is False:
+        print(
+            f"autotuner: warning: the speedup here is {abs(promise - 1):.0%} "
+            f"{'below' if promise < 1 else 'above'} the export's "
+            f"(more than {PROMISE:.0%}): the machine may be busier now, or the study's measurements were noisy",
+            file=err,
         )
     if not run.agrees:
         print(

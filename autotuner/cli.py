@@ -77,7 +77,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
     tuned = load_config(args.config)
     job = load_spec(args.spec)
-    print_applied(apply_config(tuned, job, steps=args.steps, device=args.device, force=args.force))
+    applied = apply_config(
+        tuned, job, steps=args.steps, device=args.device, force=args.force, baseline=not args.no_baseline
+    )
+    print_applied(applied)
     return 0
 
 
@@ -195,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     apply.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the spec's device)")
     apply.add_argument("--force", action="store_true", help="run it even if tuned for another job or other hardware")
+    apply.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="do not run the baseline after it (by default it runs as long, to check the export's speedup)",
+    )
     apply.set_defaults(handler=cmd_apply)
 
     export = commands.add_parser("export", help="write the best config and its evidence from the storage")

@@ -306,7 +306,15 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert ran is not None, out
     assert int(ran[1]) == 20 * int(ran[2]) and int(ran[2]) >= 3
     assert "held-out loss after 3 steps" in out and "(identical)" in out  # CPU runs repeat bitwise
+    # Then the baseline, as long: the speedup delivered here, beside the export's.
+    delivered = re.search(r"speedup: (\d+\.\d\d)x here \(over the baseline (.*?), ([\d,]+) samples/s", out)
+    assert delivered is not None, out
+    assert "batch=16x4" in delivered[2] and f"{export['speedup']:.2f}x in the export: ratio" in out
     assert "Traceback" not in done.stderr
+    skipped = run_cli(
+        "apply", "studies/applied.best.yaml", "--spec", str(spec), "--steps", "6", "--no-baseline", cwd=workdir
+    )
+    assert skipped.returncode == 0 and "speedup:" not in skipped.stdout, skipped.stdout + skipped.stderr
 
 
 def test_apply_refuses_a_config_from_other_hardware_unless_forced(study: tuple[Path, Path, dict[str, Any]]) -> None:
