@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from autotuner.knobs import KNOBS, format_config
-from autotuner.study import TrialRecord
+from autotuner.study import TrialRecord, ranked
 
 THROUGHPUT_TITLE = "throughput (samples/s)"
 DRIFT_TITLE = "drift (relative)"
@@ -39,8 +39,8 @@ def ok_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
 
 
 def fastest_feasible(trials: Sequence[TrialRecord], top: int) -> list[TrialRecord]:
-    """The `top` feasible trials by throughput, fastest first."""
-    return sorted((t for t in trials if t.feasible), key=lambda t: (-t.throughput, t.number))[:top]
+    """The `top` feasible trials by throughput, fastest first, as the best is chosen (`study.ranked`)."""
+    return ranked(list(trials))[:top]
 
 
 def pareto_front(trials: Sequence[TrialRecord]) -> list[TrialRecord]:

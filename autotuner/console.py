@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotuner.knobs import format_config
-from autotuner.study import TrialRecord
+from autotuner.study import TrialRecord, ranked
 
 if TYPE_CHECKING:
     from autotuner.search import SearchSummary
@@ -32,6 +32,14 @@ def percent(value: Any, digits: int = 3) -> str:
     if value == "inf" or value == float("inf"):
         return "inf"
     return f"{float(value):.{digits}%}"
+
+
+def processes(t: TrialRecord) -> str:
+    """How many processes measured a config, and how far apart they were: `3, 1.2% apart`."""
+    if t.run_spread is None:
+        return "1"
+    failed = " [red]a re-run failed[/]" if (t.remeasured or {}).get("error") else ""
+    return f"{len(t.throughputs)}, {t.run_spread:.1%} apart{failed}"
 
 
 def dashboard_command(storage_url: str) -> str:
@@ -56,6 +64,13 @@ class SearchReporter:
 
     def note(self, text: str) -> None:
         self.console.print(text)
+
+    def remeasured(self, t: TrialRecord) -> None:
+        runs = ", ".join(rate(value) for value in t.throughputs)
+        error = (t.remeasured or {}).get("error")
+        tail = f" [red]{escape(str(error))}[/]: not declared best" if error else f": median {rate(t.throughput)}"
+        tag = " (baseline)" if t.role == "baseline" else ""
+        self.console.print(f"re-measured #{t.number}{tag} {format_config(t.config)}: {runs}{tail}")
 
     def reference(self, reference: dict[str, Any], tolerance: float) -> None:
         self.console.print(
@@ -88,8 +103,11 @@ class SearchReporter:
 
     def finish(self, summary: SearchSummary) -> None:
         base = summary.baseline
-        table = Table(title="Top configs (feasible, by throughput)", box=box.SIMPLE_HEAD)
-        feasible = sorted((t for t in summary.trials if t.feasible), key=lambda t: -t.throughput)
+        table = Table(
+            title="Top configs (feasible, by throughput: the median over the processes that measured it)",
+            box=box.SIMPLE_HEAD,
+        )
+        feasible = ranked(summary.trials)
         shown = feasible[:TOP] + ([base] if base is not None and base not in feasible[:TOP] else [])
         knobs = [k for k in (shown[0].config if shown else {}) if k != "accumulation"]
         for column in (
@@ -99,6 +117,7 @@ class SearchReporter:
             "speedup",
             "drift",
             "spread",
+            "processes",
             "warm-up",
         ):
             table.add_column(column, no_wrap=True)
@@ -116,6 +135,7 @@ class SearchReporter:
                 speedup,
                 percent(t.metrics.get("drift")),
                 percent(t.metrics.get("throughput_spread"), 1),
+                processes(t),
                 f"{t.metrics.get('warmup_s', 0):.2f}s",
             )
         self.console.print(table)

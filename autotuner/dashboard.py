@@ -42,6 +42,14 @@ def study_note(study: optuna.Study) -> str:
             f"\n**Baseline:** trial #{base.number}, `{format_config(base.config)}`: "
             f"{rate(base.throughput)} ({base.outcome})"
         )
+    remeasured = [t for t in trials if t.remeasured is not None]
+    if remeasured:
+        lines += ["", "**Re-measured** before the best was declared (throughput = median over the processes):", ""]
+        for t in sorted(remeasured, key=lambda t: -t.throughput):
+            error = (t.remeasured or {}).get("error")
+            apart = f" ({t.run_spread:.1%} apart)" if t.run_spread is not None else ""
+            runs = ", ".join(rate(value) for value in t.throughputs) + apart + (f", **{error}**" if error else "")
+            lines.append(f"- #{t.number} `{format_config(t.config)}`: {runs}")
     counts: dict[str, int] = {}
     for t in trials:
         counts[t.outcome] = counts.get(t.outcome, 0) + 1

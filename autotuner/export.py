@@ -11,7 +11,7 @@ import optuna
 import yaml
 
 from autotuner.errors import AutotunerError
-from autotuner.study import TrialRecord, baseline, best, records, shown_url
+from autotuner.study import TrialRecord, baseline, best, ranked, records, shown_url
 
 EXPORT_VERSION = 1
 
@@ -45,7 +45,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
     attrs = study.user_attrs
     settings = attrs.get("autotuner", {})
     reference = attrs.get("reference", {})
-    metrics = {"throughput": winner.throughput, **winner.metrics}
+    metrics = {**winner.metrics, **_measurements(winner)}
     return _plain(
         {
             "version": EXPORT_VERSION,
@@ -53,8 +53,8 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
             "metrics": metrics,
             "baseline": {
                 "params": base.config if base else None,
-                "throughput": base.throughput if base else None,
                 "outcome": base.outcome if base else None,
+                **(_measurements(base) if base else {"throughput": None}),
             },
             "speedup": winner.throughput / base.throughput if base and base.throughput > 0 else None,
             "drift": {
@@ -80,8 +80,19 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
     )
 
 
+def _measurements(t: TrialRecord) -> dict[str, Any]:
+    """A config's throughput (the median over its trial and re-measurement processes) and how it
+    was measured."""
+    return {
+        "throughput": t.throughput,
+        "trial_throughput": t.trial_throughput,
+        "throughput_runs": t.throughputs,
+        "throughput_run_spread": t.run_spread,
+        "remeasured": t.remeasured is not None,
+    }
+
+
 def _top(trials: list[TrialRecord], base: TrialRecord | None, count: int) -> list[dict[str, Any]]:
-    ranked = sorted((t for t in trials if t.feasible), key=lambda t: -t.throughput)[:count]
     return [
         {
             "rank": rank,
@@ -91,8 +102,10 @@ def _top(trials: list[TrialRecord], base: TrialRecord | None, count: int) -> lis
             "speedup": t.throughput / base.throughput if base and base.throughput > 0 else None,
             "drift": t.metrics.get("drift"),
             "throughput_spread": t.metrics.get("throughput_spread"),
+            "throughput_runs": t.throughputs,
+            "throughput_run_spread": t.run_spread,
         }
-        for rank, t in enumerate(ranked, start=1)
+        for rank, t in enumerate(ranked(trials)[:count], start=1)
     ]
 
 

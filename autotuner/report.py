@@ -164,10 +164,31 @@ def front_table(report: Report) -> Table:
 
 def top_table(report: Report, top: int = TOP) -> Table:
     rows = [
-        [str(rank), f"#{t.number}", format_config(t.config), rate(t.throughput), report.speedup(t), _drift(t)]
+        [
+            str(rank),
+            f"#{t.number}",
+            format_config(t.config),
+            rate(t.throughput),
+            _processes(t),
+            report.speedup(t),
+            _drift(t),
+        ]
         for rank, t in enumerate(charts.fastest_feasible(report.trials, top), start=1)
     ]
-    return ["rank", "trial", "config", "throughput", "speedup", "drift"], rows
+    return ["rank", "trial", "config", "throughput", "processes", "speedup", "drift"], rows
+
+
+def _processes(t: TrialRecord) -> str:
+    """The processes that measured a config: `1`, or each one's throughput and how far apart."""
+    if t.remeasured is None:
+        return "1"
+    error = t.remeasured.get("error")
+    runs = " / ".join(rate(value) for value in t.throughputs)
+    return (
+        f"{len(t.throughputs)}: {runs}"
+        + (f" ({t.run_spread:.1%} apart)" if t.run_spread is not None else "")
+        + (f"; {error}" if error else "")
+    )
 
 
 def knob_tables(report: Report) -> list[tuple[str, Table]]:
@@ -202,13 +223,14 @@ def trial_table(report: Report) -> Table:
             t.reason,
             rate(t.throughput),
             percent(t.metrics.get("throughput_spread"), 1),
+            _processes(t),
             _drift(t),
             metric(t, "warmup_s", "{:.2f} s"),
             metric(t, "peak_memory_mb", "{:,.0f} MiB"),
         ]
         for t in sorted(report.trials, key=lambda t: t.number)
     ]
-    headers = ["trial", "role", "config", "outcome", "feasible", "reason", "throughput", "spread", "drift"]
+    headers = ["trial", "role", "config", "outcome", "feasible", "reason", "throughput", "spread", "processes", "drift"]
     return [*headers, "warm-up", "peak memory"], rows
 
 

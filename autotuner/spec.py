@@ -55,6 +55,12 @@ class Budget(_Strict):
     """Trials that are run (unsupported configs, which cost nothing, are not counted)."""
     timeout: float | None = Field(None, gt=0)
     """Seconds of trial wall time for the whole study, summed over every run and worker."""
+    remeasure_top: int = Field(3, ge=0, le=1000)
+    """Before the best is declared, this many of the fastest feasible configs, and the baseline,
+    are measured again in fresh trial processes; 0: never. Not counted in `trials`."""
+    remeasure_runs: int = Field(2, gt=0, le=100)
+    """Re-measurement runs per config: with the trial's own, the config's throughput is the
+    median of `remeasure_runs + 1` processes."""
 
 
 class TrialSettings(_Strict):

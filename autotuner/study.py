@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial
 
-from autotuner.claims import Claims
+from autotuner.claims import PREFIX, Claims
 from autotuner.drift import measure_drift
 from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import HardwareMismatch, SpecError
@@ -56,6 +57,8 @@ SQLITE_BUSY_S = 30
 OPEN_ATTEMPTS = 5
 STUDY_ATTRS = ("autotuner", "environment", "fingerprint", "constraints")
 """The study user attrs a study's creator writes; until all are there, its `identity` claim decides."""
+REMEASURE_PREFIX = PREFIX + "remeasure:"
+"""Study system attr (a claim, `autotuner.claims`) holding the re-measurement of a trial's config."""
 GIVEN_UP = "given_up"
 """Trial user attr: why a worker gave the trial up without running it (see `give_up`)."""
 CUT_OFF = "its worker stopped while it ran (killed, or cut off from the storage); it is retried"
@@ -348,10 +351,35 @@ class TrialRecord:
     reason: str
     feasible: bool
     metrics: dict[str, Any] = field(default_factory=dict)
+    remeasured: dict[str, Any] | None = None
+    """The config's re-measurement (`remeasure`), once done: `throughputs` of its runs, each a
+    fresh trial process, and `error` when one of them failed."""
+
+    @property
+    def trial_throughput(self) -> float:
+        """What the trial itself measured (the Optuna value the dashboard plots)."""
+        return float(self.metrics.get("throughput") or 0.0)
+
+    @property
+    def throughputs(self) -> list[float]:
+        """Every measurement of the config: the trial's, then its re-measurement runs'."""
+        return [self.trial_throughput, *((self.remeasured or {}).get("throughputs") or [])]
 
     @property
     def throughput(self) -> float:
-        return float(self.metrics.get("throughput") or 0.0)
+        """The config's throughput: the median over its trial and re-measurement processes."""
+        return float(statistics.median(self.throughputs))
+
+    @property
+    def run_spread(self) -> float | None:
+        """(max - min) / median over the config's processes; None before it is re-measured."""
+        runs = self.throughputs
+        return (max(runs) - min(runs)) / self.throughput if len(runs) > 1 and self.throughput else None
+
+    @property
+    def confirmed(self) -> bool:
+        """Re-measured, and every run of it succeeded."""
+        return self.remeasured is not None and not self.remeasured.get("error")
 
     @property
     def drift(self) -> float:
@@ -364,7 +392,7 @@ class TrialRecord:
         return self.state == "COMPLETE" and self.outcome != Outcome.UNSUPPORTED.value
 
     @classmethod
-    def from_frozen(cls, t: FrozenTrial) -> TrialRecord:
+    def from_frozen(cls, t: FrozenTrial, remeasured: dict[str, Any] | None = None) -> TrialRecord:
         attrs = dict(t.user_attrs)
         known = {"config", "role", "outcome", "reason", "feasible", "traceback"}
         state = t.state.name
@@ -378,18 +406,40 @@ class TrialRecord:
             reason=attrs.get("reason", CUT_OFF if state == "FAIL" else ""),
             feasible=bool(attrs.get("feasible", False)) and state == "COMPLETE",
             metrics={k: v for k, v in attrs.items() if k not in known},
+            remeasured=remeasured,
         )
 
 
 def records(study: optuna.Study) -> list[TrialRecord]:
-    """Every trial of the study, but those given up without running (`give_up`)."""
-    return [TrialRecord.from_frozen(t) for t in study.get_trials(deepcopy=False) if GIVEN_UP not in t.user_attrs]
+    """Every trial of the study, but those given up without running (`give_up`), with their
+    re-measurements."""
+    done = remeasurements(study)
+    return [
+        TrialRecord.from_frozen(t, done.get(t.number))
+        for t in study.get_trials(deepcopy=False)
+        if GIVEN_UP not in t.user_attrs
+    ]
+
+
+def remeasurements(study: optuna.Study) -> dict[int, dict[str, Any]]:
+    """The finished re-measurements of the study, by trial number (claims `remeasure:<number>`)."""
+    found: dict[int, dict[str, Any]] = {}
+    for key, value in study._storage.get_study_system_attrs(study._study_id).items():
+        if key.startswith(REMEASURE_PREFIX) and isinstance(value, dict) and value.get("status") == "done":
+            found[int(key.removeprefix(REMEASURE_PREFIX))] = value
+    return found
+
+
+def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
+    """The feasible trials, fastest first (the median over its processes where a config was
+    re-measured); a config whose re-measurement failed is left out: it is not reliable."""
+    feasible = [t for t in trials if t.feasible and not (t.remeasured or {}).get("error")]
+    return sorted(feasible, key=lambda t: (-t.throughput, t.number))
 
 
 def best(trials: list[TrialRecord]) -> TrialRecord | None:
-    """The highest-throughput feasible trial."""
-    feasible = [t for t in trials if t.feasible]
-    return max(feasible, key=lambda t: t.throughput) if feasible else None
+    """The best config: the first of `ranked`."""
+    return next(iter(ranked(trials)), None)
 
 
 def baseline(trials: list[TrialRecord]) -> TrialRecord | None:

@@ -226,6 +226,52 @@ class Coordinator:
             self.study.set_user_attr("reference", reference)
             return reference
 
+    # ------------------------------------------------------------ re-measuring the best
+
+    def remeasure(
+        self, numbers: list[int], run: Callable[[list[int]], dict[int, dict[str, Any]]], lease_s: float
+    ) -> None:
+        """Re-measure the configs of trials `numbers` once per study: those no other worker has
+        claimed are run here (`run` gets their numbers, returns each one's result, and has
+        `lease_s` seconds per config before another worker may take them over); those another live
+        worker is re-measuring are waited for. A result is stored in the claim
+        (`remeasure:<number>`, status `done`), which `autotuner.study.records` reads."""
+        todo = list(numbers)
+        while todo:
+            mine: list[tuple[int, Held, dict[str, Any]]] = []
+            others: list[int] = []
+            for number in todo:
+                until = time.time() + lease_s * len(todo)
+                value = {"worker": self.worker.as_dict(), "until": until, "status": "running"}
+                held = self.claims.claim(f"remeasure:{number}", value)
+                if held is None:
+                    mine.append((number, Held(f"{PREFIX}remeasure:{number}", json.dumps(value)), value))
+                    continue
+                theirs = held.value
+                if theirs.get("status") == "done":
+                    continue
+                gone = (
+                    theirs.get("status") == "released"
+                    or alive(theirs.get("worker", {})) is False
+                    or time.time() > float(theirs.get("until", 0))
+                )
+                if gone and self.claims.take_over(held, value):
+                    mine.append((number, Held(held.key, json.dumps(value)), value))
+                else:
+                    others.append(number)
+            if mine:
+                try:
+                    results = run([number for number, _, _ in mine])
+                except BaseException:
+                    for _, held, value in mine:  # another worker may take them at once
+                        self.claims.take_over(held, {**value, "status": "released"})
+                    raise
+                for number, held, value in mine:
+                    self.claims.take_over(held, {**value, **results[number], "status": "done"})
+            todo = others
+            if todo:
+                time.sleep(POLL_S)
+
     # ------------------------------------------------------------ the queue
 
     def enqueue_baseline(self, params: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from autotuner.knobs import config_key
+from autotuner.study import records
 from tests.conftest import ROOT, run_cli, write_spec
 
 EXPORT_KEYS = {"params", "metrics", "baseline", "speedup", "environment", "spec", "study"}
@@ -28,7 +30,7 @@ def _study(workdir: Path, name: str = "small") -> optuna.Study:
 def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One small study searched once; the tests below read what it left."""
     workdir = tmp_path_factory.mktemp("search")
-    spec = write_spec(workdir)
+    spec = write_spec(workdir, budget={"trials": 3, "remeasure_top": 1, "remeasure_runs": 2})
     done = run_cli("search", "--spec", str(spec), cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     return workdir, done.stdout
@@ -52,6 +54,26 @@ def test_search_exports_the_best_config_with_its_evidence(searched: tuple[Path, 
     assert export["study"]["storage"] == "sqlite:///studies/small.db"
     assert "dashboard: optuna-dashboard sqlite:///studies/small.db" in stdout
     assert "best" in stdout and "baseline" in stdout
+
+
+def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(searched: tuple[Path, str]) -> None:
+    workdir, stdout = searched
+    export = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
+    winner, base = export["metrics"], export["baseline"]
+    assert f"re-measured #{export['study']['trial']}" in stdout and "re-measured #0 (baseline)" in stdout
+    for measured in (winner, base):  # the trial's process and two more
+        assert measured["remeasured"] and len(measured["throughput_runs"]) == 3
+        assert measured["throughput"] == statistics.median(measured["throughput_runs"])
+        assert measured["trial_throughput"] == measured["throughput_runs"][0]
+        runs = measured["throughput_runs"]
+        assert measured["throughput_run_spread"] == pytest.approx((max(runs) - min(runs)) / measured["throughput"])
+    assert export["speedup"] == pytest.approx(winner["throughput"] / base["throughput"])
+    study = _study(workdir)
+    stored = {k: v for k, v in study._storage.get_study_system_attrs(study._study_id).items() if "remeasure:" in k}
+    # The winner and the baseline at least (a config that led before its re-measurement too).
+    assert {f"autotuner:remeasure:{export['study']['trial']}", "autotuner:remeasure:0"} <= set(stored)
+    assert all(v["status"] == "done" and len(v["throughputs"]) == 2 for v in stored.values())
+    assert study.trials[export["study"]["trial"]].values[0] == winner["trial_throughput"]  # the trial keeps its own
 
 
 def test_search_stores_everything_on_the_study(searched: tuple[Path, str]) -> None:
@@ -353,9 +375,9 @@ def test_export_top_lists_the_best_feasible_configs_in_order(searched: tuple[Pat
     done = run_cli("export", "--spec", str(workdir / "small.yaml"), "--top", "2", "-o", "top.yaml", cwd=workdir)
     assert done.returncode == 0, done.stderr
     top = yaml.safe_load((workdir / "top.yaml").read_text())["top"]
-    feasible = sorted(
-        (t for t in _study(workdir).get_trials() if t.user_attrs["feasible"]), key=lambda t: -t.user_attrs["throughput"]
-    )
+    # Ranked as the best is chosen: by the median over each config's processes where re-measured.
+    feasible = sorted((t for t in records(_study(workdir)) if t.feasible), key=lambda t: -t.throughput)
     assert [entry["trial"] for entry in top] == [t.number for t in feasible[:2]]
+    assert [entry["throughput"] for entry in top] == [t.throughput for t in feasible[:2]]
     assert [entry["rank"] for entry in top] == [1, 2]
     assert "1. #" in done.stdout

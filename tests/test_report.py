@@ -14,6 +14,8 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 
 from autotuner import charts
+from autotuner.claims import Claims
+from autotuner.dashboard import study_note
 from autotuner.errors import SpecError
 from autotuner.export import export_data
 from autotuner.knobs import format_config
@@ -276,3 +278,42 @@ def test_report_command_on_a_real_study(tmp_path: Path) -> None:
     assert missing.stderr.strip() == "autotuner: error: name: no study 'nope' in sqlite:///studies/small.db"
     bad = run_cli("report", "--study", "small", "--storage", "nonsense://", cwd=tmp_path)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _remeasure(url: str, study: optuna.Study, number: int, value: dict[str, Any]) -> None:
+    """What a worker stores once it has re-measured trial `number` (`Coordinator.remeasure`)."""
+    Claims(open_storage(url), study._study_id).claim(f"remeasure:{number}", {"status": "done", **value})
+
+
+def test_a_lucky_trial_does_not_win_once_the_top_is_remeasured(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/lucky.db"
+    study = _store(url, "lucky", TRIALS)
+    assert best(records(study)).number == 1  # bf16 x64 at 3,000/s in its trial
+    # Re-measured: #1 was lucky (two more processes at 2,000 and 2,100/s), #4 steady near 2,000/s,
+    # the baseline steady at 1,000/s.
+    _remeasure(url, study, 1, {"throughputs": [2000.0, 2100.0]})
+    _remeasure(url, study, 4, {"throughputs": [2150.0, 2200.0]})
+    _remeasure(url, study, 0, {"throughputs": [990.0, 1010.0]})
+    trials = records(study)
+    winner = best(trials)
+    assert winner.number == 4 and winner.throughput == 2150.0 and winner.throughputs == [2000.0, 2150.0, 2200.0]
+    assert winner.trial_throughput == 2000.0 and winner.run_spread == pytest.approx(200.0 / 2150.0)
+    lucky = next(t for t in trials if t.number == 1)
+    assert lucky.throughput == 2100.0 and lucky.confirmed
+    export = export_data(study, "sqlite:///x.db", top=2)
+    assert export["study"]["trial"] == 4 and export["metrics"]["throughput"] == 2150.0
+    assert export["metrics"]["throughput_runs"] == [2000.0, 2150.0, 2200.0] and export["metrics"]["remeasured"]
+    assert export["baseline"]["throughput"] == 1000.0
+    assert export["speedup"] == pytest.approx(2150.0 / 1000.0)
+    assert [row["trial"] for row in export["top"]] == [4, 1]
+    assert "Re-measured" in study_note(study) and "2,200/s" in study_note(study)
+    assert "3: 2,000/s / 2,150/s / 2,200/s" in render_markdown(load_report(url, "lucky"))
+
+
+def test_a_config_whose_remeasurement_failed_is_not_declared_best(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/flaky.db"
+    study = _store(url, "flaky", TRIALS)
+    _remeasure(url, study, 1, {"throughputs": [3000.0], "error": "re-run 2: crash: killed by SIGSEGV"})
+    trials = records(study)
+    assert best(trials).number == 4
+    assert next(t for t in trials if t.number == 1).feasible  # still feasible as a trial, on the front

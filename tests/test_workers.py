@@ -111,7 +111,7 @@ def test_four_workers_share_one_study_without_running_anything_twice(
         global_batch=32,
         baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
         space={"precision": ["fp32", "bf16"], "batch_size": [4, 8, 16, 32], "workers": [0], "compile": ["none"]},
-        budget={"trials": budget},
+        budget={"trials": budget, "remeasure_top": 2, "remeasure_runs": 1},
         trial=TINY_TRIAL,
     )
     command = ["search", "--spec", str(spec), "--storage", url, "--device", "cpu"]
@@ -128,9 +128,14 @@ def test_four_workers_share_one_study_without_running_anything_twice(
     keys = [config_key(t.params) for t in done]
     assert len(set(keys)) == len(keys), "a config ran twice"
     assert [t.user_attrs["role"] for t in done].count("baseline") == 1
-    # The processes that trained: the reference's two runs, once for the study, and the trials.
+    # Each config of the top 2 and the baseline re-measured once for the study, by one worker.
+    remeasured = {k: v for k, v in study._storage.get_study_system_attrs(study._study_id).items() if "remeasure:" in k}
+    assert 2 <= len(remeasured) <= 2 * 2 + 1  # the top may change as re-measured figures come in
+    assert all(v["status"] == "done" and len(v["throughputs"]) == 1 for v in remeasured.values()), remeasured
+    # The processes that trained: the reference's two runs, once for the study, the trials, and
+    # the re-measurement runs.
     trained = (tmp_path / "trained").read_text().splitlines()
-    assert len(trained) == 2 + budget
+    assert len(trained) == 2 + budget + len(remeasured)
     assert len(study.user_attrs["reference"]["runs_heldout"]) == 2
     assert study.user_attrs["environment"]["device"] == "cpu"
     for t in trials:
