@@ -36,6 +36,7 @@ from autotuner.study import (
     TrialRecord,
     baseline,
     best,
+    check_objectives,
     give_up,
     open_storage,
     open_study,
@@ -180,6 +181,7 @@ class Search:
             launcher, job.backend, self.device, job.workload_path(), self.device_source, dict(job.spec.workload_args)
         )
         capabilities = Capabilities.from_dict(environment["capabilities"])
+        check_objectives(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
         study = open_study(storage, job, environment)
         workers = Coordinator(study, storage)

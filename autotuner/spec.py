@@ -48,6 +48,9 @@ class Objective(_Strict):
     """Largest relative held-out loss drift from the fp32 reference that is still feasible."""
     max_memory_mb: float | None = Field(None, gt=0, le=2**30)
     """Peak device memory (CUDA) or peak resident memory (CPU) limit, in MiB."""
+    energy: bool = False
+    """Also minimize energy per sample (J, from NVML's energy counter): a third objective of the
+    study, for its Pareto front. Needs a GPU with an energy counter."""
 
 
 class Budget(_Strict):

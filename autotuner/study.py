@@ -44,6 +44,17 @@ from autotuner.trial import TrialResult
 
 METRIC_NAMES = ["throughput", "drift"]
 DIRECTIONS: list[Literal["maximize", "minimize"]] = ["maximize", "minimize"]
+ENERGY = "energy_j_per_sample"
+"""The optional third objective (`objective.energy`), minimized."""
+
+
+def objectives(job: Job) -> tuple[list[str], list[Literal["maximize", "minimize"]]]:
+    """The study's metric names and directions: throughput and drift, and energy where asked."""
+    if job.spec.objective.energy:
+        return [*METRIC_NAMES, ENERGY], [*DIRECTIONS, "minimize"]
+    return list(METRIC_NAMES), list(DIRECTIONS)
+
+
 CONSTRAINT_NAMES = ["drift", "outcome", "memory"]
 DRIFT_CAP = 1e6
 """Infinite drift is stored as this in constraint values, which must be finite JSON."""
@@ -167,19 +178,33 @@ def _serialize_sqlite(engine: sqlalchemy.engine.Engine) -> None:
     engine.dispose()  # connections opened while the storage was created predate the hooks
 
 
+def check_objectives(job: Job, environment: dict[str, Any]) -> None:
+    """Refuse an objective this device cannot measure (before anything is stored)."""
+    if job.spec.objective.energy and not environment.get("energy_counter"):
+        raise SpecError(
+            f"objective.energy needs a GPU whose energy counter NVML reads; {environment.get('device')} "
+            f"({environment.get('device_name')}) has none",
+            source=job.source,
+            key="objective.energy",
+        )
+
+
 def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[str, Any]) -> optuna.Study:
     """Create the study, or load it and check that this spec and this hardware match it.
 
     Workers that start together race to create it: the one that wins the `identity` claim
     writes the study's attributes, and every other worker is checked against that claim."""
     ours = fingerprint(environment)
+    check_objectives(job, environment)
+    _, directions = objectives(job)
     try:
         study = optuna.load_study(study_name=job.name, storage=storage)
     except KeyError:
-        study = optuna.create_study(study_name=job.name, storage=storage, directions=DIRECTIONS, load_if_exists=True)
-    if [d.name.lower() for d in study.directions] != DIRECTIONS:
+        study = optuna.create_study(study_name=job.name, storage=storage, directions=directions, load_if_exists=True)
+    if [d.name.lower() for d in study.directions] != directions:
         raise SpecError(
-            f"study {job.name!r} in this storage was not made by autotuner; choose another name", key="name"
+            f"study {job.name!r} in this storage was not made by autotuner with these objectives; choose another name",
+            key="name",
         )
     attrs = study.user_attrs
     if not all(key in attrs for key in STUDY_ATTRS):  # new, or another worker is writing them now
@@ -215,7 +240,7 @@ def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[
 def _write_study_attrs(study: optuna.Study, job: Job, environment: dict[str, Any], fingerprint: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names(METRIC_NAMES)
+        study.set_metric_names(objectives(job)[0])
     study.set_user_attr(
         "autotuner",
         {
@@ -322,6 +347,8 @@ def record(
     # The list form of the constraints is read by Optuna's samplers and by optuna-dashboard alike.
     trial.storage.set_trial_system_attr(trial._trial_id, "constraints", [violations[name] for name in CONSTRAINT_NAMES])
     values = [metrics.get("throughput", 0.0), drift if drift is not None else math.inf]
+    if len(study.directions) > len(values):  # objective.energy: not measured is no better than any
+        values.append(float(metrics.get(ENERGY) or math.inf))
     frozen = study.tell(trial, values)
     return TrialRecord.from_frozen(frozen)
 

@@ -103,6 +103,19 @@ class CpuSampler:
         return dict(self._result)
 
 
+def has_energy_counter(index: int) -> bool:
+    """Whether NVML reads GPU `index`'s energy counter (Volta and newer), which energy per sample
+    and the optional energy objective need."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(index))
+    except Exception:
+        return False
+    return True
+
+
 class GpuSampler:
     """`with GpuSampler(index) as sampler: ...`; then `sampler.summary(samples)`."""
 

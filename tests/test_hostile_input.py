@@ -132,6 +132,7 @@ FIELDS: dict[tuple[str, ...], Callable[[Any], bool]] = {
     ("objective",): _wrong_type(dict),
     ("objective", "max_drift"): _wrong_number(0, 1e6),
     ("objective", "max_memory_mb"): _wrong_number(0, 2**30, optional=True),
+    ("objective", "energy"): lambda v: not isinstance(v, bool),
     ("budget",): _wrong_type(dict),
     ("budget", "trials"): _wrong_int(1, 100_000),
     ("budget", "timeout"): _wrong_number(0, math.inf, optional=True),

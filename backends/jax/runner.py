@@ -24,7 +24,7 @@ from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
-from autotuner.telemetry import Telemetry
+from autotuner.telemetry import Telemetry, has_energy_counter
 from autotuner.trial import TrialRequest
 from autotuner.workload import WorkloadImportError, load_factory
 from backends.jax.apply import STRICT_MATMULS, TunedTraining, collate, device_name, gpus, resolve_device
@@ -82,7 +82,10 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
             driver = "unknown"
         capabilities = {"accelerator": True, "bf16": ampere and _bf16_works(device), "fp16": True, "tf32": ampere}
         stats = device.memory_stats() or {}
-        extra: dict[str, Any] = {"compute_capability": f"{major}.{minor}"}
+        extra: dict[str, Any] = {
+            "compute_capability": f"{major}.{minor}",
+            "energy_counter": has_energy_counter(gpus().index(device)),
+        }
         if "bytes_limit" in stats:
             extra["memory_mb"] = stats["bytes_limit"] // 2**20
     else:

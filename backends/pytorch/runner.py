@@ -24,7 +24,7 @@ from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
-from autotuner.telemetry import Telemetry
+from autotuner.telemetry import Telemetry, has_energy_counter
 from autotuner.trial import TrialRequest
 from autotuner.workload import WorkloadImportError, load_factory
 from backends.pytorch.apply import TunedTraining, resolve_device
@@ -90,7 +90,11 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
             "compile": _compile_works(device),
             "cuda_graphs": True,
         }
-        extra = {"compute_capability": f"{props.major}.{props.minor}", "memory_mb": props.total_memory // 2**20}
+        extra = {
+            "compute_capability": f"{props.major}.{props.minor}",
+            "memory_mb": props.total_memory // 2**20,
+            "energy_counter": has_energy_counter(device.index or 0),
+        }
     else:
         name = cpu_name()
         driver = platform.release()

@@ -1,0 +1,75 @@
+"""The optional third objective, energy per sample: the study it makes, what each trial gives it,
+and its refusal on a device without an energy counter. The NVML side runs only on a GPU; what
+the study does with the figure is checked here from a trial result as a GPU trial returns it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from optuna.distributions import CategoricalDistribution
+
+from autotuner.outcomes import Outcome
+from autotuner.spec import parse_spec
+from autotuner.study import open_storage, open_study, record
+from autotuner.trial import TrialResult
+from tests.conftest import SMALL_SPEC, run_cli, write_spec
+
+GPU = {
+    "backend": "pytorch",
+    "device": "cuda:0",
+    "device_name": "NVIDIA H100 80GB HBM3",
+    "driver": "550.54.15",
+    "versions": {"python": "3.11.7", "torch": "2.3.0", "cuda": "12.1"},
+    "capabilities": {"accelerator": True, "bf16": True, "fp16": True, "tf32": True},
+    "energy_counter": True,
+}
+
+
+def _job(name: str, energy: bool) -> Any:
+    return parse_spec({**SMALL_SPEC, "name": name, "objective": {"max_drift": 0.01, "energy": energy}}, "x.yaml")
+
+
+def _gpu_result(energy_j_per_sample: float) -> TrialResult:
+    throughput = {"samples_per_s": 1000.0, "spread": 0.01, "window_samples_per_s": [1000.0], "warmup_s": 0.1}
+    return TrialResult(
+        Outcome.OK,
+        result={
+            "throughput": {**throughput, "measured_s": 1.0},
+            "losses": {"heldout": 2.0, "trajectory": [2.0]},
+            "telemetry": {"gpu_util_mean": 90.0, "power_w_mean": 300.0, "energy_j_per_sample": energy_j_per_sample},
+        },
+    )
+
+
+def test_energy_is_the_third_objective_of_the_study(tmp_path: Path) -> None:
+    job = _job("energy", energy=True)
+    study = open_study(open_storage(f"sqlite:///{tmp_path}/e.db"), job, GPU)
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE", "MINIMIZE"]
+    assert study.metric_names == ["throughput", "drift", "energy_j_per_sample"]
+    reference = {"heldout": 2.0, "trajectory": [2.0]}
+    space = {k: CategoricalDistribution(v) for k, v in job.space.items()}
+    measured = record(
+        study, study.ask(space), job, job.complete(job.baseline), _gpu_result(0.3), role="baseline",
+        reference=reference, environment=GPU,
+    )  # fmt: skip
+    failed = record(
+        study, study.ask(space), job, job.complete(job.baseline), TrialResult(Outcome.CRASH, "killed by SIGSEGV"),
+        role="search", reference=reference, environment=GPU,
+    )  # fmt: skip
+    values = [t.values for t in study.get_trials()]
+    assert values[0] == [1000.0, 0.0, 0.3] and measured.metrics["energy_j_per_sample"] == 0.3
+    assert values[1][2] == math.inf and not failed.feasible
+    # Without the objective the study has two, and a study made with one is not reused for the other.
+    two = open_study(open_storage(f"sqlite:///{tmp_path}/two.db"), _job("two", energy=False), GPU)
+    assert len(two.directions) == 2
+
+
+def test_the_energy_objective_on_a_device_without_an_energy_counter_is_refused(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, name="cpu-energy", objective={"max_drift": 0.01, "energy": True})
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "objective.energy" in done.stderr and "energy counter" in done.stderr
+    assert not (tmp_path / "studies" / "cpu-energy.db").exists()  # nothing stored
