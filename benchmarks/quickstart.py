@@ -6,7 +6,8 @@ what applying the winner gives next to the study's figure. PyTorch's by default;
 
 Runs `autotuner search` on the spec in a fresh temporary folder (so a fresh study), times it,
 then reads the study back from its storage, then runs the exported best config `--apply-runs`
-times as `autotuner apply` does (default steps: 10x a trial window). Writes
+times as `autotuner apply` does (default steps: 10x a trial's; each time the baseline after it,
+as long, for the speedup delivered against the export's). Writes
 benchmarks/results/<name>.json.
 """
 
@@ -62,15 +63,33 @@ def main() -> None:
             "trials_ran": len(ran),
             "trials_recorded": len(trials),
             "outcomes": {o: sum(t.outcome == o for t in trials) for o in sorted({t.outcome for t in trials})},
-            "baseline": {"config": base.config, "throughput": base.throughput} if base else None,
+            "baseline": {
+                "config": base.config,
+                "throughput": base.throughput,
+                "throughput_runs": base.throughputs,
+                "run_spread": base.run_spread,
+            }
+            if base
+            else None,
             "best": {
                 "config": winner.config,
                 "throughput": winner.throughput,
+                "trial_throughput": winner.trial_throughput,
+                "throughput_runs": winner.throughputs,
+                "run_spread": winner.run_spread,
                 "drift": winner.metrics.get("drift"),
                 "spread": winner.metrics.get("throughput_spread"),
             }
             if winner
             else None,
+            # Two trial processes of one config, as far apart as they came out: each re-measured
+            # config's consecutive runs (the trial's, then its re-runs), relative to their mean.
+            "remeasured_pair_gaps": [
+                abs(a - b) / ((a + b) / 2)
+                for t in trials
+                if t.remeasured is not None
+                for a, b in zip(t.throughputs, t.throughputs[1:], strict=False)
+            ],
             "speedup": winner.throughput / base.throughput if winner and base else None,
             "trial_startup_s_median": statistics.median(startup) if startup else None,
             "trial_wall_s_median": statistics.median(t.metrics["wall_s"] for t in ran) if ran else None,
@@ -95,6 +114,7 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     tuned, job = load_config(export), load_spec(spec)
     applied = [apply_config(tuned, job) for _ in range(runs)]
     ratios = [run.ratio for run in applied]
+    promise = [run.promise_ratio for run in applied if run.promise_ratio is not None]
     return {
         "steps": default_steps(job),
         "study_throughput": tuned.throughput,
@@ -102,6 +122,14 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
         "ratios": ratios,
         "ratio_median": statistics.median(ratios),
         "within_10_percent": sum(abs(r - 1) <= 0.10 for r in ratios),
+        # The promise: the speedup in best.yaml against the one apply delivers (the baseline run
+        # as long, right after the tuned config).
+        "export_speedup": tuned.speedup,
+        "baseline_throughputs": [float(run.baseline["samples_per_s"]) for run in applied if run.baseline],
+        "speedups_delivered": [run.speedup for run in applied],
+        "promise_ratios": promise,
+        "promise_ratio_median": statistics.median(promise) if promise else None,
+        "promise_within_5_percent": sum(abs(r - 1) <= 0.05 for r in promise),
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +164,10 @@ def overhead(data: dict[str, Any]) -> list[str]:
             "sum of the trials' wall time / of their measured windows",
             (f"{_seconds(study['trials_wall_s'])} / {_seconds(study['measured_windows_s'])}"),
         ),
-        ("search wall time over the measured windows", _ratio(study["wall_over_measured_windows"])),
+        (
+            "search wall time over the trials' measured windows (re-measurement runs in the wall time only)",
+            _ratio(study["wall_over_measured_windows"]),
+        ),
         (
             "search process's own time per trial (median: sampling, claims, record, read-back, output)",
             (_seconds(study["loop_per_trial_s"]["median"])),
@@ -173,7 +177,8 @@ def overhead(data: dict[str, Any]) -> list[str]:
             _seconds(study["outside_trials_per_trial_s"]),
         ),
         (
-            "before the first trial (interpreter, imports, probe, reference) / after the last (export, charts)",
+            "before the first trial (interpreter, imports, probe, reference) / after the last "
+            "(re-measurement, export, charts)",
             (f"{_seconds(study['before_first_trial_s'])} / {_seconds(study['after_last_trial_s'])}"),
         ),
         (
@@ -198,8 +203,46 @@ def overhead(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[str]:
+    lines = [
+        "### Measurement fidelity: `python benchmarks/fidelity.py`, and the promise: `python benchmarks/quickstart.py`",
+        "",
+        f"On {data['machine']} (`results/fidelity.json`): the quickstart's baseline and winner, "
+        f"{data['runs']} trials each, interleaved; two trials apart = |a - b| / mean of consecutive runs "
+        "(target: 3%).",
+        "",
+        "| trial settings | config | median samples/s | two trials apart: median (max) | spread over all runs "
+        "| speedup runs apart (median) | CPU steal |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, variant in data["variants"].items():
+        settings = f"{name}: {variant['windows']} windows >= {variant['min_window_s']:g} s"
+        for config, summary in variant["configs"].items():
+            gap = summary["consecutive_gap"]
+            lines.append(
+                f"| {settings} | {config} | {_rate(statistics.median(summary['throughputs']))} | "
+                f"{gap['median']:.1%} ({summary['consecutive_gap_max']:.1%}) | {summary['spread_all_runs']:.1%} | "
+                f"{variant['speedup_gap']['median']:.1%} | {variant['steal_share']:.1%} |"
+            )
+            settings = ""
+    if quickstart and quickstart.get("apply") and quickstart["apply"].get("promise_ratios"):
+        apply = quickstart["apply"]
+        delivered = ", ".join(f"{s:.2f}x" for s in apply["speedups_delivered"])
+        ratios = ", ".join(f"{r:.3f}" for r in apply["promise_ratios"])
+        lines += [
+            "",
+            f"The promise (`results/quickstart.json`, key `apply`): best.yaml says "
+            f"{_ratio(apply['export_speedup'])}; `autotuner apply` ({apply['steps']} steps, the baseline "
+            f"after it as long) delivered {delivered}: ratios {ratios}, "
+            f"{apply['promise_within_5_percent']} of {len(apply['promise_ratios'])} within 5%.",
+        ]
+    return [*lines, ""]
+
+
 def main() -> None:
     sections = []
+    if data := _load("fidelity.json"):
+        sections += fidelity(data, _load("quickstart.json"))
     if data := _load("search_efficiency.json"):
         sections += search_efficiency(data)
     if data := _load("alternatives.json"):
