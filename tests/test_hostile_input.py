@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from autotuner.cli import main
@@ -281,15 +281,24 @@ def test_a_spec_with_one_thing_broken_is_refused(tmp_path_factory: pytest.TempPa
     path=st.sampled_from(sorted(p for p in FIELDS if p != ("workload_args",))),
     literal=HUGE,
 )
+@example(path=("global_batch",), literal="1e400")  # text in YAML 1.1, where a number goes
 def test_huge_numbers_are_refused(tmp_path_factory: pytest.TempPathFactory, path: tuple, literal: str) -> None:
     spec: dict[str, Any] = yaml.safe_load(yaml.safe_dump(VALID))
     if path == ("budget", "timeout") and not literal.startswith("-"):
         literal = "-" + literal.lstrip("-")  # a very long time budget is valid: no limit
-    # YAML 1.1 reads `1e400` (no dot) as text, and text is a valid study name
-    assume(not (path == ("name",) and isinstance(yaml.safe_load(literal), str)))
+    # YAML 1.1 reads `1e400` (no dot) as text, and text is valid where a string is (a study name,
+    # a storage URL): only literals that are wrong where they are put are refused.
+    assume(not _reads_as_text(literal) or FIELDS[path](literal))
     _set(spec, path, "RAWVALUE")
     text = yaml.safe_dump(spec).replace("RAWVALUE", literal, 1)
     refuse_spec(tmp_path_factory.mktemp("spec"), text)
+
+
+def _reads_as_text(literal: str) -> bool:
+    try:
+        return isinstance(yaml.safe_load(literal), str)
+    except ValueError:  # past Python's int-to-text limit: a number, and refused as one
+        return False
 
 
 @examples(30)
