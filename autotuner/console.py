@@ -104,7 +104,7 @@ class SearchReporter:
     def finish(self, summary: SearchSummary) -> None:
         base = summary.baseline
         table = Table(
-            title="Top configs (feasible, by throughput: the median over the processes that measured it)",
+            title="Top configs (feasible, by throughput: the median over every window measured for it)",
             box=box.SIMPLE_HEAD,
         )
         feasible = ranked(summary.trials)

@@ -44,7 +44,12 @@ def study_note(study: optuna.Study) -> str:
         )
     remeasured = [t for t in trials if t.remeasured is not None]
     if remeasured:
-        lines += ["", "**Re-measured** before the best was declared (throughput = median over the processes):", ""]
+        lines += [
+            "",
+            "**Re-measured** before the best was declared (each process's median; the throughput is "
+            "the median over every window of them):",
+            "",
+        ]
         for t in sorted(remeasured, key=lambda t: -t.throughput):
             error = (t.remeasured or {}).get("error")
             apart = f" ({t.run_spread:.1%} apart)" if t.run_spread is not None else ""

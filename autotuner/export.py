@@ -81,8 +81,8 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
 
 
 def _measurements(t: TrialRecord) -> dict[str, Any]:
-    """A config's throughput (the median over its trial and re-measurement processes) and how it
-    was measured."""
+    """A config's throughput (the median over every window of its trial and re-measurement
+    processes) and how it was measured: each process's median, and how far apart they are."""
     return {
         "throughput": t.throughput,
         "trial_throughput": t.trial_throughput,

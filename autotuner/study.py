@@ -379,8 +379,9 @@ class TrialRecord:
     feasible: bool
     metrics: dict[str, Any] = field(default_factory=dict)
     remeasured: dict[str, Any] | None = None
-    """The config's re-measurement (`remeasure`), once done: `throughputs` of its runs, each a
-    fresh trial process, and `error` when one of them failed."""
+    """The config's re-measurement (`autotuner.search.Search._remeasure`), once done: for each of
+    its runs (a fresh trial process) the median `throughputs` and the rates of its `windows`, and
+    `error` when one of them failed."""
 
     @property
     def trial_throughput(self) -> float:
@@ -393,15 +394,24 @@ class TrialRecord:
         return [self.trial_throughput, *((self.remeasured or {}).get("throughputs") or [])]
 
     @property
+    def windows(self) -> list[float]:
+        """The rate of every window measured for the config: the trial's, then its re-runs'."""
+        runs = (self.remeasured or {}).get("windows") or []
+        return [*(self.metrics.get("throughput_windows") or []), *(rate for run in runs for rate in run)]
+
+    @property
     def throughput(self) -> float:
-        """The config's throughput: the median over its trial and re-measurement processes."""
-        return float(statistics.median(self.throughputs))
+        """The config's throughput: the trial's median window, or once it is re-measured, the
+        median over every window of its trial and re-measurement processes."""
+        windows = self.windows if self.remeasured is not None else []
+        return float(statistics.median(windows)) if windows else self.trial_throughput
 
     @property
     def run_spread(self) -> float | None:
-        """(max - min) / median over the config's processes; None before it is re-measured."""
+        """(max - min) / median of the config's processes' medians; None before it is re-measured."""
         runs = self.throughputs
-        return (max(runs) - min(runs)) / self.throughput if len(runs) > 1 and self.throughput else None
+        middle = statistics.median(runs)
+        return (max(runs) - min(runs)) / middle if len(runs) > 1 and middle else None
 
     @property
     def confirmed(self) -> bool:
@@ -458,8 +468,9 @@ def remeasurements(study: optuna.Study) -> dict[int, dict[str, Any]]:
 
 
 def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
-    """The feasible trials, fastest first (the median over its processes where a config was
-    re-measured); a config whose re-measurement failed is left out: it is not reliable."""
+    """The feasible trials, fastest first (by `TrialRecord.throughput`: over every window of its
+    processes where a config was re-measured); a config whose re-measurement failed is left out:
+    it is not reliable."""
     feasible = [t for t in trials if t.feasible and not (t.remeasured or {}).get("error")]
     return sorted(feasible, key=lambda t: (-t.throughput, t.number))
 

@@ -289,11 +289,11 @@ def test_a_lucky_trial_does_not_win_once_the_top_is_remeasured(tmp_path: Path) -
     url = f"sqlite:///{tmp_path}/lucky.db"
     study = _store(url, "lucky", TRIALS)
     assert best(records(study)).number == 1  # bf16 x64 at 3,000/s in its trial
-    # Re-measured: #1 was lucky (two more processes at 2,000 and 2,100/s), #4 steady near 2,000/s,
-    # the baseline steady at 1,000/s.
-    _remeasure(url, study, 1, {"throughputs": [2000.0, 2100.0]})
-    _remeasure(url, study, 4, {"throughputs": [2150.0, 2200.0]})
-    _remeasure(url, study, 0, {"throughputs": [990.0, 1010.0]})
+    # Re-measured (a config's throughput: the median over all its windows): #1 was lucky (two more
+    # processes at 2,000 and 2,100/s), #4 steady near 2,150/s, the baseline steady at 1,000/s.
+    _remeasure(url, study, 1, {"throughputs": [2000.0, 2100.0], "windows": [[2000.0] * 3, [2100.0] * 3]})
+    _remeasure(url, study, 4, {"throughputs": [2150.0, 2200.0], "windows": [[2150.0] * 3, [2200.0] * 3]})
+    _remeasure(url, study, 0, {"throughputs": [990.0, 1010.0], "windows": [[990.0] * 3, [1010.0] * 3]})
     trials = records(study)
     winner = best(trials)
     assert winner.number == 4 and winner.throughput == 2150.0 and winner.throughputs == [2000.0, 2150.0, 2200.0]
@@ -313,7 +313,9 @@ def test_a_lucky_trial_does_not_win_once_the_top_is_remeasured(tmp_path: Path) -
 def test_a_config_whose_remeasurement_failed_is_not_declared_best(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/flaky.db"
     study = _store(url, "flaky", TRIALS)
-    _remeasure(url, study, 1, {"throughputs": [3000.0], "error": "re-run 2: crash: killed by SIGSEGV"})
+    _remeasure(
+        url, study, 1, {"throughputs": [3000.0], "windows": [[3000.0]], "error": "re-run 2: crash: killed by SIGSEGV"}
+    )
     trials = records(study)
     assert best(trials).number == 4
     assert next(t for t in trials if t.number == 1).feasible  # still feasible as a trial, on the front
