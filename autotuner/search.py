@@ -51,9 +51,6 @@ from autotuner.workers import POLL_S, Coordinator
 from backends import Backend, Capabilities
 
 PROBE_TIMEOUT_S = 300.0
-REMEASURE_WINDOWS = 4
-"""A re-measurement run measures this many times the trial's windows: on a noisy machine one
-window varies by 10%, and the median of many windows, like `autotuner apply`'s, does not."""
 REFERENCE_LEASE_TRIALS = 3
 """A worker running the reference (two trial runs) holds it for this many trial timeouts, plus
 the probe's; past that, another worker takes it over."""
@@ -268,9 +265,9 @@ class Search:
     ) -> None:
         """Measure the fastest feasible configs and the baseline again before the best is declared,
         so that one lucky window or process cannot win: each in `budget.remeasure_runs` more trial
-        processes of `REMEASURE_WINDOWS` times the trial's windows, the runs of all of them
-        interleaved. A config's throughput is then the median over every window of its processes;
-        when that reorders the top, the newcomers are re-measured too."""
+        processes, the runs of all of them interleaved. A config's throughput is then the median
+        over every window of its processes; when that reorders the top, the newcomers are
+        re-measured too."""
         settings = self.job.spec.budget
         if not settings.remeasure_top:
             return
@@ -285,7 +282,7 @@ class Search:
             if not todo:
                 return
             attempted.update(todo)
-            lease_s = settings.remeasure_runs * REMEASURE_WINDOWS * self.job.spec.trial.timeout + PROBE_TIMEOUT_S
+            lease_s = settings.remeasure_runs * self.job.spec.trial.timeout + PROBE_TIMEOUT_S
             run = functools.partial(self._remeasure_runs, todo, launcher, environment, reference)
             workers.remeasure(list(todo), run, lease_s)
 
@@ -299,7 +296,6 @@ class Search:
     ) -> dict[int, dict[str, Any]]:
         job, runs = self.job, self.job.spec.budget.remeasure_runs
         trials = [candidates[n] for n in numbers]
-        windows = job.spec.trial.windows * REMEASURE_WINDOWS
         found: dict[int, dict[str, Any]] = {t.number: {"throughputs": [], "windows": []} for t in trials}
         for run in range(runs):
             for t in trials:  # interleaved: a change in the machine's load falls on every config alike
@@ -307,10 +303,8 @@ class Search:
                 if done.get("error"):
                     continue
                 with self.reporter.running(f"re-measuring #{t.number} ({run + 1}/{runs}): {format_config(t.config)}"):
-                    request = dataclasses.replace(trial_request(job, t.config, environment["device"]), windows=windows)
-                    result = launcher.call(
-                        job.backend.runner, "run", request, REMEASURE_WINDOWS * job.spec.trial.timeout
-                    )
+                    request = trial_request(job, t.config, environment["device"])
+                    result = launcher.call(job.backend.runner, "run", request, job.spec.trial.timeout)
                 if result.outcome is not Outcome.OK:
                     done["error"] = f"re-run {run + 1}: {result.outcome.value}: {result.reason}"
                     continue

@@ -62,8 +62,8 @@ class Budget(_Strict):
     """Before the best is declared, this many of the fastest feasible configs, and the baseline,
     are measured again in fresh trial processes; 0: never. Not counted in `trials`."""
     remeasure_runs: int = Field(2, gt=0, le=100)
-    """Re-measurement runs per config, each of 4x the trial's windows: the config's throughput is
-    then the median over every window of its processes."""
+    """Re-measurement runs per config, each a trial process: the config's throughput is then the
+    median over every window of its processes."""
 
 
 class TrialSettings(_Strict):

@@ -4,13 +4,13 @@
 
 Runs the spec's baseline and the quickstart's usual winner (bf16, the largest micro-batch, no
 loader workers) `--runs` times each, interleaved, every run a real trial as the search launches
-it (fork server, one process per trial, the spec's trial settings), once with the spec's trial
-settings and once per variant in `VARIANTS` (longer or more windows). For each config and
-setting it reports every process's median throughput and how far apart two trials of the same
-config are: the median and the largest gap between consecutive runs (two separate trials, as
-the search's re-measurement and a user's apply see them) and the spread (max - min) / median over
-all runs. The machine's CPU steal time and load during the runs are recorded beside them.
-Writes benchmarks/results/fidelity.json.
+it (fork server, one process per trial), once with the spec's trial settings and once per
+variant in `VARIANTS` (more or longer windows). For each config and setting it reports every
+process's median throughput and how far apart two trials of the same config are: the median and
+the largest gap between consecutive runs (two separate trials, as the search's re-measurement
+and a user's apply see them) and the spread (max - min) / median over all runs. The machine's
+CPU steal time and load during the runs are recorded beside them. Writes
+benchmarks/results/fidelity.json.
 
 Target (issue 6): two trials of one config differ by at most 3% in median throughput on the
 quickstart.
@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "spec": {},
     "windows x2": {"windows_factor": 2},
     "min_window_s x2": {"min_window_factor": 2},
+    "windows x4": {"windows_factor": 4},
 }
 
 
