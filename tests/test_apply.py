@@ -3,6 +3,7 @@ reading the export, the README's example, and `autotuner apply` end to end. CPU 
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import runpy
@@ -18,7 +19,7 @@ import yaml
 from torch import nn
 from torch._dynamo.eval_frame import OptimizedModule
 
-from autotuner.apply import READS_VERSIONS, TunedConfig, load_config
+from autotuner.apply import READS_VERSIONS, AppliedRun, TunedConfig, load_config, parse_config, print_applied
 from autotuner.errors import SpecError
 from autotuner.export import EXPORT_VERSION
 from backends.pytorch.apply import TunedTraining, set_matmul_precision
@@ -347,3 +348,58 @@ def test_apply_refuses_a_config_tuned_for_another_job(study: tuple[Path, Path, d
     done = run_cli("apply", "other-job.best.yaml", "--spec", str(spec), cwd=workdir)
     assert done.returncode == 2 and "identity 0000000000000000" in done.stderr, done.stderr
     shutil.rmtree(workdir / "bigger")
+
+
+def _applied(tuned_samples_per_s: float, baseline_samples_per_s: float | None) -> AppliedRun:
+    """What `apply_config` returns, for a run that measured these throughputs."""
+    tuned = parse_config(VALID, "job.best.yaml")
+
+    def measured(rate: float) -> dict[str, Any]:
+        return {
+            "samples_per_s": rate,
+            "spread": 0.01,
+            "steps": 10,
+            "windows": 5,
+            "samples_per_step": 16,
+            "warmup_s": 0.1,
+        }
+
+    return AppliedRun(
+        tuned=tuned,
+        config=dict(tuned.params),
+        environment={"device": "cpu", "device_name": "test CPU"},
+        throughput=measured(tuned_samples_per_s),
+        heldout_loss=None,
+        drift_steps=3,
+        wall_s=1.0,
+        baseline=measured(baseline_samples_per_s) if baseline_samples_per_s else None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tuned", "baseline", "warned"),
+    [
+        (1234.5, 500.0, False),  # 2.469x, as the export says
+        (1234.5, 520.0, False),  # 2.374x: 3.8% under, within the promise
+        (1234.5, 560.0, True),  # 2.204x: 10.7% under
+        (1100.0, 400.0, True),  # 2.750x: 11.4% over (the study's baseline was unlucky)
+    ],
+)
+def test_apply_warns_when_the_speedup_it_delivers_is_not_the_exports(
+    tuned: float, baseline: float, warned: bool
+) -> None:
+    run = _applied(tuned, baseline)
+    out, err = io.StringIO(), io.StringIO()
+    print_applied(run, out, err)
+    assert run.speedup == pytest.approx(tuned / baseline)
+    assert f"speedup: {tuned / baseline:.2f}x here" in out.getvalue() and "2.47x in the export" in out.getvalue()
+    assert ("the speedup here is" in err.getvalue()) is warned, err.getvalue()
+    assert run.keeps_promise is (not warned)
+
+
+def test_apply_without_the_baseline_says_nothing_of_the_speedup() -> None:
+    run = _applied(1234.5, None)
+    out, err = io.StringIO(), io.StringIO()
+    print_applied(run, out, err)
+    assert run.speedup is None and run.keeps_promise is None
+    assert "speedup" not in out.getvalue() + err.getvalue()
