@@ -13,6 +13,8 @@ happens to have read:
 * the budget holds for the whole study: before a trial starts a process it claims one of the
   `budget.trials` slots (`slot:<k>`), which is spent for good once that trial completes and
   free again if it is cut off; no slot, no process;
+* the re-measurement of a top config runs once per study (`remeasure:<number>`): the worker
+  holding the claim runs it and stores the result in it, the others wait for it;
 * a trial cut off (Ctrl-C, kill -9 of its worker, a lost machine) is failed and its config is
   enqueued again exactly once (`retry:<number>`, the retry carries `retry_of`), unless that
   config has been cut off `MAX_CUT_OFFS` times in a row.
