@@ -103,6 +103,17 @@ class CpuSampler:
         return dict(self._result)
 
 
+def nvml_driver() -> str:
+    """The NVIDIA driver version NVML reports, or `unknown`."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return str(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:
+        return "unknown"
+
+
 def has_energy_counter(index: int) -> bool:
     """Whether NVML reads GPU `index`'s energy counter (Volta and newer), which energy per sample
     and the optional energy objective need."""

@@ -40,3 +40,21 @@ def load_factory(ref: str) -> Callable[..., Any]:
     if not callable(factory):
         raise WorkloadImportError(f"{ref!r} is not callable")
     return factory
+
+
+def workload_problem(
+    ref: str, args: dict[str, Any] | None, build: Callable[[Callable[..., Any]], object]
+) -> str | None:
+    """Why the workload `ref` cannot be used, in one line, or None: its factory does not import,
+    or, given its `args`, `build(factory)` (the backend's own check of what the factory returns)
+    raises."""
+    try:
+        factory = load_factory(ref)
+        if args is not None:
+            build(factory)
+    except WorkloadImportError as exc:
+        return str(exc)
+    except Exception as exc:  # the factory's own error, or what it returned
+        problem = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        return f"{ref} does not build a workload: {problem}"
+    return None

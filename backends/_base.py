@@ -67,7 +67,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from autotuner.knobs import Config
+from autotuner.knobs import KNOBS, Config
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,35 @@ class Backend:
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
         """Why the hardware cannot honour `config` (it is then recorded, never run), or None."""
         raise NotImplementedError
+
+    @staticmethod
+    def unsupported_precision(precision: str, capabilities: Capabilities) -> str | None:
+        """Why the device cannot compute in `precision`, or None (every backend's first check)."""
+        if precision == "tf32" and not capabilities.tf32:
+            return "tf32: this device has no TF32 matmuls (it needs an NVIDIA GPU of compute capability 8.0 or newer)"
+        if precision == "bf16" and not capabilities.bf16:
+            return "bf16: this device does not support bfloat16"
+        if precision == "fp16" and not capabilities.fp16:
+            return "fp16: this device does not support float16 autocast"
+        return None
+
+    def config_params(self, config: Any) -> Config:
+        """The knob values of `config` (an `autotuner.apply.TunedConfig` or a plain mapping),
+        checked against this backend's knob table; ValueError says what is wrong."""
+        if not isinstance(config, Mapping):
+            if config.backend != self.name:
+                raise ValueError(f"this config was tuned with the {config.backend} backend, not {self.name}")
+            config = config.params
+        params = dict(config)
+        if set(params) != set(self.knobs):
+            raise ValueError(
+                f"a {self.name} config holds {', '.join(self.knobs)}; this one has {', '.join(params) or 'nothing'}"
+            )
+        for knob, allowed in self.knobs.items():
+            problem = KNOBS[knob].check(params[knob], allowed)
+            if problem:
+                raise ValueError(f"config {knob}: {problem}")
+        return params
 
     def resolve_workload(self, ref: str) -> str:
         """`builtin:name` -> its import path; any other reference is returned as it is."""

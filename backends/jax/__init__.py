@@ -31,11 +31,9 @@ class JaxBackend(Backend):
     install = "pip install 'autotuner[jax]'"
 
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
-        precision = config.get("precision", "fp32")
-        if precision == "tf32" and not capabilities.tf32:
-            return "tf32: this device has no TF32 matmuls (it needs an NVIDIA GPU of compute capability 8.0 or newer)"
-        if precision == "bf16" and not capabilities.bf16:
-            return "bf16: this device does not support bfloat16"
+        precision = self.unsupported_precision(config.get("precision", "fp32"), capabilities)
+        if precision:
+            return precision
         if config.get("jit", "off") == "on" and not capabilities.jit:
             return "jit=on: XLA cannot compile a function here"
         return None

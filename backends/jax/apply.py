@@ -43,7 +43,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from autotuner.knobs import KNOBS, Config
 from backends.jax import JAX
 from backends.jax.workload import ArrayDataset
 
@@ -92,24 +91,6 @@ def resolve_device(spec: str | jax.Device | None) -> jax.Device:
 def device_name(device: jax.Device) -> str:
     """`cpu` or `cuda:N`, as specs name devices."""
     return "cpu" if device.platform == "cpu" else f"cuda:{gpus().index(device)}"
-
-
-def _params(config: TunedConfig | Mapping[str, Any]) -> Config:
-    """The knob values of `config`, checked against the JAX backend's knob table."""
-    if not isinstance(config, Mapping):
-        if config.backend != JAX.name:
-            raise ValueError(f"this config was tuned with the {config.backend} backend, not {JAX.name}")
-        config = config.params
-    params = dict(config)
-    if set(params) != set(JAX.knobs):
-        raise ValueError(
-            f"a {JAX.name} config holds {', '.join(JAX.knobs)}; this one has {', '.join(params) or 'nothing'}"
-        )
-    for knob, allowed in JAX.knobs.items():
-        problem = KNOBS[knob].check(params[knob], allowed)
-        if problem:
-            raise ValueError(f"config {knob}: {problem}")
-    return params
 
 
 def cast_floats(tree: Any, dtype: Any) -> Any:
@@ -214,7 +195,7 @@ class TunedTraining:
         *,
         params: Any,
     ):
-        self.config = _params(config)
+        self.config = JAX.config_params(config)
         self.device = resolve_device(device)
         self.precision: str = self.config["precision"]
         self.batch_size = int(self.config["batch_size"])

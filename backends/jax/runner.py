@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform
 import random
 import resource
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -24,9 +24,9 @@ from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
-from autotuner.telemetry import Telemetry, has_energy_counter
+from autotuner.telemetry import Telemetry, has_energy_counter, nvml_driver
 from autotuner.trial import TrialRequest
-from autotuner.workload import WorkloadImportError, load_factory
+from autotuner.workload import load_factory, workload_problem
 from backends.jax.apply import STRICT_MATMULS, TunedTraining, collate, device_name, gpus, resolve_device
 from backends.jax.workload import JaxWorkload, as_workload
 
@@ -73,13 +73,7 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
         name = device.device_kind
         major, _, minor = str(getattr(device, "compute_capability", "0.0")).partition(".")
         ampere = int(major or 0) >= 8
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-        except Exception:
-            driver = "unknown"
+        driver = nvml_driver()
         capabilities = {"accelerator": True, "bf16": ampere and _bf16_works(device), "fp16": True, "tf32": ampere}
         stats = device.memory_stats() or {}
         extra: dict[str, Any] = {
@@ -94,17 +88,12 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
         capabilities = {"accelerator": False, "bf16": _bf16_works(device), "fp16": False, "tf32": False}
         extra = {}
     capabilities["jit"] = _jit_works(device)
-    workload_error = None
-    try:
-        factory = load_factory(arg["workload"])
-        if arg.get("workload_args") is not None:
-            _seed(0)
-            as_workload(factory(**arg["workload_args"]), arg["workload"])
-    except WorkloadImportError as exc:
-        workload_error = str(exc)
-    except Exception as exc:  # the factory's own error, or what it returned
-        problem = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        workload_error = f"{arg['workload']} does not build a workload: {problem}"
+
+    def build(factory: Callable[..., Any]) -> None:
+        _seed(0)
+        as_workload(factory(**arg["workload_args"]), arg["workload"])
+
+    workload_error = workload_problem(arg["workload"], arg.get("workload_args"), build)
     return {
         "device": device_name(device),
         "device_name": name,

@@ -30,13 +30,9 @@ class PyTorchBackend(Backend):
     install = "pip install torch"
 
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
-        precision = config.get("precision", "fp32")
-        if precision == "tf32" and not capabilities.tf32:
-            return "tf32: this device has no TF32 matmuls (it needs an NVIDIA GPU of compute capability 8.0 or newer)"
-        if precision == "bf16" and not capabilities.bf16:
-            return "bf16: this device does not support bfloat16"
-        if precision == "fp16" and not capabilities.fp16:
-            return "fp16: this device does not support float16 autocast"
+        precision = self.unsupported_precision(config.get("precision", "fp32"), capabilities)
+        if precision:
+            return precision
         mode = config.get("compile", "none")
         if mode != "none" and not capabilities.compile:
             return f"compile={mode}: torch.compile cannot build kernels here"

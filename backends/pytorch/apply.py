@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotuner.knobs import KNOBS, Config
 from backends.pytorch import PYTORCH
 
 if TYPE_CHECKING:
@@ -66,24 +65,6 @@ def set_matmul_precision(precision: str) -> None:
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
-def _params(config: TunedConfig | Mapping[str, Any]) -> Config:
-    """The knob values of `config`, checked against the PyTorch backend's knob table."""
-    if not isinstance(config, Mapping):
-        if config.backend != PYTORCH.name:
-            raise ValueError(f"this config was tuned with the {config.backend} backend, not {PYTORCH.name}")
-        config = config.params
-    params = dict(config)
-    if set(params) != set(PYTORCH.knobs):
-        raise ValueError(
-            f"a {PYTORCH.name} config holds {', '.join(PYTORCH.knobs)}; this one has {', '.join(params) or 'nothing'}"
-        )
-    for knob, allowed in PYTORCH.knobs.items():
-        problem = KNOBS[knob].check(params[knob], allowed)
-        if problem:
-            raise ValueError(f"config {knob}: {problem}")
-    return params
-
-
 def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     if mode == "none":
         return model
@@ -117,7 +98,7 @@ class TunedTraining:
         dataset: torch.utils.data.Dataset[Any] | None = None,
         device: str | torch.device | None = None,
     ):
-        self.params = _params(config)
+        self.params = PYTORCH.config_params(config)
         self.device = resolve_device(device)
         self.precision: str = self.params["precision"]
         self.batch_size = int(self.params["batch_size"])

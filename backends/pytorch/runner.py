@@ -24,9 +24,9 @@ from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
-from autotuner.telemetry import Telemetry, has_energy_counter
+from autotuner.telemetry import Telemetry, has_energy_counter, nvml_driver
 from autotuner.trial import TrialRequest
-from autotuner.workload import WorkloadImportError, load_factory
+from autotuner.workload import load_factory, workload_problem
 from backends.pytorch.apply import TunedTraining, resolve_device
 from backends.pytorch.workload import TorchWorkload, as_workload
 
@@ -75,13 +75,7 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name = props.name
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-        except Exception:
-            driver = "unknown"
+        driver = nvml_driver()
         capabilities = {
             "accelerator": True,
             "bf16": torch.cuda.is_bf16_supported(),
@@ -107,17 +101,12 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
             "cuda_graphs": False,
         }
         extra = {}
-    workload_error = None
-    try:
-        factory = load_factory(arg["workload"])
-        if arg.get("workload_args") is not None:
-            _seed(0)
-            as_workload(factory(**arg["workload_args"]), arg["workload"])
-    except WorkloadImportError as exc:
-        workload_error = str(exc)
-    except Exception as exc:  # the factory's own error, or what it returned
-        problem = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        workload_error = f"{arg['workload']} does not build a workload: {problem}"
+
+    def build(factory: Callable[..., Any]) -> None:
+        _seed(0)
+        as_workload(factory(**arg["workload_args"]), arg["workload"])
+
+    workload_error = workload_problem(arg["workload"], arg.get("workload_args"), build)
     return {
         "device": str(device),
         "device_name": name,
