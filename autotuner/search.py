@@ -30,7 +30,7 @@ from autotuner.errors import BackendError, SpecError, StorageError
 from autotuner.export import export_data, export_path, write_export
 from autotuner.knobs import Config, format_config
 from autotuner.outcomes import Outcome
-from autotuner.sampler import make_sampler, oom_rules_out
+from autotuner.sampler import FreshConfigSampler, make_sampler, oom_rules_out
 from autotuner.spec import Job
 from autotuner.study import (
     TrialRecord,
@@ -58,6 +58,12 @@ the probe's; past that, another worker takes it over."""
 
 def make_launcher(backend: Backend, memory_limit_mb: float | None = None) -> TrialLauncher:
     return TrialLauncher([backend.runner], memory_limit_mb=memory_limit_mb)
+
+
+def job_sampler(job: Job, capabilities: Capabilities) -> FreshConfigSampler:
+    """The spec's sampler for `job` on a device with `capabilities`, as every search builds it."""
+    configs = list(job.configs())
+    return make_sampler(job.sampler.name, job.sampler.seed, job.space, lambda: configs, job.unsupported(capabilities))
 
 
 def probe_environment(
@@ -187,15 +193,7 @@ class Search:
         workers = Coordinator(study, storage)
         self.reporter.start(job, self.storage_url, environment, self.max_trials)
 
-        all_configs = list(job.configs())
-        settings = job.sampler
-        sampler = make_sampler(
-            settings.name,
-            settings.seed,
-            job.space,
-            lambda: all_configs,
-            lambda params: job.backend.unsupported_reason(job.complete(params), capabilities),
-        )
+        sampler = job_sampler(job, capabilities)
         study.sampler = sampler
 
         interrupted = False

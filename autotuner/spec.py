@@ -15,7 +15,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +26,7 @@ import search_spaces
 from autotuner.errors import SpecError, shown
 from autotuner.knobs import DERIVED, KNOBS, Config
 from autotuner.workload import is_import_path
-from backends import BACKENDS, Backend, get_backend
+from backends import BACKENDS, Backend, Capabilities, get_backend
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A study name (matched whole): it names files in studies/, so it can never be a path."""
@@ -151,6 +151,11 @@ class Job:
         config: Config = {knob: params.get(knob, self.baseline[knob]) for knob in self.space}
         config["accumulation"] = self.spec.global_batch // int(config["batch_size"])
         return config
+
+    def unsupported(self, capabilities: Capabilities) -> Callable[[dict[str, Any]], str | None]:
+        """Why a device with `capabilities` cannot run sampled params, or None (what the samplers
+        are given to skip such configs, as the search decides it)."""
+        return lambda params: self.backend.unsupported_reason(self.complete(params), capabilities)
 
     def configs(self) -> Iterator[dict[str, Any]]:
         """Every point of the space, as sampled params."""

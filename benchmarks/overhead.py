@@ -11,7 +11,7 @@
    study back, printing) is the gap between one trial's start and the next one's, less the trial
    process's wall time. Also the share of the search's wall time that the measured windows are.
 3. Micro-benchmark of the bookkeeping on SQLite: the study set up as the search sets it up
-   (`open_storage`, `open_study`, the spec's sampler as `autotuner.sampler.make_sampler` builds
+   (`open_storage`, `open_study`, the spec's sampler as `autotuner.search.job_sampler` builds
    it, the baseline enqueued) for the grid spec's job, then for every config of its recorded grid
    (`benchmarks/results/grid-<name>.json`, from `search_efficiency.py`) the time of
    `study.ask` (the sampler's proposal) and of `autotuner.study.record` (from the grid's result).
@@ -35,7 +35,7 @@ from typing import Any
 from _harness import RESULTS, machine, measured_job, quartiles, result_from_json, run_search, write_results
 
 from autotuner.knobs import config_key
-from autotuner.sampler import make_sampler
+from autotuner.search import job_sampler
 from autotuner.spec import Job, load_spec
 from autotuner.study import open_storage, open_study, record, records
 from backends import Capabilities
@@ -96,16 +96,7 @@ def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
     table = {config_key(e["params"]): e for e in grid["trials"]}
     storage = open_storage(f"sqlite:///{folder}/bookkeeping.db", heartbeat=True)
     study = open_study(storage, job, grid["environment"])
-    configs = list(job.configs())
-    settings = job.sampler
-    capabilities = Capabilities.from_dict(grid["environment"]["capabilities"])
-    sampler = make_sampler(
-        settings.name,
-        settings.seed,
-        job.space,
-        lambda: configs,
-        lambda params: job.backend.unsupported_reason(job.complete(params), capabilities),
-    )
+    sampler = job_sampler(job, Capabilities.from_dict(grid["environment"]["capabilities"]))
     study.sampler = sampler
     study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})
     ask_s, record_s = [], []
@@ -131,7 +122,7 @@ def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
     first, last = slice(0, 10), slice(-10, None)
     return {
         "storage": "sqlite (file)",
-        "sampler": settings.name,
+        "sampler": job.sampler.name,
         "trials": len(ask_s),
         "ask_s": quartiles(ask_s),
         "record_s": quartiles(record_s),

@@ -199,11 +199,7 @@ def replay(
     """The best feasible throughput after each trial that ran (trials counted as the budget counts
     them), until one reaches `bar`; `start`: the guided start's config instead of the rule of thumb."""
     configs = list(job.configs())
-    capabilities = Capabilities.from_dict(grid["environment"]["capabilities"])
-
-    def unsupported(params: dict[str, Any]) -> str | None:  # as the search decides it
-        return job.backend.unsupported_reason(job.complete(params), capabilities)
-
+    unsupported = job.unsupported(Capabilities.from_dict(grid["environment"]["capabilities"]))
     sampler = contender.make(seed, job, configs, unsupported)
     if start is not None and sampler.rule is not None:
         sampler.rule = start
@@ -283,9 +279,7 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
     capabilities = Capabilities.from_dict(grid["environment"]["capabilities"])
     guide = guide_config(job, capabilities, grid["environment"])
     results["guides_config"] = guide
-    results["rule_of_thumb"] = rule_of_thumb(
-        job.space, lambda params: job.backend.unsupported_reason(job.complete(params), capabilities)
-    )
+    results["rule_of_thumb"] = rule_of_thumb(job.space, job.unsupported(capabilities))
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # GPSampler warns of every single-value knob
     for label, contender in _contenders().items():
         curves, started = [], time.perf_counter()
