@@ -38,7 +38,7 @@ def processes(t: TrialRecord) -> str:
     """How many processes measured a config, and how far apart they were: `3, 1.2% apart`."""
     if t.run_spread is None:
         return "1"
-    failed = " [red]a re-run failed[/]" if (t.remeasured or {}).get("error") else ""
+    failed = " [red]a re-run failed[/]" if t.remeasure_error else ""
     return f"{len(t.throughputs)}, {t.run_spread:.1%} apart{failed}"
 
 
@@ -67,7 +67,7 @@ class SearchReporter:
 
     def remeasured(self, t: TrialRecord) -> None:
         runs = ", ".join(rate(value) for value in t.throughputs)
-        error = (t.remeasured or {}).get("error")
+        error = t.remeasure_error
         tail = f" [red]{escape(str(error))}[/]: not declared best" if error else f": median {rate(t.throughput)}"
         tag = " (baseline)" if t.role == "baseline" else ""
         self.console.print(f"re-measured #{t.number}{tag} {format_config(t.config)}: {runs}{tail}")

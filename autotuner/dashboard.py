@@ -51,7 +51,7 @@ def study_note(study: optuna.Study) -> str:
             "",
         ]
         for t in sorted(remeasured, key=lambda t: -t.throughput):
-            error = (t.remeasured or {}).get("error")
+            error = t.remeasure_error
             apart = f" ({t.run_spread:.1%} apart)" if t.run_spread is not None else ""
             runs = ", ".join(rate(value) for value in t.throughputs) + apart + (f", **{error}**" if error else "")
             lines.append(f"- #{t.number} `{format_config(t.config)}`: {runs}")

@@ -182,7 +182,7 @@ def _processes(t: TrialRecord) -> str:
     """The processes that measured a config: `1`, or each one's throughput and how far apart."""
     if t.remeasured is None:
         return "1"
-    error = t.remeasured.get("error")
+    error = t.remeasure_error
     runs = " / ".join(rate(value) for value in t.throughputs)
     return (
         f"{len(t.throughputs)}: {runs}"

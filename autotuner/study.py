@@ -414,9 +414,9 @@ class TrialRecord:
         return (max(runs) - min(runs)) / middle if len(runs) > 1 and middle else None
 
     @property
-    def confirmed(self) -> bool:
-        """Re-measured, and every run of it succeeded."""
-        return self.remeasured is not None and not self.remeasured.get("error")
+    def remeasure_error(self) -> str | None:
+        """Why a re-run of the config failed (it is then not declared best), or None."""
+        return (self.remeasured or {}).get("error")
 
     @property
     def drift(self) -> float:
@@ -471,7 +471,7 @@ def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
     """The feasible trials, fastest first (by `TrialRecord.throughput`: over every window of its
     processes where a config was re-measured); a config whose re-measurement failed is left out:
     it is not reliable."""
-    feasible = [t for t in trials if t.feasible and not (t.remeasured or {}).get("error")]
+    feasible = [t for t in trials if t.feasible and not t.remeasure_error]
     return sorted(feasible, key=lambda t: (-t.throughput, t.number))
 
 
