@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,22 @@ def write_spec(folder: Path, **changes: Any) -> Path:
     return path
 
 
+def write_hang_spec(folder: Path, name: str, *, hang_at: int, workers: int, trials: int) -> Path:
+    """A spec of `tests.study_workloads:hang_once`: its `hang_at`-th training process (1-2: the
+    reference, 3: the baseline, then the trials) hangs, with `workers` loader workers running."""
+    return write_spec(
+        folder,
+        name=name,
+        workload="tests.study_workloads:hang_once",
+        workload_args={"folder": str(folder), "hang_at": hang_at},
+        global_batch=32,
+        baseline={"precision": "fp32", "batch_size": 8, "workers": workers, "compile": "none"},
+        space={"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32], "workers": [workers], "compile": ["none"]},
+        budget={"trials": trials},
+        trial={"warmup_steps": 1, "steps": 2, "windows": 2, "drift_steps": 2, "min_window_s": 0, "timeout": 600},
+    )
+
+
 def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """The installed command as a user runs it, from `cwd` (where studies/ lands)."""
     env = {
@@ -52,3 +73,36 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Completed
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@contextlib.contextmanager
+def dashboard_server(*args: str, cwd: Path) -> Iterator[tuple[str, int]]:
+    """`autotuner dashboard ARGS --port <a free port>` run from `cwd`: (its URL, its port) once it
+    answers; stopped afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotuner", "dashboard", *args, "--port", str(port)],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/studies", timeout=2) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the dashboard did not start: {server.communicate()[0]}") from None
+                time.sleep(0.3)
+        yield url, port
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

@@ -7,7 +7,6 @@ starts, and every trial process is forked from it.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,30 +26,41 @@ SMALL_MLP = {"features": 16, "hidden": 32, "depth": 2, "samples": 128}
 """Arguments that make the built-in mlp small enough for a trial in about a second on a CPU."""
 
 
-def request(
-    workload: str, workload_args: dict[str, Any] | None = None, *, measure: bool = True, **config: Any
+def small_request(
+    workload: str,
+    config: dict[str, Any],
+    workload_args: dict[str, Any] | None = None,
+    *,
+    measure: bool = True,
+    heldout_batch: int = 8,
 ) -> TrialRequest:
-    """A small trial request: global batch 8, 1 warm-up step, 2 windows of 2 steps, 2 drift steps."""
-    full = {**FP32, **config}
-    full["accumulation"] = 8 // full["batch_size"]
-    fields = {
-        "heldout_batch": 8,  # the baseline's micro-batch in a search
-    }
-    known = {f.name for f in dataclasses.fields(TrialRequest)}
+    """A small trial request: global batch 8 (accumulation derived from the config's micro-batch),
+    1 warm-up step, 2 windows of 2 steps, 2 drift steps; the held-out loss in chunks of
+    `heldout_batch` (a search's baseline micro-batch: the same for every trial it compares)."""
+    config = {**config, "accumulation": 8 // config["batch_size"]}
     return TrialRequest(
-        **{k: v for k, v in fields.items() if k in known},
-        workload=workload if ":" in workload else f"{FAULTY}:{workload}",
+        workload=workload,
         workload_args=dict(workload_args or {}),
         device="cpu",
-        config=full,
+        config=config,
         global_batch=8,
         seed=0,
         warmup_steps=1,
         steps=2,
         windows=2,
         drift_steps=2,
+        heldout_batch=heldout_batch,
         measure=measure,
     )
+
+
+def request(
+    workload: str, workload_args: dict[str, Any] | None = None, *, measure: bool = True, **config: Any
+) -> TrialRequest:
+    """`small_request` for the PyTorch fp32 config with `config`'s changes; a bare function name is
+    one of `tests.faulty_workloads`."""
+    path = workload if ":" in workload else f"{FAULTY}:{workload}"
+    return small_request(path, {**FP32, **config}, workload_args, measure=measure)
 
 
 def preloaded(arg: object) -> dict[str, bool]:

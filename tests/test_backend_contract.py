@@ -26,7 +26,7 @@ from autotuner.knobs import DERIVED, KNOBS
 from autotuner.outcomes import Outcome
 from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
 from backends import BACKENDS, Backend, Capabilities
-from tests.helpers import ROOT  # noqa: F401 - puts the repository on sys.path for the trial processes
+from tests.helpers import ROOT, small_request  # noqa: F401 - ROOT: puts the repository on sys.path for the trial processes
 
 TIMEOUT_S = 120.0
 """Generous: a tiny trial takes a few seconds."""
@@ -303,24 +303,11 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
 def _request(
     harness: Harness, workload: str, config: dict[str, Any], *, measure: bool = True, **args: Any
 ) -> TrialRequest:
-    """Global batch 8 (micro-batch 4 x 2 by default), 1 warm-up step, 2 windows of 2 steps, 2 drift steps."""
-    config = {**harness.reference(batch_size=4), **config}
-    config["accumulation"] = 8 // config["batch_size"]
+    """`small_request` at the harness's reference config (micro-batch 4 x 2 by default) with `config`'s changes."""
     if ":" not in workload:
         workload = f"{harness.faulty}:{workload}"
-    return TrialRequest(
-        workload=workload,
-        workload_args=args,
-        device="cpu",
-        config=config,
-        global_batch=8,
-        seed=0,
-        warmup_steps=1,
-        steps=2,
-        windows=2,
-        drift_steps=2,
-        heldout_batch=4,
-        measure=measure,
+    return small_request(
+        workload, {**harness.reference(batch_size=4), **config}, args, measure=measure, heldout_batch=4
     )
 
 

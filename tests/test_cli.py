@@ -17,7 +17,7 @@ import yaml
 
 from autotuner.knobs import config_key
 from autotuner.study import records
-from tests.conftest import ROOT, run_cli, write_spec
+from tests.conftest import ROOT, run_cli, write_hang_spec, write_spec
 
 EXPORT_KEYS = {"params", "metrics", "baseline", "speedup", "environment", "spec", "study"}
 
@@ -290,18 +290,8 @@ def test_search_on_postgresql(tmp_path: Path) -> None:
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_path: Path, signum: int) -> None:
     """Ctrl-C, and SIGTERM as `kill` and batch schedulers send it, end the search cleanly."""
-    spec = write_spec(
-        tmp_path,
-        name="interrupt",
-        workload="tests.study_workloads:hang_once",
-        # Processes that train: 1-2 the reference, 3 the baseline, 4 trial 1, which hangs until Ctrl-C
-        workload_args={"folder": str(tmp_path), "hang_at": 4},
-        global_batch=32,
-        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
-        space={"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32], "workers": [0], "compile": ["none"]},
-        budget={"trials": 3},
-        trial={"warmup_steps": 1, "steps": 2, "windows": 2, "drift_steps": 2, "min_window_s": 0, "timeout": 600},
-    )
+    # Trial 1 (the fourth process that trains) hangs until the signal.
+    spec = write_hang_spec(tmp_path, "interrupt", hang_at=4, workers=0, trials=3)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # SIGINT as a terminal sends it; a shell may have left it ignored for background children.
     process = subprocess.Popen(

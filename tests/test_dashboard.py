@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +11,7 @@ import optuna
 import pytest
 from optuna_dashboard import get_note
 
-from tests.conftest import ROOT, run_cli, write_spec
+from tests.conftest import ROOT, dashboard_server, run_cli, write_spec
 
 SCREENSHOT = ROOT / "test-output" / "dashboard.png"
 
@@ -57,40 +52,10 @@ def test_the_study_carries_a_note_and_charts_for_the_dashboard(study_dir: Path) 
     assert {"ok", "unsupported"} <= outcomes  # ok: ran, but drifted past the tolerance
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def dashboard(study_dir: Path) -> Iterator[str]:
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "autotuner", "dashboard", "--spec", "board.yaml", "--port", str(port)],
-        cwd=study_dir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/api/studies", timeout=2) as response:
-                    assert response.status == 200
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"the dashboard did not start: {server.communicate()[0]}") from None
-                time.sleep(0.3)
+    with dashboard_server("--spec", "board.yaml", cwd=study_dir) as (url, _):
         yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def _browser():  # type: ignore[no-untyped-def]

@@ -4,14 +4,9 @@ writes is git-ignored."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import optuna
@@ -25,7 +20,7 @@ from autotuner.errors import SpecError
 from autotuner.export import export_path
 from autotuner.report import report_path
 from autotuner.spec import NAME, load_spec
-from tests.conftest import ROOT
+from tests.conftest import ROOT, dashboard_server
 
 SOURCES = [
     p for folder in ("autotuner", "backends", "search_spaces", "benchmarks") for p in (ROOT / folder).rglob("*.py")
@@ -116,33 +111,8 @@ def _listening_addresses(port: int) -> set[str]:
 def test_the_dashboard_listens_on_this_machine_alone_by_default(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path}/board.db"
     optuna.create_study(study_name="board", storage=storage)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "autotuner", "dashboard", "--storage", storage, "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as response:
-                    assert response.status == 200
-                    break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"the dashboard did not start: {server.communicate()[0]}") from None
-                time.sleep(0.3)
+    with dashboard_server("--storage", storage, cwd=tmp_path) as (_, port):
         assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, and no other address
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 # ---------------------------------------------------------------- what a study writes

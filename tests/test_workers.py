@@ -32,7 +32,7 @@ from autotuner.knobs import config_key
 from autotuner.spec import load_spec
 from autotuner.study import open_storage, open_study
 from autotuner.workers import MAX_CUT_OFFS, OWNER, Coordinator, Worker, alive
-from tests.conftest import ROOT, run_cli, write_spec
+from tests.conftest import ROOT, run_cli, write_hang_spec, write_spec
 
 # ---------------------------------------------------------------- storages
 
@@ -230,18 +230,8 @@ def _running(pid: int, started: str) -> bool:
 
 def test_kill_9_leaves_no_trial_process_and_the_rerun_resumes(tmp_path: Path) -> None:
     budget = 4
-    spec = write_spec(
-        tmp_path,
-        name="killed",
-        workload="tests.study_workloads:hang_once",
-        # Processes that train: 1-2 the reference, 3 the baseline, 4 trial 1, 5 trial 2, which hangs
-        workload_args={"folder": str(tmp_path), "hang_at": 5},
-        global_batch=32,
-        baseline={"precision": "fp32", "batch_size": 8, "workers": 1, "compile": "none"},
-        space={"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32], "workers": [1], "compile": ["none"]},
-        budget={"trials": budget},
-        trial={**TINY_TRIAL, "timeout": 600},
-    )
+    # Trial 2 (the fifth process that trains) hangs, its loader worker running.
+    spec = write_hang_spec(tmp_path, "killed", hang_at=5, workers=1, trials=budget)
     search = start_cli("search", "--spec", str(spec), cwd=tmp_path)
     try:
         deadline = time.monotonic() + 300
