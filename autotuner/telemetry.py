@@ -7,8 +7,9 @@ around the timed windows only (not the warm-up or the calibration window).
   own group, so its data-loader workers are counted) over the windows' wall time, as a share of
   the cores the process may run on; and the peak resident memory of the group's processes.
 * GPU (`GpuSampler`, NVML from the nvidia-ml-py package): a background thread samples
-  utilisation and power; energy comes from the board's energy counter where it has one.
-  Without a GPU or NVML every GPU figure is simply absent.
+  utilisation, power and the memory in use; energy comes from the board's energy counter where
+  it has one. The trial's CUDA device is found in NVML through `CUDA_VISIBLE_DEVICES`
+  (`nvml_device`). Without a GPU or NVML every GPU figure is simply absent.
 """
 
 from __future__ import annotations
@@ -114,26 +115,61 @@ def nvml_driver() -> str:
         return "unknown"
 
 
-def has_energy_counter(index: int) -> bool:
-    """Whether NVML reads GPU `index`'s energy counter (Volta and newer), which energy per sample
-    and the optional energy objective need."""
+def nvml_device(cuda_index: int, visible: str | None = None) -> int | str:
+    """NVML's name for CUDA device `cuda_index`: an NVML index, or a UUID (or its prefix).
+
+    NVML counts every GPU of the machine; CUDA counts only those in `CUDA_VISIBLE_DEVICES`
+    (`visible`, read from the environment when None), in that variable's order, and stops at its
+    first entry that names no device. So with `CUDA_VISIBLE_DEVICES=2,0`, `cuda:0` is NVML's GPU 2.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible is None:
+        return cuda_index
+    entries = []
+    for entry in (part.strip() for part in visible.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        entries.append(entry)
+    if cuda_index >= len(entries):
+        raise ValueError(f"cuda:{cuda_index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
+    entry = entries[cuda_index]
+    return int(entry) if entry.isdigit() else entry
+
+
+def nvml_handle(pynvml: Any, cuda_index: int) -> Any:
+    """The NVML handle of CUDA device `cuda_index` (`nvml_device`); NVML is initialised."""
+    pynvml.nvmlInit()
+    device = nvml_device(cuda_index)
+    if isinstance(device, int):
+        return pynvml.nvmlDeviceGetHandleByIndex(device)
+    for index in range(pynvml.nvmlDeviceGetCount()):  # CUDA_VISIBLE_DEVICES may hold a UUID's prefix
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(device):
+            return handle
+    return pynvml.nvmlDeviceGetHandleByUUID(device)  # a MIG instance: not among the indexed GPUs
+
+
+def has_energy_counter(cuda_index: int) -> bool:
+    """Whether NVML reads CUDA device `cuda_index`'s energy counter (Volta and newer), which energy
+    per sample and the optional energy objective need."""
     try:
         import pynvml
 
-        pynvml.nvmlInit()
-        pynvml.nvmlDeviceGetTotalEnergyConsumption(pynvml.nvmlDeviceGetHandleByIndex(index))
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(nvml_handle(pynvml, cuda_index))
     except Exception:
         return False
     return True
 
 
 class GpuSampler:
-    """`with GpuSampler(index) as sampler: ...`; then `sampler.summary(samples)`."""
+    """`with GpuSampler(cuda_index) as sampler: ...`; then `sampler.summary(samples)`."""
 
-    def __init__(self, index: int, interval_s: float = 0.05):
-        self.index, self.interval_s = index, interval_s
+    def __init__(self, cuda_index: int, interval_s: float = 0.05):
+        self.cuda_index, self.interval_s = cuda_index, interval_s
         self._util: list[float] = []
         self._power_w: list[float] = []
+        self._memory_mb: list[float] = []
         self._energy_mj: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -145,7 +181,7 @@ class GpuSampler:
             import pynvml
 
             pynvml.nvmlInit()
-            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(self.index)
+            self._nvml, self._handle = pynvml, nvml_handle(pynvml, self.cuda_index)
         except Exception:  # no NVML here: no telemetry, never a failed trial
             return self
         self._energy_mj = (self._energy(), 0)
@@ -164,6 +200,7 @@ class GpuSampler:
             try:
                 self._util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
                 self._power_w.append(self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0)
+                self._memory_mb.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20)
             except Exception:
                 return
 
@@ -176,13 +213,16 @@ class GpuSampler:
         self._energy_mj = (start, self._energy())
 
     def summary(self, samples: int) -> dict[str, float]:
-        """Mean/max utilisation (%), mean power (W) and energy per sample (J) over the window."""
+        """Mean/max utilisation (%), mean power (W), the most memory in use on the device (MB, every
+        process's: NVML's view) and energy per sample (J) over the windows."""
         out: dict[str, float] = {}
         if self._util:
             out["gpu_util_mean"] = statistics.fmean(self._util)
             out["gpu_util_max"] = max(self._util)
         if self._power_w:
             out["power_w_mean"] = statistics.fmean(self._power_w)
+        if self._memory_mb:
+            out["gpu_memory_used_mb_max"] = max(self._memory_mb)
         if self._energy_mj and min(self._energy_mj) >= 0 and samples > 0:
             out["energy_j_per_sample"] = (self._energy_mj[1] - self._energy_mj[0]) / 1000.0 / samples
         return out
@@ -191,9 +231,9 @@ class GpuSampler:
 class Telemetry:
     """The samplers of one trial, entered together around the measured windows."""
 
-    def __init__(self, gpu_index: int | None = None):
+    def __init__(self, cuda_index: int | None = None):
         self.cpu = CpuSampler()
-        self.gpu = GpuSampler(gpu_index) if gpu_index is not None else None
+        self.gpu = GpuSampler(cuda_index) if cuda_index is not None else None
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Telemetry:

@@ -181,7 +181,7 @@ def _measure(workload: JaxWorkload, training: TunedTraining, request: TrialReque
         _check_finite(running, "the measured steps")
 
     device = training.device
-    telemetry = Telemetry(gpu_index=gpus().index(device) if device.platform == "gpu" else None)
+    telemetry = Telemetry(cuda_index=gpus().index(device) if device.platform == "gpu" else None)
     throughput = measure_throughput(
         step,
         synchronize,
