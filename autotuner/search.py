@@ -40,11 +40,11 @@ from autotuner.study import (
     give_up,
     open_storage,
     open_study,
-    ranked,
     record,
     records,
     shown_url,
     spent_seconds,
+    to_remeasure,
 )
 from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
 from autotuner.workers import POLL_S, Coordinator
@@ -265,18 +265,18 @@ class Search:
         so that one lucky window or process cannot win: each in `budget.remeasure_runs` more trial
         processes, the runs of all of them interleaved. A config's throughput is then the median
         over every window of its processes; when that reorders the top, the newcomers are
-        re-measured too."""
+        re-measured too, and so are the configs within the machine's noise of the best
+        (`autotuner.study.to_remeasure`): at most twice `budget.remeasure_top` configs and the
+        baseline in all."""
         settings = self.job.spec.budget
         if not settings.remeasure_top:
             return
         attempted: set[int] = set()
-        for _ in range(2 * settings.remeasure_top + 1):
-            trials = records(study)
-            candidates = ranked(trials)[: settings.remeasure_top]
-            base = baseline(trials)
-            if base is not None and base.outcome == Outcome.OK.value and base not in candidates:
-                candidates.append(base)
-            todo = {t.number: t for t in candidates if t.remeasured is None and t.number not in attempted}
+        allowance = 2 * settings.remeasure_top + 1
+        while len(attempted) < allowance:
+            candidates = to_remeasure(records(study), settings.remeasure_top)
+            fresh = [t for t in candidates if t.remeasured is None and t.number not in attempted]
+            todo = {t.number: t for t in fresh[: allowance - len(attempted)]}
             if not todo:
                 return
             attempted.update(todo)

@@ -60,7 +60,8 @@ class Budget(_Strict):
     """Seconds of trial wall time for the whole study, summed over every run and worker."""
     remeasure_top: int = Field(3, ge=0, le=1000)
     """Before the best is declared, this many of the fastest feasible configs, and the baseline,
-    are measured again in fresh trial processes; 0: never. Not counted in `trials`."""
+    are measured again in fresh trial processes, then up to as many more that came out within the
+    machine's noise of the best; 0: never. Not counted in `trials`."""
     remeasure_runs: int = Field(2, gt=0, le=100)
     """Re-measurement runs per config, each a trial process: the config's throughput is then the
     median over every window of its processes."""

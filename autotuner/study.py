@@ -475,6 +475,24 @@ def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
     return sorted(feasible, key=lambda t: (-t.throughput, t.number))
 
 
+def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:
+    """The configs to measure again before the best is declared: the `top` fastest feasible ones
+    and the baseline; then, once some are re-measured, up to `top` more whose one trial came out
+    below the best by less than the machine's noise (the median spread between the processes of
+    the re-measured configs), since an unlucky process can hide the best as a lucky one can
+    crown another. The ones already re-measured are included: the caller skips them."""
+    order = ranked(trials)
+    chosen = order[:top]
+    base = baseline(trials)
+    if base is not None and base.outcome == Outcome.OK.value and base not in chosen:
+        chosen.append(base)
+    spreads = [t.run_spread for t in trials if t.remeasured is not None and t.run_spread is not None]
+    if order and spreads:
+        within_noise = order[0].throughput * (1 - statistics.median(spreads))
+        chosen += [t for t in order[top:] if t.remeasured is None and t.throughput >= within_noise][:top]
+    return chosen
+
+
 def best(trials: list[TrialRecord]) -> TrialRecord | None:
     """The best config: the first of `ranked`."""
     return next(iter(ranked(trials)), None)

@@ -22,7 +22,7 @@ from autotuner.knobs import format_config
 from autotuner.outcomes import Outcome
 from autotuner.report import load_report, render_html, render_markdown
 from autotuner.spec import parse_spec
-from autotuner.study import TrialRecord, baseline, best, open_storage, open_study, record, records
+from autotuner.study import TrialRecord, baseline, best, open_storage, open_study, record, records, to_remeasure
 from autotuner.trial import TrialResult
 from tests.conftest import run_cli, write_spec
 
@@ -308,6 +308,30 @@ def test_a_lucky_trial_does_not_win_once_the_top_is_remeasured(tmp_path: Path) -
     assert [row["trial"] for row in export["top"]] == [4, 1]
     assert "Re-measured" in study_note(study) and "2,200/s" in study_note(study)
     assert "3: 2,000/s / 2,150/s / 2,200/s" in render_markdown(load_report(url, "lucky"))
+
+
+def test_a_config_within_the_machines_noise_of_the_best_is_remeasured_too(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/unlucky.db"
+    study = _store(url, "unlucky", TRIALS)
+    # First the fastest (#1 at 3,000/s in its trial) and the baseline: nothing measured twice yet.
+    assert [t.number for t in to_remeasure(records(study), 1)] == [1, 0]
+    # #1's processes come out 3,000 / 2,100 / 2,200/s, the baseline's 1,000 / 900 / 1,100/s: the
+    # machine's processes differ by about 30% (41% and 20%). #4's one trial at 2,000/s is within
+    # that of #1's 2,200/s (its windows' median): the best, maybe, in an unlucky process. #5 (1,500/s) is not.
+    _remeasure(url, study, 1, {"throughputs": [2100.0, 2200.0], "windows": [[2100.0] * 3, [2200.0] * 3]})
+    _remeasure(url, study, 0, {"throughputs": [900.0, 1100.0], "windows": [[900.0] * 3, [1100.0] * 3]})
+    assert [t.number for t in to_remeasure(records(study), 1)] == [1, 0, 4]
+    # Re-measured, #4 is the best; #5 is not within the noise of its 2,300/s either.
+    _remeasure(url, study, 4, {"throughputs": [2300.0, 2350.0], "windows": [[2300.0] * 3, [2350.0] * 3]})
+    trials = records(study)
+    assert best(trials).number == 4
+    assert [t.number for t in to_remeasure(trials, 1)] == [4, 0]
+    # A machine whose processes agree: nothing beyond the top and the baseline.
+    steady = f"sqlite:///{tmp_path}/steady.db"
+    study = _store(steady, "steady", TRIALS)
+    _remeasure(steady, study, 1, {"throughputs": [2950.0, 3050.0], "windows": [[2950.0] * 3, [3050.0] * 3]})
+    _remeasure(steady, study, 0, {"throughputs": [990.0, 1010.0], "windows": [[990.0] * 3, [1010.0] * 3]})
+    assert [t.number for t in to_remeasure(records(study), 1)] == [1, 0]
 
 
 def test_a_config_whose_remeasurement_failed_is_not_declared_best(tmp_path: Path) -> None:
