@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ READS_VERSIONS = (1,)
 """The `autotuner.export.EXPORT_VERSION` values this reader understands."""
 AGREEMENT = 0.10
 """An applied throughput this far from the study's (relative) gets a warning."""
+SLOWDOWN = 0.2
+"""`autotuner apply` warns when the last quarter of the config's windows ran this much slower than
+the first (medians): beyond the window-to-window noise of a busy machine."""
 PROMISE = 0.05
 """The speedup `autotuner apply` delivers is within this of the export's (relative), or it warns."""
 MIN_APPLY_STEPS = 50
@@ -243,8 +247,8 @@ class AppliedRun:
     drift_steps: int
     wall_s: float
     baseline: dict[str, Any] | None = None
-    """The export's baseline config, run here as long and measured the same way (throughput dict),
-    so that the speedup delivered is a ratio taken on this machine now."""
+    """The export's baseline config, run here for the same optimizer steps and measured the same
+    way (throughput dict), so that the speedup delivered is a ratio taken on this machine now."""
 
     @property
     def samples_per_s(self) -> float:
@@ -268,6 +272,22 @@ class AppliedRun:
     def promise_ratio(self) -> float | None:
         """The speedup delivered here over the one in the export."""
         return self.speedup / self.tuned.speedup if self.speedup and self.tuned.speedup else None
+
+    @property
+    def quarters(self) -> tuple[float, float] | None:
+        """The config's median throughput over the first and over the last quarter of its windows,
+        or None with fewer than 12 windows."""
+        rates = self.throughput.get("window_samples_per_s") or []
+        quarter = len(rates) // 4
+        if quarter < 3:
+            return None
+        return statistics.median(rates[:quarter]), statistics.median(rates[-quarter:])
+
+    @property
+    def slowdown(self) -> float | None:
+        """How much slower the last quarter of the config's windows ran than the first (negative
+        when faster), or None with fewer than 12 windows."""
+        return None if self.quarters is None else 1.0 - self.quarters[1] / self.quarters[0]
 
     @property
     def keeps_promise(self) -> bool | None:
@@ -319,8 +339,8 @@ def apply_config(
     """Run `job` with `tuned` for at least `steps` optimizer steps (default `default_steps`) in a
     trial process, measured as a trial is: warm-up, then windows as long as the study's (each
     lengthened to `trial.min_window_s` by the same calibration), their median and spread. With
-    `baseline`, the export's baseline config runs after it, as long, so the speedup delivered can
-    be set beside the export's. A config tuned for another job or other hardware is refused
+    `baseline`, the export's baseline config runs after it for the same optimizer steps, so the
+    speedup delivered can be set beside the export's. A config tuned for another job or other hardware is refused
     unless `force`."""
     from autotuner.outcomes import Outcome
     from autotuner.search import make_launcher, probe_environment, trial_request  # Optuna: only here
@@ -358,22 +378,30 @@ def apply_config(
     total = steps or default_steps(job)
     per_window = min(settings.steps, total)
     windows = math.ceil(total / per_window)
-    timeout = settings.timeout * max(1.0, per_window * windows / (settings.steps * settings.windows))
 
-    def run(what: str, run_config: Config) -> Any:
-        request = trial_request(job, run_config, environment["device"])
-        result = launcher.call(
-            job.backend.runner, "run", dataclasses.replace(request, steps=per_window, windows=windows), timeout
+    def run(what: str, run_config: Config, per_window: int, min_window_s: float) -> Any:
+        request = dataclasses.replace(
+            trial_request(job, run_config, environment["device"]),
+            steps=per_window,
+            windows=windows,
+            min_window_s=min_window_s,
         )
+        # as many times a trial's timeout as the run has times its steps (before lengthening)
+        timeout = settings.timeout * max(1.0, per_window * windows / (settings.steps * settings.windows))
+        result = launcher.call(job.backend.runner, "run", request, timeout)
         if result.outcome is not Outcome.OK:
             raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
         return result
 
-    result = run("config", config)
+    result = run("config", config, per_window, settings.min_window_s)
     base = None
     base_params = tuned.baseline.get("params")
     if baseline and base_params and tuned.speedup:
-        base = run("baseline config", job.complete(base_params)).result["throughput"]
+        # The same optimizer steps as the config's run, windows lengthened or not: a job's step
+        # can get slower as it trains (e.g. Adam's moments of units that stopped learning decay
+        # into subnormal floats, slow on CPUs), so both runs cover the same stretch of training.
+        ran = result.result["throughput"]["steps"]
+        base = run("baseline config", job.complete(base_params), ran, 0.0).result["throughput"]
     return AppliedRun(
         tuned=tuned,
         config=config,
@@ -411,7 +439,8 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
     if run.baseline and run.promise_ratio is not None:
         print(
             f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
-            f"{float(run.baseline['samples_per_s']):,.0f} samples/s, run here as long), "
+            f"{float(run.baseline['samples_per_s']):,.0f} samples/s, run here for the same "
+            f"{run.baseline['steps'] * run.baseline['windows']} optimizer steps), "
             f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
             file=out,
         )
@@ -429,6 +458,14 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             f"autotuner: warning: the speedup here is {abs(promise - 1):.0%} "
             f"{'below' if promise < 1 else 'above'} the export's "
             f"(more than {PROMISE:.0%}): the machine may be busier now, or the study's measurements were noisy",
+            file=err,
+        )
+    if run.quarters and run.slowdown and run.slowdown > SLOWDOWN:
+        first, last = run.quarters
+        print(
+            f"autotuner: warning: the config ran {run.slowdown:.0%} slower over the last quarter of the run "
+            f"({last:,.0f} samples/s) than over the first ({first:,.0f} samples/s): the job's step gets "
+            "slower as it trains, which the study's short trials do not see",
             file=err,
         )
     if not run.agrees:

@@ -201,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument(
         "--no-baseline",
         action="store_true",
-        help="do not run the baseline after it (by default it runs as long, to check the export's speedup)",
+        help="do not run the baseline after it (by default it runs the same steps, to check the export's speedup)",
     )
     apply.set_defaults(handler=cmd_apply)
 

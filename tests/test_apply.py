@@ -307,9 +307,10 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert ran is not None, out
     assert int(ran[1]) == 20 * int(ran[2]) and int(ran[2]) >= 3
     assert "held-out loss after 3 steps" in out and "(identical)" in out  # CPU runs repeat bitwise
-    # Then the baseline, as long: the speedup delivered here, beside the export's.
+    # Then the baseline, for the same optimizer steps: the speedup delivered here, beside the export's.
     delivered = re.search(r"speedup: (\d+\.\d\d)x here \(over the baseline (.*?), ([\d,]+) samples/s", out)
     assert delivered is not None, out
+    assert f"run here for the same {ran[1]} optimizer steps" in out
     assert "batch=16x4" in delivered[2] and f"{export['speedup']:.2f}x in the export: ratio" in out
     assert "Traceback" not in done.stderr
     skipped = run_cli(
@@ -350,8 +351,10 @@ def test_apply_refuses_a_config_tuned_for_another_job(study: tuple[Path, Path, d
     shutil.rmtree(workdir / "bigger")
 
 
-def _applied(tuned_samples_per_s: float, baseline_samples_per_s: float | None) -> AppliedRun:
-    """What `apply_config` returns, for a run that measured these throughputs."""
+def _applied(
+    tuned_samples_per_s: float, baseline_samples_per_s: float | None, windows: list[float] | None = None
+) -> AppliedRun:
+    """What `apply_config` returns, for a run that measured these throughputs (and window rates)."""
     tuned = parse_config(VALID, "job.best.yaml")
 
     def measured(rate: float) -> dict[str, Any]:
@@ -362,13 +365,14 @@ def _applied(tuned_samples_per_s: float, baseline_samples_per_s: float | None) -
             "windows": 5,
             "samples_per_step": 16,
             "warmup_s": 0.1,
+            "window_samples_per_s": [rate] * 5,
         }
 
     return AppliedRun(
         tuned=tuned,
         config=dict(tuned.params),
         environment={"device": "cpu", "device_name": "test CPU"},
-        throughput=measured(tuned_samples_per_s),
+        throughput={**measured(tuned_samples_per_s), **({"window_samples_per_s": windows} if windows else {})},
         heldout_loss=None,
         drift_steps=3,
         wall_s=1.0,
@@ -403,3 +407,24 @@ def test_apply_without_the_baseline_says_nothing_of_the_speedup() -> None:
     print_applied(run, out, err)
     assert run.speedup is None and run.keeps_promise is None
     assert "speedup" not in out.getvalue() + err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("windows", "slowdown"),
+    [
+        # 16 windows: the last quarter 30% slower than the first (a step that slows as it trains)
+        ([1000.0] * 4 + [980.0] * 8 + [700.0] * 4, 0.3),
+        ([1000.0, 900.0, 1100.0] * 4 + [950.0] * 4, 0.05),  # noise around a level: no warning
+        ([700.0] * 4 + [1000.0] * 12, -3 / 7),  # faster at the end: no warning
+        ([1000.0] * 8 + [500.0] * 3, None),  # too few windows to tell
+    ],
+)
+def test_apply_warns_when_the_step_gets_slower_as_the_job_trains(windows: list[float], slowdown: float | None) -> None:
+    run = _applied(1234.5, 500.0, windows)
+    out, err = io.StringIO(), io.StringIO()
+    print_applied(run, out, err)
+    assert run.slowdown == (None if slowdown is None else pytest.approx(slowdown))
+    warned = "slower over the last quarter of the run" in err.getvalue()
+    assert warned is (slowdown is not None and slowdown > 0.2), err.getvalue()
+    if warned:
+        assert "(700 samples/s) than over the first (1,000 samples/s)" in err.getvalue()
