@@ -9,8 +9,10 @@ variant in `VARIANTS` (more or longer windows). For each config and setting it r
 process's median throughput and how far apart two trials of the same config are: the median and
 the largest gap between consecutive runs (two separate trials, as the search's re-measurement
 and a user's apply see them) and the spread (max - min) / median over all runs. The machine's
-CPU steal time and load during the runs are recorded beside them. Writes
-benchmarks/results/fidelity.json.
+CPU steal time and load during the runs are recorded beside them, and so is the machine's own floor:
+a fixed kernel (a 512x512 fp32 matmul, no autotuner code) timed in its own process over the same
+windows, between the trials; how far apart its runs come out is how far the machine drifts.
+Writes benchmarks/results/fidelity.json.
 
 Target (issue 6): two trials of one config differ by at most 3% in median throughput on the
 quickstart.
@@ -19,8 +21,11 @@ quickstart.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from itertools import pairwise
 from pathlib import Path
@@ -37,6 +42,40 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "min_window_s x2": {"min_window_factor": 2},
     "windows x4": {"windows_factor": 4},
 }
+
+
+FLOOR = "machine floor"
+FLOOR_KERNEL = """
+import json, statistics, sys, time
+import torch
+windows, min_window_s = int(sys.argv[1]), float(sys.argv[2])
+a, b = torch.randn(512, 512), torch.randn(512, 512)
+for _ in range(50):
+    a @ b
+rates = []
+for _ in range(windows):
+    start, count = time.perf_counter(), 0
+    while (elapsed := time.perf_counter() - start) < min_window_s:
+        a @ b
+        count += 1
+    rates.append(count / elapsed)
+middle = statistics.median(rates)
+print(json.dumps({"median": middle, "spread": (max(rates) - min(rates)) / middle}))
+"""
+"""The machine's floor: a fixed matmul timed like a trial (windows of at least `min_window_s`), in a
+process of its own, with nothing of the autotuner's in it. How far apart two of its runs come out
+is how far the machine itself drifts between two trials; no measurement of a config can do better."""
+
+
+def _floor(windows: int, min_window_s: float) -> dict[str, float]:
+    """One run of the floor kernel: its median rate (matmuls/s) over `windows` windows, and their spread."""
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR_KERNEL, str(windows), str(min_window_s or 0.5)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(json.loads(done.stdout))
 
 
 def _steal_ticks() -> int:
@@ -72,8 +111,8 @@ def main() -> None:
     for variant, change in VARIANTS.items():
         windows = settings.windows * change.get("windows_factor", 1)
         min_window_s = settings.min_window_s * change.get("min_window_factor", 1)
-        found: dict[str, list[float]] = {name: [] for name in configs}
-        window_spreads: dict[str, list[float]] = {name: [] for name in configs}
+        found: dict[str, list[float]] = {name: [] for name in [*configs, FLOOR]}
+        window_spreads: dict[str, list[float]] = {name: [] for name in found}
         steal, clock, load = _steal_ticks(), time.perf_counter(), os.getloadavg()[0]
         loads = [load]
         for run in range(args.runs):
@@ -84,6 +123,9 @@ def main() -> None:
                 found[name].append(result.result["throughput"]["samples_per_s"])
                 window_spreads[name].append(result.result["throughput"]["spread"])
                 loads.append(os.getloadavg()[0])
+            floor = _floor(windows, min_window_s)
+            found[FLOOR].append(floor["median"])
+            window_spreads[FLOOR].append(floor["spread"])
             latest = ", ".join(f"{name} {values[-1]:,.0f}/s" for name, values in found.items())
             print(f"{variant}: run {run + 1}/{args.runs}: {latest}")
         wall = time.perf_counter() - clock

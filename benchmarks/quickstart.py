@@ -117,13 +117,17 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     promise = [run.promise_ratio for run in applied if run.promise_ratio is not None]
     return {
         "steps": default_steps(job),
+        # what each run really took: the requested steps in windows lengthened to min_window_s
+        "steps_run": [run.throughput["steps"] * run.throughput["windows"] for run in applied],
         "study_throughput": tuned.throughput,
         "throughputs": [run.samples_per_s for run in applied],
         "ratios": ratios,
         "ratio_median": statistics.median(ratios),
         "within_10_percent": sum(abs(r - 1) <= 0.10 for r in ratios),
+        # the last quarter of each run's windows against the first (median): > 0 slower at the end
+        "slowdowns": [run.slowdown for run in applied],
         # The promise: the speedup in best.yaml against the one apply delivers (the baseline run
-        # as long, right after the tuned config).
+        # for the same optimizer steps, right after the tuned config).
         "export_speedup": tuned.speedup,
         "baseline_throughputs": [float(run.baseline["samples_per_s"]) for run in applied if run.baseline],
         "speedups_delivered": [run.speedup for run in applied],
