@@ -340,8 +340,8 @@ def apply_config(
     trial process, measured as a trial is: warm-up, then windows as long as the study's (each
     lengthened to `trial.min_window_s` by the same calibration), their median and spread. With
     `baseline`, the export's baseline config runs after it for the same optimizer steps, so the
-    speedup delivered can be set beside the export's. A config tuned for another job or other hardware is refused
-    unless `force`."""
+    speedup delivered can be set beside the export's. A config tuned for another job or other
+    hardware is refused unless `force`."""
     from autotuner.outcomes import Outcome
     from autotuner.search import make_launcher, probe_environment, trial_request  # Optuna: only here
 
@@ -398,7 +398,7 @@ def apply_config(
     base_params = tuned.baseline.get("params")
     if baseline and base_params and tuned.speedup:
         # The same optimizer steps as the config's run, windows lengthened or not: a job's step
-        # can get slower as it trains (e.g. Adam's moments of units that stopped learning decay
+        # can get slower as it trains (e.g. Adam's moments of weights whose gradient is zero decay
         # into subnormal floats, slow on CPUs), so both runs cover the same stretch of training.
         ran = result.result["throughput"]["steps"]
         base = run("baseline config", job.complete(base_params), ran, 0.0).result["throughput"]
