@@ -272,14 +272,16 @@ class Search:
         if not settings.remeasure_top:
             return
         attempted: set[int] = set()
-        allowance = 2 * settings.remeasure_top + 1
-        while len(attempted) < allowance:
+        while True:
             candidates = to_remeasure(records(study), settings.remeasure_top)
             fresh = [t for t in candidates if t.remeasured is None and t.number not in attempted]
-            todo = {t.number: t for t in fresh[: allowance - len(attempted)]}
-            if not todo:
+            if not fresh:
                 return
-            attempted.update(todo)
+            attempted.update(t.number for t in fresh)
+            allowed = workers.remeasure_slots([t.number for t in fresh], 2 * settings.remeasure_top + 1)
+            todo = {t.number: t for t in fresh if t.number in allowed}
+            if not todo:
+                continue
             lease_s = settings.remeasure_runs * self.job.spec.trial.timeout + PROBE_TIMEOUT_S
             run = functools.partial(self._remeasure_runs, todo, launcher, environment, reference)
             workers.remeasure(list(todo), run, lease_s)

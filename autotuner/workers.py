@@ -14,7 +14,9 @@ happens to have read:
   `budget.trials` slots (`slot:<k>`), which is spent for good once that trial completes and
   free again if it is cut off; no slot, no process;
 * the re-measurement of a top config runs once per study (`remeasure:<number>`): the worker
-  holding the claim runs it and stores the result in it, the others wait for it;
+  holding the claim runs it and stores the result in it, the others wait for it; a config is
+  re-measured only once it holds one of the study's re-measurement slots (`remeasure-slot:<k>`),
+  which caps how many are, whichever workers choose them;
 * a trial cut off (Ctrl-C, kill -9 of its worker, a lost machine) is failed and its config is
   enqueued again exactly once (`retry:<number>`, the retry carries `retry_of`), unless that
   config has been cut off `MAX_CUT_OFFS` times in a row.
@@ -229,6 +231,19 @@ class Coordinator:
             return reference
 
     # ------------------------------------------------------------ re-measuring the best
+
+    def remeasure_slots(self, numbers: list[int], slots: int) -> list[int]:
+        """Those of trials `numbers` that hold one of the study's `slots` re-measurement slots
+        (`remeasure-slot:<k>`, held for good), taking free ones: however many workers choose
+        configs to re-measure, and whenever, the study re-measures at most `slots` configs."""
+        allowed = []
+        for number in numbers:
+            for k in range(slots):
+                held = self.claims.claim(f"remeasure-slot:{k}", {"trial": number})
+                if held is None or held.value.get("trial") == number:
+                    allowed.append(number)
+                    break
+        return allowed
 
     def remeasure(
         self, numbers: list[int], run: Callable[[list[int]], dict[int, dict[str, Any]]], lease_s: float

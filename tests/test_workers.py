@@ -419,6 +419,18 @@ def test_a_worker_handed_a_config_it_ran_itself_gives_it_up(tmp_path: Path) -> N
     assert workers.claim_config(again) == first.number
 
 
+def test_the_study_re_measures_at_most_its_slots_of_configs_whichever_workers_choose_them(tmp_path: Path) -> None:
+    # Two workers that read the study at different times choose different configs to re-measure:
+    # the slots are the study's, so together they re-measure no more than it allows.
+    url = f"sqlite:///{tmp_path}/slots.db"
+    study = optuna.create_study(study_name="slots", storage=open_storage(url))
+    one, two = Coordinator(study, open_storage(url)), Coordinator(study, open_storage(url))
+    assert one.remeasure_slots([4, 7, 9], 3) == [4, 7, 9]
+    assert two.remeasure_slots([7, 2, 5], 3) == [7]  # 7 holds a slot already; none is left for 2 or 5
+    assert one.remeasure_slots([9, 2], 4) == [9, 2]  # a larger cap: the fourth slot is free
+    assert two.remeasure_slots([5], 4) == []
+
+
 # ---------------------------------------------------------------- stale trials
 
 
