@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import optuna
 
-from autotuner.console import percent, rate
+from autotuner.console import percent, rate, runs
 from autotuner.environment import fingerprint
 from autotuner.knobs import format_config
 from autotuner.study import baseline, best, records
@@ -52,9 +52,7 @@ def study_note(study: optuna.Study) -> str:
         ]
         for t in sorted(remeasured, key=lambda t: -t.throughput):
             error = t.remeasure_error
-            apart = f" ({t.run_spread:.1%} apart)" if t.run_spread is not None else ""
-            runs = ", ".join(rate(value) for value in t.throughputs) + apart + (f", **{error}**" if error else "")
-            lines.append(f"- #{t.number} `{format_config(t.config)}`: {runs}")
+            lines.append(f"- #{t.number} `{format_config(t.config)}`: {runs(t)}" + (f", **{error}**" if error else ""))
     counts: dict[str, int] = {}
     for t in trials:
         counts[t.outcome] = counts.get(t.outcome, 0) + 1

@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 
 from autotuner import charts
-from autotuner.console import percent, rate
+from autotuner.console import percent, rate, runs
 from autotuner.environment import describe, fingerprint
 from autotuner.errors import SpecError
 from autotuner.knobs import format_config
@@ -183,12 +183,7 @@ def _processes(t: TrialRecord) -> str:
     if t.remeasured is None:
         return "1"
     error = t.remeasure_error
-    runs = " / ".join(rate(value) for value in t.throughputs)
-    return (
-        f"{len(t.throughputs)}: {runs}"
-        + (f" ({t.run_spread:.1%} apart)" if t.run_spread is not None else "")
-        + (f"; {error}" if error else "")
-    )
+    return f"{len(t.throughputs)}: {runs(t, ' / ')}" + (f"; {error}" if error else "")
 
 
 def knob_tables(report: Report) -> list[tuple[str, Table]]:

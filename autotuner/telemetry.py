@@ -180,7 +180,6 @@ class GpuSampler:
         try:
             import pynvml
 
-            pynvml.nvmlInit()
             self._nvml, self._handle = pynvml, nvml_handle(pynvml, self.cuda_index)
         except Exception:  # no NVML here: no telemetry, never a failed trial
             return self
