@@ -184,7 +184,7 @@ def _measure(workload: TorchWorkload, training: TunedTraining, request: TrialReq
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     samples_per_step = request.global_batch
-    telemetry = Telemetry(cuda_index=device.index or 0 if device.type == "cuda" else None)
+    telemetry = Telemetry(cuda_index=(device.index or 0) if device.type == "cuda" else None)
     throughput = measure_throughput(
         step,
         _synchronize(device),
