@@ -399,7 +399,7 @@ def apply_config(
     if baseline and base_params and tuned.speedup:
         # The same optimizer steps as the config's run, windows lengthened or not: a job's step
         # can get slower as it trains (e.g. Adam's moments of weights whose gradient is zero decay
-        # into subnormal floats, slow on CPUs), so both runs cover the same stretch of training.
+        # into subnormal floats, slow on Intel CPUs), so both runs cover the same stretch of training.
         ran = result.result["throughput"]["steps"]
         base = run("baseline config", job.complete(base_params), ran, 0.0).result["throughput"]
     return AppliedRun(

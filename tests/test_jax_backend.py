@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+import torch
 import yaml
 
 from autotuner.errors import SpecError
@@ -136,6 +137,24 @@ def test_the_builtin_workloads_are_the_twins_of_the_pytorch_ones() -> None:
             assert mine.shape == tuple(torch_item.shape), name
         assert (ours.tokens_per_sample, ours.flops_per_sample) == (theirs.tokens_per_sample, theirs.flops_per_sample)
     assert ours.flops_per_sample is not None and ours.flops_per_sample > 0
+
+
+def test_the_mlp_twins_compute_the_same_function() -> None:
+    from backends.jax import workloads
+    from backends.pytorch import workloads as torch_workloads
+
+    args = {"features": 16, "hidden": 32, "depth": 2, "samples": 64}
+    np.random.seed(0)
+    ours = as_workload(workloads.mlp(**args), "mlp")
+    theirs = torch_workloads.mlp(**args)
+    linears = [m for m in theirs.model if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for layer, linear in zip(ours.params, linears, strict=True):
+            linear.weight.copy_(torch.from_numpy(np.asarray(layer["w"]).T))
+            linear.bias.copy_(torch.from_numpy(np.asarray(layer["b"])))
+        inputs = theirs.dataset[:8][0]
+        expected = theirs.model(inputs).numpy()
+    np.testing.assert_allclose(workloads.mlp_apply(ours.params, inputs.numpy()), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_the_parameters_follow_the_trial_seed_and_the_data_do_not() -> None:

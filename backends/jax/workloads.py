@@ -1,6 +1,6 @@
 """Built-in JAX workloads on synthetic data (nothing is downloaded), the twins of the PyTorch ones.
 
-* `mlp`: a multi-layer perceptron learning a random teacher's labels.
+* `mlp`: a multi-layer perceptron (GELU) learning a random teacher's labels.
 * `gpt`: a small causal transformer on token sequences from a fixed random Markov chain, with
   its training FLOPs per token known.
 
@@ -55,7 +55,7 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 def mlp_apply(params: list[dict[str, jax.Array]], inputs: jax.Array) -> jax.Array:
     x = inputs
     for layer in params[:-1]:
-        x = jax.nn.relu(x @ layer["w"] + layer["b"])
+        x = jax.nn.gelu(x @ layer["w"] + layer["b"], approximate=False)  # torch's nn.GELU
     return x @ params[-1]["w"] + params[-1]["b"]
 
 
