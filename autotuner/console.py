@@ -27,11 +27,16 @@ def rate(value: float | None) -> str:
 
 
 def percent(value: Any, digits: int = 3) -> str:
+    """A share as a percentage with `digits` decimals; one too small for them (a bf16 drift of
+    6.5e-7) in two significant digits rather than as the 0.000% of an exact zero."""
     if value is None:
         return "-"
     if value == "inf" or value == float("inf"):
         return "inf"
-    return f"{float(value):.{digits}%}"
+    share = float(value)
+    if share and abs(share) < 0.5 * 10 ** -(digits + 2):
+        return f"{share * 100:.2g}%"
+    return f"{share:.{digits}%}"
 
 
 def runs(t: TrialRecord, separator: str = ", ") -> str:

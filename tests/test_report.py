@@ -345,3 +345,17 @@ def test_a_config_whose_remeasurement_failed_is_not_declared_best(tmp_path: Path
     flaky = next(t for t in trials if t.number == 1)
     assert flaky.remeasure_error == "re-run 2: crash: killed by SIGSEGV"
     assert flaky.feasible  # still feasible as a trial, on the front
+
+
+def test_a_drift_too_small_for_three_decimals_is_not_shown_as_zero() -> None:
+    from autotuner.console import percent
+
+    assert [percent(v) for v in (0.0, 0.0123, 4e-7, 6.489e-7, -2e-7, None, "inf")] == [
+        "0.000%",
+        "1.230%",
+        "4e-05%",
+        "6.5e-05%",
+        "-2e-05%",
+        "-",
+        "inf",
+    ]
