@@ -460,7 +460,7 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             f"(more than {PROMISE:.0%}): the machine may be busier now, or the study's measurements were noisy",
             file=err,
         )
-    if run.quarters and run.slowdown and run.slowdown > SLOWDOWN:
+    if run.quarters and (run.slowdown or 0.0) > SLOWDOWN:
         first, last = run.quarters
         print(
             f"autotuner: warning: the config ran {run.slowdown:.0%} slower over the last quarter of the run "

@@ -244,9 +244,9 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
             f"its windows were lengthened, the baseline after it for the same steps) delivered {delivered}: "
             f"ratios {ratios}, {apply['promise_within_5_percent']} of {len(apply['promise_ratios'])} within 5%."
             + (
-                " The tuned config's last quarter of windows ran "
-                + ", ".join(f"{s:.0%}" for s in slowdowns)
-                + " slower than its first."
+                " The tuned config's last quarter of windows against its first: "
+                + ", ".join(f"{-s:+.0%}" for s in slowdowns)
+                + " in throughput."
                 if slowdowns
                 else ""
             ),

@@ -15,7 +15,7 @@ size into subnormal floats once that gradient is zero."""
 def test_the_mlp_keeps_every_gradient_and_moment_out_of_zero_and_subnormal_floats() -> None:
     # With ReLU this built-in (the quickstart's job, at its full size) had 2.0 million weights
     # with a zero gradient after 1,000 steps of 8 samples, and 1.5 million subnormal moments: on
-    # Intel CPUs a step 25-35% slower, long after the trials.
+    # a Xeon its bf16 step 26-34% slower, long after the trials.
     torch.manual_seed(0)
     job = mlp()
     optimizer = job.optimizer(job.model.parameters())

@@ -15,6 +15,7 @@ from optuna.distributions import CategoricalDistribution
 
 from autotuner import charts
 from autotuner.claims import Claims
+from autotuner.console import percent
 from autotuner.dashboard import study_note
 from autotuner.errors import SpecError
 from autotuner.export import export_data
@@ -348,8 +349,6 @@ def test_a_config_whose_remeasurement_failed_is_not_declared_best(tmp_path: Path
 
 
 def test_a_drift_too_small_for_three_decimals_is_not_shown_as_zero() -> None:
-    from autotuner.console import percent
-
     assert [percent(v) for v in (0.0, 0.0123, 4e-7, 6.489e-7, -2e-7, None, "inf")] == [
         "0.000%",
         "1.230%",
