@@ -249,6 +249,8 @@ class AppliedRun:
     baseline: dict[str, Any] | None = None
     """The export's baseline config, run here for the same optimizer steps and measured the same
     way (throughput dict), so that the speedup delivered is a ratio taken on this machine now."""
+    lockstep: bool = False
+    """The baseline was measured in lockstep with the config (else after it)."""
 
     @property
     def samples_per_s(self) -> float:
@@ -339,11 +341,13 @@ def apply_config(
     """Run `job` with `tuned` for at least `steps` optimizer steps (default `default_steps`) in a
     trial process, measured as a trial is: warm-up, then windows as long as the study's (each
     lengthened to `trial.min_window_s` by the same calibration), their median and spread. With
-    `baseline`, the export's baseline config runs after it for the same optimizer steps, so the
-    speedup delivered can be set beside the export's. A config tuned for another job or other
+    `baseline`, the export's baseline config runs for the same optimizer steps, so the speedup
+    delivered can be set beside the export's: on a CPU in lockstep with the config (window by
+    window, `autotuner.search.measure_together`), elsewhere after it. A config tuned for another job or other
     hardware is refused unless `force`."""
     from autotuner.outcomes import Outcome
-    from autotuner.search import make_launcher, probe_environment, trial_request  # Optuna: only here
+    # autotuner.search imports Optuna: only here
+    from autotuner.search import in_lockstep, make_launcher, measure_together, probe_environment, trial_request
 
     if tuned.backend != job.backend.name:
         raise SpecError(
@@ -379,29 +383,22 @@ def apply_config(
     per_window = min(settings.steps, total)
     windows = math.ceil(total / per_window)
 
-    def run(what: str, run_config: Config, per_window: int, min_window_s: float) -> Any:
-        request = dataclasses.replace(
-            trial_request(job, run_config, environment["device"]),
-            steps=per_window,
-            windows=windows,
-            min_window_s=min_window_s,
-        )
-        # as many times a trial's timeout as the run has times its steps (before lengthening)
-        timeout = settings.timeout * max(1.0, per_window * windows / (settings.steps * settings.windows))
-        result = launcher.call(job.backend.runner, "run", request, timeout)
-        if result.outcome is not Outcome.OK:
-            raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
-        return result
-
-    result = run("config", config, per_window, settings.min_window_s)
-    base = None
+    request = dataclasses.replace(trial_request(job, config, environment["device"]), steps=per_window, windows=windows)
+    requests = [request]
     base_params = tuned.baseline.get("params")
     if baseline and base_params and tuned.speedup:
-        # The same optimizer steps as the config's run, windows lengthened or not: a job's step
-        # can get slower as it trains (e.g. Adam's moments of weights whose gradient is zero decay
-        # into subnormal floats, slow on Intel CPUs), so both runs cover the same stretch of training.
-        ran = result.result["throughput"]["steps"]
-        base = run("baseline config", job.complete(base_params), ran, 0.0).result["throughput"]
+        # The same optimizer steps as the config's, windows lengthened or not: a job's step can get
+        # slower as it trains (e.g. Adam's moments of weights whose gradient is zero decay into
+        # subnormal floats, slow on Intel CPUs), so both runs cover the same stretch of training.
+        requests.append(dataclasses.replace(request, config=dict(job.complete(base_params))))
+    # as many times a trial's timeout as the run has times its steps (before lengthening)
+    timeout = settings.timeout * max(1.0, per_window * windows / (settings.steps * settings.windows))
+    results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, same_steps=True)
+    for what, result in zip(("config", "baseline config"), results, strict=False):
+        if result.outcome is not Outcome.OK:
+            raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
+    result = results[0]
+    base = results[1].result["throughput"] if len(results) > 1 else None
     return AppliedRun(
         tuned=tuned,
         config=config,
@@ -411,6 +408,7 @@ def apply_config(
         drift_steps=settings.drift_steps,
         wall_s=result.wall_s,
         baseline=base,
+        lockstep=base is not None and in_lockstep(environment["device"]),
     )
 
 
@@ -440,7 +438,8 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         print(
             f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
             f"{float(run.baseline['samples_per_s']):,.0f} samples/s, run here for the same "
-            f"{run.baseline['steps'] * run.baseline['windows']} optimizer steps), "
+            f"{run.baseline['steps'] * run.baseline['windows']} optimizer steps, "
+            f"{'in lockstep with' if run.lockstep else 'after'} it), "
             f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
             file=out,
         )

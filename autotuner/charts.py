@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from autotuner.knobs import KNOBS, format_config
-from autotuner.study import TrialRecord, ranked
+from autotuner.study import TrialRecord, ranked, speedup
 
 THROUGHPUT_TITLE = "throughput (samples/s)"
 DRIFT_TITLE = "drift (relative)"
@@ -52,10 +52,6 @@ def pareto_front(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
             front.append(t)
             lowest = t.drift
     return front
-
-
-def speedup(trial: TrialRecord, base: TrialRecord | None) -> float | None:
-    return trial.throughput / base.throughput if base is not None and base.throughput > 0 else None
 
 
 def drift_text(value: float) -> str:
@@ -223,7 +219,7 @@ def speedup_figure(trials: Sequence[TrialRecord], baseline: TrialRecord | None, 
         _note(figure, "the baseline has no measured throughput: no speedup to show", y=0.5)
         return figure
     labels = [f"#{t.number} {format_config(t.config)}" for t in ranked]
-    values = [t.throughput / baseline.throughput for t in ranked]
+    values = [speedup(t, baseline) for t in ranked]
     figure.add_trace(
         go.Bar(
             name="speedup",

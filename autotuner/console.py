@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotuner.knobs import format_config
-from autotuner.study import TrialRecord, ranked
+from autotuner.study import TrialRecord, ranked, speedup
 
 if TYPE_CHECKING:
     from autotuner.search import SearchSummary
@@ -82,7 +82,10 @@ class SearchReporter:
         error = t.remeasure_error
         tail = f" [red]{escape(str(error))}[/]: not declared best" if error else f": median {rate(t.throughput)}"
         tag = " (baseline)" if t.role == "baseline" else ""
-        self.console.print(f"re-measured #{t.number}{tag} {format_config(t.config)}: {runs}{tail}")
+        done = t.remeasured or {}
+        beside = ", ".join(f"#{n}" for n in done.get("group") or [] if n != t.number)
+        how = f" ({'in lockstep' if done.get('lockstep') else 'interleaved'} with {beside})" if beside else ""
+        self.console.print(f"re-measured #{t.number}{tag} {format_config(t.config)}{how}: {runs}{tail}")
 
     def reference(self, reference: dict[str, Any], tolerance: float) -> None:
         self.console.print(
@@ -108,15 +111,15 @@ class SearchReporter:
             status = f"[red]{done.outcome}[/]: {reason}"
         best_text = ""
         if best is not None:
-            speedup = f" ({best.throughput / baseline.throughput:.2f}x)" if baseline and baseline.throughput else ""
-            best_text = f" | best #{best.number} {rate(best.throughput)}{speedup}"
+            ratio = speedup(best, baseline)
+            best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({ratio:.2f}x)" if ratio else "")
         tag = " (baseline)" if done.role == "baseline" else ""
         self.console.print(f"[{ran}/{budget}] {elapsed_s:5.0f}s #{done.number}{tag} {config}: {status}{best_text}")
 
     def finish(self, summary: SearchSummary) -> None:
         base = summary.baseline
         table = Table(
-            title="Top configs (feasible, by throughput: the median over every window measured for it)",
+            title="Top configs (feasible, fastest first; re-measured configs by their re-measurement)",
             box=box.SIMPLE_HEAD,
         )
         feasible = ranked(summary.trials)
@@ -134,7 +137,7 @@ class SearchReporter:
         ):
             table.add_column(column, no_wrap=True)
         for t in shown:
-            speedup = f"{t.throughput / base.throughput:.2f}x" if base and base.throughput else "-"
+            ratio = speedup(t, base)
             label = f"#{t.number}" + (" base" if t.role == "baseline" else "")
             values = [
                 f"{t.config[k]}x{t.config.get('accumulation', 1)}" if k == "batch_size" else str(t.config.get(k))
@@ -144,7 +147,7 @@ class SearchReporter:
                 label,
                 *values,
                 rate(t.throughput),
-                speedup,
+                f"{ratio:.2f}x" if ratio else "-",
                 percent(t.metrics.get("drift")),
                 percent(t.metrics.get("throughput_spread"), 1),
                 processes(t),
@@ -161,9 +164,10 @@ class SearchReporter:
             self.console.print("[red]no feasible config[/]: every trial failed or drifted past the tolerance")
         else:
             b = summary.best
-            speedup = f", {b.throughput / base.throughput:.2f}x the baseline" if base and base.throughput else ""
+            ratio = speedup(b, base)
+            versus = f", {ratio:.2f}x the baseline" if ratio else ""
             self.console.print(
-                f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{speedup}"
+                f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{versus}"
             )
             self.console.print(f"exported: {summary.export}")
         self.console.print(f"dashboard: {escape(dashboard_command(summary.storage_url))}")

@@ -13,7 +13,7 @@ import optuna
 from autotuner.console import percent, rate, runs
 from autotuner.environment import fingerprint
 from autotuner.knobs import format_config
-from autotuner.study import baseline, best, records
+from autotuner.study import baseline, best, records, speedup
 
 CHARTS = ("throughput-by-knob", "pareto-front")
 
@@ -32,10 +32,11 @@ def study_note(study: optuna.Study) -> str:
     if winner is None:
         lines.append("**No feasible config yet**: every trial so far failed or drifted past the tolerance.")
     else:
-        speedup = f", **{winner.throughput / base.throughput:.2f}x** the baseline" if base and base.throughput else ""
+        ratio = speedup(winner, base)
+        versus = f", **{ratio:.2f}x** the baseline" if ratio else ""
         lines.append(
             f"**Best:** trial #{winner.number}, `{format_config(winner.config)}`: "
-            f"{rate(winner.throughput)}{speedup}, drift {percent(winner.metrics.get('drift'))}"
+            f"{rate(winner.throughput)}{versus}, drift {percent(winner.metrics.get('drift'))}"
         )
     if base is not None:
         lines.append(

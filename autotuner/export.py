@@ -11,7 +11,7 @@ import optuna
 import yaml
 
 from autotuner.errors import AutotunerError
-from autotuner.study import TrialRecord, baseline, best, ranked, records, shown_url
+from autotuner.study import TrialRecord, baseline, best, ranked, records, shown_url, speedup
 
 EXPORT_VERSION = 1
 
@@ -56,7 +56,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
                 "outcome": base.outcome if base else None,
                 **(_measurements(base) if base else {"throughput": None}),
             },
-            "speedup": winner.throughput / base.throughput if base and base.throughput > 0 else None,
+            "speedup": speedup(winner, base),
             "drift": {
                 "tolerance": settings.get("max_drift"),
                 "reference_noise_floor": reference.get("noise_floor"),
@@ -81,8 +81,9 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
 
 
 def _measurements(t: TrialRecord) -> dict[str, Any]:
-    """A config's throughput (the median over every window of its trial and re-measurement
-    processes) and how it was measured: each process's median, and how far apart they are."""
+    """A config's throughput (its trial's median window, or once re-measured, the median over
+    every window of its re-measurement processes) and how it was measured: each process's median
+    (the trial's first), and how far apart they are."""
     return {
         "throughput": t.throughput,
         "trial_throughput": t.trial_throughput,
@@ -99,7 +100,7 @@ def _top(trials: list[TrialRecord], base: TrialRecord | None, count: int) -> lis
             "trial": t.number,
             "params": t.config,
             "throughput": t.throughput,
-            "speedup": t.throughput / base.throughput if base and base.throughput > 0 else None,
+            "speedup": speedup(t, base),
             "drift": t.metrics.get("drift"),
             "throughput_spread": t.metrics.get("throughput_spread"),
             "throughput_runs": t.throughputs,

@@ -8,6 +8,12 @@ noise. Then `windows` windows of that many optimizer steps each are timed, with 
 synchronized at both edges of every window; whatever the step does (data loading included) is
 inside the window. Throughput is the median over windows; the spread (max - min over median) is
 kept with it so a noisy measurement is visible.
+
+In lockstep (`autotuner.trial.TrialLauncher.lockstep`), several trial processes are measured
+together and take turns: this process waits for its turn before its warm-up and calibration and
+before each window, so only one of them runs at a time and a slow change in the machine's speed
+falls on all of them alike. After its last window it waits once more, so that what it does next
+(the drift phase) does not run beside another's window.
 """
 
 from __future__ import annotations
@@ -17,8 +23,31 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+class Turns:
+    """This trial process's side of a lockstep group: `wait` tells the launcher that the process
+    is ready for its next turn (with what it reports) and returns when the turn is given."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], receive: Callable[[], dict[str, Any]]):
+        self._send, self._receive = send, receive
+
+    def wait(self, *, measuring: bool, **report: Any) -> dict[str, Any]:
+        """`measuring`: whether the turn asked for is a measured one (False: the process has
+        measured everything and waits to be released)."""
+        self._send({"status": "waiting", "measuring": measuring, **report})
+        return self._receive()
+
+
+_turns: Turns | None = None
+
+
+def take_turns(turns: Turns | None) -> None:
+    """Make every later `measure_throughput` of this process wait for its turns (None: never)."""
+    global _turns
+    _turns = turns
 
 
 @dataclass(frozen=True)
@@ -37,6 +66,9 @@ class Throughput:
     samples_per_step: int
     calibration_s: float = 0.0
     """Wall time of the calibration window (0 without a minimum window duration)."""
+    window_spans: list[tuple[float, float]] = field(default_factory=list)
+    """When each window began and ended, by `time.monotonic` (one clock for every process of the
+    machine: lockstep processes' windows can be set side by side)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,32 +95,51 @@ def measure_throughput(
 
     `after_window` runs after each window's closing synchronization, outside the timed span
     (a backend checks there that the loss stayed finite). `telemetry` (an
-    `autotuner.telemetry.Telemetry`) is entered around the timed windows only.
+    `autotuner.telemetry.Telemetry`) is entered around the timed windows only (in lockstep,
+    around each one). In lockstep, the launcher may set the steps per window in the first turn it
+    gives (the same as another process's), which replaces the calibration.
     """
+    turns = _turns
+    given = turns.wait(measuring=True) if turns is not None else {}
     start = time.perf_counter()
     for _ in range(warmup_steps):
         step()
     synchronize()
     warmup_s = time.perf_counter() - start
 
+    spans: list[tuple[float, float]] = []
+
     def window(count: int) -> float:
         synchronize()
+        began = time.monotonic()
         start = time.perf_counter()
         for _ in range(count):
             step()
         synchronize()
         elapsed = time.perf_counter() - start
+        spans.append((began, time.monotonic()))
         if after_window is not None:
             after_window()
         return elapsed
 
     calibration_s = 0.0
-    if min_window_s > 0:
+    if given.get("steps"):
+        steps = int(given["steps"])
+    elif min_window_s > 0:
         calibration_s = window(steps)
         if calibration_s < min_window_s:
             steps = math.ceil(steps * min_window_s / max(calibration_s, 1e-9))
-    with telemetry or contextlib.nullcontext():
-        durations = [window(steps) for _ in range(windows)]
+    telemetry = telemetry or contextlib.nullcontext()
+    if turns is None:
+        with telemetry:
+            durations = [window(steps) for _ in range(windows)]
+    else:
+        durations = []
+        for _ in range(windows):
+            turns.wait(measuring=True, steps=steps)
+            with telemetry:
+                durations.append(window(steps))
+        turns.wait(measuring=False)
     rates = [steps * samples_per_step / d for d in durations]
     return Throughput(
         samples_per_s=statistics.median(rates),
@@ -100,4 +151,5 @@ def measure_throughput(
         windows=windows,
         samples_per_step=samples_per_step,
         calibration_s=calibration_s,
+        window_spans=spans[-windows:],
     )

@@ -24,7 +24,7 @@ from autotuner.console import percent, rate, runs
 from autotuner.environment import describe, fingerprint
 from autotuner.errors import SpecError
 from autotuner.knobs import format_config
-from autotuner.study import TrialRecord, baseline, best, open_storage, records, shown_url, spent_seconds
+from autotuner.study import TrialRecord, baseline, best, open_storage, records, shown_url, speedup, spent_seconds
 
 FORMATS = ("html", "md")
 TOP = 10
@@ -58,7 +58,7 @@ class Report:
         return float(self.settings.get("max_drift") or 0.01)
 
     def speedup(self, trial: TrialRecord) -> str:
-        value = charts.speedup(trial, self.baseline)
+        value = speedup(trial, self.baseline)
         return "-" if value is None else f"{value:.2f}x"
 
 

@@ -109,6 +109,38 @@ def trial_request(job: Job, config: Config, device: str, *, measure: bool = True
     )
 
 
+def in_lockstep(device: str) -> bool:
+    """Whether trials compared on `device` are measured in lockstep (`measure_together`)."""
+    return device == "cpu"
+
+
+def measure_together(
+    launcher: TrialLauncher,
+    job: Job,
+    requests: list[TrialRequest],
+    device: str,
+    *,
+    timeout_s: float | None = None,
+    same_steps: bool = False,
+) -> list[TrialResult]:
+    """Run trials whose throughputs are to be compared. On a CPU, in lockstep
+    (`autotuner.trial.TrialLauncher.lockstep`): every process is alive at once and they take
+    turns window by window, so a slow change in the machine's speed (a shared VM's neighbours,
+    its clock) falls on all of them alike. On a GPU one after another, in the order given: there
+    the device's memory is what processes would share, and a config that fits alone might not
+    fit beside another. With `same_steps`, the windows of all but the first get as many steps
+    as the first's calibration gave it."""
+    timeout_s = timeout_s or job.spec.trial.timeout
+    if in_lockstep(device):
+        return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, same_steps=same_steps)
+    results: list[TrialResult] = []
+    for request in requests:
+        if same_steps and results and results[0].outcome is Outcome.OK:
+            request = dataclasses.replace(request, steps=results[0].result["throughput"]["steps"], min_window_s=0.0)
+        results.append(launcher.call(job.backend.runner, "run", request, timeout_s))
+    return results
+
+
 def run_reference(launcher: TrialLauncher, job: Job, device: str) -> dict[str, Any]:
     """Run the fp32 eager reference twice; the gap between the two runs is its noise floor."""
     config = job.reference_config()
@@ -263,17 +295,18 @@ class Search:
     ) -> None:
         """Measure the fastest feasible configs and the baseline again before the best is declared,
         so that one lucky window or process cannot win: each in `budget.remeasure_runs` more trial
-        processes, the runs of all of them interleaved. A config's throughput is then the median
-        over every window of its processes; when that reorders the top, the newcomers are
-        re-measured too, and so are the configs within the machine's noise of the best
-        (`autotuner.study.to_remeasure`): at most twice `budget.remeasure_top` configs and the
-        baseline in all."""
+        processes, measured together (`measure_together`). A config's throughput is then the median
+        over every window of those processes, and its speedup is over the baseline's windows
+        measured with them; when that reorders the top, the newcomers are re-measured too, and so
+        are the configs within the machine's noise of the best (`autotuner.study.to_remeasure`): at
+        most twice `budget.remeasure_top` configs and the baseline in all."""
         settings = self.job.spec.budget
         if not settings.remeasure_top:
             return
         attempted: set[int] = set()
         while True:
-            candidates = to_remeasure(records(study), settings.remeasure_top)
+            trials = records(study)
+            candidates = to_remeasure(trials, settings.remeasure_top)
             fresh = [t for t in candidates if t.remeasured is None and t.number not in attempted]
             if not fresh:
                 return
@@ -282,44 +315,58 @@ class Search:
             todo = {t.number: t for t in fresh if t.number in allowed}
             if not todo:
                 continue
-            lease_s = settings.remeasure_runs * self.job.spec.trial.timeout + PROBE_TIMEOUT_S
-            run = functools.partial(self._remeasure_runs, todo, launcher, environment, reference)
+            base = baseline(trials)
+            companion = base if base is not None and base.outcome == Outcome.OK.value else None
+            # each config's runs and the baseline's: a group of processes; its lease, generously
+            lease_s = 2 * settings.remeasure_runs * self.job.spec.trial.timeout + PROBE_TIMEOUT_S
+            run = functools.partial(self._remeasure_runs, todo, companion, launcher, environment, reference)
             workers.remeasure(list(todo), run, lease_s)
 
     def _remeasure_runs(
         self,
         candidates: dict[int, TrialRecord],
+        companion: TrialRecord | None,
         launcher: TrialLauncher,
         environment: dict[str, Any],
         reference: dict[str, Any],
         numbers: list[int],
     ) -> dict[int, dict[str, Any]]:
+        """Re-measure the configs of trials `numbers`, each in `budget.remeasure_runs` processes,
+        with as many of the baseline (`companion`) beside them, all measured together."""
         job, runs = self.job, self.job.spec.budget.remeasure_runs
         trials = [candidates[n] for n in numbers]
-        found: dict[int, dict[str, Any]] = {t.number: {"throughputs": [], "windows": []} for t in trials}
-        for run in range(runs):
-            for t in trials:  # interleaved: a change in the machine's load falls on every config alike
-                done = found[t.number]
-                if done.get("error"):
-                    continue
-                with self.reporter.running(f"re-measuring #{t.number} ({run + 1}/{runs}): {format_config(t.config)}"):
-                    request = trial_request(job, t.config, environment["device"])
-                    result = launcher.call(job.backend.runner, "run", request, job.spec.trial.timeout)
-                if result.outcome is not Outcome.OK:
-                    done["error"] = f"re-run {run + 1}: {result.outcome.value}: {result.reason}"
-                    continue
-                losses = result.result["losses"]
-                drift = measure_drift(
-                    losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]
-                ).heldout
-                if drift > job.spec.objective.max_drift:
-                    done["error"] = f"re-run {run + 1}: drift {drift:.3%} is over the tolerance"
-                    continue
-                done["throughputs"].append(result.result["throughput"]["samples_per_s"])
-                done["windows"].append(result.result["throughput"]["window_samples_per_s"])
+        group = trials + ([companion] if companion is not None and companion.number not in numbers else [])
+        members = [t for _ in range(runs) for t in group]  # interleaved: run 1 of each, then run 2, ...
+        requests = [trial_request(job, t.config, environment["device"]) for t in members]
+        shown = ", ".join(f"#{t.number}" for t in group)
+        with self.reporter.running(f"re-measuring {shown}, {runs} runs each"):
+            results = measure_together(launcher, job, requests, environment["device"])
+        found: dict[int, dict[str, Any]] = {t.number: {"throughputs": [], "windows": []} for t in group}
+        for k, (t, result) in enumerate(zip(members, results, strict=True)):
+            done = found[t.number]
+            if done.get("error"):
+                continue
+            run = k // len(group) + 1
+            if result.outcome is not Outcome.OK:
+                done["error"] = f"re-run {run}: {result.outcome.value}: {result.reason}"
+                continue
+            losses = result.result["losses"]
+            drift = measure_drift(
+                losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]
+            ).heldout
+            if drift > job.spec.objective.max_drift:
+                done["error"] = f"re-run {run}: drift {drift:.3%} is over the tolerance"
+                continue
+            done["throughputs"].append(result.result["throughput"]["samples_per_s"])
+            done["windows"].append(result.result["throughput"]["window_samples_per_s"])
+        beside = found[companion.number] if companion is not None else {}
+        for t in trials:
+            found[t.number].update(group=[g.number for g in group], lockstep=in_lockstep(environment["device"]))
+            if not beside.get("error"):
+                found[t.number]["baseline_windows"] = [rate for run in beside.get("windows") or [] for rate in run]
         for t in trials:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
-        return found
+        return {t.number: found[t.number] for t in trials}
 
     def _run_reference(self, launcher: TrialLauncher, device: str) -> dict[str, Any]:
         with self.reporter.running("fp32 reference (2 runs)"):

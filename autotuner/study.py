@@ -380,8 +380,10 @@ class TrialRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     remeasured: dict[str, Any] | None = None
     """The config's re-measurement (`autotuner.search.Search._remeasure`), once done: for each of
-    its runs (a fresh trial process) the median `throughputs` and the rates of its `windows`, and
-    `error` when one of them failed."""
+    its runs (a fresh trial process) the median `throughputs` and the rates of its `windows`;
+    `baseline_windows`, the rates of the baseline's windows measured in the same group (in
+    lockstep, between its own); the trial numbers of that `group`, and whether it was measured
+    in `lockstep`; and `error` when one of them failed."""
 
     @property
     def trial_throughput(self) -> float:
@@ -394,16 +396,17 @@ class TrialRecord:
         return [self.trial_throughput, *((self.remeasured or {}).get("throughputs") or [])]
 
     @property
-    def windows(self) -> list[float]:
-        """The rate of every window measured for the config: the trial's, then its re-runs'."""
-        runs = (self.remeasured or {}).get("windows") or []
-        return [*(self.metrics.get("throughput_windows") or []), *(rate for run in runs for rate in run)]
+    def rerun_windows(self) -> list[float]:
+        """The rate of every window of the config's re-measurement runs."""
+        return [rate for run in (self.remeasured or {}).get("windows") or [] for rate in run]
 
     @property
     def throughput(self) -> float:
         """The config's throughput: the trial's median window, or once it is re-measured, the
-        median over every window of its trial and re-measurement processes."""
-        windows = self.windows if self.remeasured is not None else []
+        median over every window of its re-measurement processes. The trial that got it chosen
+        is left out of that: where it was chosen for a lucky window, counting it would carry the
+        luck into the figure."""
+        windows = self.rerun_windows
         return float(statistics.median(windows)) if windows else self.trial_throughput
 
     @property
@@ -467,12 +470,23 @@ def remeasurements(study: optuna.Study) -> dict[int, dict[str, Any]]:
     return found
 
 
+def speedup(trial: TrialRecord, base: TrialRecord | None) -> float | None:
+    """The config's throughput over the baseline's. Once it is re-measured, over the baseline's
+    windows measured in the same group, so that a change in the machine's speed between groups
+    (in lockstep, between windows) falls on both; None without a baseline throughput."""
+    beside = (trial.remeasured or {}).get("baseline_windows") or []
+    if trial.rerun_windows and beside:
+        return trial.throughput / float(statistics.median(beside))
+    return trial.throughput / base.throughput if base is not None and base.throughput > 0 else None
+
+
 def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
-    """The feasible trials, fastest first (by `TrialRecord.throughput`: over every window of its
-    processes where a config was re-measured); a config whose re-measurement failed is left out:
-    it is not reliable."""
+    """The feasible trials, fastest first: by `speedup` over the baseline (re-measured configs by
+    their re-measurement beside the baseline), by `TrialRecord.throughput` without a baseline. A
+    config whose re-measurement failed is left out: it is not reliable."""
+    base = baseline(trials)
     feasible = [t for t in trials if t.feasible and not t.remeasure_error]
-    return sorted(feasible, key=lambda t: (-t.throughput, t.number))
+    return sorted(feasible, key=lambda t: (-(speedup(t, base) or t.throughput), t.number))
 
 
 def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:

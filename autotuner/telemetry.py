@@ -71,37 +71,40 @@ def _peak_rss_mb(pids: list[str]) -> float:
 
 
 class CpuSampler:
-    """CPU utilisation and peak RSS of this process group between enter and exit (Linux /proc)."""
+    """CPU utilisation and peak RSS of this process group between enter and exit (Linux /proc);
+    entered more than once (a lockstep trial's windows), over all the spans together."""
 
     def __init__(self) -> None:
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         self._start: tuple[float, float] | None = None
-        self._result: dict[str, float] = {}
+        self._wall = self._busy = self._peak_rss_mb = 0.0
+        self._processes = 0
 
     def __enter__(self) -> CpuSampler:
         pids = _group_processes(os.getpgrp())
-        if pids:
-            self._start = (time.perf_counter(), _cpu_seconds(pids))
+        self._start = (time.perf_counter(), _cpu_seconds(pids)) if pids else None
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._start is None:
             return
         pids = _group_processes(os.getpgrp())
-        wall = time.perf_counter() - self._start[0]
-        busy = _cpu_seconds(pids) - self._start[1]
-        if wall > 0:
-            self._result = {
-                "cpu_util_mean": 100.0 * busy / (wall * self.cores),
-                "cpu_cores": float(self.cores),
-                "processes": float(len(pids)),
-                "peak_rss_mb": _peak_rss_mb(pids),
-            }
+        self._wall += time.perf_counter() - self._start[0]
+        self._busy += _cpu_seconds(pids) - self._start[1]
+        self._peak_rss_mb = max(self._peak_rss_mb, _peak_rss_mb(pids))
+        self._processes = max(self._processes, len(pids))
 
     def summary(self) -> dict[str, float]:
         """`cpu_util_mean` (% of the `cpu_cores` available), `processes` and `peak_rss_mb`
         (the sum of each process's own peak: an upper bound of the group's)."""
-        return dict(self._result)
+        if self._wall <= 0:
+            return {}
+        return {
+            "cpu_util_mean": 100.0 * self._busy / (self._wall * self.cores),
+            "cpu_cores": float(self.cores),
+            "processes": float(self._processes),
+            "peak_rss_mb": self._peak_rss_mb,
+        }
 
 
 def nvml_driver() -> str:
@@ -163,14 +166,18 @@ def has_energy_counter(cuda_index: int) -> bool:
 
 
 class GpuSampler:
-    """`with GpuSampler(cuda_index) as sampler: ...`; then `sampler.summary(samples)`."""
+    """`with GpuSampler(cuda_index) as sampler: ...`; then `sampler.summary(samples)`. Entered
+    more than once, it samples every span and adds up their energy."""
 
     def __init__(self, cuda_index: int, interval_s: float = 0.05):
         self.cuda_index, self.interval_s = cuda_index, interval_s
         self._util: list[float] = []
         self._power_w: list[float] = []
         self._memory_mb: list[float] = []
-        self._energy_mj: tuple[int, int] | None = None
+        self._energy_mj: int | None = 0
+        """Energy used over the spans so far; None once the counter failed to read."""
+        self._energy_start = -1
+        self._spans = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml: Any = None
@@ -183,7 +190,8 @@ class GpuSampler:
             self._nvml, self._handle = pynvml, nvml_handle(pynvml, self.cuda_index)
         except Exception:  # no NVML here: no telemetry, never a failed trial
             return self
-        self._energy_mj = (self._energy(), 0)
+        self._energy_start = self._energy()
+        self._stop.clear()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
@@ -208,8 +216,11 @@ class GpuSampler:
             return
         self._stop.set()
         self._thread.join()
-        start, _ = self._energy_mj or (-1, 0)
-        self._energy_mj = (start, self._energy())
+        self._thread = None
+        self._spans += 1
+        end = self._energy()
+        if self._energy_mj is not None:
+            self._energy_mj = self._energy_mj + end - self._energy_start if min(end, self._energy_start) >= 0 else None
 
     def summary(self, samples: int) -> dict[str, float]:
         """Mean/max utilisation (%), mean power (W), the most memory in use on the device (MB, every
@@ -222,8 +233,8 @@ class GpuSampler:
             out["power_w_mean"] = statistics.fmean(self._power_w)
         if self._memory_mb:
             out["gpu_memory_used_mb_max"] = max(self._memory_mb)
-        if self._energy_mj and min(self._energy_mj) >= 0 and samples > 0:
-            out["energy_j_per_sample"] = (self._energy_mj[1] - self._energy_mj[0]) / 1000.0 / samples
+        if self._energy_mj is not None and self._spans and samples > 0:
+            out["energy_j_per_sample"] = self._energy_mj / 1000.0 / samples
         return out
 
 

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotuner import measure
 from autotuner.outcomes import Classified, Outcome, ProcessEnd, classify_end, exception_message
 
 
@@ -144,13 +145,17 @@ def _trial_main(
     function: str,
     arg: Any,
     memory_limit_mb: float | None = None,
+    turns: multiprocessing.connection.Connection | None = None,
 ) -> None:
-    """Entry point of a trial process."""
+    """Entry point of a trial process; with `turns` (the launcher's end of a lockstep group), its
+    measurement waits for its turns there (`autotuner.measure.Turns`)."""
     os.setsid()  # own process group: the launcher kills it together with its workers
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     _limit_memory(memory_limit_mb)
     _send(conn, {"status": "started", "at": time.time()})
+    if turns is not None:
+        measure.take_turns(measure.Turns(lambda message: _send(conn, message), turns.recv))
     is_oom = lambda exc: False  # noqa: E731 - replaced once the runner imports
     try:
         module = importlib.import_module(runner)
@@ -166,6 +171,98 @@ def _trial_main(
     os._exit(0)
 
 
+class _Running:
+    """One trial process as the launcher sees it, from its start to its classified end."""
+
+    def __init__(
+        self,
+        context: Any,
+        runner: str,
+        function: str,
+        arg: Any,
+        memory_limit_mb: float | None,
+        timeout_s: float,
+        lockstep: bool,
+    ):
+        self.timeout_s = timeout_s
+        self.receive, send = context.Pipe(duplex=False)
+        self.turns: multiprocessing.connection.Connection | None = None
+        their_turns = None
+        if lockstep:
+            their_turns, self.turns = context.Pipe(duplex=False)
+        self.asked_at = time.time()
+        self.process = context.Process(
+            target=_trial_main, args=(send, runner, function, arg, memory_limit_mb, their_turns)
+        )
+        self.process.start()
+        send.close()
+        if their_turns is not None:
+            their_turns.close()
+        self.startup_s: float | None = None
+        self.message: Any = None
+        self.read_error: str | None = None
+        self.timed_out = False
+        self.ended = False
+        self.waiting: dict[str, Any] | None = None
+        """The process's last `waiting` message while it waits for a turn (lockstep), else None."""
+        self._result: TrialResult | None = None
+
+    def follow(self, deadline: float) -> None:
+        """Read what the process sends until it waits for a turn or ends (then it is reaped)."""
+        self.waiting = None
+        while not self.ended:
+            try:
+                received = _receive(self.receive, deadline)
+            except TimeoutError:
+                self.timed_out = True
+                break
+            except EOFError:
+                break
+            except _Garbled as exc:
+                self.read_error = str(exc)
+                break
+            status = received.get("status") if isinstance(received, dict) else None
+            if status == "started" and self.startup_s is None:
+                self.startup_s = max(0.0, float(received.get("at", self.asked_at)) - self.asked_at)
+            elif status == "waiting" and self.turns is not None:
+                self.waiting = received
+                return
+            else:
+                self.message = received
+                break
+        self.end()
+
+    def give_turn(self, turn: dict[str, Any], deadline: float) -> None:
+        """Let the waiting process run its turn, and follow it until it waits again or ends."""
+        assert self.turns is not None
+        try:
+            self.turns.send(turn)
+        except OSError:
+            pass  # it is gone: following it reads its end
+        self.follow(deadline)
+
+    def end(self) -> TrialResult:
+        """Reap the whole group (the process, its data-loader workers, anything it forked) and
+        classify how the process ended; once."""
+        if self._result is None:
+            self.ended = True
+            _kill_group(self.process, wait_s=0 if self.timed_out else 5)
+            self.receive.close()
+            if self.turns is not None:
+                self.turns.close()
+            end = ProcessEnd(self.message, self.process.exitcode, self.timed_out, self.timeout_s, self.read_error)
+            classified: Classified = classify_end(end)
+            self._result = TrialResult(
+                classified.outcome,
+                classified.reason,
+                classified.traceback,
+                classified.result or {},
+                self.startup_s,
+                time.time() - self.asked_at,
+            )
+        return self._result
+
+
 class TrialLauncher:
     """Starts trial processes from a fork server that has `preload` imported."""
 
@@ -176,49 +273,63 @@ class TrialLauncher:
         # autotuner._forkserver kills every trial's process group when the fork server ends.
         self._context.set_forkserver_preload(["autotuner._forkserver", *preload])
 
+    def _start(self, runner: str, function: str, arg: Any, timeout_s: float, lockstep: bool = False) -> _Running:
+        return _Running(self._context, runner, function, arg, self.memory_limit_mb, timeout_s, lockstep)
+
     def call(self, runner: str, function: str, arg: Any, timeout_s: float) -> TrialResult:
         """Run `runner.function(arg)` in a fresh trial process and classify how it ended."""
-        receive, send = self._context.Pipe(duplex=False)
-        asked_at = time.time()
-        process = self._context.Process(target=_trial_main, args=(send, runner, function, arg, self.memory_limit_mb))
-        process.start()
-        send.close()
-        startup_s = None
-        deadline = time.monotonic() + timeout_s
-        message: Any = None
-        read_error = None
-        timed_out = False
+        running = self._start(runner, function, arg, timeout_s)
         try:
-            while True:
-                try:
-                    received = _receive(receive, deadline)
-                except TimeoutError:
-                    timed_out = True
-                    break
-                except EOFError:
-                    break
-                except _Garbled as exc:
-                    read_error = str(exc)
-                    break
-                if isinstance(received, dict) and received.get("status") == "started" and startup_s is None:
-                    startup_s = max(0.0, float(received.get("at", asked_at)) - asked_at)
-                    continue
-                message = received
-                break
+            running.follow(time.monotonic() + timeout_s)
         finally:
-            # Always reap the whole group: the process, its data-loader workers, anything it forked.
-            _kill_group(process, wait_s=0 if timed_out else 5)
-            receive.close()
-        end = ProcessEnd(message, process.exitcode, timed_out, timeout_s, read_error)
-        classified: Classified = classify_end(end)
-        return TrialResult(
-            classified.outcome,
-            classified.reason,
-            classified.traceback,
-            classified.result or {},
-            startup_s,
-            time.time() - asked_at,
-        )
+            running.end()
+        return running.end()
+
+    def lockstep(
+        self, runner: str, function: str, args: list[Any], timeout_s: float, *, same_steps: bool = False
+    ) -> list[TrialResult]:
+        """Run `runner.function(arg)` for every arg, each in its own trial process, all alive at
+        once and measured in turns (`autotuner.measure.Turns`): when each process has built its
+        workload, the first runs its warm-up and calibration while the others wait, then the
+        second, and so on; then they take turns window by window, in an order that rotates every
+        round, so that a slow change in the machine's speed falls on every one of them alike.
+        When every one has measured its windows, all of them finish (the drift phase) together.
+
+        With `same_steps`, the others' windows get as many steps as the first one's calibration
+        gave. `timeout_s` bounds the start-up, each turn, and the finish; a process that fails
+        or times out is left out of the turns and the others go on."""
+        group = [self._start(runner, function, arg, timeout_s, lockstep=True) for arg in args]
+        try:
+            deadline = time.monotonic() + timeout_s
+            for running in group:
+                running.follow(deadline)
+            turn: dict[str, Any] = {}
+            rounds = 0
+            while measuring := [r for r in group if r.waiting is not None and r.waiting.get("measuring")]:
+                shift = rounds % len(measuring)
+                for running in measuring[shift:] + measuring[:shift]:
+                    running.give_turn(turn, time.monotonic() + timeout_s)
+                    if same_steps and not turn and running.waiting is not None:
+                        turn = {"steps": running.waiting.get("steps")}
+                rounds += 1
+            waiting = [r for r in group if r.waiting is not None]
+            for running in waiting:  # released together: what is left is not measured
+                try:
+                    running.turns.send({})  # type: ignore[union-attr]
+                except OSError:
+                    pass
+            deadline = time.monotonic() + timeout_s
+            while pending := [r for r in waiting if not r.ended]:
+                ready = multiprocessing.connection.wait(
+                    [r.receive for r in pending], max(0.0, deadline - time.monotonic())
+                )
+                for running in pending:
+                    if running.receive in ready or not ready:
+                        running.follow(deadline)
+        finally:
+            for running in group:
+                running.end()
+        return [running.end() for running in group]
 
 
 def _kill_group(process: multiprocessing.process.BaseProcess, wait_s: float) -> None:

@@ -3,15 +3,22 @@
     python benchmarks/fidelity.py [--spec studies/quickstart.yaml] [--runs 6]
 
 Runs the spec's baseline and the quickstart's usual winner (bf16, the largest micro-batch, no
-loader workers) `--runs` times each, interleaved, every run a real trial as the search launches
-it (fork server, one process per trial), once with the spec's trial settings and once per
-variant in `VARIANTS` (more or longer windows). For each config and setting it reports every
-process's median throughput and how far apart two trials of the same config are: the median and
-the largest gap between consecutive runs (two separate trials, as the search's re-measurement
-and a user's apply see them) and the spread (max - min) / median over all runs. The machine's
-CPU steal time and load during the runs are recorded beside them, and so is the machine's own floor:
-a fixed kernel (a 512x512 fp32 matmul, no autotuner code) timed in its own process over the same
-windows, between the trials; how far apart its runs come out is how far the machine drifts.
+loader workers), every run a real trial as the search launches it (fork server, one process per
+trial, the spec's trial settings), in the two ways the autotuner measures:
+
+- **one after another**: `--runs` trials of each config, interleaved, as a search's trials run
+  (and as re-measurement and apply run on a GPU). Two trials apart: consecutive runs of a config.
+- **in lockstep**: `--runs` groups, each two trials of each config alive at once and measured in
+  turns, window by window (`autotuner.trial.TrialLauncher.lockstep`), as re-measurement and apply
+  run on a CPU. Two trials apart: the two trials of a config in one group.
+
+For each config it reports every process's median throughput, the median and largest gap between
+two trials (|a - b| / mean), and the spread (max - min) / median over all runs; and how far the
+winner's speedup over the baseline moves from one run (or group) to the next, which is what an
+export and a later `autotuner apply` can differ by. The machine's CPU steal time and load are
+recorded beside them, and so is the machine's own floor: a fixed kernel (a 512x512 fp32 matmul,
+no autotuner code) timed in its own process over the same windows between the sequential trials;
+how far apart its runs come out is how far the machine drifts between two trials.
 Writes benchmarks/results/fidelity.json.
 
 Target (issue 6): two trials of one config differ by at most 3% in median throughput on the
@@ -33,15 +40,10 @@ from typing import Any
 
 from _harness import Trials, machine, measured_job, quartiles, write_results
 
-from autotuner.knobs import format_config
+from autotuner.knobs import Config, format_config
 from autotuner.spec import load_spec
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "spec": {},
-    "windows x2": {"windows_factor": 2},
-    "min_window_s x2": {"min_window_factor": 2},
-    "windows x4": {"windows_factor": 4},
-}
+MODES = ("one after another", "in lockstep")
 
 
 FLOOR = "machine floor"
@@ -89,6 +91,45 @@ def _gaps(values: list[float]) -> list[float]:
     return [abs(a - b) / ((a + b) / 2) for a, b in pairwise(values)]
 
 
+def _one_after_another(trials: Trials, configs: dict[str, Config], runs: int) -> dict[str, list[dict[str, Any]]]:
+    """`runs` trials of each config, interleaved, and a run of the floor kernel after each round."""
+    settings = trials.job.spec.trial
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in [*configs, FLOOR]}
+    for run in range(runs):
+        for name, config in configs.items():
+            result = trials.run(config, trials.request(config))
+            assert result.outcome.value == "ok", (name, result.reason)
+            found[name].append(result.result["throughput"])
+        floor = _floor(settings.windows, settings.min_window_s)
+        found[FLOOR].append({"samples_per_s": floor["median"], "spread": floor["spread"]})
+        latest = ", ".join(f"{name} {values[-1]['samples_per_s']:,.0f}/s" for name, values in found.items())
+        print(f"one after another: run {run + 1}/{runs}: {latest}")
+    return found
+
+
+def _in_lockstep(trials: Trials, configs: dict[str, Config], runs: int) -> dict[str, list[dict[str, Any]]]:
+    """`runs` groups of two trials of each config, measured in turns."""
+    job = trials.job
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    members = [name for _ in range(2) for name in configs]
+    for run in range(runs):
+        requests = [trials.request(configs[name]) for name in members]
+        results = trials.launcher.lockstep(job.backend.runner, "run", requests, job.spec.trial.timeout)
+        for name, result in zip(members, results, strict=True):
+            assert result.outcome.value == "ok", (name, result.reason)
+            found[name].append(result.result["throughput"])
+        latest = ", ".join(
+            name + " " + " / ".join(f"{t['samples_per_s']:,.0f}" for t in values[-2:]) + "/s"
+            for name, values in found.items()
+        )
+        print(f"in lockstep: group {run + 1}/{runs}: {latest}")
+    return found
+
+
+def _windows(throughputs: list[dict[str, Any]]) -> list[float]:
+    return [rate for t in throughputs for rate in t["window_samples_per_s"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="studies/quickstart.yaml")
@@ -106,56 +147,53 @@ def main() -> None:
         "job": measured_job(job),
         "runs": args.runs,
         "configs": {name: format_config(config) for name, config in configs.items()},
-        "variants": {},
+        "modes": {},
     }
-    for variant, change in VARIANTS.items():
-        windows = settings.windows * change.get("windows_factor", 1)
-        min_window_s = settings.min_window_s * change.get("min_window_factor", 1)
-        found: dict[str, list[float]] = {name: [] for name in [*configs, FLOOR]}
-        window_spreads: dict[str, list[float]] = {name: [] for name in found}
+    for mode in MODES:
         steal, clock, load = _steal_ticks(), time.perf_counter(), os.getloadavg()[0]
-        loads = [load]
-        for run in range(args.runs):
-            for name, config in configs.items():  # interleaved: the machine's drift falls on both
-                request = trials.request(config, windows=windows, min_window_s=min_window_s)
-                result = trials.run(config, request)
-                assert result.outcome.value == "ok", (variant, name, result.reason)
-                found[name].append(result.result["throughput"]["samples_per_s"])
-                window_spreads[name].append(result.result["throughput"]["spread"])
-                loads.append(os.getloadavg()[0])
-            floor = _floor(windows, min_window_s)
-            found[FLOOR].append(floor["median"])
-            window_spreads[FLOOR].append(floor["spread"])
-            latest = ", ".join(f"{name} {values[-1]:,.0f}/s" for name, values in found.items())
-            print(f"{variant}: run {run + 1}/{args.runs}: {latest}")
+        lockstep = mode == "in lockstep"
+        found = (_in_lockstep if lockstep else _one_after_another)(trials, configs, args.runs)
         wall = time.perf_counter() - clock
         stolen = (_steal_ticks() - steal) / os.sysconf("SC_CLK_TCK")
-        results["variants"][variant] = {
-            "windows": windows,
-            "min_window_s": min_window_s,
+        summaries = {}
+        for name, runs in found.items():
+            values = [t["samples_per_s"] for t in runs]
+            # two trials: consecutive runs, or in lockstep the two of one group
+            pairs = list(zip(values[::2], values[1::2], strict=False)) if lockstep else list(pairwise(values))
+            gaps = [abs(a - b) / ((a + b) / 2) for a, b in pairs]
+            summaries[name] = {
+                "throughputs": values,
+                "window_spread_median": statistics.median(t["spread"] for t in runs),
+                "trial_gap": quartiles(gaps),
+                "trial_gap_max": max(gaps),
+                "spread_all_runs": (max(values) - min(values)) / statistics.median(values),
+            }
+        # the winner's speedup per run (in lockstep, per group: over the windows of its two trials of each)
+        per = 2 if lockstep else 1
+        speedups = [
+            statistics.median(_windows(found["winner"][k : k + per]))
+            / statistics.median(_windows(found["baseline"][k : k + per]))
+            for k in range(0, len(found["winner"]), per)
+        ]
+        results["modes"][mode] = {
+            "windows": settings.windows,
+            "min_window_s": settings.min_window_s,
             "wall_s": wall,
             "steal_share": stolen / (wall * (os.cpu_count() or 1)),
-            "load_1m_median": statistics.median(loads),
-            "configs": {
-                name: {
-                    "throughputs": values,
-                    "window_spread_median": statistics.median(window_spreads[name]),
-                    "consecutive_gap": quartiles(_gaps(values)),
-                    "consecutive_gap_max": max(_gaps(values)),
-                    "spread_all_runs": (max(values) - min(values)) / statistics.median(values),
-                }
-                for name, values in found.items()
-            },
-            "speedup_runs": [w / b for w, b in zip(found["winner"], found["baseline"], strict=True)],
+            "load_1m": [load, os.getloadavg()[0]],
+            "configs": summaries,
+            "speedup_runs": speedups,
+            "speedup_gap": quartiles(_gaps(speedups)),
+            "speedup_gap_max": max(_gaps(speedups)),
         }
-        speedups = results["variants"][variant]["speedup_runs"]
-        results["variants"][variant]["speedup_gap"] = quartiles(_gaps(speedups))
-        for name, summary in results["variants"][variant]["configs"].items():
-            gap = summary["consecutive_gap"]
+        for name, summary in summaries.items():
+            gap = summary["trial_gap"]
             print(
-                f"  {name}: two trials apart by {gap['median']:.1%} median, {summary['consecutive_gap_max']:.1%} at "
-                f"most; spread over {args.runs} runs {summary['spread_all_runs']:.1%}"
+                f"  {mode}: {name}: two trials apart by {gap['median']:.1%} median, {summary['trial_gap_max']:.1%} at "
+                f"most; spread over all runs {summary['spread_all_runs']:.1%}"
             )
+        shown = ", ".join(f"{s:.2f}x" for s in speedups)
+        print(f"  {mode}: speedup {shown}: runs apart by {results['modes'][mode]['speedup_gap']['median']:.1%} median")
     path = write_results("fidelity.json", results)
     print(f"wrote {path}")
 

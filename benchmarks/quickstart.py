@@ -6,8 +6,8 @@ what applying the winner gives next to the study's figure. PyTorch's by default;
 
 Runs `autotuner search` on the spec in a fresh temporary folder (so a fresh study), times it,
 then reads the study back from its storage, then runs the exported best config `--apply-runs`
-times as `autotuner apply` does (default steps: 10x a trial's; each time the baseline after it,
-as long, for the speedup delivered against the export's). Writes
+times as `autotuner apply` does (default steps: 10x a trial's; each time the baseline beside it,
+for as many steps: in lockstep on a CPU, for the speedup delivered against the export's). Writes
 benchmarks/results/<name>.json.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import optuna
 
-from autotuner.study import baseline, best, records
+from autotuner.study import baseline, best, records, speedup
 
 
 def main() -> None:
@@ -83,14 +83,21 @@ def main() -> None:
             if winner
             else None,
             # Two trial processes of one config, as far apart as they came out: each re-measured
-            # config's consecutive runs (the trial's, then its re-runs), relative to their mean.
+            # config's consecutive runs (the trial's, then its re-runs), relative to their mean...
             "remeasured_pair_gaps": [
                 abs(a - b) / ((a + b) / 2)
                 for t in trials
                 if t.remeasured is not None
                 for a, b in zip(t.throughputs, t.throughputs[1:], strict=False)
             ],
-            "speedup": winner.throughput / base.throughput if winner and base else None,
+            # ... and its re-runs alone (on a CPU measured in one lockstep group)
+            "rerun_pair_gaps": [
+                abs(a - b) / ((a + b) / 2)
+                for t in trials
+                if t.remeasured is not None
+                for a, b in zip(t.throughputs[1:], t.throughputs[2:], strict=False)
+            ],
+            "speedup": speedup(winner, base) if winner else None,
             "trial_startup_s_median": statistics.median(startup) if startup else None,
             "trial_wall_s_median": statistics.median(t.metrics["wall_s"] for t in ran) if ran else None,
             "measured_windows_s": measured,

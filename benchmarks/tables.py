@@ -210,26 +210,32 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
     lines = [
         "### Measurement fidelity: `python benchmarks/fidelity.py`, and the promise: `python benchmarks/quickstart.py`",
         "",
-        f"On {data['machine']} (`results/fidelity.json`): the quickstart's baseline and winner, "
-        f"{data['runs']} trials each, interleaved; two trials apart = |a - b| / mean of consecutive runs "
-        "(target: 3%). The machine floor is a fixed matmul with no autotuner code in it, timed over the same "
-        "windows in a process of its own between the trials: how far apart it comes out is the machine's own "
-        "drift between two trials.",
+        f"On {data['machine']} (`results/fidelity.json`): the quickstart's baseline and winner, at the spec's trial "
+        "settings. *One after another*: "
+        f"{data['runs']} trials of each, interleaved, as a search's trials run; two trials apart = |a - b| / mean of "
+        f"consecutive runs. *In lockstep*: {data['runs']} groups, each two trials of each config alive at once and "
+        "measured in turns, window by window, as re-measurement and `autotuner apply` measure on a CPU; two trials "
+        "apart = the two of one group (target: 3%). The speedup columns: the winner's over the baseline, per run or "
+        "group, and how far it moves from one to the next (what an export and a later apply can differ by). The "
+        "machine floor is a fixed matmul with no autotuner code in it, timed over the same windows in a process "
+        "of its own between the sequential trials: how far apart it comes out is the machine's own drift.",
         "",
-        "| trial settings | config | median samples/s | two trials apart: median (max) | spread over all runs "
-        "| speedup runs apart (median) | CPU steal |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| measured | config | median samples/s | two trials apart: median (max) | spread over all runs "
+        "| speedup per run | speedup runs apart: median (max) | CPU steal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, variant in data["variants"].items():
-        settings = f"{name}: {variant['windows']} windows >= {variant['min_window_s']:g} s"
-        for config, summary in variant["configs"].items():
-            gap = summary["consecutive_gap"]
+    for mode, measured in data["modes"].items():
+        label = mode
+        speedups = ", ".join(f"{s:.2f}x" for s in measured["speedup_runs"])
+        moved = f"{measured['speedup_gap']['median']:.1%} ({measured['speedup_gap_max']:.1%})"
+        for config, summary in measured["configs"].items():
+            gap = summary["trial_gap"]
             lines.append(
-                f"| {settings} | {config} | {rate(config, statistics.median(summary['throughputs']))} | "
-                f"{gap['median']:.1%} ({summary['consecutive_gap_max']:.1%}) | {summary['spread_all_runs']:.1%} | "
-                f"{variant['speedup_gap']['median']:.1%} | {variant['steal_share']:.1%} |"
+                f"| {label} | {config} | {rate(config, statistics.median(summary['throughputs']))} | "
+                f"{gap['median']:.1%} ({summary['trial_gap_max']:.1%}) | {summary['spread_all_runs']:.1%} | "
+                f"{speedups} | {moved} | {measured['steal_share']:.1%} |"
             )
-            settings = ""
+            label = speedups = moved = ""
     if quickstart and quickstart.get("apply") and quickstart["apply"].get("promise_ratios"):
         apply = quickstart["apply"]
         delivered = ", ".join(f"{s:.2f}x" for s in apply["speedups_delivered"])
@@ -241,7 +247,7 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
             "",
             f"The promise (`results/quickstart.json`, key `apply`): best.yaml says "
             f"{_ratio(apply['export_speedup'])}; `autotuner apply` (at least {apply['steps']} steps, {steps} once "
-            f"its windows were lengthened, the baseline after it for the same steps) delivered {delivered}: "
+            f"its windows were lengthened, the baseline in lockstep with it for the same steps) delivered {delivered}: "
             f"ratios {ratios}, {apply['promise_within_5_percent']} of {len(apply['promise_ratios'])} within 5%."
             + (
                 " The tuned config's last quarter of windows against its first: "

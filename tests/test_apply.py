@@ -310,7 +310,7 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     # Then the baseline, for the same optimizer steps: the speedup delivered here, beside the export's.
     delivered = re.search(r"speedup: (\d+\.\d\d)x here \(over the baseline (.*?), ([\d,]+) samples/s", out)
     assert delivered is not None, out
-    assert f"run here for the same {ran[1]} optimizer steps" in out
+    assert f"run here for the same {ran[1]} optimizer steps, in lockstep with it)" in out
     assert "batch=16x4" in delivered[2] and f"{export['speedup']:.2f}x in the export: ratio" in out
     assert "Traceback" not in done.stderr
     skipped = run_cli(

@@ -133,9 +133,12 @@ def test_four_workers_share_one_study_without_running_anything_twice(
     assert 2 <= len(remeasured) <= 2 * 2 + 1  # the top may change as re-measured figures come in
     assert all(v["status"] == "done" and len(v["throughputs"]) == 1 for v in remeasured.values()), remeasured
     # The processes that trained: the reference's two runs, once for the study, the trials, and
-    # the re-measurement runs.
+    # the re-measurement runs: one per config of each group a worker measured together, the
+    # baseline beside them in every group.
+    groups = {tuple(v["group"]) for v in remeasured.values()}
+    assert all(0 in group for group in groups)
     trained = (tmp_path / "trained").read_text().splitlines()
-    assert len(trained) == 2 + budget + len(remeasured)
+    assert len(trained) == 2 + budget + sum(len(group) for group in groups)
     assert len(study.user_attrs["reference"]["runs_heldout"]) == 2
     assert study.user_attrs["environment"]["device"] == "cpu"
     for t in trials:

@@ -1,0 +1,91 @@
+"""Lockstep measurement: trial processes measured together take turns, window by window, so
+that a change in the machine's speed falls on every one of them alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from autotuner.measure import Turns, measure_throughput, take_turns
+from autotuner.outcomes import Outcome
+from autotuner.trial import TrialLauncher, TrialRequest
+from tests.helpers import RUNNER, SMALL_MLP, request
+
+MLP = "backends.pytorch.workloads:mlp"
+
+
+@pytest.fixture(scope="module")
+def launcher() -> TrialLauncher:
+    return TrialLauncher([RUNNER])
+
+
+def _measured(**changes: object) -> TrialRequest:
+    """The small mlp, 4 windows of at least 50 ms."""
+    return dataclasses.replace(request(MLP, SMALL_MLP), **{"windows": 4, "min_window_s": 0.05, **changes})  # type: ignore[arg-type]
+
+
+def _spans(result: object) -> list[tuple[float, float]]:
+    return [tuple(span) for span in result.result["throughput"]["window_spans"]]  # type: ignore[attr-defined]
+
+
+def test_processes_in_lockstep_measure_one_at_a_time_in_a_rotating_order(launcher: TrialLauncher) -> None:
+    fp32 = _measured()
+    bf16 = dataclasses.replace(fp32, config={**fp32.config, "precision": "bf16"})
+    results = launcher.lockstep(RUNNER, "run", [fp32, bf16, fp32], 60)
+    assert [r.outcome for r in results] == [Outcome.OK] * 3, [r.reason for r in results]
+    spans = [(start, end, k) for k, r in enumerate(results) for start, end in _spans(r)]
+    spans.sort()
+    for (_, end, _), (start, _, _) in itertools.pairwise(spans):
+        assert end <= start  # no two windows ran at once
+    order = [k for _, _, k in spans]
+    # the setup turns (warm-up, calibration) were round 0, in order; each round starts one further on
+    assert order == [1, 2, 0, 2, 0, 1, 0, 1, 2, 1, 2, 0]
+    for r in results:  # each drifted and was measured as a trial alone would be
+        assert r.result["losses"]["heldout"] > 0 and r.result["telemetry"]["cpu_util_mean"] > 0
+
+
+def test_with_the_same_steps_the_others_take_the_first_ones_calibration(launcher: TrialLauncher) -> None:
+    config, base = _measured(), _measured(min_window_s=0.2)
+    first, second = launcher.lockstep(RUNNER, "run", [config, base], 60, same_steps=True)
+    assert first.outcome is Outcome.OK and second.outcome is Outcome.OK
+    assert first.result["throughput"]["calibration_s"] > 0
+    assert second.result["throughput"]["calibration_s"] == 0  # not calibrated: told
+    assert second.result["throughput"]["steps"] == first.result["throughput"]["steps"]
+
+
+def test_a_process_that_crashes_or_hangs_is_left_out_and_the_others_go_on(launcher: TrialLauncher) -> None:
+    group = [_measured(), request("segfault"), request("hang"), _measured()]
+    ok, crashed, hung, other = launcher.lockstep(RUNNER, "run", group, 8)
+    assert crashed.outcome is Outcome.CRASH and "SIGSEGV" in crashed.reason
+    assert hung.outcome is Outcome.TIMEOUT  # it hung in its turn: killed at the turn's timeout
+    assert ok.outcome is Outcome.OK and other.outcome is Outcome.OK
+    assert len(_spans(ok)) == len(_spans(other)) == 4
+
+
+def test_a_process_that_measures_nothing_just_runs(launcher: TrialLauncher) -> None:
+    reference = dataclasses.replace(_measured(), measure=False)  # the drift phase only: no turns
+    done, measured = launcher.lockstep(RUNNER, "run", [reference, _measured()], 60)
+    assert done.outcome is Outcome.OK and "throughput" not in done.result
+    assert measured.outcome is Outcome.OK and len(_spans(measured)) == 4
+
+
+@pytest.fixture
+def turns() -> Iterator[list[dict[str, object]]]:
+    """Turns given at once, with what the measurement reported each time."""
+    reports: list[dict[str, object]] = []
+    given = iter([{"steps": 7}])
+    take_turns(Turns(reports.append, lambda: next(given, {})))
+    yield reports
+    take_turns(None)
+
+
+def test_the_measurement_waits_before_its_setup_each_window_and_its_release(turns: list[dict[str, object]]) -> None:
+    result = measure_throughput(
+        lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=4, min_window_s=1.0
+    )
+    assert result.steps == 7 and result.calibration_s == 0  # the first turn set the steps
+    assert [r["measuring"] for r in turns] == [True, True, True, True, False]
+    assert [r.get("steps") for r in turns[1:4]] == [7, 7, 7]
