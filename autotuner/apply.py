@@ -346,6 +346,7 @@ def apply_config(
     window, `autotuner.search.measure_together`), elsewhere after it. A config tuned for another job or other
     hardware is refused unless `force`."""
     from autotuner.outcomes import Outcome
+
     # autotuner.search imports Optuna: only here
     from autotuner.search import in_lockstep, make_launcher, measure_together, probe_environment, trial_request
 

@@ -19,29 +19,38 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Collection, Iterator
 from typing import Any
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _group_processes(group: int) -> list[str]:
-    """/proc entries of the processes in process group `group` (Linux; empty elsewhere)."""
-    found = []
+def _proc_stats() -> Iterator[tuple[str, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the name: state, ppid, pgrp, ...) of every
+    process (Linux; none elsewhere)."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return
     for entry in entries:
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+                text = stat.read()
         except OSError:  # gone meanwhile
             continue
-        if int(fields[2]) == group:  # fields after the name: state, ppid, pgrp, ...
-            found.append(entry)
-    return found
+        yield entry, text.rsplit(")", 1)[1].split()
+
+
+def _group_processes(group: int) -> list[str]:
+    """/proc entries of the processes in process group `group` (Linux; empty elsewhere)."""
+    return [pid for pid, fields in _proc_stats() if int(fields[2]) == group]
+
+
+def groups_cpu_seconds(groups: Collection[int]) -> float:
+    """CPU time the live processes of process groups `groups` have used (Linux; 0 elsewhere)."""
+    return sum(int(f[11]) + int(f[12]) for _, f in _proc_stats() if int(f[2]) in groups) / _TICKS  # utime, stime
 
 
 def _cpu_seconds(pids: list[str]) -> float:

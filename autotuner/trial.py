@@ -17,6 +17,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import random
 import resource
 import signal
 import struct
@@ -26,6 +27,7 @@ from typing import Any
 
 from autotuner import measure
 from autotuner.outcomes import Classified, Outcome, ProcessEnd, classify_end, exception_message
+from autotuner.telemetry import groups_cpu_seconds
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,8 @@ class _Running:
         self.message: Any = None
         self.read_error: str | None = None
         self.timed_out = False
+        self.finished = False
+        """It sent its result or closed its pipe: it is exiting on its own."""
         self.ended = False
         self.waiting: dict[str, Any] | None = None
         """The process's last `waiting` message while it waits for a turn (lockstep), else None."""
@@ -217,9 +221,11 @@ class _Running:
                 self.timed_out = True
                 break
             except EOFError:
+                self.finished = True
                 break
             except _Garbled as exc:
                 self.read_error = str(exc)
+                self.finished = True
                 break
             status = received.get("status") if isinstance(received, dict) else None
             if status == "started" and self.startup_s is None:
@@ -229,6 +235,7 @@ class _Running:
                 return
             else:
                 self.message = received
+                self.finished = True
                 break
         self.end()
 
@@ -243,10 +250,11 @@ class _Running:
 
     def end(self) -> TrialResult:
         """Reap the whole group (the process, its data-loader workers, anything it forked) and
-        classify how the process ended; once."""
+        classify how the process ended; once. A process still running (timed out, or the search
+        interrupted) is killed at once; one that is exiting gets a few seconds to do so."""
         if self._result is None:
             self.ended = True
-            _kill_group(self.process, wait_s=0 if self.timed_out else 5)
+            _kill_group(self.process, wait_s=5 if self.finished else 0)
             self.receive.close()
             if self.turns is not None:
                 self.turns.close()
@@ -282,8 +290,8 @@ class TrialLauncher:
         try:
             running.follow(time.monotonic() + timeout_s)
         finally:
-            running.end()
-        return running.end()
+            result = running.end()
+        return result
 
     def lockstep(
         self, runner: str, function: str, args: list[Any], timeout_s: float, *, same_steps: bool = False
@@ -291,8 +299,11 @@ class TrialLauncher:
         """Run `runner.function(arg)` for every arg, each in its own trial process, all alive at
         once and measured in turns (`autotuner.measure.Turns`): when each process has built its
         workload, the first runs its warm-up and calibration while the others wait, then the
-        second, and so on; then they take turns window by window, in an order that rotates every
-        round, so that a slow change in the machine's speed falls on every one of them alike.
+        second, and so on; then they take turns window by window, so that a slow change in the
+        machine's speed falls on every one of them alike. Every round is in a fresh random order
+        (seeded: the same every time), so that no process always follows the same one, and each
+        turn begins once the group's processes have settled (`_settle`): what one started in its
+        turn (data-loader workers refilling their queues) does not run into the next one's window.
         When every one has measured its windows, all of them finish (the drift phase) together.
 
         With `same_steps`, the others' windows get as many steps as the first one's calibration
@@ -304,14 +315,17 @@ class TrialLauncher:
             for running in group:
                 running.follow(deadline)
             turn: dict[str, Any] = {}
-            rounds = 0
+            order = random.Random(0)
+            setup = True
             while measuring := [r for r in group if r.waiting is not None and r.waiting.get("measuring")]:
-                shift = rounds % len(measuring)
-                for running in measuring[shift:] + measuring[:shift]:
+                if not setup:
+                    order.shuffle(measuring)
+                for running in measuring:
+                    _settle([r.process.pid for r in group if not r.ended and r.process.pid is not None])
                     running.give_turn(turn, time.monotonic() + timeout_s)
                     if same_steps and not turn and running.waiting is not None:
                         turn = {"steps": running.waiting.get("steps")}
-                rounds += 1
+                setup = False
             waiting = [r for r in group if r.waiting is not None]
             for running in waiting:  # released together: what is left is not measured
                 try:
@@ -330,6 +344,28 @@ class TrialLauncher:
             for running in group:
                 running.end()
         return [running.end() for running in group]
+
+
+SETTLED_S = 0.03
+"""The processes of a lockstep group have settled once they used no CPU for this long."""
+SETTLE_MOST_S = 1.0
+"""The longest a turn waits for them to settle (a loader that never rests must not stall it)."""
+
+
+def _settle(groups: list[int]) -> None:
+    """Wait until the processes of process groups `groups` have used no CPU for `SETTLED_S`, or
+    `SETTLE_MOST_S` at most. In a lockstep group, data-loader workers refill their queues after
+    their process's window ends, and libgomp's threads spin a while before they sleep: in the next
+    process's window, they would slow it, and always the one that follows."""
+    start = time.monotonic()
+    used, since = groups_cpu_seconds(groups), start
+    while (now := time.monotonic()) - start < SETTLE_MOST_S:
+        time.sleep(0.005)
+        latest = groups_cpu_seconds(groups)
+        if latest != used:
+            used, since = latest, time.monotonic()
+        elif now - since >= SETTLED_S:
+            return
 
 
 def _kill_group(process: multiprocessing.process.BaseProcess, wait_s: float) -> None:

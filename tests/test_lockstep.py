@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from autotuner.measure import Turns, measure_throughput, take_turns
 from autotuner.outcomes import Outcome
-from autotuner.trial import TrialLauncher, TrialRequest
+from autotuner.trial import SETTLE_MOST_S, TrialLauncher, TrialRequest, _settle
 from tests.helpers import RUNNER, SMALL_MLP, request
 
 MLP = "backends.pytorch.workloads:mlp"
@@ -31,20 +35,51 @@ def _spans(result: object) -> list[tuple[float, float]]:
     return [tuple(span) for span in result.result["throughput"]["window_spans"]]  # type: ignore[attr-defined]
 
 
-def test_processes_in_lockstep_measure_one_at_a_time_in_a_rotating_order(launcher: TrialLauncher) -> None:
+def test_processes_in_lockstep_measure_one_at_a_time_each_round_in_a_new_order(launcher: TrialLauncher) -> None:
     fp32 = _measured()
     bf16 = dataclasses.replace(fp32, config={**fp32.config, "precision": "bf16"})
     results = launcher.lockstep(RUNNER, "run", [fp32, bf16, fp32], 60)
     assert [r.outcome for r in results] == [Outcome.OK] * 3, [r.reason for r in results]
-    spans = [(start, end, k) for k, r in enumerate(results) for start, end in _spans(r)]
-    spans.sort()
+    spans = sorted((start, end, k) for k, r in enumerate(results) for start, end in _spans(r))
     for (_, end, _), (start, _, _) in itertools.pairwise(spans):
         assert end <= start  # no two windows ran at once
     order = [k for _, _, k in spans]
-    # the setup turns (warm-up, calibration) were round 0, in order; each round starts one further on
-    assert order == [1, 2, 0, 2, 0, 1, 0, 1, 2, 1, 2, 0]
+    rounds = [order[i : i + 3] for i in range(0, 12, 3)]
+    assert all(sorted(r) == [0, 1, 2] for r in rounds)  # each one window a round
+    # No process always follows the same one (a neighbour's leftovers would always fall on it).
+    before: dict[int, set[int]] = {}
+    for previous, k in itertools.pairwise(order):
+        before.setdefault(k, set()).add(previous)
+    assert any(len(p) > 1 for p in before.values()), rounds
     for r in results:  # each drifted and was measured as a trial alone would be
         assert r.result["losses"]["heldout"] > 0 and r.result["telemetry"]["cpu_util_mean"] > 0
+
+
+BURNER = """
+import os, pathlib, sys, time
+os.setpgrp()
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    pass
+pathlib.Path(sys.argv[2]).write_text("done")
+time.sleep(60)
+"""
+
+
+def test_a_turn_waits_until_the_group_has_stopped_using_the_cpu(tmp_path: Path) -> None:
+    marker = tmp_path / "done"
+    busy = subprocess.Popen([sys.executable, "-c", BURNER, "0.4", str(marker)])
+    forever = subprocess.Popen([sys.executable, "-c", BURNER, "3600", str(tmp_path / "never")])
+    try:
+        time.sleep(0.1)
+        _settle([busy.pid])
+        assert marker.exists()  # it settled once the burning was over, not before
+        started = time.monotonic()
+        _settle([forever.pid])
+        assert time.monotonic() - started < SETTLE_MOST_S + 2  # never resting: waited for at most
+    finally:
+        busy.kill()
+        forever.kill()
 
 
 def test_with_the_same_steps_the_others_take_the_first_ones_calibration(launcher: TrialLauncher) -> None:
