@@ -39,7 +39,7 @@ def ok_trials(trials: Sequence[TrialRecord]) -> list[TrialRecord]:
 
 
 def fastest_feasible(trials: Sequence[TrialRecord], top: int) -> list[TrialRecord]:
-    """The `top` feasible trials by throughput, fastest first, as the best is chosen (`study.ranked`)."""
+    """The `top` feasible trials, fastest first, as the best is chosen (`study.ranked`)."""
     return ranked(list(trials))[:top]
 
 

@@ -485,8 +485,9 @@ def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
     their re-measurement beside the baseline), by `TrialRecord.throughput` without a baseline. A
     config whose re-measurement failed is left out: it is not reliable."""
     base = baseline(trials)
+    by_speedup = base is not None and base.throughput > 0  # else there are no speedups
     feasible = [t for t in trials if t.feasible and not t.remeasure_error]
-    return sorted(feasible, key=lambda t: (-(speedup(t, base) or t.throughput), t.number))
+    return sorted(feasible, key=lambda t: (-(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number))
 
 
 def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:

@@ -53,18 +53,6 @@ def groups_cpu_seconds(groups: Collection[int]) -> float:
     return sum(int(f[11]) + int(f[12]) for _, f in _proc_stats() if int(f[2]) in groups) / _TICKS  # utime, stime
 
 
-def _cpu_seconds(pids: list[str]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / _TICKS
-
-
 def _peak_rss_mb(pids: list[str]) -> float:
     total_kb = 0
     for pid in pids:
@@ -90,16 +78,15 @@ class CpuSampler:
         self._processes = 0
 
     def __enter__(self) -> CpuSampler:
-        pids = _group_processes(os.getpgrp())
-        self._start = (time.perf_counter(), _cpu_seconds(pids)) if pids else None
+        self._start = (time.perf_counter(), groups_cpu_seconds([os.getpgrp()]))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._start is None:
-            return
         pids = _group_processes(os.getpgrp())
+        if self._start is None or not pids:  # no /proc: nothing to tell
+            return
         self._wall += time.perf_counter() - self._start[0]
-        self._busy += _cpu_seconds(pids) - self._start[1]
+        self._busy += groups_cpu_seconds([os.getpgrp()]) - self._start[1]
         self._peak_rss_mb = max(self._peak_rss_mb, _peak_rss_mb(pids))
         self._processes = max(self._processes, len(pids))
 

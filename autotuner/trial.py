@@ -239,13 +239,17 @@ class _Running:
                 break
         self.end()
 
-    def give_turn(self, turn: dict[str, Any], deadline: float) -> None:
-        """Let the waiting process run its turn, and follow it until it waits again or ends."""
+    def go(self, turn: dict[str, Any]) -> None:
+        """Let the waiting process go on (its turn, or its release)."""
         assert self.turns is not None
         try:
             self.turns.send(turn)
         except OSError:
             pass  # it is gone: following it reads its end
+
+    def give_turn(self, turn: dict[str, Any], deadline: float) -> None:
+        """Let the waiting process run its turn, and follow it until it waits again or ends."""
+        self.go(turn)
         self.follow(deadline)
 
     def end(self) -> TrialResult:
@@ -328,10 +332,7 @@ class TrialLauncher:
                 setup = False
             waiting = [r for r in group if r.waiting is not None]
             for running in waiting:  # released together: what is left is not measured
-                try:
-                    running.turns.send({})  # type: ignore[union-attr]
-                except OSError:
-                    pass
+                running.go({})
             deadline = time.monotonic() + timeout_s
             while pending := [r for r in waiting if not r.ended]:
                 ready = multiprocessing.connection.wait(
