@@ -337,9 +337,12 @@ class Search:
         trials = [candidates[n] for n in numbers]
         group = trials + ([companion] if companion is not None and companion.number not in numbers else [])
         members = [t for _ in range(runs) for t in group]  # interleaved: run 1 of each, then run 2, ...
-        requests = [trial_request(job, t.config, environment["device"]) for t in members]
+        windows = job.spec.budget.remeasure_windows
+        requests = [
+            dataclasses.replace(trial_request(job, t.config, environment["device"]), windows=windows) for t in members
+        ]
         shown = ", ".join(f"#{t.number}" for t in group)
-        with self.reporter.running(f"re-measuring {shown}, {runs} runs each"):
+        with self.reporter.running(f"re-measuring {shown}, {runs} runs of {windows} windows each"):
             results = measure_together(launcher, job, requests, environment["device"])
         found: dict[int, dict[str, Any]] = {t.number: {"throughputs": [], "windows": []} for t in group}
         for k, (t, result) in enumerate(zip(members, results, strict=True)):

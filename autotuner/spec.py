@@ -65,6 +65,12 @@ class Budget(_Strict):
     remeasure_runs: int = Field(2, gt=0, le=100)
     """Re-measurement runs per config, each a trial process: the config's throughput is then the
     median over every window of its processes."""
+    remeasure_windows: int = Field(15, gt=0, le=1000)
+    """Measured windows of each re-measurement run (a trial has `trial.windows`). The
+    re-measurement decides the best and its speedup; measured in lockstep, what is left between
+    two runs is the window-to-window noise, which more windows average out: on the quickstart,
+    two lockstep runs of the baseline came out 4.8% apart in median with 5 windows, 2.4% with 15
+    (benchmarks/fidelity.py)."""
 
 
 class TrialSettings(_Strict):

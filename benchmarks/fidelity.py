@@ -10,7 +10,8 @@ trial, the spec's trial settings), in the two ways the autotuner measures:
   (and as re-measurement and apply run on a GPU). Two trials apart: consecutive runs of a config.
 - **in lockstep**: `--runs` groups, each two trials of each config alive at once and measured in
   turns, window by window (`autotuner.trial.TrialLauncher.lockstep`), as re-measurement and apply
-  run on a CPU. Two trials apart: the two trials of a config in one group.
+  run on a CPU. Two trials apart: the two trials of a config in one group. Measured twice: with
+  the spec's `trial.windows`, and with `budget.remeasure_windows`, as re-measurement runs.
 
 For each config it reports every process's median throughput, the median and largest gap between
 two trials (|a - b| / mean), and the spread (max - min) / median over all runs; and how far the
@@ -18,7 +19,10 @@ winner's speedup over the baseline moves from one run (or group) to the next, wh
 export and a later `autotuner apply` can differ by. The machine's CPU steal time and load are
 recorded beside them, and so is the machine's own floor: a fixed kernel (a 512x512 fp32 matmul,
 no autotuner code) timed in its own process over the same windows between the sequential trials;
-how far apart its runs come out is how far the machine drifts between two trials.
+how far apart its runs come out is how far the machine drifts between two trials. Two kernels: a
+512x512 matmul (compute-bound) and a 16-row matmul against 9 MiB of weights (memory-bound, the
+shape of the baseline's layers), since a shared VM's memory bandwidth can move while its compute
+holds.
 Writes benchmarks/results/fidelity.json.
 
 Target (issue 6): two trials of one config differ by at most 3% in median throughput on the
@@ -28,6 +32,7 @@ quickstart.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -43,15 +48,17 @@ from _harness import Trials, machine, measured_job, quartiles, write_results
 from autotuner.knobs import Config, format_config
 from autotuner.spec import load_spec
 
-MODES = ("one after another", "in lockstep")
-
-
-FLOOR = "machine floor"
+FLOORS = {"machine floor, compute": (512, 512, 512), "machine floor, memory": (16, 1024, 2304)}
+"""The machine's floor: an (m x k) @ (k x n) matmul timed like a trial (windows of at least
+`min_window_s`), in a process of its own, with nothing of the autotuner's in it. How far apart two
+of its runs come out is how far the machine itself drifts between two trials; no measurement of a
+config can do better. The compute kernel's operands fit a core's cache; the memory kernel reads
+9 MiB of weights per 16-row product, as the baseline's micro-batches do."""
 FLOOR_KERNEL = """
 import json, statistics, sys, time
 import torch
-windows, min_window_s = int(sys.argv[1]), float(sys.argv[2])
-a, b = torch.randn(512, 512), torch.randn(512, 512)
+windows, min_window_s, m, k, n = int(sys.argv[1]), float(sys.argv[2]), *map(int, sys.argv[3:])
+a, b = torch.randn(m, k), torch.randn(k, n)
 for _ in range(50):
     a @ b
 rates = []
@@ -64,15 +71,12 @@ for _ in range(windows):
 middle = statistics.median(rates)
 print(json.dumps({"median": middle, "spread": (max(rates) - min(rates)) / middle}))
 """
-"""The machine's floor: a fixed matmul timed like a trial (windows of at least `min_window_s`), in a
-process of its own, with nothing of the autotuner's in it. How far apart two of its runs come out
-is how far the machine itself drifts between two trials; no measurement of a config can do better."""
 
 
-def _floor(windows: int, min_window_s: float) -> dict[str, float]:
-    """One run of the floor kernel: its median rate (matmuls/s) over `windows` windows, and their spread."""
+def _floor(windows: int, min_window_s: float, shape: tuple[int, int, int]) -> dict[str, float]:
+    """One run of a floor kernel: its median rate (matmuls/s) over `windows` windows, and their spread."""
     done = subprocess.run(
-        [sys.executable, "-c", FLOOR_KERNEL, str(windows), str(min_window_s or 0.5)],
+        [sys.executable, "-c", FLOOR_KERNEL, str(windows), str(min_window_s or 0.5), *map(str, shape)],
         capture_output=True,
         text=True,
         check=True,
@@ -91,29 +95,34 @@ def _gaps(values: list[float]) -> list[float]:
     return [abs(a - b) / ((a + b) / 2) for a, b in pairwise(values)]
 
 
-def _one_after_another(trials: Trials, configs: dict[str, Config], runs: int) -> dict[str, list[dict[str, Any]]]:
-    """`runs` trials of each config, interleaved, and a run of the floor kernel after each round."""
+def _one_after_another(
+    trials: Trials, configs: dict[str, Config], runs: int, windows: int
+) -> dict[str, list[dict[str, Any]]]:
+    """`runs` trials of each config, interleaved, and a run of each floor kernel after each round."""
     settings = trials.job.spec.trial
-    found: dict[str, list[dict[str, Any]]] = {name: [] for name in [*configs, FLOOR]}
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in [*configs, *FLOORS]}
     for run in range(runs):
         for name, config in configs.items():
             result = trials.run(config, trials.request(config))
             assert result.outcome.value == "ok", (name, result.reason)
             found[name].append(result.result["throughput"])
-        floor = _floor(settings.windows, settings.min_window_s)
-        found[FLOOR].append({"samples_per_s": floor["median"], "spread": floor["spread"]})
+        for name, shape in FLOORS.items():
+            floor = _floor(windows, settings.min_window_s, shape)
+            found[name].append({"samples_per_s": floor["median"], "spread": floor["spread"]})
         latest = ", ".join(f"{name} {values[-1]['samples_per_s']:,.0f}/s" for name, values in found.items())
         print(f"one after another: run {run + 1}/{runs}: {latest}")
     return found
 
 
-def _in_lockstep(trials: Trials, configs: dict[str, Config], runs: int) -> dict[str, list[dict[str, Any]]]:
-    """`runs` groups of two trials of each config, measured in turns."""
+def _in_lockstep(
+    trials: Trials, configs: dict[str, Config], runs: int, windows: int
+) -> dict[str, list[dict[str, Any]]]:
+    """`runs` groups of two trials of each config, `windows` windows each, measured in turns."""
     job = trials.job
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     members = [name for _ in range(2) for name in configs]
     for run in range(runs):
-        requests = [trials.request(configs[name]) for name in members]
+        requests = [dataclasses.replace(trials.request(configs[name]), windows=windows) for name in members]
         results = trials.launcher.lockstep(job.backend.runner, "run", requests, job.spec.trial.timeout)
         for name, result in zip(members, results, strict=True):
             assert result.outcome.value == "ok", (name, result.reason)
@@ -122,7 +131,7 @@ def _in_lockstep(trials: Trials, configs: dict[str, Config], runs: int) -> dict[
             name + " " + " / ".join(f"{t['samples_per_s']:,.0f}" for t in values[-2:]) + "/s"
             for name, values in found.items()
         )
-        print(f"in lockstep: group {run + 1}/{runs}: {latest}")
+        print(f"in lockstep, {windows} windows: group {run + 1}/{runs}: {latest}")
     return found
 
 
@@ -141,6 +150,14 @@ def main() -> None:
     winner = job.complete({**job.baseline, "precision": "bf16", "batch_size": job.spec.global_batch})
     configs = {"baseline": base, "winner": winner}
     settings = job.spec.trial
+    modes = {  # name: (in lockstep, windows per trial)
+        "one after another": (False, settings.windows),
+        f"in lockstep, {settings.windows} windows": (True, settings.windows),
+        f"in lockstep, {job.spec.budget.remeasure_windows} windows (re-measurement)": (
+            True,
+            job.spec.budget.remeasure_windows,
+        ),
+    }
     results: dict[str, Any] = {
         "spec": args.spec,
         "machine": machine(trials.environment),
@@ -149,10 +166,9 @@ def main() -> None:
         "configs": {name: format_config(config) for name, config in configs.items()},
         "modes": {},
     }
-    for mode in MODES:
+    for mode, (lockstep, windows) in modes.items():
         steal, clock, load = _steal_ticks(), time.perf_counter(), os.getloadavg()[0]
-        lockstep = mode == "in lockstep"
-        found = (_in_lockstep if lockstep else _one_after_another)(trials, configs, args.runs)
+        found = (_in_lockstep if lockstep else _one_after_another)(trials, configs, args.runs, windows)
         wall = time.perf_counter() - clock
         stolen = (_steal_ticks() - steal) / os.sysconf("SC_CLK_TCK")
         summaries = {}
@@ -176,7 +192,7 @@ def main() -> None:
             for k in range(0, len(found["winner"]), per)
         ]
         results["modes"][mode] = {
-            "windows": settings.windows,
+            "windows": windows,
             "min_window_s": settings.min_window_s,
             "wall_s": wall,
             "steal_share": stolen / (wall * (os.cpu_count() or 1)),

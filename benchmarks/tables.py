@@ -205,20 +205,22 @@ def overhead(data: dict[str, Any]) -> list[str]:
 
 def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[str]:
     def rate(config: str, value: float) -> str:
-        return f"{value:,.0f} matmuls/s" if config == "machine floor" else _rate(value)
+        return f"{value:,.0f} matmuls/s" if config.startswith("machine floor") else _rate(value)
 
     lines = [
         "### Measurement fidelity: `python benchmarks/fidelity.py`, and the promise: `python benchmarks/quickstart.py`",
         "",
-        f"On {data['machine']} (`results/fidelity.json`): the quickstart's baseline and winner, at the spec's trial "
-        "settings. *One after another*: "
-        f"{data['runs']} trials of each, interleaved, as a search's trials run; two trials apart = |a - b| / mean of "
-        f"consecutive runs. *In lockstep*: {data['runs']} groups, each two trials of each config alive at once and "
-        "measured in turns, window by window, as re-measurement and `autotuner apply` measure on a CPU; two trials "
-        "apart = the two of one group (target: 3%). The speedup columns: the winner's over the baseline, per run or "
-        "group, and how far it moves from one to the next (what an export and a later apply can differ by). The "
-        "machine floor is a fixed matmul with no autotuner code in it, timed over the same windows in a process "
-        "of its own between the sequential trials: how far apart it comes out is the machine's own drift.",
+        f"On {data['machine']} (`results/fidelity.json`): the quickstart's baseline and winner. *One after "
+        f"another*: {data['runs']} trials of each at the spec's trial settings, interleaved, as a search's trials "
+        f"run; two trials apart = |a - b| / mean of consecutive runs. *In lockstep*: {data['runs']} groups, each two "
+        "trials of each config alive at once and measured in turns, window by window, as re-measurement and "
+        "`autotuner apply` measure on a CPU, with the trial's windows and with re-measurement's "
+        "(`budget.remeasure_windows`); two trials apart = the two of one group (target: 3%). The speedup columns: "
+        "the winner's over the baseline, per run or group, and how far it moves from one to the next (what an "
+        "export and a later apply can differ by). The machine floors are fixed matmuls with no autotuner code in "
+        "them, timed over the same windows in a process of their own between the sequential trials: how far apart "
+        "they come out is the machine's own drift, for compute (512x512 operands) and for memory (16 rows against "
+        "9 MiB of weights, the shape of the baseline's layers).",
         "",
         "| measured | config | median samples/s | two trials apart: median (max) | spread over all runs "
         "| speedup per run | speedup runs apart: median (max) | CPU steal |",

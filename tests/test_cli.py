@@ -30,7 +30,8 @@ def _study(workdir: Path, name: str = "small") -> optuna.Study:
 def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One small study searched once; the tests below read what it left."""
     workdir = tmp_path_factory.mktemp("search")
-    spec = write_spec(workdir, budget={"trials": 3, "remeasure_top": 1, "remeasure_runs": 2})
+    budget = {"trials": 3, "remeasure_top": 1, "remeasure_runs": 2, "remeasure_windows": 3}
+    spec = write_spec(workdir, budget=budget)
     done = run_cli("search", "--spec", str(spec), cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     return workdir, done.stdout
@@ -46,7 +47,7 @@ def test_search_exports_the_best_config_with_its_evidence(searched: tuple[Path, 
     for key in ("throughput", "drift", "peak_memory_mb", "warmup_s", "throughput_spread", "throughput_windows"):
         assert key in metrics, key
     assert metrics["drift"] <= 0.01
-    assert len(metrics["throughput_windows"]) == 2
+    assert len(metrics["throughput_windows"]) == 2  # the trial's own windows
     assert export["baseline"]["params"]["batch_size"] == 16
     # The speedup is over the baseline measured beside the winner (`test_the_best_and_the_baseline_...`).
     assert export["speedup"] == pytest.approx(
@@ -72,15 +73,15 @@ def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(se
         runs = measured["throughput_runs"]
         middle = statistics.median(runs)
         assert measured["throughput_run_spread"] == pytest.approx((max(runs) - min(runs)) / middle)
-        # Each re-run measures the trial's 2 windows; the throughput is the median of the re-runs'
-        # windows (the trial that got the config chosen is left out).
+        # Each re-run measures budget.remeasure_windows (3, where a trial measures 2); the throughput
+        # is the median of the re-runs' windows (the trial that got the config chosen is left out).
         rerun_windows = stored[f"autotuner:remeasure:{number}"]["windows"]
-        assert [len(w) for w in rerun_windows] == [2, 2]
+        assert [len(w) for w in rerun_windows] == [3, 3]
         assert measured["throughput"] == statistics.median(sum(rerun_windows, []))
         # Measured in lockstep (a CPU) with the baseline's two re-runs beside it: the baseline's
         # own, or where it came in a later round (a newcomer to the top), two more of the baseline.
         claim = stored[f"autotuner:remeasure:{number}"]
-        assert claim["lockstep"] is True and 0 in claim["group"] and len(claim["baseline_windows"]) == 4
+        assert claim["lockstep"] is True and 0 in claim["group"] and len(claim["baseline_windows"]) == 6
         if claim["group"] == stored["autotuner:remeasure:0"]["group"]:
             assert claim["baseline_windows"] == sum(stored["autotuner:remeasure:0"]["windows"], [])
     beside = stored[f"autotuner:remeasure:{export['study']['trial']}"]["baseline_windows"]
