@@ -69,8 +69,8 @@ class Budget(_Strict):
     """Measured windows of each re-measurement run (a trial has `trial.windows`). The
     re-measurement decides the best and its speedup; measured in lockstep, what is left between
     two runs is the window-to-window noise, which more windows average out: on the quickstart,
-    two lockstep runs of the baseline came out 4.8% apart in median with 5 windows, 2.4% with 15
-    (benchmarks/fidelity.py)."""
+    the winner's speedup moved 5.2% in median (11.7% at most) from one lockstep group to the next
+    with 5 windows, 2.5% (3.9%) with 15 (benchmarks/results/fidelity.json)."""
 
 
 class TrialSettings(_Strict):
