@@ -43,14 +43,18 @@ def _proc_stats() -> Iterator[tuple[str, list[str]]]:
         yield entry, text.rsplit(")", 1)[1].split()
 
 
-def _group_processes(group: int) -> list[str]:
-    """/proc entries of the processes in process group `group` (Linux; empty elsewhere)."""
-    return [pid for pid, fields in _proc_stats() if int(fields[2]) == group]
+def _groups_stats(groups: Collection[int]) -> list[tuple[str, list[str]]]:
+    """`_proc_stats` of the processes in process groups `groups`."""
+    return [(pid, fields) for pid, fields in _proc_stats() if int(fields[2]) in groups]
+
+
+def _cpu_seconds(stats: list[tuple[str, list[str]]]) -> float:
+    return sum(int(fields[11]) + int(fields[12]) for _, fields in stats) / _TICKS  # utime, stime
 
 
 def groups_cpu_seconds(groups: Collection[int]) -> float:
     """CPU time the live processes of process groups `groups` have used (Linux; 0 elsewhere)."""
-    return sum(int(f[11]) + int(f[12]) for _, f in _proc_stats() if int(f[2]) in groups) / _TICKS  # utime, stime
+    return _cpu_seconds(_groups_stats(groups))
 
 
 def _peak_rss_mb(pids: list[str]) -> float:
@@ -82,11 +86,12 @@ class CpuSampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pids = _group_processes(os.getpgrp())
+        stats = _groups_stats([os.getpgrp()])  # one pass over /proc
+        pids = [pid for pid, _ in stats]
         if self._start is None or not pids:  # no /proc: nothing to tell
             return
         self._wall += time.perf_counter() - self._start[0]
-        self._busy += groups_cpu_seconds([os.getpgrp()]) - self._start[1]
+        self._busy += _cpu_seconds(stats) - self._start[1]
         self._peak_rss_mb = max(self._peak_rss_mb, _peak_rss_mb(pids))
         self._processes = max(self._processes, len(pids))
 

@@ -342,9 +342,8 @@ class TrialLauncher:
                     if running.receive in ready or not ready:
                         running.follow(deadline)
         finally:
-            for running in group:
-                running.end()
-        return [running.end() for running in group]
+            results = [running.end() for running in group]
+        return results
 
 
 SETTLED_S = 0.03

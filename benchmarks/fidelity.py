@@ -32,7 +32,6 @@ quickstart.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -98,12 +97,13 @@ def _gaps(values: list[float]) -> list[float]:
 def _one_after_another(
     trials: Trials, configs: dict[str, Config], runs: int, windows: int
 ) -> dict[str, list[dict[str, Any]]]:
-    """`runs` trials of each config, interleaved, and a run of each floor kernel after each round."""
+    """`runs` trials of each config, `windows` windows each, interleaved, and a run of each floor
+    kernel over as many windows after each round."""
     settings = trials.job.spec.trial
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in [*configs, *FLOORS]}
     for run in range(runs):
         for name, config in configs.items():
-            result = trials.run(config, trials.request(config))
+            result = trials.run(config, trials.request(config, windows=windows))
             assert result.outcome.value == "ok", (name, result.reason)
             found[name].append(result.result["throughput"])
         for name, shape in FLOORS.items():
@@ -122,7 +122,7 @@ def _in_lockstep(
     found: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     members = [name for _ in range(2) for name in configs]
     for run in range(runs):
-        requests = [dataclasses.replace(trials.request(configs[name]), windows=windows) for name in members]
+        requests = [trials.request(configs[name], windows=windows) for name in members]
         results = trials.launcher.lockstep(job.backend.runner, "run", requests, job.spec.trial.timeout)
         for name, result in zip(members, results, strict=True):
             assert result.outcome.value == "ok", (name, result.reason)
