@@ -65,12 +65,11 @@ class Budget(_Strict):
     remeasure_runs: int = Field(2, gt=0, le=100)
     """Re-measurement runs per config, each a trial process: the config's throughput is then the
     median over every window of its processes."""
-    remeasure_windows: int = Field(15, gt=0, le=1000)
+    remeasure_windows: int = Field(30, gt=0, le=1000)
     """Measured windows of each re-measurement run (a trial has `trial.windows`). The
     re-measurement decides the best and its speedup; measured in lockstep, what is left between
-    two runs is the window-to-window noise, which more windows average out: on the quickstart,
-    the winner's speedup moved 5.2% in median (11.7% at most) from one lockstep group to the next
-    with 5 windows, 2.5% (3.9%) with 15 (benchmarks/results/fidelity.json)."""
+    two runs is the window-to-window noise, which more windows average out
+    (`benchmarks/fidelity.py` compares 5, 15 and 30 windows of the same processes)."""
 
 
 class TrialSettings(_Strict):

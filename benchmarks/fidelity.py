@@ -10,8 +10,9 @@ trial, the spec's trial settings), in the two ways the autotuner measures:
   (and as re-measurement and apply run on a GPU). Two trials apart: consecutive runs of a config.
 - **in lockstep**: `--runs` groups, each two trials of each config alive at once and measured in
   turns, window by window (`autotuner.trial.TrialLauncher.lockstep`), as re-measurement and apply
-  run on a CPU. Two trials apart: the two trials of a config in one group. Measured twice: with
-  the spec's `trial.windows`, and with `budget.remeasure_windows`, as re-measurement runs.
+  run on a CPU, with `budget.remeasure_windows` windows each. Two trials apart: the two trials of a
+  config in one group. The same processes are also summarized over their first `trial.windows`
+  windows and their first half, so what more windows buy is compared within one run.
 
 For each config it reports every process's median throughput, the median and largest gap between
 two trials (|a - b| / mean), and the spread (max - min) / median over all runs; and how far the
@@ -45,6 +46,7 @@ from typing import Any
 from _harness import Trials, machine, measured_job, quartiles, write_results
 
 from autotuner.knobs import Config, format_config
+from autotuner.measure import relative_spread
 from autotuner.spec import load_spec
 
 FLOORS = {"machine floor, compute": (512, 512, 512), "machine floor, memory": (16, 1024, 2304)}
@@ -135,8 +137,51 @@ def _in_lockstep(
     return found
 
 
+def _first(throughput: dict[str, Any], windows: int) -> dict[str, Any]:
+    """A process's throughput over its first `windows` windows: median, spread and the windows."""
+    rates = throughput["window_samples_per_s"][:windows]
+    return {"samples_per_s": statistics.median(rates), "spread": relative_spread(rates), "window_samples_per_s": rates}
+
+
 def _windows(throughputs: list[dict[str, Any]]) -> list[float]:
     return [rate for t in throughputs for rate in t["window_samples_per_s"]]
+
+
+def _summary(
+    found: dict[str, list[dict[str, Any]]], lockstep: bool, windows: int, measured: dict[str, Any]
+) -> dict[str, Any]:
+    """How far apart two trials of each config came out, and the winner's speedup per run or group."""
+    summaries = {}
+    for name, runs in found.items():
+        values = [t["samples_per_s"] for t in runs]
+        # two trials: consecutive runs, or in lockstep the two of one group
+        pairs = list(zip(values[::2], values[1::2], strict=False)) if lockstep else list(pairwise(values))
+        gaps = [abs(a - b) / ((a + b) / 2) for a, b in pairs]
+        summaries[name] = {
+            "throughputs": values,
+            "window_spread_median": statistics.median(t["spread"] for t in runs),
+            "trial_gap": quartiles(gaps),
+            "trial_gap_max": max(gaps),
+            "spread_all_runs": (max(values) - min(values)) / statistics.median(values),
+        }
+    # the winner's speedup per run (in lockstep, per group: over the windows of its two trials of each)
+    per = 2 if lockstep else 1
+    speedups = [
+        statistics.median(_windows(found["winner"][k : k + per]))
+        / statistics.median(_windows(found["baseline"][k : k + per]))
+        for k in range(0, len(found["winner"]), per)
+    ]
+    wall = measured["wall_s"]
+    return {
+        "windows": windows,
+        "wall_s": wall,
+        "steal_share": measured["steal_s"] / (wall * (os.cpu_count() or 1)),
+        "load_1m": measured["load_1m"],
+        "configs": summaries,
+        "speedup_runs": speedups,
+        "speedup_gap": quartiles(_gaps(speedups)),
+        "speedup_gap_max": max(_gaps(speedups)),
+    }
 
 
 def main() -> None:
@@ -150,14 +195,7 @@ def main() -> None:
     winner = job.complete({**job.baseline, "precision": "bf16", "batch_size": job.spec.global_batch})
     configs = {"baseline": base, "winner": winner}
     settings = job.spec.trial
-    modes = {  # name: (in lockstep, windows per trial)
-        "one after another": (False, settings.windows),
-        f"in lockstep, {settings.windows} windows": (True, settings.windows),
-        f"in lockstep, {job.spec.budget.remeasure_windows} windows (re-measurement)": (
-            True,
-            job.spec.budget.remeasure_windows,
-        ),
-    }
+    remeasure = job.spec.budget.remeasure_windows
     results: dict[str, Any] = {
         "spec": args.spec,
         "machine": machine(trials.environment),
@@ -166,50 +204,32 @@ def main() -> None:
         "configs": {name: format_config(config) for name, config in configs.items()},
         "modes": {},
     }
-    for mode, (lockstep, windows) in modes.items():
+    for lockstep in (False, True):
+        windows = remeasure if lockstep else settings.windows
         steal, clock, load = _steal_ticks(), time.perf_counter(), os.getloadavg()[0]
         found = (_in_lockstep if lockstep else _one_after_another)(trials, configs, args.runs, windows)
-        wall = time.perf_counter() - clock
-        stolen = (_steal_ticks() - steal) / os.sysconf("SC_CLK_TCK")
-        summaries = {}
-        for name, runs in found.items():
-            values = [t["samples_per_s"] for t in runs]
-            # two trials: consecutive runs, or in lockstep the two of one group
-            pairs = list(zip(values[::2], values[1::2], strict=False)) if lockstep else list(pairwise(values))
-            gaps = [abs(a - b) / ((a + b) / 2) for a, b in pairs]
-            summaries[name] = {
-                "throughputs": values,
-                "window_spread_median": statistics.median(t["spread"] for t in runs),
-                "trial_gap": quartiles(gaps),
-                "trial_gap_max": max(gaps),
-                "spread_all_runs": (max(values) - min(values)) / statistics.median(values),
-            }
-        # the winner's speedup per run (in lockstep, per group: over the windows of its two trials of each)
-        per = 2 if lockstep else 1
-        speedups = [
-            statistics.median(_windows(found["winner"][k : k + per]))
-            / statistics.median(_windows(found["baseline"][k : k + per]))
-            for k in range(0, len(found["winner"]), per)
-        ]
-        results["modes"][mode] = {
-            "windows": windows,
-            "min_window_s": settings.min_window_s,
-            "wall_s": wall,
-            "steal_share": stolen / (wall * (os.cpu_count() or 1)),
+        measured = {
+            "wall_s": time.perf_counter() - clock,
+            "steal_s": (_steal_ticks() - steal) / os.sysconf("SC_CLK_TCK"),
             "load_1m": [load, os.getloadavg()[0]],
-            "configs": summaries,
-            "speedup_runs": speedups,
-            "speedup_gap": quartiles(_gaps(speedups)),
-            "speedup_gap_max": max(_gaps(speedups)),
         }
-        for name, summary in summaries.items():
-            gap = summary["trial_gap"]
+        if not lockstep:
+            results["modes"]["one after another"] = _summary(found, False, windows, measured)
+            continue
+        # the same processes over their first windows: what more windows buy, within one run
+        for first in sorted({min(settings.windows, remeasure), max(remeasure // 2, 1), remeasure}):
+            mode = f"in lockstep, {first} windows" + (" (re-measurement)" if first == remeasure else "")
+            prefix = {name: [_first(t, first) for t in runs] for name, runs in found.items()}
+            results["modes"][mode] = _summary(prefix, True, first, measured)
+    for mode, summary in results["modes"].items():
+        for name, config in summary["configs"].items():
+            gap = config["trial_gap"]
             print(
-                f"  {mode}: {name}: two trials apart by {gap['median']:.1%} median, {summary['trial_gap_max']:.1%} at "
-                f"most; spread over all runs {summary['spread_all_runs']:.1%}"
+                f"  {mode}: {name}: two trials apart by {gap['median']:.1%} median, {config['trial_gap_max']:.1%} at "
+                f"most; spread over all runs {config['spread_all_runs']:.1%}"
             )
-        shown = ", ".join(f"{s:.2f}x" for s in speedups)
-        print(f"  {mode}: speedup {shown}: runs apart by {results['modes'][mode]['speedup_gap']['median']:.1%} median")
+        shown = ", ".join(f"{s:.2f}x" for s in summary["speedup_runs"])
+        print(f"  {mode}: speedup {shown}: runs apart by {summary['speedup_gap']['median']:.1%} median")
     path = write_results("fidelity.json", results)
     print(f"wrote {path}")
 
