@@ -18,12 +18,11 @@ For each config it reports every process's median throughput, the median and lar
 two trials (|a - b| / mean), and the spread (max - min) / median over all runs; and how far the
 winner's speedup over the baseline moves from one run (or group) to the next, which is what an
 export and a later `autotuner apply` can differ by. The machine's CPU steal time and load are
-recorded beside them, and so is the machine's own floor: a fixed kernel (a 512x512 fp32 matmul,
-no autotuner code) timed in its own process over the same windows between the sequential trials;
-how far apart its runs come out is how far the machine drifts between two trials. Two kernels: a
-512x512 matmul (compute-bound) and a 16-row matmul against 9 MiB of weights (memory-bound, the
-shape of the baseline's layers), since a shared VM's memory bandwidth can move while its compute
-holds.
+recorded beside them, and so is the machine's own floor: fixed kernels (`FLOORS`, no autotuner
+code) timed in their own process over the same windows between the sequential trials; how far
+apart their runs come out is how far the machine drifts between two trials. Two kernels, a
+compute-bound and a memory-bound matmul, since a shared VM's memory bandwidth can move while its
+compute holds.
 Writes benchmarks/results/fidelity.json.
 
 Target (issue 6): two trials of one config differ by at most 3% in median throughput on the
@@ -92,8 +91,13 @@ def _steal_ticks() -> int:
     return int(fields[8]) if len(fields) > 8 else 0
 
 
+def _gap(a: float, b: float) -> float:
+    """How far apart two measurements are: |a - b| / mean."""
+    return abs(a - b) / ((a + b) / 2)
+
+
 def _gaps(values: list[float]) -> list[float]:
-    return [abs(a - b) / ((a + b) / 2) for a, b in pairwise(values)]
+    return [_gap(a, b) for a, b in pairwise(values)]
 
 
 def _one_after_another(
@@ -155,8 +159,7 @@ def _summary(
     for name, runs in found.items():
         values = [t["samples_per_s"] for t in runs]
         # two trials: consecutive runs, or in lockstep the two of one group
-        pairs = list(zip(values[::2], values[1::2], strict=False)) if lockstep else list(pairwise(values))
-        gaps = [abs(a - b) / ((a + b) / 2) for a, b in pairs]
+        gaps = [_gap(a, b) for a, b in zip(values[::2], values[1::2], strict=False)] if lockstep else _gaps(values)
         summaries[name] = {
             "throughputs": values,
             "window_spread_median": statistics.median(t["spread"] for t in runs),
