@@ -247,8 +247,9 @@ class AppliedRun:
     drift_steps: int
     wall_s: float
     baseline: dict[str, Any] | None = None
-    """The export's baseline config, run here for the same optimizer steps and measured the same
-    way (throughput dict), so that the speedup delivered is a ratio taken on this machine now."""
+    """The export's baseline config, run here over as many optimizer steps and measured the same
+    way, in windows of its own length (throughput dict), so that the speedup delivered is a ratio
+    taken on this machine now."""
     lockstep: bool = False
     """The baseline was measured in lockstep with the config (else after it)."""
 
@@ -341,10 +342,10 @@ def apply_config(
     """Run `job` with `tuned` for at least `steps` optimizer steps (default `default_steps`) in a
     trial process, measured as a trial is: warm-up, then windows as long as the study's (each
     lengthened to `trial.min_window_s` by the same calibration), their median and spread. With
-    `baseline`, the export's baseline config runs for the same optimizer steps, so the speedup
-    delivered can be set beside the export's: on a CPU in lockstep with the config (window by
-    window, `autotuner.search.measure_together`), elsewhere after it. A config tuned for another job or other
-    hardware is refused unless `force`."""
+    `baseline`, the export's baseline config runs over as many optimizer steps, so the speedup
+    delivered can be set beside the export's: on a CPU in lockstep with the config (turn by turn,
+    `autotuner.search.measure_together`), elsewhere after it. A config tuned for another job or
+    other hardware is refused unless `force`."""
     from autotuner.outcomes import Outcome
 
     # autotuner.search imports Optuna: only here
@@ -388,13 +389,15 @@ def apply_config(
     requests = [request]
     base_params = tuned.baseline.get("params")
     if baseline and base_params and tuned.speedup:
-        # The same optimizer steps as the config's, windows lengthened or not: a job's step can get
-        # slower as it trains (e.g. Adam's moments of weights whose gradient is zero decay into
-        # subnormal floats, slow on Intel CPUs), so both runs cover the same stretch of training.
+        # As many optimizer steps as the config's: a job's step can get slower as it trains (e.g.
+        # Adam's moments of weights whose gradient is zero decay into subnormal floats, slow on
+        # Intel CPUs), so both runs cover the same stretch of training. In windows of its own
+        # calibrated length, as the study measured it: a median over windows of another length
+        # is another estimate (longer windows keep more of a busy machine's stalls in them).
         requests.append(dataclasses.replace(request, config=dict(job.complete(base_params))))
     # as many times a trial's timeout as the run has times its steps (before lengthening)
     timeout = settings.timeout * max(1.0, per_window * windows / (settings.steps * settings.windows))
-    results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, same_steps=True)
+    results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, cover=True)
     for what, result in zip(("config", "baseline config"), results, strict=False):
         if result.outcome is not Outcome.OK:
             raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
@@ -438,9 +441,9 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
     if run.baseline and run.promise_ratio is not None:
         print(
             f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
-            f"{float(run.baseline['samples_per_s']):,.0f} samples/s, run here for the same "
-            f"{run.baseline['steps'] * run.baseline['windows']} optimizer steps, "
-            f"{'in lockstep with' if run.lockstep else 'after'} it), "
+            f"{float(run.baseline['samples_per_s']):,.0f} samples/s, run here for "
+            f"{run.baseline['steps'] * run.baseline['windows']} optimizer steps in {run.baseline['windows']} "
+            f"windows of {run.baseline['steps']}, {'in lockstep with' if run.lockstep else 'after'} it), "
             f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
             file=out,
         )

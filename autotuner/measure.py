@@ -9,11 +9,16 @@ synchronized at both edges of every window; whatever the step does (data loading
 inside the window. Throughput is the median over windows; the spread (max - min over median) is
 kept with it so a noisy measurement is visible.
 
+With `cover_steps`, the windows (still of the calibrated length) are as many as it takes to cover
+that many optimizer steps, instead of `windows`: two configs of different speeds can be run over
+the same stretch of training, each measured in windows of its own length.
+
 In lockstep (`autotuner.trial.TrialLauncher.lockstep`), several trial processes are measured
 together and take turns: this process waits for its turn before its warm-up and calibration and
-before each window, so only one of them runs at a time and a slow change in the machine's speed
-falls on all of them alike. After its last window it waits once more, so that what it does next
-(the drift phase) does not run beside another's window.
+before each turn of windows (one, or as many as the launcher gives), so only one of them runs at
+a time and a slow change in the machine's speed falls on all of them alike. After its last window
+it waits once more, so that what it does next (the drift phase) does not run beside another's
+window.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ def measure_throughput(
     windows: int,
     samples_per_step: int,
     min_window_s: float = 0.0,
+    cover_steps: int = 0,
     after_window: Callable[[], None] | None = None,
     telemetry: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Throughput:
@@ -96,8 +102,8 @@ def measure_throughput(
     `after_window` runs after each window's closing synchronization, outside the timed span
     (a backend checks there that the loss stayed finite). `telemetry` (an
     `autotuner.telemetry.Telemetry`) is entered around the timed windows only (in lockstep,
-    around each one). In lockstep, the launcher may set the steps per window in the first turn it
-    gives (the same as another process's), which replaces the calibration.
+    around each one). In lockstep, the launcher may give `cover_steps` in the first turn (another
+    process's optimizer steps), and with every later turn how many windows to `run` in it.
     """
     turns = _turns
     given = turns.wait(measuring=True) if turns is not None else {}
@@ -123,22 +129,24 @@ def measure_throughput(
         return elapsed
 
     calibration_s = 0.0
-    if given.get("steps"):
-        steps = int(given["steps"])
-    elif min_window_s > 0:
+    if min_window_s > 0:
         calibration_s = window(steps)
         if calibration_s < min_window_s:
             steps = math.ceil(steps * min_window_s / max(calibration_s, 1e-9))
+    cover_steps = int(given.get("cover_steps", cover_steps))
+    if cover_steps > 0:
+        windows = math.ceil(cover_steps / steps)
     telemetry = telemetry or contextlib.nullcontext()
     if turns is None:
         with telemetry:
             durations = [window(steps) for _ in range(windows)]
     else:
         durations = []
-        for _ in range(windows):
-            turns.wait(measuring=True, steps=steps)
-            with telemetry:
-                durations.append(window(steps))
+        while len(durations) < windows:
+            turn = turns.wait(measuring=True, steps=steps, windows=windows)
+            for _ in range(min(max(1, int(turn.get("run", 1))), windows - len(durations))):
+                with telemetry:
+                    durations.append(window(steps))
         turns.wait(measuring=False)
     rates = [steps * samples_per_step / d for d in durations]
     return Throughput(

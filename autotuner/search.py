@@ -121,22 +121,23 @@ def measure_together(
     device: str,
     *,
     timeout_s: float | None = None,
-    same_steps: bool = False,
+    cover: bool = False,
 ) -> list[TrialResult]:
     """Run trials whose throughputs are to be compared. On a CPU, in lockstep
     (`autotuner.trial.TrialLauncher.lockstep`): every process is alive at once and they take
     turns window by window, so a slow change in the machine's speed (a shared VM's neighbours,
     its clock) falls on all of them alike. On a GPU one after another, in the order given: there
     the device's memory is what processes would share, and a config that fits alone might not
-    fit beside another. With `same_steps`, the windows of all but the first get as many steps
-    as the first's calibration gave it."""
+    fit beside another. With `cover`, all but the first measure as many windows (of their own
+    calibrated length) as cover the first one's optimizer steps."""
     timeout_s = timeout_s or job.spec.trial.timeout
     if in_lockstep(device):
-        return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, same_steps=same_steps)
+        return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, cover=cover)
     results: list[TrialResult] = []
     for request in requests:
-        if same_steps and results and results[0].outcome is Outcome.OK:
-            request = dataclasses.replace(request, steps=results[0].result["throughput"]["steps"], min_window_s=0.0)
+        if cover and results and results[0].outcome is Outcome.OK:
+            first = results[0].result["throughput"]
+            request = dataclasses.replace(request, cover_steps=first["steps"] * first["windows"])
         results.append(launcher.call(job.backend.runner, "run", request, timeout_s))
     return results
 

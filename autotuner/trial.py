@@ -51,6 +51,8 @@ class TrialRequest:
     """False for the reference: only the drift phase runs."""
     min_window_s: float = 0.0
     """Shortest measured window (`autotuner.measure.measure_throughput`)."""
+    cover_steps: int = 0
+    """When set, as many windows as cover this many optimizer steps are measured, not `windows`."""
 
 
 @dataclass
@@ -211,6 +213,11 @@ class _Running:
         """The process's last `waiting` message while it waits for a turn (lockstep), else None."""
         self._result: TrialResult | None = None
 
+    @property
+    def windows(self) -> int:
+        """The windows the waiting process measures in all, as it reported (lockstep)."""
+        return int((self.waiting or {}).get("windows", 1))
+
     def follow(self, deadline: float) -> None:
         """Read what the process sends until it waits for a turn or ends (then it is reaped)."""
         self.waiting = None
@@ -288,6 +295,10 @@ class TrialLauncher:
     def _start(self, runner: str, function: str, arg: Any, timeout_s: float, lockstep: bool = False) -> _Running:
         return _Running(self._context, runner, function, arg, self.memory_limit_mb, timeout_s, lockstep)
 
+    @staticmethod
+    def _pids(group: list[_Running]) -> list[int]:
+        return [r.process.pid for r in group if not r.ended and r.process.pid is not None]
+
     def call(self, runner: str, function: str, arg: Any, timeout_s: float) -> TrialResult:
         """Run `runner.function(arg)` in a fresh trial process and classify how it ended."""
         running = self._start(runner, function, arg, timeout_s)
@@ -298,7 +309,7 @@ class TrialLauncher:
         return result
 
     def lockstep(
-        self, runner: str, function: str, args: list[Any], timeout_s: float, *, same_steps: bool = False
+        self, runner: str, function: str, args: list[Any], timeout_s: float, *, cover: bool = False
     ) -> list[TrialResult]:
         """Run `runner.function(arg)` for every arg, each in its own trial process, all alive at
         once and measured in turns (`autotuner.measure.Turns`): when each process has built its
@@ -310,26 +321,34 @@ class TrialLauncher:
         turn (data-loader workers refilling their queues) does not run into the next one's window.
         When every one has measured its windows, all of them finish (the drift phase) together.
 
-        With `same_steps`, the others' windows get as many steps as the first one's calibration
-        gave. `timeout_s` bounds the start-up, each turn, and the finish; a process that fails
-        or times out is left out of the turns and the others go on."""
+        The rounds are as many as the fewest windows a process measures; one with more windows
+        runs its share of them in each round's turn (`_share`), so every process's windows are
+        spread over the same stretch of time. With `cover`, the others measure windows of their
+        own calibrated length, as many as cover the first one's optimizer steps.
+        `timeout_s` bounds the start-up, each turn, and the finish; a process that fails or times
+        out is left out of the turns and the others go on."""
         group = [self._start(runner, function, arg, timeout_s, lockstep=True) for arg in args]
         try:
             deadline = time.monotonic() + timeout_s
             for running in group:
                 running.follow(deadline)
-            turn: dict[str, Any] = {}
+            setup_turn: dict[str, Any] = {}
+            for running in _measuring(group):  # warm-up and calibration, in the order given
+                _settle(self._pids(group))
+                running.give_turn(setup_turn, time.monotonic() + timeout_s)
+                if cover and running is group[0] and running.waiting is not None:
+                    setup_turn = {"cover_steps": running.waiting["steps"] * running.waiting["windows"]}
+            planned = min((r.windows for r in _measuring(group)), default=0)
             order = random.Random(0)
-            setup = True
-            while measuring := [r for r in group if r.waiting is not None and r.waiting.get("measuring")]:
-                if not setup:
-                    order.shuffle(measuring)
+            rounds, done = 0, {id(r): 0 for r in group}
+            while measuring := _measuring(group):
+                rounds += 1
+                order.shuffle(measuring)
                 for running in measuring:
-                    _settle([r.process.pid for r in group if not r.ended and r.process.pid is not None])
-                    running.give_turn(turn, time.monotonic() + timeout_s)
-                    if same_steps and not turn and running.waiting is not None:
-                        turn = {"steps": running.waiting.get("steps")}
-                setup = False
+                    run = _share(running.windows, rounds, planned) - done[id(running)]
+                    _settle(self._pids(group))
+                    running.give_turn({"run": run}, time.monotonic() + timeout_s)
+                    done[id(running)] += run
             waiting = [r for r in group if r.waiting is not None]
             for running in waiting:  # released together: what is left is not measured
                 running.go({})
@@ -344,6 +363,17 @@ class TrialLauncher:
         finally:
             results = [running.end() for running in group]
         return results
+
+
+def _measuring(group: list[_Running]) -> list[_Running]:
+    """The processes of a lockstep group that wait for a measured turn."""
+    return [r for r in group if r.waiting is not None and r.waiting.get("measuring")]
+
+
+def _share(windows: int, rounds: int, planned: int) -> int:
+    """How many of a process's `windows` it has measured by the end of round `rounds` of
+    `planned`, spread evenly (all of them from the last planned round on)."""
+    return windows if rounds >= planned else rounds * windows // planned
 
 
 SETTLED_S = 0.03

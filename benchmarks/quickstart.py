@@ -134,9 +134,10 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
         # the last quarter of each run's windows against the first (median): > 0 slower at the end
         "slowdowns": [run.slowdown for run in applied],
         # The promise: the speedup in best.yaml against the one apply delivers (the baseline run
-        # for the same optimizer steps, right after the tuned config).
+        # over as many optimizer steps, in windows of its own length, in lockstep on a CPU).
         "export_speedup": tuned.speedup,
         "baseline_throughputs": [float(run.baseline["samples_per_s"]) for run in applied if run.baseline],
+        "baseline_steps_run": [run.baseline["steps"] * run.baseline["windows"] for run in applied if run.baseline],
         "speedups_delivered": [run.speedup for run in applied],
         "promise_ratios": promise,
         "promise_ratio_median": statistics.median(promise) if promise else None,

@@ -307,10 +307,14 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert ran is not None, out
     assert int(ran[1]) == 20 * int(ran[2]) and int(ran[2]) >= 3
     assert "held-out loss after 3 steps" in out and "(identical)" in out  # CPU runs repeat bitwise
-    # Then the baseline, for the same optimizer steps: the speedup delivered here, beside the export's.
+    # Then the baseline, over the same optimizer steps: the speedup delivered here, beside the export's.
     delivered = re.search(r"speedup: (\d+\.\d\d)x here \(over the baseline (.*?), ([\d,]+) samples/s", out)
     assert delivered is not None, out
-    assert f"run here for the same {ran[1]} optimizer steps, in lockstep with it)" in out
+    covered = re.search(r"run here for (\d+) optimizer steps in (\d+) windows of (\d+), in lockstep with it\)", out)
+    assert covered is not None, out
+    # as many optimizer steps as the config's, in windows of its own length
+    assert int(covered[1]) == int(covered[2]) * int(covered[3])
+    assert int(covered[1]) - int(covered[3]) < int(ran[1]) <= int(covered[1])
     assert "batch=16x4" in delivered[2] and f"{export['speedup']:.2f}x in the export: ratio" in out
     assert "Traceback" not in done.stderr
     skipped = run_cli(

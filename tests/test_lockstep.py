@@ -15,7 +15,7 @@ import pytest
 
 from autotuner.measure import Turns, measure_throughput, take_turns
 from autotuner.outcomes import Outcome
-from autotuner.trial import SETTLE_MOST_S, TrialLauncher, TrialRequest, _settle
+from autotuner.trial import SETTLE_MOST_S, TrialLauncher, TrialRequest, _settle, _share
 from tests.helpers import RUNNER, SMALL_MLP, request
 
 MLP = "backends.pytorch.workloads:mlp"
@@ -84,13 +84,33 @@ def test_a_turn_waits_until_the_group_has_stopped_using_the_cpu(tmp_path: Path) 
         forever.kill()
 
 
-def test_with_the_same_steps_the_others_take_the_first_ones_calibration(launcher: TrialLauncher) -> None:
-    config, base = _measured(), _measured(min_window_s=0.2)
-    first, second = launcher.lockstep(RUNNER, "run", [config, base], 60, same_steps=True)
+def test_with_cover_the_others_measure_their_own_windows_over_the_first_ones_steps(launcher: TrialLauncher) -> None:
+    config, base = _measured(min_window_s=0.2), _measured(min_window_s=0.05)
+    first, second = launcher.lockstep(RUNNER, "run", [config, base], 60, cover=True)
     assert first.outcome is Outcome.OK and second.outcome is Outcome.OK
-    assert first.result["throughput"]["calibration_s"] > 0
-    assert second.result["throughput"]["calibration_s"] == 0  # not calibrated: told
-    assert second.result["throughput"]["steps"] == first.result["throughput"]["steps"]
+    ours, theirs = (r.result["throughput"] for r in (first, second))
+    assert theirs["calibration_s"] > 0  # windows of its own length
+    covered = ours["steps"] * ours["windows"]
+    assert theirs["steps"] * (theirs["windows"] - 1) < covered <= theirs["steps"] * theirs["windows"]
+    assert theirs["windows"] > ours["windows"] == 4  # shorter windows, more of them
+    # Spread over the first one's 4 rounds: when its k-th window began, the other had measured
+    # its share of k - 1 rounds, or of k (it went first in round k), never more or fewer.
+    started = [start for start, _ in _spans(second)]
+    for k, (begin, _) in enumerate(_spans(first), start=1):
+        before = sum(start < begin for start in started)
+        assert _share(theirs["windows"], k - 1, 4) <= before <= _share(theirs["windows"], k, 4), (k, before)
+    spans = sorted(_spans(first) + _spans(second))
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start  # no two windows ran at once
+
+
+def test_alone_a_trial_covers_the_steps_asked_in_windows_of_its_own_length(launcher: TrialLauncher) -> None:
+    # how `measure_together` runs the others after the first where there is no lockstep (a GPU)
+    result = launcher.call(RUNNER, "run", _measured(cover_steps=1000), 60)
+    assert result.outcome is Outcome.OK, result.reason
+    measured = result.result["throughput"]
+    assert measured["calibration_s"] > 0 and len(_spans(result)) == measured["windows"]
+    assert measured["steps"] * (measured["windows"] - 1) < 1000 <= measured["steps"] * measured["windows"]
 
 
 def test_a_process_that_crashes_or_hangs_is_left_out_and_the_others_go_on(launcher: TrialLauncher) -> None:
@@ -113,16 +133,21 @@ def test_a_process_that_measures_nothing_just_runs(launcher: TrialLauncher) -> N
 def turns() -> Iterator[list[dict[str, object]]]:
     """Turns given at once, with what the measurement reported each time."""
     reports: list[dict[str, object]] = []
-    given = iter([{"steps": 7}])
+    given = iter([{"cover_steps": 9}, {"run": 2}])
     take_turns(Turns(reports.append, lambda: next(given, {})))
     yield reports
     take_turns(None)
 
 
-def test_the_measurement_waits_before_its_setup_each_window_and_its_release(turns: list[dict[str, object]]) -> None:
-    result = measure_throughput(
-        lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=4, min_window_s=1.0
-    )
-    assert result.steps == 7 and result.calibration_s == 0  # the first turn set the steps
-    assert [r["measuring"] for r in turns] == [True, True, True, True, False]
-    assert [r.get("steps") for r in turns[1:4]] == [7, 7, 7]
+def test_the_measurement_waits_before_its_setup_each_turn_and_its_release(turns: list[dict[str, object]]) -> None:
+    result = measure_throughput(lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=4)
+    assert result.windows == 5 and len(result.window_samples_per_s) == 5  # 9 steps covered, 2 a window
+    # setup; a turn of 2 windows, then of 1 each (the launcher's default); the release
+    assert [r["measuring"] for r in turns] == [True, True, True, True, True, False]
+    assert [(r.get("steps"), r.get("windows")) for r in turns[1:5]] == [(2, 5)] * 4
+
+
+def test_the_share_of_windows_spreads_them_evenly_over_the_rounds() -> None:
+    assert [_share(4, r, 4) for r in range(5)] == [0, 1, 2, 3, 4]  # equal windows: one a round
+    assert [_share(10, r, 4) for r in range(5)] == [0, 2, 5, 7, 10]
+    assert _share(10, 6, 4) == 10  # past the planned rounds (the first one failed): all that is left

@@ -190,6 +190,7 @@ def _measure(workload: JaxWorkload, training: TunedTraining, request: TrialReque
         windows=request.windows,
         samples_per_step=request.global_batch,
         min_window_s=request.min_window_s,
+        cover_steps=request.cover_steps,
         after_window=after_window,
         telemetry=telemetry,
     )

@@ -193,6 +193,7 @@ def _measure(workload: TorchWorkload, training: TunedTraining, request: TrialReq
         windows=request.windows,
         samples_per_step=samples_per_step,
         min_window_s=request.min_window_s,
+        cover_steps=request.cover_steps,
         after_window=after_window,
         telemetry=telemetry,
     )
