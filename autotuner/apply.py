@@ -458,7 +458,7 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
     promise = run.promise_ratio
     if promise is not None and run.keeps_promise is False:
         print(
-            f"autotuner: warning: the speedup here is {abs(promise - 1):.0%} "
+            f"autotuner: warning: the speedup here is {abs(promise - 1):.1%} "
             f"{'below' if promise < 1 else 'above'} the export's "
             f"(more than {PROMISE:.0%}): the machine may be busier now, or the study's measurements were noisy",
             file=err,
@@ -473,7 +473,7 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         )
     if not run.agrees:
         print(
-            f"autotuner: warning: the throughput here is {abs(run.ratio - 1):.0%} "
+            f"autotuner: warning: the throughput here is {abs(run.ratio - 1):.1%} "
             f"{'below' if run.ratio < 1 else 'above'} the study's (more than {AGREEMENT:.0%}): "
             "the machine may be busier or different, or the study's short windows were noisy",
             file=err,

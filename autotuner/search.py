@@ -46,7 +46,7 @@ from autotuner.study import (
     spent_seconds,
     to_remeasure,
 )
-from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
+from autotuner.trial import STOPPED, TrialLauncher, TrialRequest, TrialResult
 from autotuner.workers import POLL_S, Coordinator
 from backends import Backend, Capabilities
 
@@ -129,13 +129,17 @@ def measure_together(
     its clock) falls on all of them alike. On a GPU one after another, in the order given: there
     the device's memory is what processes would share, and a config that fits alone might not
     fit beside another. With `cover`, all but the first measure as many windows (of their own
-    calibrated length) as cover the first one's optimizer steps."""
+    calibrated length) as cover the first one's optimizer steps, and none of them runs to its end
+    once the first has failed."""
     timeout_s = timeout_s or job.spec.trial.timeout
     if in_lockstep(device):
         return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, cover=cover)
     results: list[TrialResult] = []
     for request in requests:
-        if cover and results and results[0].outcome is Outcome.OK:
+        if cover and results:
+            if results[0].outcome is not Outcome.OK:
+                results.append(TrialResult(Outcome.ERROR, STOPPED))
+                continue
             first = results[0].result["throughput"]
             request = dataclasses.replace(request, cover_steps=first["steps"] * first["windows"])
         results.append(launcher.call(job.backend.runner, "run", request, timeout_s))

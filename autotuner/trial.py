@@ -324,10 +324,12 @@ class TrialLauncher:
         The rounds are as many as the fewest windows a process measures; one with more windows
         runs its share of them in each round's turn (`_share`), so every process's windows are
         spread over the same stretch of time. With `cover`, the others measure windows of their
-        own calibrated length, as many as cover the first one's optimizer steps.
+        own calibrated length, as many as cover the first one's optimizer steps; if the first one
+        fails, there is nothing to cover: they are stopped (`STOPPED`).
         `timeout_s` bounds the start-up, each turn, and the finish; a process that fails or times
         out is left out of the turns and the others go on."""
         group = [self._start(runner, function, arg, timeout_s, lockstep=True) for arg in args]
+        stopped: list[_Running] = []
         try:
             deadline = time.monotonic() + timeout_s
             for running in group:
@@ -342,6 +344,9 @@ class TrialLauncher:
             order = random.Random(0)
             rounds, done = 0, {id(r): 0 for r in group}
             while measuring := _measuring(group):
+                if cover and group[0].ended:
+                    stopped = [r for r in group if r.waiting is not None]
+                    break
                 rounds += 1
                 order.shuffle(measuring)
                 for running in measuring:
@@ -349,7 +354,7 @@ class TrialLauncher:
                     _settle(self._pids(group))
                     running.give_turn({"run": run}, time.monotonic() + timeout_s)
                     done[id(running)] += run
-            waiting = [r for r in group if r.waiting is not None]
+            waiting = [r for r in group if r.waiting is not None and r not in stopped]
             for running in waiting:  # released together: what is left is not measured
                 running.go({})
             deadline = time.monotonic() + timeout_s
@@ -361,8 +366,11 @@ class TrialLauncher:
                     if running.receive in ready or not ready:
                         running.follow(deadline)
         finally:
-            results = [running.end() for running in group]
-        return results
+            ends = [running.end() for running in group]
+        return [TrialResult(Outcome.ERROR, STOPPED) if r in stopped else e for r, e in zip(group, ends, strict=True)]
+
+
+STOPPED = "stopped: the trial whose optimizer steps it was to cover failed"
 
 
 def _measuring(group: list[_Running]) -> list[_Running]:

@@ -15,7 +15,10 @@ import pytest
 
 from autotuner.measure import Turns, measure_throughput, take_turns
 from autotuner.outcomes import Outcome
-from autotuner.trial import SETTLE_MOST_S, TrialLauncher, TrialRequest, _settle, _share
+from autotuner.search import measure_together
+from autotuner.spec import load_spec
+from autotuner.trial import SETTLE_MOST_S, STOPPED, TrialLauncher, TrialRequest, _settle, _share
+from tests.conftest import write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
 
 MLP = "backends.pytorch.workloads:mlp"
@@ -111,6 +114,17 @@ def test_alone_a_trial_covers_the_steps_asked_in_windows_of_its_own_length(launc
     measured = result.result["throughput"]
     assert measured["calibration_s"] > 0 and len(_spans(result)) == measured["windows"]
     assert measured["steps"] * (measured["windows"] - 1) < 1000 <= measured["steps"] * measured["windows"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])  # in lockstep; one after another, as on a GPU
+def test_with_cover_nothing_runs_on_once_the_first_has_failed(
+    launcher: TrialLauncher, tmp_path: Path, device: str
+) -> None:
+    job = load_spec(write_spec(tmp_path))
+    # the requests run on the CPU whatever `device` says: it only decides lockstep or not
+    crashed, other = measure_together(launcher, job, [request("segfault"), _measured()], device, cover=True)
+    assert crashed.outcome is Outcome.CRASH
+    assert other.outcome is Outcome.ERROR and other.reason == STOPPED and not other.result
 
 
 def test_a_process_that_crashes_or_hangs_is_left_out_and_the_others_go_on(launcher: TrialLauncher) -> None:
