@@ -7,13 +7,18 @@ what applying the winner gives next to the study's figure. PyTorch's by default;
 Runs `autotuner search` on the spec in a fresh temporary folder (so a fresh study), times it,
 then reads the study back from its storage, then runs the exported best config `--apply-runs`
 times as `autotuner apply` does (default steps: 10x a trial's; each time the baseline beside it,
-for as many steps: in lockstep on a CPU, for the speedup delivered against the export's). Writes
-benchmarks/results/<name>.json.
+for as many steps: in lockstep on a CPU, for the speedup delivered against the export's). Right
+before each apply, the export's two configs are measured again the way the study's
+re-measurement measured them (`budget.remeasure_runs` processes each, `remeasure_windows`
+windows, together): the speedup now. Where apply misses the export, that tells whether apply
+measured something else than the study did (apply against now) or the machine moved the speedup
+itself since the study (now against the export). Writes benchmarks/results/<name>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -25,6 +30,10 @@ from pathlib import Path
 
 import optuna
 
+from autotuner.apply import TunedConfig
+from autotuner.outcomes import Outcome
+from autotuner.search import make_launcher, measure_together, probe_environment, trial_request
+from autotuner.spec import Job
 from autotuner.study import baseline, best, records, speedup
 
 
@@ -119,9 +128,13 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     from autotuner.spec import load_spec
 
     tuned, job = load_config(export), load_spec(spec)
-    applied = [apply_config(tuned, job) for _ in range(runs)]
+    now, applied = [], []
+    for _ in range(runs):
+        now.append(_speedup_now(tuned, job))
+        applied.append(apply_config(tuned, job))
     ratios = [run.ratio for run in applied]
     promise = [run.promise_ratio for run in applied if run.promise_ratio is not None]
+    delivered = [run.speedup for run in applied]
     return {
         "steps": default_steps(job),
         # what each run really took: the requested steps in windows lengthened to min_window_s
@@ -138,11 +151,41 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
         "export_speedup": tuned.speedup,
         "baseline_throughputs": [float(run.baseline["samples_per_s"]) for run in applied if run.baseline],
         "baseline_steps_run": [run.baseline["steps"] * run.baseline["windows"] for run in applied if run.baseline],
-        "speedups_delivered": [run.speedup for run in applied],
+        "speedups_delivered": delivered,
         "promise_ratios": promise,
         "promise_ratio_median": statistics.median(promise) if promise else None,
         "promise_within_5_percent": sum(abs(r - 1) <= 0.05 for r in promise),
+        # the promise ratio split in two: apply against the study's own measurement taken right
+        # before it, and that measurement now against the export's (the machine since the study)
+        "speedups_now": now,
+        "apply_over_now": [d / n if d and n else None for d, n in zip(delivered, now, strict=True)],
+        "now_over_export": [n / tuned.speedup if n and tuned.speedup else None for n in now],
     }
+
+
+def _speedup_now(tuned: TunedConfig, job: Job) -> float | None:
+    """The tuned config's speedup over the export's baseline, measured as the study's
+    re-measurement measures it (`autotuner.search.Search._remeasure_runs`, `autotuner.study.speedup`):
+    `remeasure_runs` processes of each, interleaved, `remeasure_windows` windows a process, all
+    measured together; the median over the config's windows over the median over the baseline's."""
+    if not tuned.baseline.get("params"):
+        return None
+    budget = job.spec.budget
+    launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
+    environment = probe_environment(launcher, job.backend, job.spec.device, job.workload_path(), job.source)
+    device = environment["device"]
+    pair = [job.complete(tuned.params), job.complete(tuned.baseline["params"])]
+    requests = [
+        dataclasses.replace(trial_request(job, config, device), windows=budget.remeasure_windows)
+        for _ in range(budget.remeasure_runs)
+        for config in pair
+    ]
+    windows: tuple[list[float], list[float]] = ([], [])
+    for k, result in enumerate(measure_together(launcher, job, requests, device)):
+        if result.outcome is not Outcome.OK:
+            return None
+        windows[k % 2].extend(result.result["throughput"]["window_samples_per_s"])
+    return statistics.median(windows[0]) / statistics.median(windows[1])
 
 
 if __name__ == "__main__":
