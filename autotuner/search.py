@@ -46,6 +46,7 @@ from autotuner.study import (
     spent_seconds,
     to_remeasure,
 )
+from autotuner.telemetry import available_memory_mb
 from autotuner.trial import STOPPED, TrialLauncher, TrialRequest, TrialResult
 from autotuner.workers import POLL_S, Coordinator
 from backends import Backend, Capabilities
@@ -122,6 +123,7 @@ def measure_together(
     *,
     timeout_s: float | None = None,
     cover: bool = False,
+    lockstep: bool | None = None,
 ) -> list[TrialResult]:
     """Run trials whose throughputs are to be compared. On a CPU, in lockstep
     (`autotuner.trial.TrialLauncher.lockstep`): every process is alive at once and they take
@@ -130,9 +132,9 @@ def measure_together(
     the device's memory is what processes would share, and a config that fits alone might not
     fit beside another. With `cover`, all but the first measure as many windows (of their own
     calibrated length) as cover the first one's optimizer steps, and none of them runs to its end
-    once the first has failed."""
+    once the first has failed. `lockstep` False: one after another on a CPU too."""
     timeout_s = timeout_s or job.spec.trial.timeout
-    if in_lockstep(device):
+    if in_lockstep(device) if lockstep is None else lockstep:
         return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, cover=cover)
     results: list[TrialResult] = []
     for request in requests:
@@ -144,6 +146,37 @@ def measure_together(
             request = dataclasses.replace(request, cover_steps=first["steps"] * first["windows"])
         results.append(launcher.call(job.backend.runner, "run", request, timeout_s))
     return results
+
+
+def remeasure_groups(
+    configs: list[TrialRecord], companion: TrialRecord | None, runs: int, most: int | None
+) -> list[list[TrialRecord]]:
+    """The groups of processes a re-measurement measures together, one after another: every
+    config `runs` times and the baseline (`companion`) beside them. One group, interleaved (run 1
+    of each, then run 2, ...), when it has at most `most` processes (None: no limit); else a group
+    per run, the configs of a run split into parts of `most - 1` with the baseline in each, so
+    that every config's speedup is over the baseline's windows measured beside it."""
+    beside = [companion] if companion is not None else []
+    whole = [*configs, *beside]
+    if most is None or runs * len(whole) <= most:
+        return [[t for _ in range(runs) for t in whole]]
+    size = max(1, most - len(beside))
+    return [[*configs[k : k + size], *beside] for _ in range(runs) for k in range(0, len(configs), size)]
+
+
+MEMORY_SHARE = 0.8
+"""The share of the memory available that a re-measurement group's processes may take."""
+
+
+def processes_that_fit(trials: list[TrialRecord]) -> int | None:
+    """How many trial processes of these configs the memory available now holds at once, judged
+    from the largest peak RSS of their trials (`autotuner.telemetry.CpuSampler`); None when
+    either is not known (no /proc)."""
+    available = available_memory_mb()
+    peak = max((float(t.metrics.get("peak_rss_mb") or 0.0) for t in trials), default=0.0)
+    if available is None or peak <= 0:
+        return None
+    return max(1, int(MEMORY_SHARE * available / peak))
 
 
 def run_reference(launcher: TrialLauncher, job: Job, device: str) -> dict[str, Any]:
@@ -337,44 +370,62 @@ class Search:
         numbers: list[int],
     ) -> dict[int, dict[str, Any]]:
         """Re-measure the configs of trials `numbers`, each in `budget.remeasure_runs` processes,
-        with as many of the baseline (`companion`) beside them, all measured together."""
-        job, runs = self.job, self.job.spec.budget.remeasure_runs
+        with as many of the baseline (`companion`) beside them, measured together: in one group
+        when the memory holds it, else in several (`remeasure_groups`)."""
+        job, budget, device = self.job, self.job.spec.budget, environment["device"]
+        runs, windows = budget.remeasure_runs, budget.remeasure_windows
         trials = [candidates[n] for n in numbers]
-        group = trials + ([companion] if companion is not None and companion.number not in numbers else [])
-        members = [t for _ in range(runs) for t in group]  # interleaved: run 1 of each, then run 2, ...
-        windows = job.spec.budget.remeasure_windows
-        requests = [
-            dataclasses.replace(trial_request(job, t.config, environment["device"]), windows=windows) for t in members
-        ]
-        shown = ", ".join(f"#{t.number}" for t in group)
+        configs = [t for t in trials if companion is None or t.number != companion.number]
+        everyone = [*configs, *([companion] if companion is not None else [])]
+        by_number = {t.number: t for t in everyone}
+        # in lockstep every process of a group is alive at once (on a GPU, one at a time)
+        most = budget.remeasure_group or (processes_that_fit(everyone) if in_lockstep(device) else None)
+        lockstep = in_lockstep(device) and most != 1
+        groups = [[t.number for t in group] for group in remeasure_groups(configs, companion, runs, most)]
+        shown = ", ".join(f"#{t.number}" for t in everyone)
+        if len(groups) > 1:
+            why = "budget.remeasure_group" if budget.remeasure_group else "what the memory available holds"
+            how = f"in {len(groups)} groups of at most {most} processes" if lockstep else "one process at a time"
+            self.reporter.note(f"re-measuring {shown} {how} ({why}), the baseline beside the configs in each")
+        found: dict[int, dict[str, Any]] = {t.number: {"throughputs": [], "windows": []} for t in everyone}
+        beside: dict[int, list[float]] = {t.number: [] for t in everyone}  # the baseline's windows with each
         with self.reporter.running(f"re-measuring {shown}, {runs} runs of {windows} windows each"):
-            results = measure_together(launcher, job, requests, environment["device"])
-        found: dict[int, dict[str, Any]] = {t.number: {"throughputs": [], "windows": []} for t in group}
-        for k, (t, result) in enumerate(zip(members, results, strict=True)):
-            done = found[t.number]
-            if done.get("error"):
-                continue
-            run = k // len(group) + 1
-            if result.outcome is not Outcome.OK:
-                done["error"] = f"re-run {run}: {result.outcome.value}: {result.reason}"
-                continue
-            losses = result.result["losses"]
-            drift = measure_drift(
-                losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]
-            ).heldout
-            if drift > job.spec.objective.max_drift:
-                done["error"] = f"re-run {run}: drift {drift:.3%} is over the tolerance"
-                continue
-            done["throughputs"].append(result.result["throughput"]["samples_per_s"])
-            done["windows"].append(result.result["throughput"]["window_samples_per_s"])
-        beside = found[companion.number] if companion is not None else {}
+            for group in groups:
+                requests = [
+                    dataclasses.replace(trial_request(job, by_number[n].config, device), windows=windows) for n in group
+                ]
+                results = measure_together(launcher, job, requests, device, lockstep=lockstep)
+                for number, result in zip(group, results, strict=True):
+                    self._remeasured_run(found[number], result, reference)
+                if companion is not None and not found[companion.number].get("error"):
+                    measured = found[companion.number]["windows"][-group.count(companion.number) :]
+                    for number in set(group):  # its windows in this group (the baseline's: its own)
+                        beside[number].extend(rate for run in measured for rate in run)
+        companion_failed = companion is None or found[companion.number].get("error")
         for t in trials:
-            found[t.number].update(group=[g.number for g in group], lockstep=in_lockstep(environment["device"]))
-            if not beside.get("error"):
-                found[t.number]["baseline_windows"] = [rate for run in beside.get("windows") or [] for rate in run]
+            found[t.number].update(group=sorted({n for group in groups if t.number in group for n in group}))
+            found[t.number]["lockstep"] = lockstep
+            if not companion_failed:
+                found[t.number]["baseline_windows"] = beside[t.number]
         for t in trials:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
         return {t.number: found[t.number] for t in trials}
+
+    def _remeasured_run(self, done: dict[str, Any], result: TrialResult, reference: dict[str, Any]) -> None:
+        """Add one re-measurement process's result to its config's (`done`), or its error."""
+        if done.get("error"):
+            return
+        run = len(done["throughputs"]) + 1
+        if result.outcome is not Outcome.OK:
+            done["error"] = f"re-run {run}: {result.outcome.value}: {result.reason}"
+            return
+        losses = result.result["losses"]
+        drift = measure_drift(losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"])
+        if drift.heldout > self.job.spec.objective.max_drift:
+            done["error"] = f"re-run {run}: drift {drift.heldout:.3%} is over the tolerance"
+            return
+        done["throughputs"].append(result.result["throughput"]["samples_per_s"])
+        done["windows"].append(result.result["throughput"]["window_samples_per_s"])
 
     def _run_reference(self, launcher: TrialLauncher, device: str) -> dict[str, Any]:
         with self.reporter.running("fp32 reference (2 runs)"):

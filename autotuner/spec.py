@@ -70,6 +70,12 @@ class Budget(_Strict):
     re-measurement decides the best and its speedup; measured in lockstep, what is left between
     two runs is the window-to-window noise, which more windows average out
     (`benchmarks/fidelity.py` compares 5, 15 and 30 windows of the same processes)."""
+    remeasure_group: int | None = Field(None, gt=0, le=1000)
+    """The most trial processes a re-measurement keeps alive at once. In lockstep (on a CPU) every
+    process of a group holds its model, optimizer and data while it waits for its turn; by
+    default a group is as large as the memory available holds, judged from the configs' peak RSS
+    in their trials; a group too large is split, the baseline beside the configs in each part.
+    1: one process at a time (no lockstep)."""
 
 
 class TrialSettings(_Strict):

@@ -71,6 +71,19 @@ def _peak_rss_mb(pids: list[str]) -> float:
     return total_kb / 1024
 
 
+def available_memory_mb() -> float | None:
+    """The memory the kernel says can be allocated without swapping (MemAvailable); None where
+    there is no /proc/meminfo."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 class CpuSampler:
     """CPU utilisation and peak RSS of this process group between enter and exit (Linux /proc);
     entered more than once (a lockstep trial's windows), over all the spans together."""

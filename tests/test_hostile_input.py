@@ -139,6 +139,7 @@ FIELDS: dict[tuple[str, ...], Callable[[Any], bool]] = {
     ("budget", "remeasure_top"): _wrong_int(0, 1000),
     ("budget", "remeasure_runs"): _wrong_int(1, 100),
     ("budget", "remeasure_windows"): _wrong_int(1, 1000),
+    ("budget", "remeasure_group"): lambda v: v is not None and _wrong_int(1, 1000)(v),
     ("trial",): _wrong_type(dict),
     ("trial", "warmup_steps"): _wrong_int(0, 10_000),
     ("trial", "steps"): _wrong_int(1, 100_000),

@@ -1,0 +1,98 @@
+"""Re-measurement groups: how many trial processes are alive at once, and how a group that the
+memory cannot hold is split, the baseline beside the configs in every part."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotuner.search import MEMORY_SHARE, measure_together, processes_that_fit, remeasure_groups
+from autotuner.spec import load_spec
+from autotuner.study import TrialRecord, records, speedup
+from autotuner.telemetry import available_memory_mb
+from autotuner.trial import TrialLauncher
+from tests.conftest import run_cli, write_spec
+from tests.helpers import RUNNER, SMALL_MLP, request
+
+
+def _trial(number: int, peak_rss_mb: float | None = None) -> TrialRecord:
+    metrics = {} if peak_rss_mb is None else {"peak_rss_mb": peak_rss_mb}
+    return TrialRecord(number, "COMPLETE", {}, {}, "search", "ok", "", True, metrics)
+
+
+def _numbers(groups: list[list[TrialRecord]]) -> list[list[int]]:
+    return [[t.number for t in group] for group in groups]
+
+
+def test_one_interleaved_group_when_it_fits_else_a_group_per_run_with_the_baseline_in_each_part() -> None:
+    a, b, c, base = _trial(3), _trial(5), _trial(7), _trial(0)
+    everyone = [[3, 5, 7, 0, 3, 5, 7, 0]]  # run 1 of each, then run 2
+    assert _numbers(remeasure_groups([a, b, c], base, 2, None)) == everyone
+    assert _numbers(remeasure_groups([a, b, c], base, 2, 8)) == everyone
+    assert _numbers(remeasure_groups([a, b, c], base, 2, 4)) == [[3, 5, 7, 0], [3, 5, 7, 0]]
+    assert _numbers(remeasure_groups([a, b, c], base, 2, 3)) == [[3, 5, 0], [7, 0], [3, 5, 0], [7, 0]]
+    # one process at a time still pairs each config with the baseline (measured one after another)
+    assert _numbers(remeasure_groups([a, b], base, 1, 1)) == [[3, 0], [5, 0]]
+    assert _numbers(remeasure_groups([a, b], None, 2, 1)) == [[3], [5], [3], [5]]
+
+
+def test_the_memory_available_decides_how_many_processes_fit() -> None:
+    available = available_memory_mb()
+    assert available is not None and available > 0  # Linux: /proc/meminfo
+    assert processes_that_fit([_trial(1), _trial(0)]) is None  # no peak RSS known (a GPU trial)
+    assert processes_that_fit([_trial(1, 50 * available), _trial(0, 1.0)]) == 1  # the largest decides
+    small = processes_that_fit([_trial(1, 1.0)])
+    assert small is not None and small >= int(MEMORY_SHARE * available) // 2
+
+
+@pytest.fixture(scope="module")
+def launcher() -> TrialLauncher:
+    return TrialLauncher([RUNNER])
+
+
+def test_not_in_lockstep_the_processes_run_one_after_another(launcher: TrialLauncher, tmp_path: Path) -> None:
+    job = load_spec(write_spec(tmp_path))
+    measured = request("backends.pytorch.workloads:mlp", SMALL_MLP)
+    results = measure_together(launcher, job, [measured, measured], "cpu", lockstep=False)
+    first, second = ([tuple(s) for s in r.result["throughput"]["window_spans"]] for r in results)
+    assert first[-1][1] <= second[0][0]  # every window of the first before any of the second
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A small study whose re-measurement may keep only 2 processes alive at once."""
+    workdir = tmp_path_factory.mktemp("split")
+    budget = {"trials": 3, "remeasure_top": 2, "remeasure_runs": 2, "remeasure_windows": 3, "remeasure_group": 2}
+    done = run_cli("search", "--spec", str(write_spec(workdir, budget=budget)), cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return workdir, done.stdout
+
+
+def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: tuple[Path, str]) -> None:
+    workdir, stdout = split
+    assert "in 4 groups of at most 2 processes (budget.remeasure_group)" in stdout  # 2 configs x 2 runs
+    study = optuna.load_study(study_name="small", storage=f"sqlite:///{workdir}/studies/small.db")
+    stored = {
+        int(key.rsplit(":", 1)[1]): value
+        for key, value in study._storage.get_study_system_attrs(study._study_id).items()
+        if key.startswith("autotuner:remeasure:")
+    }
+    configs = [n for n in stored if n != 0]
+    assert configs and 0 in stored
+    for number in configs:
+        claim = stored[number]
+        # in lockstep with the baseline alone, twice: its 2 runs and 2 of the baseline's beside it
+        assert claim["lockstep"] is True and claim["group"] == [0, number]
+        assert [len(w) for w in claim["windows"]] == [3, 3] and len(claim["baseline_windows"]) == 6
+    trials = {t.number: t for t in records(study)}
+    export = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
+    winner = stored[export["study"]["trial"]]
+    assert export["speedup"] == pytest.approx(
+        statistics.median(itertools.chain(*winner["windows"])) / statistics.median(winner["baseline_windows"])
+    )
+    assert export["speedup"] == pytest.approx(speedup(trials[export["study"]["trial"]], None))
