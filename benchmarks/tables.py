@@ -250,8 +250,20 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
             "",
             f"The promise (`results/quickstart.json`, key `apply`): best.yaml says "
             f"{_ratio(apply['export_speedup'])}; `autotuner apply` (at least {apply['steps']} steps, {steps} once "
-            f"its windows were lengthened, the baseline in lockstep with it for the same steps) delivered {delivered}: "
-            f"ratios {ratios}, {apply['promise_within_5_percent']} of {len(apply['promise_ratios'])} within 5%."
+            f"its windows were lengthened, the baseline in lockstep with it over as many steps in windows of its own "
+            f"length) delivered {delivered}: ratios {ratios}, {apply['promise_within_5_percent']} of "
+            f"{len(apply['promise_ratios'])} within 5%."
+            + (
+                " The same two configs measured the study's way right before each apply (the speedup now): "
+                + ", ".join(_ratio(n) for n in apply["speedups_now"] if n)
+                + "; apply over now "
+                + ", ".join(f"{r:.3f}" for r in apply["apply_over_now"] if r)
+                + " (how far apply measures from the study's way), now over the export "
+                + ", ".join(f"{r:.3f}" for r in apply["now_over_export"] if r)
+                + " (how far the machine moved the speedup since the study)."
+                if apply.get("speedups_now")
+                else ""
+            )
             + (
                 " The tuned config's last quarter of windows against its first: "
                 + ", ".join(f"{-s:+.0%}" for s in slowdowns)
