@@ -164,4 +164,4 @@ def test_the_measurement_waits_before_its_setup_each_turn_and_its_release(turns:
 def test_the_share_of_windows_spreads_them_evenly_over_the_rounds() -> None:
     assert [_share(4, r, 4) for r in range(5)] == [0, 1, 2, 3, 4]  # equal windows: one a round
     assert [_share(10, r, 4) for r in range(5)] == [0, 2, 5, 7, 10]
-    assert _share(10, 6, 4) == 10  # past the planned rounds (the first one failed): all that is left
+    assert _share(10, 6, 4) == 10  # from the last planned round on: all that is left
