@@ -143,8 +143,9 @@ def measure_throughput(
     else:
         durations = []
         while len(durations) < windows:
-            turn = turns.wait(measuring=True, steps=steps, windows=windows)
-            for _ in range(min(max(1, int(turn.get("run", 1))), windows - len(durations))):
+            turn = turns.wait(measuring=True, steps=steps, windows=windows, measured=len(durations))
+            run = max(1, int(turn.get("run", 1)))
+            for _ in range(min(run, windows - len(durations))):
                 with telemetry:
                     durations.append(window(steps))
         turns.wait(measuring=False)

@@ -403,8 +403,9 @@ class Search:
                         beside[number].extend(rate for run in measured for rate in run)
         companion_failed = companion is None or found[companion.number].get("error")
         for t in trials:
-            found[t.number].update(group=sorted({n for group in groups if t.number in group for n in group}))
-            found[t.number]["lockstep"] = lockstep
+            found[t.number].update(
+                group=sorted({n for group in groups if t.number in group for n in group}), lockstep=lockstep
+            )
             if not companion_failed:
                 found[t.number]["baseline_windows"] = beside[t.number]
         for t in trials:

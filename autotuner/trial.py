@@ -218,6 +218,11 @@ class _Running:
         """The windows the waiting process measures in all, as it reported (lockstep)."""
         return int((self.waiting or {}).get("windows", 1))
 
+    @property
+    def measured(self) -> int:
+        """The windows the waiting process has measured so far, as it reported (lockstep)."""
+        return int((self.waiting or {}).get("measured", 0))
+
     def follow(self, deadline: float) -> None:
         """Read what the process sends until it waits for a turn or ends (then it is reaped)."""
         self.waiting = None
@@ -342,7 +347,7 @@ class TrialLauncher:
                     setup_turn = {"cover_steps": running.waiting["steps"] * running.waiting["windows"]}
             planned = min((r.windows for r in _measuring(group)), default=0)
             order = random.Random(0)
-            rounds, done = 0, {id(r): 0 for r in group}
+            rounds = 0
             while measuring := _measuring(group):
                 if cover and group[0].ended:
                     stopped = [r for r in group if r.waiting is not None]
@@ -350,10 +355,9 @@ class TrialLauncher:
                 rounds += 1
                 order.shuffle(measuring)
                 for running in measuring:
-                    run = _share(running.windows, rounds, planned) - done[id(running)]
                     _settle(self._pids(group))
+                    run = _share(running.windows, rounds, planned) - running.measured
                     running.give_turn({"run": run}, time.monotonic() + timeout_s)
-                    done[id(running)] += run
             waiting = [r for r in group if r.waiting is not None and r not in stopped]
             for running in waiting:  # released together: what is left is not measured
                 running.go({})

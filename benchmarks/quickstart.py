@@ -35,6 +35,7 @@ from autotuner.outcomes import Outcome
 from autotuner.search import make_launcher, measure_together, probe_environment, trial_request
 from autotuner.spec import Job
 from autotuner.study import baseline, best, records, speedup
+from autotuner.trial import TrialLauncher
 
 
 def main() -> None:
@@ -128,9 +129,11 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     from autotuner.spec import load_spec
 
     tuned, job = load_config(export), load_spec(spec)
+    launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
+    device = probe_environment(launcher, job.backend, job.spec.device, job.workload_path(), job.source)["device"]
     now, applied = [], []
     for _ in range(runs):
-        now.append(_speedup_now(tuned, job))
+        now.append(_speedup_now(tuned, job, launcher, device))
         applied.append(apply_config(tuned, job))
     ratios = [run.ratio for run in applied]
     promise = [run.promise_ratio for run in applied if run.promise_ratio is not None]
@@ -163,7 +166,7 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     }
 
 
-def _speedup_now(tuned: TunedConfig, job: Job) -> float | None:
+def _speedup_now(tuned: TunedConfig, job: Job, launcher: TrialLauncher, device: str) -> float | None:
     """The tuned config's speedup over the export's baseline, measured as the study's
     re-measurement measures it (`autotuner.search.Search._remeasure_runs`, `autotuner.study.speedup`):
     `remeasure_runs` processes of each, interleaved, `remeasure_windows` windows a process, all
@@ -171,9 +174,6 @@ def _speedup_now(tuned: TunedConfig, job: Job) -> float | None:
     if not tuned.baseline.get("params"):
         return None
     budget = job.spec.budget
-    launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-    environment = probe_environment(launcher, job.backend, job.spec.device, job.workload_path(), job.source)
-    device = environment["device"]
     pair = [job.complete(tuned.params), job.complete(tuned.baseline["params"])]
     requests = [
         dataclasses.replace(trial_request(job, config, device), windows=budget.remeasure_windows)

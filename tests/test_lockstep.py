@@ -159,6 +159,7 @@ def test_the_measurement_waits_before_its_setup_each_turn_and_its_release(turns:
     # setup; a turn of 2 windows, then of 1 each (the launcher's default); the release
     assert [r["measuring"] for r in turns] == [True, True, True, True, True, False]
     assert [(r.get("steps"), r.get("windows")) for r in turns[1:5]] == [(2, 5)] * 4
+    assert [r.get("measured") for r in turns[1:5]] == [0, 2, 3, 4]  # what the launcher plans the next turn by
 
 
 def test_the_share_of_windows_spreads_them_evenly_over_the_rounds() -> None:

@@ -13,7 +13,7 @@ import yaml
 
 from autotuner.search import MEMORY_SHARE, measure_together, processes_that_fit, remeasure_groups
 from autotuner.spec import load_spec
-from autotuner.study import TrialRecord, records, speedup
+from autotuner.study import TrialRecord, records, remeasurements, speedup
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import TrialLauncher
 from tests.conftest import run_cli, write_spec
@@ -77,11 +77,7 @@ def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: 
     workdir, stdout = split
     assert "in 4 groups of at most 2 processes (budget.remeasure_group)" in stdout  # 2 configs x 2 runs
     study = optuna.load_study(study_name="small", storage=f"sqlite:///{workdir}/studies/small.db")
-    stored = {
-        int(key.rsplit(":", 1)[1]): value
-        for key, value in study._storage.get_study_system_attrs(study._study_id).items()
-        if key.startswith("autotuner:remeasure:")
-    }
+    stored = remeasurements(study)
     configs = [n for n in stored if n != 0]
     assert configs and 0 in stored
     for number in configs:
