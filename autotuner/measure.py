@@ -103,7 +103,8 @@ def measure_throughput(
     (a backend checks there that the loss stayed finite). `telemetry` (an
     `autotuner.telemetry.Telemetry`) is entered around the timed windows only (in lockstep,
     around each one). In lockstep, the launcher may give `cover_steps` in the first turn (another
-    process's optimizer steps), and with every later turn how many windows to `run` in it.
+    process's optimizer steps), and with every later turn how many windows to `run` in it; each
+    turn begins with one untimed step.
     """
     turns = _turns
     given = turns.wait(measuring=True) if turns is not None else {}
@@ -145,6 +146,12 @@ def measure_throughput(
         while len(durations) < windows:
             turn = turns.wait(measuring=True, steps=steps, windows=windows, measured=len(durations))
             run = max(1, int(turn.get("run", 1)))
+            # The first step after the wait runs cold (the others' windows emptied the caches,
+            # the CPU idled while the group settled): timed, windows that open a turn (every one,
+            # in re-measurement) came out 2-4% slower than those after them on the quickstart's
+            # baseline, and a speedup would depend on how many windows a turn holds.
+            step()
+            synchronize()
             for _ in range(min(run, windows - len(durations))):
                 with telemetry:
                     durations.append(window(steps))
