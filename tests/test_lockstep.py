@@ -163,8 +163,8 @@ def test_the_measurement_waits_before_its_setup_each_turn_and_its_release(turns:
 
 
 def test_each_turn_begins_with_one_unmeasured_step() -> None:
-    # Another process ran since this one's last turn: the first step after the wait pays for
-    # refilling the caches (2-4% of a window of the quickstart's baseline), so it is not timed.
+    # Other processes ran since this one's last turn: the first step after the wait runs cold
+    # (2-4% slower windows on the quickstart's baseline), so it is not timed.
     events: list[str] = []
 
     class Window:  # what the measurement enters around each timed window
@@ -177,9 +177,15 @@ def test_each_turn_begins_with_one_unmeasured_step() -> None:
     given = iter([{"cover_steps": 9}, {"run": 2}])
     take_turns(Turns(lambda report: events.append("|"), lambda: next(given, {})))
     try:
-        step = lambda: events.append("s")  # noqa: E731
-        sizes = {"warmup_steps": 1, "steps": 2, "windows": 3, "samples_per_step": 4}
-        measure_throughput(step, lambda: None, **sizes, telemetry=Window())
+        measure_throughput(
+            lambda: events.append("s"),
+            lambda: None,
+            warmup_steps=1,
+            steps=2,
+            windows=3,
+            samples_per_step=4,
+            telemetry=Window(),
+        )
     finally:
         take_turns(None)
     # setup and warm-up; a turn of 2 windows, then 3 of 1; the release
