@@ -148,7 +148,7 @@ def measure_throughput(
             run = max(1, int(turn.get("run", 1)))
             # The first step after the wait runs cold (the others' windows emptied the caches,
             # the CPU idled while the group settled): timed, windows that open a turn (every one,
-            # in re-measurement) came out 2-4% slower than those after them on the quickstart's
+            # in re-measurement) came out 1.7-4.0% slower than those after them on the quickstart's
             # baseline, and a speedup would depend on how many windows a turn holds.
             step()
             synchronize()

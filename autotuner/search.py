@@ -379,8 +379,9 @@ class Search:
         everyone = [*configs, *([companion] if companion is not None else [])]
         by_number = {t.number: t for t in everyone}
         # in lockstep every process of a group is alive at once (on a GPU, one at a time)
-        most = budget.remeasure_group or (processes_that_fit(everyone) if in_lockstep(device) else None)
-        lockstep = in_lockstep(device) and most != 1
+        on_cpu = in_lockstep(device)
+        most = budget.remeasure_group or (processes_that_fit(everyone) if on_cpu else None)
+        lockstep = on_cpu and most != 1
         groups = [[t.number for t in group] for group in remeasure_groups(configs, companion, runs, most)]
         shown = ", ".join(f"#{t.number}" for t in everyone)
         if len(groups) > 1:
@@ -403,9 +404,7 @@ class Search:
                         beside[number].extend(rate for run in measured for rate in run)
         companion_failed = companion is None or found[companion.number].get("error")
         for t in trials:
-            found[t.number].update(
-                group=sorted({n for group in groups if t.number in group for n in group}), lockstep=lockstep
-            )
+            found[t.number].update(group=sorted({n for g in groups if t.number in g for n in g}), lockstep=lockstep)
             if not companion_failed:
                 found[t.number]["baseline_windows"] = beside[t.number]
         for t in trials:

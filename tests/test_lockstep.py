@@ -164,7 +164,7 @@ def test_the_measurement_waits_before_its_setup_each_turn_and_its_release(turns:
 
 def test_each_turn_begins_with_one_unmeasured_step() -> None:
     # Other processes ran since this one's last turn: the first step after the wait runs cold
-    # (2-4% slower windows on the quickstart's baseline), so it is not timed.
+    # (1.7-4.0% slower windows on the quickstart's baseline), so it is not timed.
     events: list[str] = []
 
     class Window:  # what the measurement enters around each timed window
