@@ -8,6 +8,10 @@ dies with the fork server (PR_SET_PDEATHSIG), so a hung trial would keep both al
 Here Linux itself tells the fork server (PR_SET_PDEATHSIG, SIGTERM) when its parent dies. Each
 trial process leads its own process group, and its data-loader workers, compile workers and
 whatever else it started are in that group, so nothing of a trial outlives the search.
+
+It also keeps the fork server from initialising CUDA, after which every forked trial would fail
+("Cannot re-initialize CUDA in forked subprocess"): `torch.cuda.is_available()`, wherever a
+preloaded module calls it, asks NVML instead of the CUDA driver (PYTORCH_NVML_BASED_CUDA_CHECK).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import ctypes
 import os
 import signal
 from types import FrameType
+
+# before the runners are preloaded: torch reads it at every is_available() call
+os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 
 _SERVER = os.getpid()
 _PR_SET_PDEATHSIG = 1

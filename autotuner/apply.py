@@ -350,6 +350,7 @@ def apply_config(
 
     # autotuner.search imports Optuna: only here
     from autotuner.search import in_lockstep, make_launcher, measure_together, probe_environment, trial_request
+    from autotuner.study import check_trial_limits
 
     if tuned.backend != job.backend.name:
         raise SpecError(
@@ -362,6 +363,7 @@ def apply_config(
         raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
     launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
     environment = probe_environment(launcher, job.backend, device or job.spec.device, job.workload_path(), job.source)
+    check_trial_limits(job, environment)
     other_machine = machine_mismatch(tuned, environment)
     if other_machine and not force:
         raise HardwareMismatch(f"{tuned.source}: {other_machine}. Use --force to run it anyway")
@@ -396,7 +398,9 @@ def apply_config(
         # is another estimate (longer windows keep more of a busy machine's stalls in them).
         requests.append(dataclasses.replace(request, config=dict(job.complete(base_params))))
     # as many times a trial's timeout as the run has times its steps (before lengthening)
-    timeout = settings.timeout * max(1.0, per_window * windows / (settings.steps * settings.windows))
+    timeout = job.trial_timeout(*(r.config for r in requests)) * max(
+        1.0, per_window * windows / (settings.steps * settings.windows)
+    )
     results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, cover=True)
     for what, result in zip(("config", "baseline config"), results, strict=False):
         if result.outcome is not Outcome.OK:

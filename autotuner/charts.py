@@ -63,6 +63,15 @@ def drift_text(value: float) -> str:
     return f"{value:.3%}"
 
 
+def trial_drift_text(t: TrialRecord) -> str:
+    """A trial's drift, with the drift steps fp16's gradient scaler skipped when it skipped any
+    (a skipped step is an update the reference made and the trial did not: part of the drift)."""
+    if "drift" not in t.metrics:
+        return "-"
+    skipped = int(t.metrics.get("drift_skipped_steps") or 0)
+    return drift_text(t.drift) + (f" ({skipped} of the drift steps skipped by fp16 loss scaling)" if skipped else "")
+
+
 def hover(t: TrialRecord) -> str:
     drift = drift_text(t.drift) if t.state == "COMPLETE" and "drift" in t.metrics else "-"
     lines = [

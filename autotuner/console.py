@@ -106,6 +106,8 @@ class SearchReporter:
         reason = escape(done.reason)  # the user's exception text: "[/]" in it is not markup
         if done.outcome == "ok":
             status = f"{rate(done.throughput)} drift {percent(done.metrics.get('drift'))}"
+            if skipped := int(done.metrics.get("drift_skipped_steps") or 0):
+                status += f" ({skipped} drift steps skipped by fp16 loss scaling)"
             status += "" if done.feasible else f" [yellow]infeasible: {reason}[/]"
         else:
             status = f"[red]{done.outcome}[/]: {reason}"

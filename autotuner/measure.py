@@ -95,12 +95,15 @@ def measure_throughput(
     min_window_s: float = 0.0,
     cover_steps: int = 0,
     after_window: Callable[[], None] | None = None,
+    after_warmup: Callable[[], None] | None = None,
     telemetry: contextlib.AbstractContextManager[Any] | None = None,
 ) -> Throughput:
     """Time `step` (one optimizer step of `samples_per_step` samples).
 
     `after_window` runs after each window's closing synchronization, outside the timed span
-    (a backend checks there that the loss stayed finite). `telemetry` (an
+    (a backend checks there that the loss stayed finite); `after_warmup` once after the warm-up
+    steps (a backend resets its peak-memory counters there, so compiling and autotuning are not
+    counted). `telemetry` (an
     `autotuner.telemetry.Telemetry`) is entered around the timed windows only (in lockstep,
     around each one). In lockstep, the launcher may give `cover_steps` in the first turn (another
     process's optimizer steps), and with every later turn how many windows to `run` in it; each
@@ -113,6 +116,8 @@ def measure_throughput(
         step()
     synchronize()
     warmup_s = time.perf_counter() - start
+    if after_warmup is not None:
+        after_warmup()
 
     spans: list[tuple[float, float]] = []
 

@@ -105,10 +105,6 @@ def write_report(report: Report, path: Path, fmt: str = "html") -> Path:
 # ------------------------------------------------------------------ content, shared by both formats
 
 
-def _drift(trial: TrialRecord) -> str:
-    return charts.drift_text(trial.drift) if "drift" in trial.metrics else "-"
-
-
 def headline(report: Report) -> str:
     winner, base = report.best, report.baseline
     if winner is None:
@@ -122,7 +118,7 @@ def headline(report: Report) -> str:
     versus = f", {report.speedup(winner)} the baseline's {rate(base.throughput)}" if base and base.throughput else ""
     return (
         f"Best: trial #{winner.number} {format_config(winner.config)}: {rate(winner.throughput)}{versus}, "
-        f"drift {_drift(winner)}."
+        f"drift {charts.trial_drift_text(winner)}."
     )
 
 
@@ -158,7 +154,10 @@ def summary_table(report: Report) -> Table:
 
 def front_table(report: Report) -> Table:
     front = charts.pareto_front(report.trials)
-    rows = [[f"#{t.number}", format_config(t.config), rate(t.throughput), report.speedup(t), _drift(t)] for t in front]
+    rows = [
+        [f"#{t.number}", format_config(t.config), rate(t.throughput), report.speedup(t), charts.trial_drift_text(t)]
+        for t in front
+    ]
     return ["trial", "config", "throughput", "speedup", "drift"], rows
 
 
@@ -171,7 +170,7 @@ def top_table(report: Report, top: int = TOP) -> Table:
             rate(t.throughput),
             _processes(t),
             report.speedup(t),
-            _drift(t),
+            charts.trial_drift_text(t),
         ]
         for rank, t in enumerate(charts.fastest_feasible(report.trials, top), start=1)
     ]
@@ -219,7 +218,7 @@ def trial_table(report: Report) -> Table:
             rate(t.throughput),
             percent(t.metrics.get("throughput_spread"), 1),
             _processes(t),
-            _drift(t),
+            charts.trial_drift_text(t),
             metric(t, "warmup_s", "{:.2f} s"),
             metric(t, "peak_memory_mb", "{:,.0f} MiB"),
         ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import random
 import time
 import warnings
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from autotuner.study import (
     baseline,
     best,
     check_objectives,
+    check_trial_limits,
     give_up,
     open_storage,
     open_study,
@@ -107,6 +109,7 @@ def trial_request(job: Job, config: Config, device: str, *, measure: bool = True
         heldout_batch=job.baseline["batch_size"],
         measure=measure,
         min_window_s=settings.min_window_s,
+        compile_cache=str(job.compile_cache_dir()),
     )
 
 
@@ -124,6 +127,7 @@ def measure_together(
     timeout_s: float | None = None,
     cover: bool = False,
     lockstep: bool | None = None,
+    rounds: int = 1,
 ) -> list[TrialResult]:
     """Run trials whose throughputs are to be compared. On a CPU, in lockstep
     (`autotuner.trial.TrialLauncher.lockstep`): every process is alive at once and they take
@@ -132,20 +136,38 @@ def measure_together(
     the device's memory is what processes would share, and a config that fits alone might not
     fit beside another. With `cover`, all but the first measure as many windows (of their own
     calibrated length) as cover the first one's optimizer steps, and none of them runs to its end
-    once the first has failed. `lockstep` False: one after another on a CPU too."""
-    timeout_s = timeout_s or job.spec.trial.timeout
+    once the first has failed. `lockstep` False: one after another on a CPU too. One after
+    another, the requests are `rounds` rounds of equal length (re-measurement's runs), each run in
+    a fresh random order (seeded: the same every time; `cover` keeps the first one first), so that
+    a device's clock and temperature, which change as it works, favour no config."""
+    timeout_s = timeout_s or job.trial_timeout(*(r.config for r in requests))
     if in_lockstep(device) if lockstep is None else lockstep:
         return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, cover=cover)
-    results: list[TrialResult] = []
-    for request in requests:
+    results: dict[int, TrialResult] = {}
+    first_first = [0, *sequential_order(len(requests) - 1, 1, offset=1)]
+    for index in first_first if cover else sequential_order(len(requests), rounds):
+        request = requests[index]
         if cover and results:
             if results[0].outcome is not Outcome.OK:
-                results.append(TrialResult(Outcome.ERROR, STOPPED))
+                results[index] = TrialResult(Outcome.ERROR, STOPPED)
                 continue
             first = results[0].result["throughput"]
             request = dataclasses.replace(request, cover_steps=first["steps"] * first["windows"])
-        results.append(launcher.call(job.backend.runner, "run", request, timeout_s))
-    return results
+        results[index] = launcher.call(job.backend.runner, "run", request, timeout_s)
+    return [results[index] for index in range(len(requests))]
+
+
+def sequential_order(count: int, rounds: int, offset: int = 0) -> list[int]:
+    """The order to run `count` requests in, one after another: `rounds` consecutive rounds of
+    equal length, each shuffled (seeded), the indices shifted by `offset`."""
+    order = random.Random(0)
+    size = count // rounds if rounds > 0 and count % rounds == 0 else count
+    indices: list[int] = []
+    for start in range(0, count, max(size, 1)):
+        part = list(range(start + offset, start + offset + min(size, count - start)))
+        order.shuffle(part)
+        indices += part
+    return indices
 
 
 def remeasure_groups(
@@ -185,7 +207,7 @@ def run_reference(launcher: TrialLauncher, job: Job, device: str) -> dict[str, A
     request = trial_request(job, config, device, measure=False)
     runs: list[TrialResult] = []
     for _ in range(2):
-        result = launcher.call(job.backend.runner, "run", request, job.spec.trial.timeout)
+        result = launcher.call(job.backend.runner, "run", request, job.trial_timeout())
         if result.outcome is not Outcome.OK:
             raise BackendError(
                 f"the fp32 reference run failed ({result.outcome}: {result.reason}); no drift can be measured"
@@ -258,6 +280,7 @@ class Search:
         )
         capabilities = Capabilities.from_dict(environment["capabilities"])
         check_objectives(job, environment)
+        check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
         study = open_study(storage, job, environment)
         workers = Coordinator(study, storage)
@@ -273,7 +296,7 @@ class Search:
             workers.enqueue_baseline(self.job.baseline)
             reference = workers.reference(
                 lambda: self._run_reference(launcher, environment["device"]),
-                REFERENCE_LEASE_TRIALS * job.spec.trial.timeout + PROBE_TIMEOUT_S,
+                REFERENCE_LEASE_TRIALS * job.trial_timeout() + PROBE_TIMEOUT_S,
                 lambda: self.reporter.note("waiting for the fp32 reference, which another worker is running"),
             )
             self.reporter.reference(reference, job.spec.objective.max_drift)
@@ -353,10 +376,11 @@ class Search:
             todo = {t.number: t for t in fresh if t.number in allowed}
             if not todo:
                 continue
+            todo_configs = [t.config for t in todo.values()]
             base = baseline(trials)
             companion = base if base is not None and base.outcome == Outcome.OK.value else None
             # each config's runs and the baseline's: a group of processes; its lease, generously
-            lease_s = 2 * settings.remeasure_runs * self.job.spec.trial.timeout + PROBE_TIMEOUT_S
+            lease_s = 2 * settings.remeasure_runs * self.job.trial_timeout(*todo_configs) + PROBE_TIMEOUT_S
             run = functools.partial(self._remeasure_runs, todo, companion, launcher, environment, reference)
             workers.remeasure(list(todo), run, lease_s)
 
@@ -395,7 +419,8 @@ class Search:
                 requests = [
                     dataclasses.replace(trial_request(job, by_number[n].config, device), windows=windows) for n in group
                 ]
-                results = measure_together(launcher, job, requests, device, lockstep=lockstep)
+                rounds = runs if len(groups) == 1 else 1  # one group: the runs interleaved, a round each
+                results = measure_together(launcher, job, requests, device, lockstep=lockstep, rounds=rounds)
                 for number, result in zip(group, results, strict=True):
                     self._remeasured_run(found[number], result, reference)
                 if companion is not None and not found[companion.number].get("error"):
@@ -464,7 +489,7 @@ class Search:
                     return None
                 with self.reporter.running(f"trial {slot + 1}/{self.max_trials}: {format_config(config)}"):
                     request = trial_request(job, config, environment["device"])
-                    result = launcher.call(job.backend.runner, "run", request, job.spec.trial.timeout)
+                    result = launcher.call(job.backend.runner, "run", request, job.trial_timeout(config))
             return record(study, trial, job, config, result, role=role, reference=reference, environment=environment)
         except KeyboardInterrupt:
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # it was recorded already

@@ -37,6 +37,8 @@ MAX_VALUES = 100_000
 MAX_CONFIGS = 100_000
 """Most configs a search space may hold: every one is listed for the sampler."""
 SHOWN_KEY_CHARS = 80
+TRIAL_TIMEOUT_S = 600.0
+"""A trial's timeout when the spec sets none, before the backend's factor for its config."""
 
 
 class _Strict(BaseModel):
@@ -47,7 +49,10 @@ class Objective(_Strict):
     max_drift: float = Field(0.01, gt=0, le=1e6)
     """Largest relative held-out loss drift from the fp32 reference that is still feasible."""
     max_memory_mb: float | None = Field(None, gt=0, le=2**30)
-    """Peak device memory (CUDA) or peak resident memory (CPU) limit, in MiB."""
+    """Limit of a trial's `peak_memory_mb`, in MiB. On a GPU: the most device memory the process
+    held after its warm-up, the larger of the caching allocator's reserved peak (fragmentation and
+    CUDA-graph pools included) and NVML's figure for the process (its CUDA context included); on
+    the CPU: the trial process's peak resident memory."""
     energy: bool = False
     """Also minimize energy per sample (J, from NVML's energy counter): a third objective of the
     study, for its Pareto front. Needs a GPU with an energy counter."""
@@ -87,11 +92,14 @@ class TrialSettings(_Strict):
     """A window lasts at least this long: `steps` is raised once, from a calibration window."""
     drift_steps: int = Field(5, gt=0, le=10_000)
     """K: optimizer steps the trial and the reference take before the held-out loss is compared."""
-    timeout: float = Field(600.0, gt=0, le=7 * 86400)
-    """Seconds before a trial process is killed and recorded as `timeout`."""
+    timeout: float | None = Field(None, gt=0, le=7 * 86400)
+    """Seconds before a trial process is killed and recorded as `timeout`. None: `TRIAL_TIMEOUT_S`
+    times the backend's factor for the config (`Backend.timeout_factor`: compiling costs more)."""
     max_memory_mb: float | None = Field(None, ge=64, le=2**30)
     """Host memory each trial process may allocate (RLIMIT_DATA: heap and private mappings), in
-    MiB; past it an allocation fails and the trial is `oom`. None: no limit."""
+    MiB; past it an allocation fails and the trial is `oom`. None: no limit. CPU trials only: on
+    a GPU the driver's mappings of device and pinned memory count against RLIMIT_DATA, so a search
+    on a GPU refuses it (`check_trial_limits`); `objective.max_memory_mb` limits device memory."""
     seed: int = Field(0, ge=0, lt=2**32)
 
 
@@ -157,6 +165,18 @@ class Job:
         )
         data["space"], data["baseline"] = self.space, self.baseline
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def compile_cache_dir(self) -> Path:
+        """The study's own compile cache (torch.compile's), beside its default storage."""
+        return (Path("studies") / f"{self.name}.compile-cache").resolve()
+
+    def trial_timeout(self, *configs: Config) -> float:
+        """Seconds a trial of the slowest of `configs` may take: `trial.timeout` when the spec sets
+        it, else `TRIAL_TIMEOUT_S` times the backend's factor (a config that compiles longer gets
+        longer); no config: the reference's, which compiles nothing."""
+        if self.spec.trial.timeout is not None:
+            return self.spec.trial.timeout
+        return TRIAL_TIMEOUT_S * max((self.backend.timeout_factor(c) for c in configs), default=1.0)
 
     def complete(self, params: dict[str, Any]) -> Config:
         """A full config from sampled params: fixed knobs from the baseline, accumulation derived."""

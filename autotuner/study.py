@@ -189,6 +189,21 @@ def check_objectives(job: Job, environment: dict[str, Any]) -> None:
         )
 
 
+def check_trial_limits(job: Job, environment: dict[str, Any]) -> None:
+    """Refuse `trial.max_memory_mb` on a GPU: RLIMIT_DATA counts the private writable mappings the
+    CUDA driver makes for device and pinned memory, so the limit would fail trials that fit, and
+    it could not say what it limits. Device memory is `objective.max_memory_mb`'s."""
+    limit = job.spec.trial.max_memory_mb
+    if limit is not None and (environment.get("capabilities") or {}).get("accelerator"):
+        raise SpecError(
+            f"trial.max_memory_mb ({limit:g}) limits a CPU trial's host memory; on {environment.get('device')} "
+            "the GPU driver's mappings would count against it. Remove it, and limit device memory with "
+            "objective.max_memory_mb",
+            source=job.source,
+            key="trial.max_memory_mb",
+        )
+
+
 def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[str, Any]) -> optuna.Study:
     """Create the study, or load it and check that this spec and this hardware match it.
 
@@ -291,11 +306,15 @@ def trial_metrics(
                 metrics["mfu"] = rate * data["flops_per_sample"] / peak
     if data.get("peak_memory_mb") is not None:
         metrics["peak_memory_mb"] = data["peak_memory_mb"]
+    if data.get("compile_cache"):  # cold or warm: what warmup_s paid for compiling
+        metrics["compile_cache"] = data["compile_cache"]
     metrics.update(data.get("telemetry") or {})
     losses = data.get("losses")
     if losses and reference:
         drift = measure_drift(losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"])
         metrics.update(drift=drift.heldout, drift_trajectory_max=drift.trajectory_max, heldout_loss=losses["heldout"])
+        if losses.get("skipped_steps") is not None:  # fp16's GradScaler skipped these drift steps
+            metrics["drift_skipped_steps"] = int(losses["skipped_steps"])
     elif result.outcome is Outcome.NAN:
         metrics["drift"] = math.inf
     return metrics

@@ -7,19 +7,24 @@ around the timed windows only (not the warm-up or the calibration window).
   own group, so its data-loader workers are counted) over the windows' wall time, as a share of
   the cores the process may run on; and the peak resident memory of the group's processes.
 * GPU (`GpuSampler`, NVML from the nvidia-ml-py package): a background thread samples
-  utilisation, power and the memory in use; energy comes from the board's energy counter where
-  it has one. The trial's CUDA device is found in NVML through `CUDA_VISIBLE_DEVICES`
-  (`nvml_device`). Without a GPU or NVML every GPU figure is simply absent.
+  utilisation and the memory in use; energy and mean power come from the board's energy counter
+  (its increase over the measured spans, over their wall time) where it has one, and only without
+  one from NVML's ~1 s power readings (`power_w_sampled_mean`). The trial's device is found in
+  NVML by its UUID, which the CUDA driver gives for the trial's CUDA ordinal (`cuda_uuid`): CUDA
+  numbers devices fastest first by default (`CUDA_DEVICE_ORDER`), among those
+  `CUDA_VISIBLE_DEVICES` shows, NVML by PCI bus, so an ordinal is no NVML index. Without a GPU,
+  its UUID or NVML every GPU figure is simply absent.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import statistics
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -132,65 +137,111 @@ def nvml_driver() -> str:
         return "unknown"
 
 
-def nvml_device(cuda_index: int, visible: str | None = None) -> int | str:
-    """NVML's name for CUDA device `cuda_index`: an NVML index, or a UUID (or its prefix).
+def format_uuid(raw: bytes, prefix: str = "GPU-") -> str:
+    """A device's 16-byte UUID as NVML and nvidia-smi write it: `GPU-` and 32 hex digits in groups of
+    8-4-4-4-12."""
+    if len(raw) != 16:
+        raise ValueError(f"a device UUID has 16 bytes, not {len(raw)}")
+    text = raw.hex()
+    return f"{prefix}{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
-    NVML counts every GPU of the machine; CUDA counts only those in `CUDA_VISIBLE_DEVICES`
-    (`visible`, read from the environment when None), in that variable's order, and stops at its
-    first entry that names no device. So with `CUDA_VISIBLE_DEVICES=2,0`, `cuda:0` is NVML's GPU 2.
+
+def _libcuda() -> Any:
+    """The CUDA driver library, or None where there is none."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def cuda_uuid(ordinal: int | None) -> str | None:
+    """The UUID of CUDA device `ordinal` (`GPU-...`), from the CUDA driver; None without a driver or
+    that device (or for None: a JAX device whose `local_hardware_id`, its CUDA ordinal, is unknown).
+
+    The driver numbers devices as the frameworks do (they number them through it): only those
+    `CUDA_VISIBLE_DEVICES` shows, in `CUDA_DEVICE_ORDER` (fastest first by default, which need not
+    be NVML's PCI bus order), so the UUID names the device a trial really runs on. It initialises
+    the driver (`cuInit`) but creates no context. Call it in a trial process only, never at import:
+    the fork server that forks trial processes must not initialise CUDA. On a MIG slice it is the
+    slice's UUID (`cuDeviceGetUuid_v2`), with the same `GPU-` prefix: `nvml_handle` tries it as
+    `MIG-` as well.
     """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
-    if visible is None:
-        return cuda_index
-    entries = []
-    for entry in (part.strip() for part in visible.split(",")):
-        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
-            break
-        entries.append(entry)
-    if cuda_index >= len(entries):
-        raise ValueError(f"cuda:{cuda_index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
-    entry = entries[cuda_index]
-    return int(entry) if entry.isdigit() else entry
+    if ordinal is None:
+        return None
+    lib = _libcuda()
+    if lib is None:
+        return None
+    try:
+        if lib.cuInit(0) != 0:
+            return None
+        device = ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.pointer(device), ctypes.c_int(ordinal)) != 0:
+            return None
+        for name in ("cuDeviceGetUuid_v2", "cuDeviceGetUuid"):  # _v2: CUDA 11.4 and newer
+            get_uuid = getattr(lib, name, None)
+            if get_uuid is None:
+                continue
+            raw = (ctypes.c_char * 16)()
+            if get_uuid(raw, device) == 0:
+                return format_uuid(bytes(raw))
+    except Exception:  # anything odd in the driver: no UUID, no GPU telemetry, never a failed trial
+        return None
+    return None
 
 
-def nvml_handle(pynvml: Any, cuda_index: int) -> Any:
-    """The NVML handle of CUDA device `cuda_index` (`nvml_device`); NVML is initialised."""
+def nvml_handle(pynvml: Any, uuid: str) -> Any:
+    """The NVML handle of the device (a GPU, or a MIG slice) with UUID `uuid`; NVML is initialised.
+
+    `cuda_uuid` writes every UUID as `GPU-...`; NVML knows a MIG slice's as `MIG-...` (the same
+    bytes), so a `GPU-` UUID that NVML does not know is tried as `MIG-`."""
     pynvml.nvmlInit()
-    device = nvml_device(cuda_index)
-    if isinstance(device, int):
-        return pynvml.nvmlDeviceGetHandleByIndex(device)
-    for index in range(pynvml.nvmlDeviceGetCount()):  # CUDA_VISIBLE_DEVICES may hold a UUID's prefix
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = pynvml.nvmlDeviceGetUUID(handle)
-        if (uuid.decode() if isinstance(uuid, bytes) else str(uuid)).startswith(device):
-            return handle
-    return pynvml.nvmlDeviceGetHandleByUUID(device)  # a MIG instance: not among the indexed GPUs
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except Exception:
+        if not uuid.startswith("GPU-"):
+            raise
+        return pynvml.nvmlDeviceGetHandleByUUID("MIG-" + uuid.removeprefix("GPU-"))
 
 
-def has_energy_counter(cuda_index: int) -> bool:
-    """Whether NVML reads CUDA device `cuda_index`'s energy counter (Volta and newer), which energy
-    per sample and the optional energy objective need."""
+def has_energy_counter(gpu_uuid: str | None) -> bool:
+    """Whether NVML reads the energy counter of the device with UUID `gpu_uuid` (`cuda_uuid`; Volta
+    and newer, not a MIG slice), which energy per sample, power and the optional energy objective
+    need. False for None (no GPU, or no UUID)."""
+    if gpu_uuid is None:
+        return False
     try:
         import pynvml
 
-        pynvml.nvmlDeviceGetTotalEnergyConsumption(nvml_handle(pynvml, cuda_index))
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(nvml_handle(pynvml, gpu_uuid))
     except Exception:
         return False
     return True
 
 
 class GpuSampler:
-    """`with GpuSampler(cuda_index) as sampler: ...`; then `sampler.summary(samples)`. Entered
-    more than once, it samples every span and adds up their energy."""
+    """`with GpuSampler(gpu_uuid) as sampler: ...`; then `sampler.summary(samples)`. Entered more
+    than once, it samples every span and adds up their energy and their wall time.
 
-    def __init__(self, cuda_index: int, interval_s: float = 0.05):
-        self.cuda_index, self.interval_s = cuda_index, interval_s
+    Power and energy come from the board's energy counter (`nvmlDeviceGetTotalEnergyConsumption`,
+    mJ): its increase over each span, read at the span's edges, summed over the spans; the mean
+    power is that energy over the spans' wall time (`clock`, `time.perf_counter`). NVML's power
+    reading (`nvmlDeviceGetPowerUsage`) is an average over about the last second, longer than a
+    measured window, so it is sampled only as a fallback for a device without a counter (or whose
+    counter failed): `power_w_sampled_mean`, never `power_w_mean`.
+    """
+
+    def __init__(self, gpu_uuid: str, interval_s: float = 0.05, clock: Callable[[], float] = time.perf_counter):
+        self.gpu_uuid, self.interval_s, self._clock = gpu_uuid, interval_s, clock
         self._util: list[float] = []
         self._power_w: list[float] = []
         self._memory_mb: list[float] = []
+        self._process_memory_mb: list[float] = []
         self._energy_mj: int | None = 0
         """Energy used over the spans so far; None once the counter failed to read."""
         self._energy_start = -1
+        self._wall_s = 0.0
+        """Wall time of the spans so far, between the counter's readings."""
+        self._span_start = 0.0
         self._spans = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -201,13 +252,14 @@ class GpuSampler:
         try:
             import pynvml
 
-            self._nvml, self._handle = pynvml, nvml_handle(pynvml, self.cuda_index)
+            self._nvml, self._handle = pynvml, nvml_handle(pynvml, self.gpu_uuid)
         except Exception:  # no NVML here: no telemetry, never a failed trial
             return self
-        self._energy_start = self._energy()
         self._stop.clear()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
+        self._energy_start = self._energy()
+        self._span_start = self._clock()
         return self
 
     def _energy(self) -> int:
@@ -217,47 +269,72 @@ class GpuSampler:
             return -1
 
     def _sample(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self._util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
-                self._power_w.append(self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0)
-                self._memory_mb.append(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20)
-            except Exception:
-                return
+        readings: dict[str, tuple[list[float], Callable[[], float]]] = {
+            "util": (self._util, lambda: float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)),
+            "power": (self._power_w, lambda: self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0),
+            "memory": (self._memory_mb, lambda: self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20),
+            "process memory": (self._process_memory_mb, self._process_memory_mb_now),
+        }
+        while readings and not self._stop.wait(self.interval_s):
+            for name, (values, read) in list(readings.items()):
+                try:
+                    values.append(read())
+                except Exception:  # not supported here (a MIG slice has no utilisation): stop asking
+                    del readings[name]
+
+    def _process_memory_mb_now(self) -> float:
+        """The device memory NVML counts for this process (its CUDA context included); raises where
+        NVML does not list it (another PID namespace, a driver that does not say)."""
+        pid = os.getpid()
+        for process in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+            if process.pid == pid and process.usedGpuMemory is not None:
+                return float(process.usedGpuMemory) / 2**20
+        raise LookupError(f"NVML lists no process {pid} on this device")
 
     def __exit__(self, *exc: object) -> None:
         if self._thread is None:
             return
+        end = self._energy()
+        self._wall_s += self._clock() - self._span_start
         self._stop.set()
         self._thread.join()
         self._thread = None
         self._spans += 1
-        end = self._energy()
         if self._energy_mj is not None:
-            self._energy_mj = self._energy_mj + end - self._energy_start if min(end, self._energy_start) >= 0 else None
+            ok = min(end, self._energy_start) >= 0 and end >= self._energy_start
+            self._energy_mj = self._energy_mj + end - self._energy_start if ok else None
 
     def summary(self, samples: int) -> dict[str, float]:
-        """Mean/max utilisation (%), mean power (W), the most memory in use on the device (MB, every
-        process's: NVML's view) and energy per sample (J) over the windows."""
+        """Mean/max utilisation (%); the most memory in use on the device (MB, every process's:
+        NVML's view) and by this process (`gpu_process_memory_mb_max`, its CUDA context included);
+        with a working energy counter, the mean power (W) and the energy per sample
+        (J) over the spans, from the counter (`power_w_mean`, `energy_j_per_sample`); without one,
+        the mean of NVML's sampled power readings instead (`power_w_sampled_mean`: about 1 s
+        averages, a coarse figure)."""
         out: dict[str, float] = {}
         if self._util:
             out["gpu_util_mean"] = statistics.fmean(self._util)
             out["gpu_util_max"] = max(self._util)
-        if self._power_w:
-            out["power_w_mean"] = statistics.fmean(self._power_w)
         if self._memory_mb:
             out["gpu_memory_used_mb_max"] = max(self._memory_mb)
-        if self._energy_mj is not None and self._spans and samples > 0:
-            out["energy_j_per_sample"] = self._energy_mj / 1000.0 / samples
+        if self._process_memory_mb:
+            out["gpu_process_memory_mb_max"] = max(self._process_memory_mb)
+        if self._energy_mj is not None and self._spans and self._wall_s > 0:
+            out["power_w_mean"] = self._energy_mj / 1000.0 / self._wall_s
+            if samples > 0:
+                out["energy_j_per_sample"] = self._energy_mj / 1000.0 / samples
+        elif self._power_w:
+            out["power_w_sampled_mean"] = statistics.fmean(self._power_w)
         return out
 
 
 class Telemetry:
-    """The samplers of one trial, entered together around the measured windows."""
+    """The samplers of one trial, entered together around the measured windows. `gpu_uuid`: the
+    trial's GPU (`cuda_uuid` of its CUDA ordinal), or None for no GPU telemetry."""
 
-    def __init__(self, cuda_index: int | None = None):
+    def __init__(self, gpu_uuid: str | None = None):
         self.cpu = CpuSampler()
-        self.gpu = GpuSampler(cuda_index) if cuda_index is not None else None
+        self.gpu = GpuSampler(gpu_uuid) if gpu_uuid is not None else None
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Telemetry:

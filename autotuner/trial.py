@@ -53,6 +53,9 @@ class TrialRequest:
     """Shortest measured window (`autotuner.measure.measure_throughput`)."""
     cover_steps: int = 0
     """When set, as many windows as cover this many optimizer steps are measured, not `windows`."""
+    compile_cache: str | None = None
+    """The folder of the study's compile caches (torch.compile's `TORCHINDUCTOR_CACHE_DIR`), so a
+    trial's compile is warm or cold by this study's trials alone; None: the framework's default."""
 
 
 @dataclass

@@ -130,6 +130,10 @@ class Backend:
             return "fp16: this device does not support float16 autocast"
         return None
 
+    def timeout_factor(self, config: Config) -> float:
+        """How many times the default trial timeout a trial of `config` may take (compiling costs)."""
+        return 1.0
+
     def config_params(self, config: Any) -> Config:
         """The knob values of `config` (an `autotuner.apply.TunedConfig` or a plain mapping),
         checked against this backend's knob table; ValueError says what is wrong."""

@@ -141,7 +141,7 @@ class Trials:
         if reason:
             return TrialResult.unsupported(reason)
         request = request or self.request(config)
-        return self.launcher.call(self.job.backend.runner, "run", request, self.job.spec.trial.timeout)
+        return self.launcher.call(self.job.backend.runner, "run", request, self.job.trial_timeout(request.config))
 
 
 def stored(

@@ -129,7 +129,8 @@ def _in_lockstep(
     members = [name for _ in range(2) for name in configs]
     for run in range(runs):
         requests = [trials.request(configs[name], windows=windows) for name in members]
-        results = trials.launcher.lockstep(job.backend.runner, "run", requests, job.spec.trial.timeout)
+        timeout_s = job.trial_timeout(*(r.config for r in requests))
+        results = trials.launcher.lockstep(job.backend.runner, "run", requests, timeout_s)
         for name, result in zip(members, results, strict=True):
             assert result.outcome.value == "ok", (name, result.reason)
             found[name].append(result.result["throughput"])

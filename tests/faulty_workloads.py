@@ -262,3 +262,27 @@ def by_config(
         return _fault(kind, x, allocate_mb) if kind else None
 
     return _workload(_Misbehaving(act), samples)
+
+
+# ---------------------------------------------------------------- the GPU path's fixes, on the CPU
+
+
+def records_forwards(folder: str, oom_at: int = 0, samples: int = 64) -> TorchWorkload:
+    """A healthy tiny workload whose model appends each forward's batch size, and the matmul
+    precision flags it runs under, to `folder`/forwards (one line per forward); with `oom_at`, the
+    forward of that number (1 is the first) raises torch's out-of-memory error."""
+    log = Path(folder) / "forwards"
+
+    def act(x: torch.Tensor) -> None:
+        with log.open("a") as out:
+            flags = (
+                torch.get_float32_matmul_precision(),
+                torch.backends.cuda.matmul.allow_tf32,
+                torch.backends.cudnn.allow_tf32,
+                torch.is_grad_enabled(),
+            )
+            out.write(f"{x.shape[0]} {' '.join(map(str, flags))}\n")
+        if oom_at and len(log.read_text().splitlines()) == oom_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+
+    return _workload(_Misbehaving(act), samples)

@@ -67,3 +67,13 @@ def preloaded(arg: object) -> dict[str, bool]:
     """Run in a trial process (as `TrialLauncher.call("tests.helpers", "preloaded", ...)`): what the
     fork server had imported before this trial started. This module itself imports no framework."""
     return {name: name in sys.modules for name in ("backends.pytorch.runner", "torch", "torch._dynamo")}
+
+
+def cuda_state(arg: object) -> dict[str, object]:
+    """Run in a trial process: whether it inherited the fork server's NVML-based CUDA check and
+    whether CUDA is initialised in it before the trial's code touches anything."""
+    import os
+
+    import torch
+
+    return {"nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"), "initialized": torch.cuda.is_initialized()}

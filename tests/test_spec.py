@@ -69,7 +69,8 @@ def test_minimal_spec_has_the_documented_defaults(tmp_path: Path) -> None:
     assert s.objective.max_drift == 0.01 and s.objective.max_memory_mb is None
     assert s.budget.trials == 30 and s.budget.timeout is None
     t = s.trial
-    assert (t.warmup_steps, t.steps, t.windows, t.drift_steps, t.timeout, t.seed) == (3, 10, 3, 5, 600.0, 0)
+    assert (t.warmup_steps, t.steps, t.windows, t.drift_steps, t.timeout, t.seed) == (3, 10, 3, 5, None, 0)
+    assert job.trial_timeout(job.baseline) == 600.0  # the default, for a config that compiles nothing
     assert job.sampler.name == "tpe" and job.sampler.seed is None
     assert job.storage_url() == "sqlite:///studies/job.db"
     assert job.storage_url("sqlite:///x.db") == "sqlite:///x.db"

@@ -24,7 +24,7 @@ from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
-from autotuner.telemetry import Telemetry, has_energy_counter, nvml_driver
+from autotuner.telemetry import Telemetry, cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.trial import TrialRequest
 from autotuner.workload import load_factory, workload_problem
 from backends.jax.apply import STRICT_MATMULS, TunedTraining, collate, device_name, gpus, resolve_device
@@ -78,7 +78,7 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
         stats = device.memory_stats() or {}
         extra: dict[str, Any] = {
             "compute_capability": f"{major}.{minor}",
-            "energy_counter": has_energy_counter(gpus().index(device)),
+            "energy_counter": has_energy_counter(cuda_uuid(device.local_hardware_id)),
         }
         if "bytes_limit" in stats:
             extra["memory_mb"] = stats["bytes_limit"] // 2**20
@@ -181,7 +181,7 @@ def _measure(workload: JaxWorkload, training: TunedTraining, request: TrialReque
         _check_finite(running, "the measured steps")
 
     device = training.device
-    telemetry = Telemetry(cuda_index=gpus().index(device) if device.platform == "gpu" else None)
+    telemetry = Telemetry(gpu_uuid=cuda_uuid(device.local_hardware_id) if device.platform == "gpu" else None)
     throughput = measure_throughput(
         step,
         synchronize,

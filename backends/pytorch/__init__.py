@@ -9,6 +9,10 @@ from __future__ import annotations
 from autotuner.knobs import Config
 from backends._base import Backend, Capabilities
 
+COMPILE_TIMEOUT_FACTOR = {"none": 1.0, "default": 2.0, "reduce-overhead": 2.0, "max-autotune": 4.0}
+"""A trial's default timeout per compile mode, in default timeouts: max-autotune benchmarks
+candidate kernels for every matmul and convolution, which on a large model takes minutes."""
+
 
 class PyTorchBackend(Backend):
     name = "pytorch"
@@ -28,6 +32,9 @@ class PyTorchBackend(Backend):
     default_space = "pytorch"
     requires = ("torch",)
     install = "pip install torch"
+
+    def timeout_factor(self, config: Config) -> float:
+        return COMPILE_TIMEOUT_FACTOR[config.get("compile", "none")]
 
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
         precision = self.unsupported_precision(config.get("precision", "fp32"), capabilities)

@@ -18,6 +18,13 @@
 Precision is decided once, in the constructor (TF32 flags, an autocast context or a null one, a
 GradScaler enabled only for fp16); the step itself has no branches on the config. Importing this
 module does not initialise CUDA (the fork server preloads it with the runner).
+
+`torch.compile` modes that capture CUDA graphs (`reduce-overhead`, `max-autotune` on a GPU)
+replay into the same output buffers every time: a gradient that autograd installed as `.grad`
+from one micro-batch's replay would be overwritten by the next one's. With accumulation, the
+gradients are therefore allocated once and zeroed in place (`zero_grad(set_to_none=False)`), so
+each micro-batch's gradients are added into them, and every forward starts a new CUDA-graph step
+(`torch.compiler.cudagraph_mark_step_begin`).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import multiprocessing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,6 +44,8 @@ if TYPE_CHECKING:
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
+CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
+"""Compile modes that capture CUDA graphs on a GPU (inductor's `triton.cudagraphs`)."""
 
 
 def resolve_device(spec: str | torch.device | None) -> torch.device:
@@ -65,6 +74,28 @@ def set_matmul_precision(precision: str) -> None:
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
 
 
+@contextlib.contextmanager
+def strict_fp32() -> Iterator[None]:
+    """Strict fp32 matmuls and convolutions inside (no TF32, whatever the config set), restored after:
+    an evaluation that compares weights must not mix in the evaluation's own numerics."""
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+    set_matmul_precision("fp32")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def uses_cuda_graphs(mode: str, device: torch.device) -> bool:
+    """Whether `torch.compile` with `mode` captures CUDA graphs on `device`."""
+    return device.type == "cuda" and mode in CUDA_GRAPH_MODES
+
+
 def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     if mode == "none":
         return model
@@ -76,6 +107,15 @@ def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     return compiled
 
 
+def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter of `optimizer` that has none a zero `.grad`, so that backward adds into
+    it in place instead of installing its own output tensor there."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.requires_grad and param.grad is None:
+                param.grad = torch.zeros_like(param)
+
+
 class TunedTraining:
     """One tuned config applied to a model, its optimizer and (optionally) its dataset.
 
@@ -83,8 +123,10 @@ class TunedTraining:
     sets the TF32 flags (on for `tf32`, strict fp32 otherwise; process-wide), and compiles the
     model with the config's mode (`model` is then the `torch.compile` wrapper, sharing the
     parameters of the module passed in; a module `torch.compile` already wrapped is kept as it is).
-    `config` is a `TunedConfig` from `autotuner.apply.load_config`, or a plain mapping of knob
-    values (precision, batch_size, accumulation, workers, compile).
+    Under CUDA graphs with accumulation, the optimizer's parameters get their `.grad` allocated
+    here and kept (see the module docstring). `config` is a `TunedConfig` from
+    `autotuner.apply.load_config`, or a plain mapping of knob values (precision, batch_size,
+    accumulation, workers, compile).
 
     Build the optimizer over the model's parameters before or after: moving a module keeps its
     parameter objects. With `dataset`, `loader` is its DataLoader (see `make_loader`).
@@ -108,6 +150,16 @@ class TunedTraining:
         self.model = _compiled(model.to(self.device), self.params["compile"])
         self.optimizer = optimizer
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.skipped_steps = 0
+        """Optimizer steps the GradScaler skipped because fp16 gradients overflowed (fp16 only)."""
+        self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
+        cuda_graphs = uses_cuda_graphs(self.params["compile"], self.device)
+        self._mark_step: Callable[[], None] = (
+            torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
+        )
+        self._keep_grads = cuda_graphs and self.accumulation > 1
+        if self._keep_grads:
+            allocate_grads(optimizer)
         dtype = AUTOCAST_DTYPES.get(self.precision)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] = (
             functools.partial(torch.autocast, self.device.type, dtype=dtype) if dtype else contextlib.nullcontext
@@ -122,7 +174,10 @@ class TunedTraining:
         return self.batch_size * self.accumulation
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The context for the forward pass and the loss: autocast for bf16/fp16, nothing otherwise."""
+        """The context for the forward pass and the loss: autocast for bf16/fp16, nothing otherwise.
+        Under CUDA graphs, calling it also starts a new CUDA-graph step (the previous micro-batch's
+        outputs have been used by then)."""
+        self._mark_step()
         return self._autocast()
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -132,14 +187,19 @@ class TunedTraining:
 
     def step(self) -> bool:
         """Call after every `backward`. Every `accumulation`-th call steps the optimizer (through the
-        GradScaler, which skips the update when fp16 gradients overflowed), updates the scale and
-        zeroes the gradients, and returns True; the other calls return False."""
+        GradScaler, which skips the update when fp16 gradients overflowed: counted in
+        `skipped_steps`), updates the scale and zeroes the gradients, and returns True; the other
+        calls return False."""
         self._micro_steps += 1
         if self._micro_steps % self.accumulation:
             return False
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler.is_enabled():  # the scaler's step has synchronized already: reading it is cheap
+            scale = self.scaler.get_scale()
+            self.skipped_steps += scale < self._scale  # it backs off only when it skipped the step
+            self._scale = scale
+        self.optimizer.zero_grad(set_to_none=not self._keep_grads)
         return True
 
     def to_device(self, value: Any) -> Any:

@@ -8,7 +8,6 @@ exactly what a user gets.
 
 from __future__ import annotations
 
-import copy
 import os
 import platform
 import random
@@ -24,22 +23,50 @@ from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
-from autotuner.telemetry import Telemetry, has_energy_counter, nvml_driver
+from autotuner.telemetry import Telemetry, cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.trial import TrialRequest
 from autotuner.workload import load_factory, workload_problem
-from backends.pytorch.apply import TunedTraining, resolve_device
+from backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
 from backends.pytorch.workload import TorchWorkload, as_workload
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """c10's CPU allocator has no exception type of its own: when the host (or the trial's memory
 limit) refuses an allocation it raises a plain RuntimeError with this text (alloc_cpu.cpp)."""
+CUDA_ALLOCATION_FAILED = ("CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+"""What CUDA errors say when an allocation outside the caching allocator (the CUDA context,
+cuBLAS or cuDNN workspaces, a kernel launch) fails: a plain RuntimeError (or AcceleratorError)
+with this text, not torch.OutOfMemoryError."""
+
+
+def _oom_types() -> tuple[type[BaseException], ...]:
+    """torch's out-of-memory exception types: `torch.OutOfMemoryError` from torch 2.5 on,
+    `torch.cuda.OutOfMemoryError` (the same class there) before."""
+    found = (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
+    return tuple(t for t in found if isinstance(t, type))
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or during, innermost last (each once)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        inner = getattr(current, "inner_exception", None)  # dynamo's BackendCompilerFailed, InductorError
+        current = current.__cause__ or (inner if isinstance(inner, BaseException) else None) or current.__context__
 
 
 def classify_exception(exc: BaseException) -> str | None:
-    if isinstance(exc, torch.OutOfMemoryError):
-        return "oom"
-    if type(exc) is RuntimeError and HOST_ALLOCATION_FAILED in str(exc):  # no type to go by (see above)
-        return "oom"
+    """`oom` when `exc`, or an exception it wraps (torch.compile wraps what failed while compiling),
+    is an out-of-memory error of the device or of the host."""
+    oom_types = _oom_types()
+    for cause in _causes(exc):
+        if isinstance(cause, oom_types):
+            return "oom"
+        if isinstance(cause, RuntimeError):  # no type to go by (see above)
+            text = str(cause)
+            if HOST_ALLOCATION_FAILED in text or any(marker in text for marker in CUDA_ALLOCATION_FAILED):
+                return "oom"
     return None
 
 
@@ -76,18 +103,19 @@ def probe(arg: dict[str, Any]) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(device)
         name = props.name
         driver = nvml_driver()
+        ampere = props.major >= 8  # of this device: is_bf16_supported() asks about cuda:0, and counts emulation
         capabilities = {
             "accelerator": True,
-            "bf16": torch.cuda.is_bf16_supported(),
+            "bf16": ampere,
             "fp16": True,
-            "tf32": props.major >= 8,
+            "tf32": ampere,
             "compile": _compile_works(device),
             "cuda_graphs": True,
         }
         extra = {
             "compute_capability": f"{props.major}.{props.minor}",
             "memory_mb": props.total_memory // 2**20,
-            "energy_counter": has_energy_counter(device.index or 0),
+            "energy_counter": has_energy_counter(cuda_uuid(device.index or 0)),
         }
     else:
         name = cpu_name()
@@ -164,9 +192,30 @@ def _check_finite(loss: torch.Tensor, where: str) -> None:
 
 
 def _peak_memory_mb(device: torch.device) -> float:
+    """On a GPU, the most memory the caching allocator held (reserved: what the process took from
+    the device, fragmentation and CUDA-graph pools included) since the last reset; on the CPU, the
+    process's peak resident memory."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+        return torch.cuda.max_memory_reserved(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _reset_peak_memory(device: torch.device, step: Callable[[], None]) -> Callable[[], None]:
+    """What runs after the warm-up on a GPU: the peak is reset there, because compiling and
+    max-autotune's benchmarking of candidate kernels allocate more than training does and are not
+    what the config needs; the warm-up's cached blocks are released first (they would stay in
+    `reserved`), and one untimed step takes back from the device what training needs."""
+    if device.type != "cuda":
+        return lambda: None
+
+    def reset() -> None:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+
+    return reset
 
 
 def _measure(workload: TorchWorkload, training: TunedTraining, request: TrialRequest) -> dict[str, Any]:
@@ -181,10 +230,8 @@ def _measure(workload: TorchWorkload, training: TunedTraining, request: TrialReq
     def after_window() -> None:
         _check_finite(running, "the measured steps")
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     samples_per_step = request.global_batch
-    telemetry = Telemetry(cuda_index=(device.index or 0) if device.type == "cuda" else None)
+    telemetry = Telemetry(gpu_uuid=cuda_uuid(device.index or 0) if device.type == "cuda" else None)
     throughput = measure_throughput(
         step,
         _synchronize(device),
@@ -195,13 +242,13 @@ def _measure(workload: TorchWorkload, training: TunedTraining, request: TrialReq
         min_window_s=request.min_window_s,
         cover_steps=request.cover_steps,
         after_window=after_window,
+        after_warmup=_reset_peak_memory(device, step),
         telemetry=telemetry,
     )
-    return {
-        "throughput": throughput.as_dict(),
-        "peak_memory_mb": _peak_memory_mb(device),
-        "telemetry": telemetry.summary(samples_per_step * throughput.steps * throughput.windows),
-    }
+    measured = telemetry.summary(samples_per_step * throughput.steps * throughput.windows)
+    # NVML's figure holds the CUDA context and what the driver allocated outside the allocator
+    peak = max(_peak_memory_mb(device), measured.get("gpu_process_memory_mb_max", 0.0))
+    return {"throughput": throughput.as_dict(), "peak_memory_mb": peak, "telemetry": measured}
 
 
 def _drift_phase(workload: TorchWorkload, training: TunedTraining, request: TrialRequest) -> dict[str, Any]:
@@ -224,7 +271,8 @@ def _drift_phase(workload: TorchWorkload, training: TunedTraining, request: Tria
     chunk = request.heldout_batch  # the same for every trial of a study, so the sums add up alike
     total = torch.zeros((), dtype=torch.float64, device=device)
     workload.model.eval()
-    with torch.no_grad():  # eager fp32: the weights are what is compared, not the eval numerics
+    # eager strict fp32 (no TF32 left on by a tf32 config): the weights are what is compared
+    with torch.no_grad(), strict_fp32():
         for start in range(0, count, chunk):
             items = [heldout[i] for i in range(start, min(count, start + chunk))]
             inputs, target = training.to_device(torch.utils.data.default_collate(items))
@@ -232,24 +280,65 @@ def _drift_phase(workload: TorchWorkload, training: TunedTraining, request: Tria
     workload.model.train()
     loss = total / count
     _check_finite(loss, "the held-out evaluation")
-    return {"heldout": loss.item(), "trajectory": trajectory}
+    return {"heldout": loss.item(), "trajectory": trajectory, "skipped_steps": training.skipped_steps}
+
+
+FLOP_COUNT_SAMPLES = 2
+"""Samples the FLOP count runs on: FLOPs per sample do not depend on the batch, and a full
+micro-batch beside the measured phase's optimizer state and graph pools may not fit (two, not one:
+batch norm cannot train on a single sample)."""
 
 
 def _count_flops_per_sample(workload: TorchWorkload, training: TunedTraining) -> float | None:
     """Training FLOPs per sample of a workload that does not declare them: one forward and
-    backward of a micro-batch under `torch.utils.flop_counter` (matmuls and convolutions), eager,
-    after the measured phase (the weights are restored before the drift phase); the gradients are
-    dropped and no optimizer step is taken."""
+    backward of `FLOP_COUNT_SAMPLES` samples under `torch.utils.flop_counter` (matmuls and
+    convolutions), eager, after the measured phase (the weights are restored before the drift
+    phase); the gradients are dropped and no optimizer step is taken. None when nothing was
+    counted, or when even that ran out of memory: a FLOP count never fails a trial."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    count = min(training.batch_size, len(workload.dataset))  # type: ignore[arg-type]
-    items = [workload.dataset[i] for i in range(count)]
-    inputs, target = training.to_device(torch.utils.data.default_collate(items))
-    with FlopCounterMode(display=False) as counter:
-        workload.loss_fn(workload.model(inputs), target).backward()
-    workload.model.zero_grad(set_to_none=True)
+    count = min(FLOP_COUNT_SAMPLES, len(workload.dataset))  # type: ignore[arg-type]
+    try:
+        items = [workload.dataset[i] for i in range(count)]
+        inputs, target = training.to_device(torch.utils.data.default_collate(items))
+        with FlopCounterMode(display=False) as counter:
+            workload.loss_fn(workload.model(inputs), target).backward()
+    except Exception as exc:
+        if classify_exception(exc) != "oom":
+            raise
+        return None
+    finally:
+        workload.model.zero_grad(set_to_none=True)
     flops = counter.get_total_flops()
     return flops / count if flops > 0 else None
+
+
+def _host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights copied to host memory: the initial weights the drift phase restores, kept
+    off the device so they are not in the measured phase's peak memory."""
+    return {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
+
+
+def _compile_cache(before: dict[str, int]) -> str | None:
+    """How torch.compile's caches served this process since `before` (`_cache_lookups`): `warm`
+    (every compiled graph came from the cache), `cold` (none did), `partial`; None when nothing
+    was compiled."""
+    now = _cache_lookups()
+    hits = now["hit"] - before["hit"]
+    misses = now["miss"] - before["miss"]
+    if hits + misses == 0:
+        return None
+    return "warm" if misses == 0 else "cold" if hits == 0 else "partial"
+
+
+def _cache_lookups() -> dict[str, int]:
+    """Hits and misses of inductor's FX graph cache and AOTAutograd's cache so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "hit": counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"],
+        "miss": counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"],
+    }
 
 
 def _training(
@@ -260,13 +349,16 @@ def _training(
 
 
 def run(request: TrialRequest) -> dict[str, Any]:
+    if request.compile_cache:  # the study's own: warm-up must not depend on other studies' compiles
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = request.compile_cache
     device = resolve_device(request.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     _seed(request.seed)
     workload = as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+    initial = _host_copy(workload.model)
     workload.model.to(device).train()
-    initial = copy.deepcopy(workload.model.state_dict())
+    lookups = _cache_lookups()
     training = _training(workload, workload.model, request, device)
     result: dict[str, Any] = {
         "tokens_per_sample": workload.tokens_per_sample,
@@ -274,6 +366,7 @@ def run(request: TrialRequest) -> dict[str, Any]:
     }
     if request.measure:
         result.update(_measure(workload, training, request))
+        result["compile_cache"] = _compile_cache(lookups)
         if workload.flops_per_sample is None:
             result["flops_per_sample"] = _count_flops_per_sample(workload, training)
         workload.model.load_state_dict(initial)
