@@ -25,13 +25,18 @@ them op by op. Accumulation sums the micro-batches' gradients and updates once w
 (what `optax.MultiSteps` does, without its per-micro-step `lax.cond`, which JAX would compile
 anew at every call outside jit).
 `workers` host threads gather the next micro-batches and put them on the device ahead of the
-step. Importing this module does not initialise any device.
+step. Everything lives on the one device: the parameters, the optimizer state, the batches, and
+what the steps compute (under `jax.default_device`), so a `cuda:1` run never touches GPU 0.
+Importing this module does not initialise any device; `configure_process` is what a trial process
+calls before it does.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import os
 import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -56,18 +61,83 @@ MATMUL_PRECISION = {"tf32": "tensorfloat32"}
 """`jax.default_matmul_precision` per precision; STRICT_MATMULS for the others."""
 PREFETCH_PER_WORKER = 2
 """Micro-batches each prefetch thread keeps in flight (DataLoader's prefetch_factor)."""
+PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+MEMORY_FRACTIONS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+"""JAX's GPU allocator settings, read from the environment when its CUDA backend starts
+(https://docs.jax.dev/en/latest/gpu_memory_allocation.html)."""
+VISIBLE_CUDA_DEVICES = "jax_cuda_visible_devices"
+"""JAX's own list of the CUDA devices its client opens ("all", or CUDA ordinals)."""
+
+
+def _cuda_ordinal(spec: str) -> int | None:
+    """N of `cuda:N` (0 for `cuda`); None for any other spec."""
+    match = re.fullmatch(r"cuda(?::(\d+))?", spec)
+    return int(match.group(1) or 0) if match else None
+
+
+def _backend_started() -> bool:
+    """Whether this process's JAX has started its backends, after which the platforms, the visible
+    devices and the allocator settings no longer change anything (JAX reads them once, then)."""
+    try:
+        from jax._src import xla_bridge  # no public API says it
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # a JAX without it: a config update after the start is a no-op anyway
+        return False
+
+
+def configure_process(device_spec: str) -> None:
+    """Set up this process's JAX for a trial on `device_spec` before its backend starts: trial
+    processes overlap (`--jobs` workers, a process that outlives its trial), so each must hold only
+    what it uses, on its own GPU only.
+
+    - No preallocation (`XLA_PYTHON_CLIENT_PREALLOCATE=false`, unless the environment already sets
+      it or a memory fraction): by default every JAX process reserves 75% of every GPU it opens,
+      and the next process to overlap it fails with RESOURCE_EXHAUSTED, which a study records as
+      `oom` and takes as ruling out a batch size that fits.
+    - `cpu`: only the CPU platform (`jax_platforms=cpu`), so no CUDA context is created at all.
+    - `cuda:i` (`cuda` is `cuda:0`): JAX's CUDA client opens CUDA device i only
+      (`jax_cuda_visible_devices`, set unless the process set it already). JAX numbers its devices
+      after the user's CUDA_VISIBLE_DEVICES, and a restricted GPU keeps its CUDA ordinal as its
+      `local_hardware_id`, so `cuda:i` still names it (`device_name`).
+    - `auto` opens every GPU: only probes get it (trials get the device the probe resolved), and
+      the probe's `device_count` is what `search --jobs` starts its workers by.
+
+    Once JAX's backend has started (a user's script that ran JAX before), none of it could take
+    effect, so nothing is changed and nothing raises.
+    """
+    if _backend_started():
+        return
+    if not any(os.environ.get(name) for name in MEMORY_FRACTIONS):  # a fraction is a preallocation asked for
+        os.environ.setdefault(PREALLOCATE, "false")
+    spec = str(device_spec)
+    if spec == "cpu":
+        jax.config.update("jax_platforms", "cpu")
+        return
+    ordinal = _cuda_ordinal(spec)
+    # "all" is JAX's default; a list the process set itself stands; None: a JAX without the option
+    if ordinal is not None and jax.config.values.get(VISIBLE_CUDA_DEVICES) == "all":
+        jax.config.update(VISIBLE_CUDA_DEVICES, str(ordinal))
 
 
 def gpus() -> list[jax.Device]:
-    """The CUDA GPUs JAX sees (none with a CPU-only jaxlib)."""
+    """The CUDA GPUs JAX sees (none with a CPU-only jaxlib; only its own in a `cuda:i` trial process)."""
     try:
         return list(jax.devices("gpu"))
     except RuntimeError:  # no GPU platform in this jaxlib, or none initialised
         return []
 
 
+def cuda_ordinal(device: jax.Device) -> int:
+    """A GPU's CUDA device number (what `cuda:N` and CUDA_VISIBLE_DEVICES count): its
+    `local_hardware_id`, which a process that sees only some GPUs keeps, unlike its place in `gpus()`."""
+    hardware_id = getattr(device, "local_hardware_id", None)
+    return int(hardware_id) if hardware_id is not None else gpus().index(device)
+
+
 def resolve_device(spec: str | jax.Device | None) -> jax.Device:
-    """`auto` (or None): the first GPU if JAX has one, else the CPU; `cpu`, `cuda` or `cuda:N`."""
+    """`auto` (or None): the first GPU if JAX has one, else the CPU; `cpu`, `cuda` or `cuda:N` (CUDA
+    device N, found by its number, since a `cuda:N` trial process sees no other)."""
     if isinstance(spec, jax.Device):
         return spec
     spec = "auto" if spec is None else str(spec)
@@ -76,21 +146,37 @@ def resolve_device(spec: str | jax.Device | None) -> jax.Device:
         return visible[0] if visible else jax.devices("cpu")[0]
     if spec == "cpu":
         return jax.devices("cpu")[0]
-    match = re.fullmatch(r"cuda(?::(\d+))?", spec)
-    if match is None:
+    index = _cuda_ordinal(spec)
+    if index is None:
         raise ValueError(f"device {spec!r}: the jax backend runs on cpu or cuda")
     visible = gpus()
     if not visible:
-        raise ValueError(f"device {spec!r}: JAX sees no CUDA GPU here (a CUDA jaxlib is `pip install jax[cuda12]`)")
-    index = int(match.group(1) or 0)
-    if index >= len(visible):
-        raise ValueError(f"device {spec!r}: only {len(visible)} CUDA device(s) visible")
-    return visible[index]
+        raise ValueError(
+            f"device {spec!r}: JAX sees no CUDA GPU {index} here (a CUDA jaxlib is `pip install jax[cuda12]`; "
+            "cuda:N counts the GPUs CUDA_VISIBLE_DEVICES leaves visible, from 0)"
+        )
+    for gpu in visible:
+        if cuda_ordinal(gpu) == index:
+            return gpu
+    names = ", ".join(device_name(gpu) for gpu in visible)
+    raise ValueError(f"device {spec!r}: JAX sees {names} here")
 
 
 def device_name(device: jax.Device) -> str:
-    """`cpu` or `cuda:N`, as specs name devices."""
-    return "cpu" if device.platform == "cpu" else f"cuda:{gpus().index(device)}"
+    """`cpu` or `cuda:N` (N its CUDA device number), as specs and `--jobs` workers name devices."""
+    return "cpu" if device.platform == "cpu" else f"cuda:{cuda_ordinal(device)}"
+
+
+def on_device(device: jax.Device, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` run with `device` as JAX's default device, so what it makes (and what a jitted call with
+    uncommitted inputs computes) lands on `device`, not on the process's first device."""
+
+    @functools.wraps(fn)
+    def placed(*args: Any, **kwargs: Any) -> Any:
+        with jax.default_device(device):
+            return fn(*args, **kwargs)
+
+    return placed
 
 
 def cast_floats(tree: Any, dtype: Any) -> Any:
@@ -179,7 +265,8 @@ class TunedTraining:
     `model` is `loss_fn` differentiated under the config's dtype policy, `model(params, batch) ->
     (loss, grads)`, jitted for `jit: on`; `params` are the fp32 master parameters on `device`
     (default: the first GPU if JAX has one, else the CPU), which `step()` updates with the optax
-    `optimizer`, whose state is `opt_state`.
+    `optimizer`, whose state is `opt_state`. All of them, the batches and the gradients stay on
+    `device`: `model`, `backward` and `step` compute with it as JAX's default device.
     `config` is a `TunedConfig` from `autotuner.apply.load_config`, or a plain mapping of knob
     values (precision, batch_size, accumulation, workers, jit), kept as `config`. With `dataset`,
     `loader` is its `Loader` (see `make_loader`).
@@ -207,7 +294,9 @@ class TunedTraining:
         self.matmul_precision = MATMUL_PRECISION.get(self.precision, STRICT_MATMULS)
         self.loss_fn = model
         grad_fn = jax.value_and_grad(_with_policy(model, cast))
-        self.model: Callable[[Any, Any], tuple[jax.Array, Any]] = jax.jit(grad_fn) if self.jit else grad_fn
+        self.model: Callable[[Any, Any], tuple[jax.Array, Any]] = on_device(
+            self.device, jax.jit(grad_fn) if self.jit else grad_fn
+        )
         self.optimizer = optimizer
         accumulation = self.accumulation
 
@@ -219,8 +308,8 @@ class TunedTraining:
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
-        self._add = jax.jit(add) if self.jit else add
-        self._update = jax.jit(update) if self.jit else update
+        self._add = on_device(self.device, jax.jit(add) if self.jit else add)
+        self._update = on_device(self.device, jax.jit(update) if self.jit else update)
         self.params: Any = None
         self.opt_state: Any = None
         self.restart(params)
@@ -235,15 +324,18 @@ class TunedTraining:
         """Train from `params` again (placed on the device) with a fresh optimizer state; the
         compiled functions are kept, so nothing is compiled twice."""
         self.params = jax.device_put(params, self.device)
-        self.opt_state = self.optimizer.init(self.params)
+        with jax.default_device(self.device):  # optax makes some of its state (step counts) from scratch
+            self.opt_state = jax.device_put(self.optimizer.init(self.params), self.device)
         self._total: Any = None
         self._handed = False
         self._micro_steps = 0
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """The context for `model`: TF32 matmuls for `tf32`, strict fp32 matmuls otherwise."""
-        context: contextlib.AbstractContextManager[Any] = jax.default_matmul_precision(self.matmul_precision)
-        return context
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The context for `model`: TF32 matmuls for `tf32`, strict fp32 matmuls otherwise, with
+        `device` as JAX's default device, so what the loop computes around `model` stays there too."""
+        with jax.default_matmul_precision(self.matmul_precision), jax.default_device(self.device):
+            yield
 
     def backward(self, grads: Any) -> None:
         """Accumulate this micro-batch's gradients (from `model`): the optimizer step takes their

@@ -1,7 +1,10 @@
 """The JAX backend, trial-process side: one config of one workload, timed and seeded.
 
 Imported by the fork server before any trial: importing jax initialises no device (that happens
-in the trial process, on first use), so each trial gets its own XLA client. The config is applied
+in the trial process, on first use), so each trial gets its own XLA client, which `probe` and `run`
+set up for the trial's device before anything starts it (`backends.jax.apply.configure_process`:
+the CPU platform only for `cpu`, CUDA device i only for `cuda:i`, no preallocation), and whose
+arrays they keep on that device (JAX's default device throughout). The config is applied
 by `backends.jax.apply.TunedTraining`, the object users apply an exported config with in their
 own loop: a trial trains through it, so what a study measures is exactly what a user gets.
 """
@@ -27,7 +30,15 @@ from autotuner.outcomes import NonFiniteLoss
 from autotuner.telemetry import Telemetry, cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.trial import TrialRequest
 from autotuner.workload import load_factory, workload_problem
-from backends.jax.apply import STRICT_MATMULS, TunedTraining, collate, device_name, gpus, resolve_device
+from backends.jax.apply import (
+    STRICT_MATMULS,
+    TunedTraining,
+    collate,
+    configure_process,
+    device_name,
+    gpus,
+    resolve_device,
+)
 from backends.jax.workload import JaxWorkload, as_workload
 
 try:
@@ -52,7 +63,7 @@ def classify_exception(exc: BaseException) -> str | None:
 
 def _bf16_works(device: jax.Device) -> bool:
     try:
-        ones = jax.device_put(jnp.ones((2, 2), jnp.bfloat16), device)
+        ones = jax.device_put(np.ones((2, 2), jnp.bfloat16), device)
         return bool((ones @ ones).dtype == jnp.bfloat16)
     except Exception:
         return False
@@ -60,15 +71,24 @@ def _bf16_works(device: jax.Device) -> bool:
 
 def _jit_works(device: jax.Device) -> bool:
     try:
-        return float(jax.jit(lambda x: (x * 2.0).sum())(jax.device_put(jnp.ones(4), device))) == 8.0
+        return float(jax.jit(lambda x: (x * 2.0).sum())(jax.device_put(np.ones(4, np.float32), device))) == 8.0
     except Exception:
         return False
 
 
 def probe(arg: dict[str, Any]) -> dict[str, Any]:
     """The environment of `arg["device"]`, and whether `arg["workload"]` imports; with
-    `arg["workload_args"]`, whether the factory builds a workload from them."""
+    `arg["workload_args"]`, whether the factory builds a workload from them. JAX is set up for the
+    device first (`configure_process`): a probe of `cuda:i` opens GPU i only, and reports it as
+    `cuda:i` all the same; `device_count` is the GPUs the process sees (all of them for `auto`,
+    what `search --jobs` probes)."""
+    configure_process(arg["device"])
     device = resolve_device(arg["device"])
+    with jax.default_device(device):
+        return _environment(arg, device)
+
+
+def _environment(arg: dict[str, Any], device: jax.Device) -> dict[str, Any]:
     if device.platform == "gpu":
         name = device.device_kind
         major, _, minor = str(getattr(device, "compute_capability", "0.0")).partition(".")
@@ -251,7 +271,16 @@ def _drift_phase(workload: JaxWorkload, training: TunedTraining, request: TrialR
 
 
 def run(request: TrialRequest) -> dict[str, Any]:
+    """One trial of `request` (see `backends._base`), with JAX set up for its device before anything
+    starts it (`configure_process`) and that device JAX's default throughout, so that what the
+    workload and its loss make lands there, not on the process's first device."""
+    configure_process(request.device)
     device = resolve_device(request.device)
+    with jax.default_device(device):
+        return _run(request, device)
+
+
+def _run(request: TrialRequest, device: jax.Device) -> dict[str, Any]:
     _seed(request.seed)
     workload = as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
     training = TunedTraining(
