@@ -136,7 +136,7 @@ def test_strict_fp32_restores_the_configs_flags() -> None:
 # ---------------------------------------------------------------- 4. FLOPs counted on two samples
 
 
-def test_flops_are_counted_on_two_samples_and_an_oom_there_is_not_a_failed_trial(
+def test_flops_are_counted_on_two_samples_and_a_failure_there_is_not_a_failed_trial(
     launcher: TrialLauncher, tmp_path: Path
 ) -> None:
     """The trial: 1 warm-up step and 2 windows of 2 steps at micro-batch 8 (forwards 1-5), then the
