@@ -91,11 +91,12 @@ def measured_job(job: Job) -> dict[str, Any]:
     )
 
 
-def write_results(filename: str, data: dict[str, Any]) -> Path:
-    """`data` as JSON under benchmarks/results/, with the conditions it was measured in."""
+def write_results(filename: str, data: dict[str, Any], folder: Path | None = None) -> Path:
+    """`data` as JSON under benchmarks/results/ (or `folder`), with the conditions it was measured in."""
     conditions = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_avg_when_written": os.getloadavg()}
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / filename
+    folder = folder or RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / filename
     path.write_text(json.dumps({**data, "conditions": conditions}, indent=2) + "\n")
     return path
 

@@ -32,6 +32,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,20 @@ class Finder:
         raise RuntimeError("no executable batch size found, reached zero")
 
 
-def compare(name: str, spec: str, rounds: int, folder: Path) -> dict[str, Any]:
+def compare(
+    name: str,
+    spec: str,
+    rounds: int,
+    folder: Path,
+    search_args: Sequence[str] = (),
+    guide_compile: bool = True,
+) -> dict[str, Any]:
+    """The four configs of `spec`'s job, measured. `search_args` are passed on to `autotuner search`
+    (e.g. `--timeout`); `guide_compile` False leaves `torch.compile` out of the rule of thumb
+    (benchmarks/gpu.py's CPU dry run, where a compile costs more than the rest together)."""
     job = load_spec(spec)
-    print(f"\n== {name}: autotuner search --spec {spec}", flush=True)
-    search: SearchRun = run_search(Path(spec), job.name, folder)
+    print(f"\n== {name}: autotuner search --spec {spec} {' '.join(search_args)}".rstrip(), flush=True)
+    search: SearchRun = run_search(Path(spec), job.name, folder, *search_args)
     study_trials = records(search.study)
     winner, study_baseline = best(study_trials), baseline(study_trials)
     reference = search.study.user_attrs["reference"]
@@ -121,7 +132,8 @@ def compare(name: str, spec: str, rounds: int, folder: Path) -> dict[str, Any]:
         "baseline": job.complete(job.baseline),
         "finder (Lightning power)": finder.config(lightning),
         "finder (Accelerate)": finder.config(accelerate),
-        "rule of thumb": guide_config(job, trials.capabilities, environment, lightning),
+        "rule of thumb": guide_config(job, trials.capabilities, environment, lightning)
+        | ({} if guide_compile else {"compile": "none"}),
         "tuned": dict(winner.config) if winner else job.complete(job.baseline),
     }
     measured: dict[tuple[Any, ...], list[Any]] = {config_key(c): [] for c in configs.values()}

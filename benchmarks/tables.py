@@ -1,14 +1,16 @@
 """The tables of benchmarks/README.md, written from the result files alone.
 
-    python benchmarks/tables.py
+    python benchmarks/tables.py [--results benchmarks/results] [--readme benchmarks/README.md]
 
 Every figure in the README's results section comes from a file under benchmarks/results/ that a
 benchmark script wrote; this rewrites that section (between its two markers) from them, so no
-figure is typed by hand. A result file that is missing leaves its table out.
+figure is typed by hand. A result file that is missing leaves its table out (the GPU tables
+appear once `python benchmarks/gpu.py` has written `gpu-*.json` there).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -22,8 +24,8 @@ START = "<!-- results: written by python benchmarks/tables.py from benchmarks/re
 END = "<!-- results end -->"
 
 
-def _load(name: str) -> dict[str, Any] | None:
-    path = RESULTS / name
+def _load(name: str, folder: Path = RESULTS) -> dict[str, Any] | None:
+    path = folder / name
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -275,23 +277,230 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
     return [*lines, ""]
 
 
-def main() -> None:
+GPU_PARTS = ("study", "apply", "alternatives", "jax")
+"""benchmarks/gpu.py's parts, each writing results/gpu-<part>.json."""
+GPU_TARGETS = {"speedup": (3.0, 5.0), "mfu": (0.45, 0.50), "promise": 0.05}
+"""Issue 18, acceptance 4, on one H100: tuned over baseline on gpt >= 3x (stretch 5x), the tuned
+gpt's MFU >= 45% (stretch 50%), the promise within 5% (as benchmarks/gpu.py's TARGETS)."""
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _met(value: float | None, bar: float, stretch: float | None = None) -> str:
+    if value is None:
+        return "**not measured**"
+    met = "met" if value >= bar else "**not met**"
+    if stretch is not None:
+        met += f" (stretch: {'met' if value >= stretch else 'not met'})"
+    return met
+
+
+def _joules(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g} J"
+
+
+def _gpu_knobs(config: dict[str, Any] | None) -> str:
+    """A config of either backend: `bf16, batch 64x1, workers 2, compile default` (or `jit on`)."""
+    if not config:
+        return "-"
+    batch = f"{config['batch_size']}x{config.get('accumulation', 1)}"
+    last = f"jit {config['jit']}" if "jit" in config else f"compile {config.get('compile', '-')}"
+    return f"{config['precision']}, batch {batch}, workers {config['workers']}, {last}"
+
+
+def _gpu_heading(data: dict[str, Any], title: str) -> list[str]:
+    versions = (data.get("environment") or {}).get("versions") or {}
+    details = ", ".join(f"{k} {v}" for k, v in versions.items() if k in ("cuda", "cudnn", "jaxlib") and v)
+    driver = (data.get("environment") or {}).get("driver")
+    where = data.get("machine") or data.get("device_name") or "an unnamed device"
+    dry = " A `--tiny` dry run: its figures say nothing of a GPU." if data.get("tiny") else ""
+    stopped = " It was stopped at its time limit (what had finished is kept)." if "stopped" in data["status"] else ""
+    error = f" It ended with an error: {data['error'].splitlines()[0][:300]}" if data.get("error") else ""
+    changes = "; ".join(data.get("changes") or [])
+    changed = f" Changed from the spec: {changes}." if changes else ""
+    return [
+        f"#### {title}: `{data.get('invocation') or 'python benchmarks/gpu.py --part ' + data['part']}`",
+        "",
+        f"On {where} ({data.get('device') or data.get('device_requested')}"
+        + (f", driver {driver}" if driver else "")
+        + (f", {details}" if details else "")
+        + f"); the part took {_seconds(data.get('wall_s') or 0.0)}.{dry}{changed}{stopped}{error}",
+        "",
+    ]
+
+
+def _gpu_study(data: dict[str, Any], title: str, targets: bool) -> list[str]:
+    lines = _gpu_heading(data, title)
+    base, tuned = data.get("baseline") or {}, data.get("best") or {}
+    energy = data.get("energy") or {}
+    outcomes = ", ".join(f"{name} {count}" for name, count in (data.get("outcomes") or {}).items())
+    search = next(iter(data.get("commands") or []), {})
+    bar, stretch = GPU_TARGETS["speedup"]
+    mfu_bar, mfu_stretch = GPU_TARGETS["mfu"]
+    rows = [
+        ("search", f"{_seconds(search.get('wall_s') or 0.0)}, {data.get('trials_ran', 0)} trials ({outcomes})", "", ""),
+        (
+            "baseline",
+            f"{_gpu_knobs(base.get('config'))}: {_rate(base.get('throughput'))}"
+            + (f" ({base['tokens_per_s']:,.0f} tokens/s)" if base.get("tokens_per_s") else ""),
+            "",
+            "",
+        ),
+        (
+            "tuned",
+            f"{_gpu_knobs(tuned.get('config'))}: {_rate(tuned.get('throughput'))}"
+            + (f" ({tuned['tokens_per_s']:,.0f} tokens/s)" if tuned.get("tokens_per_s") else "")
+            + f", drift {_drift(tuned.get('drift'))}",
+            "",
+            "",
+        ),
+        (
+            "tuned over baseline",
+            _ratio(data.get("speedup")),
+            f">= {bar:g}x (stretch {stretch:g}x)" if targets else "",
+            _met(data.get("speedup"), bar, stretch) if targets else "",
+        ),
+        (
+            "tuned MFU",
+            _percent(data.get("mfu")),
+            f">= {mfu_bar:.0%} (stretch {mfu_stretch:.0%})" if targets else "",
+            _met(data.get("mfu"), mfu_bar, mfu_stretch) if targets else "",
+        ),
+        (
+            "energy per sample: tuned / baseline / lowest feasible",
+            f"{_joules(energy.get('best_j_per_sample'))} / {_joules(energy.get('baseline_j_per_sample'))} / "
+            f"{_joules(energy.get('lowest_j_per_sample'))}"
+            + (" (an objective of the study)" if energy.get("objective") else ""),
+            "",
+            "",
+        ),
+    ]
+    lines += [
+        "| figure | value | target (one H100) | met |" if targets else "| figure | value | | |",
+        "| --- | --- | --- | --- |",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
+        "",
+        "| trial | config | outcome | samples/s | MFU | energy per sample | warm-up | reason |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in data.get("trials") or []:
+        reason = (t.get("reason") or "").replace("|", "/").splitlines()[0][:120] if t.get("reason") else ""
+        rate = _rate(t.get("throughput")) if t["outcome"] == "ok" else "-"
+        warmup = _seconds(t["warmup_s"]) if t.get("warmup_s") else "-"
+        lines.append(
+            f"| #{t['trial']}{' (baseline)' if t.get('role') == 'baseline' else ''} | {_gpu_knobs(t.get('config'))} | "
+            f"{t['outcome']} | {rate} | {_percent(t.get('mfu'))} | {_joules(t.get('energy_j_per_sample'))} | "
+            f"{warmup} | {reason} |"
+        )
+    return [*lines, ""]
+
+
+def _gpu_apply(data: dict[str, Any]) -> list[str]:
+    lines = _gpu_heading(data, "`autotuner apply` of the gpt study's winner")
+    applied, promise = data.get("apply") or {}, data.get("promise") or {}
+    ratio = promise.get("ratio")
+    within = None if ratio is None else abs(ratio - 1)
+    target = GPU_TARGETS["promise"]
+    rows = [
+        ("the export's speedup (best.yaml)", _ratio(promise.get("export_speedup")), "", ""),
+        (
+            "delivered by `autotuner apply` (the export's baseline run as many optimizer steps)",
+            _ratio(promise.get("speedup_delivered")),
+            "",
+            "",
+        ),
+        (
+            "the promise: delivered over the export's",
+            "-" if ratio is None else f"{ratio:.3f}",
+            f"within {target:.0%}",
+            "**not measured**" if within is None else "met" if within <= target else "**not met**",
+        ),
+        (
+            "the config's throughput here / in the study",
+            f"{_rate(applied.get('throughput_here'))} / {_rate(applied.get('throughput_study'))}",
+            "",
+            "",
+        ),
+        (
+            "optimizer steps run: config / baseline",
+            f"{applied.get('steps_run', '-')} / {applied.get('baseline_steps_run', '-')}",
+            "",
+            "",
+        ),
+    ]
+    return [
+        *lines,
+        "| figure | value | target (one H100) | met |",
+        "| --- | --- | --- | --- |",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
+        "",
+    ]
+
+
+def _gpu_alternatives(data: dict[str, Any]) -> list[str]:
+    lines = _gpu_heading(data, "Benchmark b: the tuned config against the alternatives")
+    done = {name: w for name, w in (data.get("workloads") or {}).items() if not w.get("error")}
+    if done:
+        tables = alternatives({**data, "workloads": done, "machine": data.get("machine") or "-"})
+        lines += tables[tables.index("") + 3 :]  # its tables, without its heading and CPU paragraph
+    for name, w in (data.get("workloads") or {}).items():
+        if w.get("error"):
+            lines += [f"{name}: not measured: {w['error'].splitlines()[0][:300]}", ""]
+    resumed = [name for name, w in done.items() if (w.get("search") or {}).get("resumed")]
+    if resumed:
+        lines += [
+            f"The search of {', '.join(resumed)} resumed the `--part study` study (its wall time is the resumption's).",
+            "",
+        ]
+    return lines
+
+
+def gpu(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The tables of benchmarks/gpu.py's result files (`results`: part -> its file's data)."""
+    lines = [
+        "### On one GPU: `python benchmarks/gpu.py`",
+        "",
+        "Each part is one command (see **GPU** above), its figures read from the study's storage "
+        "(`results/gpu-<part>.json`). The targets are issue 18's, for one H100.",
+        "",
+    ]
+    if data := results.get("study"):
+        lines += _gpu_study(data, "The gpt study (full `pytorch` preset, energy objective)", targets=True)
+    if data := results.get("apply"):
+        lines += _gpu_apply(data)
+    if data := results.get("alternatives"):
+        lines += _gpu_alternatives(data)
+    if data := results.get("jax"):
+        lines += _gpu_study(data, "The JAX gpt study (full `jax` preset)", targets=False)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write benchmarks/README.md's results section from the result files.")
+    parser.add_argument("--results", default=str(RESULTS), help="the result files' folder (default benchmarks/results)")
+    parser.add_argument("--readme", default=str(README), help="the file to rewrite (default benchmarks/README.md)")
+    args = parser.parse_args(argv)
+    folder, readme = Path(args.results), Path(args.readme)
     sections = []
-    if data := _load("fidelity.json"):
-        sections += fidelity(data, _load("quickstart.json"))
-    if data := _load("search_efficiency.json"):
+    if data := _load("fidelity.json", folder):
+        sections += fidelity(data, _load("quickstart.json", folder))
+    if data := _load("search_efficiency.json", folder):
         sections += search_efficiency(data)
-    if data := _load("alternatives.json"):
+    if data := _load("alternatives.json", folder):
         sections += alternatives(data)
-    if data := _load("overhead.json"):
+    if data := _load("overhead.json", folder):
         sections += overhead(data)
-    text = README.read_text()
+    if gpu_results := {part: data for part in GPU_PARTS if (data := _load(f"gpu-{part}.json", folder))}:
+        sections += gpu(gpu_results)
+    text = readme.read_text()
     if START not in text:
         text = f"{text.rstrip()}\n\n## Results\n\n{START}\n{END}\n"
     head, _, rest = text.partition(START)
     _, _, tail = rest.partition(END)
-    README.write_text(f"{head}{START}\n\n" + "\n".join(sections) + f"\n{END}{tail}")
-    print(README)
+    readme.write_text(f"{head}{START}\n\n" + "\n".join(sections) + f"\n{END}{tail}")
+    print(readme)
 
 
 if __name__ == "__main__":

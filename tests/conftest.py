@@ -75,6 +75,26 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def _cuda_usable() -> bool:
+    """Whether torch sees a CUDA GPU. Asked in this process only when a `gpu` test is collected
+    (importing torch costs seconds); trial processes are separate, so this initialises nothing
+    they use."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` (pyproject.toml declares the marker) are skipped without a usable GPU."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_tests and not _cuda_usable():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+        for item in gpu_tests:
+            item.add_marker(skip)
+
+
 @contextlib.contextmanager
 def dashboard_server(*args: str, cwd: Path) -> Iterator[tuple[str, int]]:
     """`autotuner dashboard ARGS --port <a free port>` run from `cwd`: (its URL, its port) once it

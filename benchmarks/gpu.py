@@ -1,0 +1,738 @@
+"""One command on one GPU: the GPU benchmarks of issue 18, each part within 9 minutes on one H100.
+
+    python benchmarks/gpu.py [--part study|apply|alternatives|jax|all] [--device cuda:0] [--tiny] [--out DIR]
+
+Parts (`all`: the four, in this order; on a GPU run them one command each, since a lent machine
+may stop a command at 10 minutes):
+
+* `study`: `autotuner search` of `studies/gpu-gpt.yaml` (GPT-2 small's shape, the full `pytorch`
+  preset, energy per sample as a third objective) in a fresh study: the device and environment
+  (the study's `environment` attr), the best config, tuned over baseline, the tuned MFU and tokens/s,
+  energy per sample, every trial's outcome. Writes `gpu-study.json`.
+* `apply`: `autotuner apply` of that study's winner (`studies/gpu-gpt.best.yaml` in the work
+  folder: run `study` first, with the same `--work`), the baseline run after it: the speedup
+  delivered against the export's (the promise: within 5%). Writes `gpu-apply.json`.
+* `alternatives`: benchmark b (`benchmarks/alternatives.py`: baseline, rule of thumb, the
+  Lightning and Accelerate batch-size finders, tuned) on `gpt` (the `study` part's study when the
+  work folder holds it: its search resumes and stops at once) and `cnn` (`studies/gpu-cnn.yaml`).
+  `--workload gpt` or `--workload cnn` runs one (the other's finished entry in the file is kept).
+  Writes `gpu-alternatives.json`.
+* `jax`: `autotuner search` of `studies/gpu-gpt-jax.yaml` (the JAX twin of the GPT, the full `jax`
+  preset). Writes `gpu-jax.json`.
+
+Every part runs the real CLI (`python -m autotuner ...` as subprocesses, their output shown and
+kept in `<work>/logs/`) or the benchmark harness, reads the study back from its storage and
+writes `benchmarks/results/gpu-<part>.json` (`--out` to choose), with the device named and the
+commands and their wall times. A part has `--budget-s` seconds (default 540): a search still
+running then is interrupted as Ctrl-C interrupts it (everything finished is kept and the best is
+exported), and the part writes what it got; a part that fails writes what it got and the error.
+`python benchmarks/tables.py` renders the files into benchmarks/README.md.
+
+`--tiny` shrinks the workloads, spaces and budgets to seconds; with `--device cpu` it runs on a
+CPU end to end (tests/test_gpu_benchmark.py runs it so it cannot rot): configs a CPU cannot run
+(tf32, CUDA graphs) are recorded unsupported, energy (which needs NVML's counter) is turned off
+and the json says so, and the rule of thumb leaves `torch.compile` out (a CPU compile costs more
+than the rest of the dry run).
+
+On a GPU machine without network (benchmarks/README.md, section "GPU", has the details): this
+script puts the repository on the path of every command it runs, so autotuner need not be
+installed; torch with CUDA must be. Carry the wheels of the dependencies the machine lacks
+(`python -m pip list` there says which): on a machine with network, for the GPU machine's Python
+(3.12 here) and platform,
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
+        --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 -d .whl NAME==VERSION ...
+
+for autotuner's dependencies and what they pull in (optuna, optuna-dashboard, alembic, Mako,
+MarkupSafe, colorlog, tqdm, sqlalchemy, pyyaml, pydantic, pydantic-core, annotated-types,
+typing-inspection, typing-extensions, rich, markdown-it-py, mdurl, pygments, plotly, narwhals,
+packaging, bottle, numpy, nvidia-ml-py; the versions of a working install: `pip freeze`), and for
+the `jax` part jax, jaxlib, ml-dtypes, opt-einsum, scipy, optax, absl-py, jax-cuda12-plugin,
+jax-cuda12-pjrt and the nvidia-*-cu12 libraries torch's install lacks. Then, on the GPU machine:
+
+    pip install --no-index --no-deps --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site python benchmarks/gpu.py --part study
+    PYTHONPATH=/tmp/site python benchmarks/gpu.py --part apply
+    PYTHONPATH=/tmp/site python benchmarks/gpu.py --part alternatives
+    PYTHONPATH=/tmp/site python benchmarks/gpu.py --part jax
+    PYTHONPATH=/tmp/site python benchmarks/tables.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # autotuner need not be installed: the repository is enough
+    sys.path.append(str(ROOT))
+
+import optuna  # noqa: E402
+import yaml  # noqa: E402
+from _harness import RESULTS, machine, write_results  # noqa: E402
+
+from autotuner.study import baseline, best, records, speedup  # noqa: E402
+
+PARTS = ("study", "apply", "alternatives", "jax")
+"""What `--part all` runs, in this order (apply uses the study's export)."""
+SPECS = {"gpt": "studies/gpu-gpt.yaml", "cnn": "studies/gpu-cnn.yaml", "jax": "studies/gpu-gpt-jax.yaml"}
+PART_BUDGET_S = 540.0
+"""Nine minutes a part: a lent GPU machine may stop one command at ten."""
+WRITE_RESERVE_S = 30.0
+"""What a part keeps, after its last command, to read the study back and write its file."""
+INTERRUPT_GRACE_S = 45.0
+"""How long a search interrupted at the time limit has to record its trial and export the best."""
+ALTERNATIVES_SEARCH_S = {"gpt": 150.0, "cnn": 90.0}
+"""Seconds of trials (`autotuner search --timeout`) the alternatives part gives each search: the
+gpt study of the `study` part, resumed, has spent more and stops at once."""
+ALTERNATIVES_MIN_LEFT_S = {"gpt": 300.0, "cnn": 300.0}
+"""A workload of the alternatives part starts only with this much of the part's time left (its
+finders and measurements cannot be interrupted part-way, as a search can): otherwise the file
+says to run it alone (`--workload`)."""
+
+TINY_WORKLOAD_ARGS: dict[str, dict[str, Any]] = {
+    "builtin:gpt": {"vocab": 32, "length": 16, "dim": 16, "layers": 1, "heads": 2, "samples": 64},
+    "builtin:cnn": {"size": 8, "width": 4, "classes": 4, "samples": 64},
+}
+TINY_SPACE: dict[str, dict[str, Any]] = {
+    # tf32 and reduce-overhead (CUDA graphs) are there for a CPU to record as unsupported
+    "pytorch": {
+        "preset": "pytorch",
+        "precision": ["fp32", "bf16", "tf32"],
+        "batch_size": [4, 16],
+        "workers": [0],
+        "compile": ["none", "reduce-overhead"],
+    },
+    "jax": {
+        "preset": "jax",
+        "precision": ["fp32", "bf16", "tf32"],
+        "batch_size": [4, 16],
+        "workers": [0],
+        "jit": ["off", "on"],
+    },
+}
+TINY_TRIAL = {"warmup_steps": 1, "steps": 2, "windows": 2, "min_window_s": 0.0, "drift_steps": 2, "timeout": 120}
+TINY_BUDGET = {"trials": 3, "remeasure_top": 0}
+TINY_GLOBAL_BATCH, TINY_BASELINE_BATCH = 16, 4
+
+TARGETS = {"speedup": 3.0, "speedup_stretch": 5.0, "mfu": 0.45, "mfu_stretch": 0.50, "promise": 0.05}
+"""Issue 18, acceptance 4, on one H100: tuned over baseline on gpt, tuned gpt MFU, the promise."""
+
+
+class PartError(Exception):
+    """A part cannot go on: its file records this message as the error."""
+
+
+# ------------------------------------------------------------------ running commands
+
+
+class Deadline:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "COLUMNS": "160", **(extra or {})}
+
+
+def run_command(
+    command: list[str], cwd: Path, until: float, log: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run `command` in `cwd`, its output shown and written to `log`; at `until` (time.monotonic)
+    interrupt it as Ctrl-C does (the CLI keeps what is finished, records the running trial and
+    exports the best), and kill it if it is still there `INTERRUPT_GRACE_S` later."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    shown = shlex.join(["python", *command[1:]] if command[0] == sys.executable else command)
+    print(f"\n$ (cd {cwd} && {shown})", flush=True)
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    started = time.perf_counter()
+    stopped = killed = False
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+        def relay() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                sink.write(line)
+                tail.append(line)
+
+        reader = threading.Thread(target=relay, daemon=True)
+        reader.start()
+        try:
+            process.wait(timeout=max(1.0, until - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stopped = True
+            print(f"\n[gpu.py] the part's time limit: interrupting {command[3] if len(command) > 3 else shown}")
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                killed = True
+                process.kill()
+                process.wait()
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+        finally:
+            reader.join(timeout=10)
+    return {
+        "command": shown,
+        "cwd": str(cwd),
+        "exit_code": process.returncode,
+        "wall_s": time.perf_counter() - started,
+        "stopped_at_time_limit": stopped,
+        "killed": killed,
+        "log": str(log),
+        "output_tail": "".join(tail)[-4000:],
+    }
+
+
+# ------------------------------------------------------------------ specs
+
+
+class Context:
+    """What every part shares: the arguments, the folders, the part's deadline."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.tiny: bool = args.tiny
+        self.device: str | None = args.device
+        self.out = Path(args.out).resolve()
+        default_work = Path(tempfile.gettempdir()) / ("autotuner-gpu-tiny" if args.tiny else "autotuner-gpu")
+        self.work = Path(args.work).resolve() if args.work else default_work
+        self.budget_s: float = args.budget_s
+        self.deadline = Deadline(self.budget_s)
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
+    def spec(self, key: str) -> tuple[Path, dict[str, Any], list[str]]:
+        """The spec `SPECS[key]` as this run uses it (the device, `--tiny`'s sizes, energy off on a
+        CPU), written to `<work>/specs/`; its data; what was changed, in words."""
+        source = ROOT / SPECS[key]
+        data = yaml.safe_load(source.read_text())
+        changes = []
+        if self.device:
+            data["device"] = self.device
+        if self.tiny:
+            data["workload_args"] = dict(TINY_WORKLOAD_ARGS[data["workload"]])
+            data["global_batch"] = TINY_GLOBAL_BATCH
+            data["baseline"] = {**data["baseline"], "batch_size": TINY_BASELINE_BATCH}
+            data["space"] = dict(TINY_SPACE[data["backend"]])
+            data["budget"] = dict(TINY_BUDGET)
+            data["trial"] = dict(TINY_TRIAL)
+            changes.append("--tiny: workload, global batch, space, budget and trial settings shrunk to seconds")
+        if (data.get("objective") or {}).get("energy") and self.on_cpu:
+            data["objective"] = {**data["objective"], "energy": False}
+            changes.append("objective.energy turned off: a CPU has no NVML energy counter (the search refuses it)")
+        path = self.work / "specs" / source.name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {SPECS[key]} as benchmarks/gpu.py ran it\n" + yaml.safe_dump(data, sort_keys=False))
+        return path, data, changes
+
+    def search(self, spec: Path) -> list[str]:
+        return [sys.executable, "-m", "autotuner", "search", "--spec", str(spec)]
+
+    def until(self) -> float:
+        """When a command of this part must stop (the part's deadline less the time to write up)."""
+        return self.deadline.end - WRITE_RESERVE_S - INTERRUPT_GRACE_S
+
+
+def study_files(work: Path, name: str) -> list[Path]:
+    folder = work / "studies"
+    return [folder / f"{name}.db", folder / f"{name}.best.yaml", folder / f"{name}.compile-cache"]
+
+
+def fresh_study(work: Path, name: str) -> None:
+    """Remove what an earlier run left of study `name` in the work folder (the database, the
+    export, the compile cache): the part measures a first run."""
+    for path in study_files(work, name):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def load_study(work: Path, name: str) -> optuna.Study:
+    database = work / "studies" / f"{name}.db"
+    if not database.exists():
+        raise PartError(f"no study database at {database}: the search stopped before it began (see its output)")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{database}")
+
+
+def _number(value: Any) -> float | None:
+    if value in (None, "inf", "-inf"):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+FIGURES = (
+    "tokens_per_s",
+    "tflops",
+    "mfu",
+    "energy_j_per_sample",
+    "power_w_mean",
+    "gpu_util_mean",
+    "peak_memory_mb",
+    "warmup_s",
+    "throughput_spread",
+)
+
+
+def trial_figures(trial: Any) -> dict[str, Any]:
+    """What a stored trial (`autotuner.study.TrialRecord`) says of itself, for the result file."""
+    metrics = trial.metrics
+    return {
+        "trial": trial.number,
+        "role": trial.role,
+        "config": trial.config,
+        "outcome": trial.outcome,
+        "reason": (trial.reason or "")[:300],
+        "feasible": trial.feasible,
+        "throughput": trial.throughput,
+        "trial_throughput": trial.trial_throughput,
+        "remeasured": trial.remeasured is not None,
+        "drift": metrics.get("drift"),
+        **{key: metrics.get(key) for key in FIGURES},
+        "compile_cache": metrics.get("compile_cache"),
+    }
+
+
+def study_summary(work: Path, name: str, energy: bool) -> dict[str, Any]:
+    """The study `name` of the work folder, read from its storage and its export."""
+    study = load_study(work, name)
+    trials = records(study)
+    winner, base = best(trials), baseline(trials)
+    environment = study.user_attrs.get("environment") or {}
+    reference = study.user_attrs.get("reference") or {}
+    export_path = work / "studies" / f"{name}.best.yaml"
+    export = yaml.safe_load(export_path.read_text()) if export_path.exists() else None
+    ok = [t for t in trials if t.outcome == "ok"]
+    energies = [(e, t) for t in trials if t.feasible and (e := _number(t.metrics.get("energy_j_per_sample")))]
+    lowest = min(energies, key=lambda pair: pair[0], default=None)
+    gain = speedup(winner, base) if winner else None
+    return {
+        "device": environment.get("device"),
+        "device_name": environment.get("device_name"),
+        "machine": machine(environment),
+        "environment": environment,
+        "drift_tolerance": (study.user_attrs.get("autotuner") or {}).get("max_drift"),
+        "reference_noise_floor": reference.get("noise_floor"),
+        "trials_ran": sum(t.ran for t in trials),
+        "trials_recorded": len(trials),
+        "outcomes": {o: sum(t.outcome == o for t in trials) for o in sorted({t.outcome for t in trials})},
+        "objectives": len(study.directions),
+        "baseline": trial_figures(base) if base else None,
+        "best": trial_figures(winner) if winner else None,
+        "speedup": gain,
+        "mfu": _number(winner.metrics.get("mfu")) if winner else None,
+        "tokens_per_s": _number(winner.metrics.get("tokens_per_s")) if winner else None,
+        "energy": {
+            "objective": energy,
+            "best_j_per_sample": _number(winner.metrics.get("energy_j_per_sample")) if winner else None,
+            "baseline_j_per_sample": _number(base.metrics.get("energy_j_per_sample")) if base else None,
+            "lowest_j_per_sample": lowest[0] if lowest else None,
+            "lowest_trial": lowest[1].number if lowest else None,
+            "lowest_config": lowest[1].config if lowest else None,
+            "measured_trials": sum(_number(t.metrics.get("energy_j_per_sample")) is not None for t in ok),
+        },
+        "export": {"path": str(export_path), "params": export.get("params"), "speedup": export.get("speedup")}
+        if export
+        else None,
+        "trials": [trial_figures(t) for t in trials],
+    }
+
+
+# ------------------------------------------------------------------ the parts
+
+
+def part_study(ctx: Context, result: dict[str, Any]) -> None:
+    spec, data, changes = ctx.spec("gpt")
+    result.update(spec=SPECS["gpt"], spec_used=data, changes=changes)
+    energy = bool((data.get("objective") or {}).get("energy"))
+    fresh_study(ctx.work, data["name"])
+    result["commands"].append(run_command(ctx.search(spec), ctx.work, ctx.until(), ctx.work / "logs" / "study.log"))
+    result.update(study_summary(ctx.work, data["name"], energy))
+    result["targets"] = {  # acceptance 4's, for one H100
+        name: {"bar": bar, "stretch": stretch, "value": value, "met": None if value is None else value >= bar}
+        for name, bar, stretch, value in (
+            ("speedup", TARGETS["speedup"], TARGETS["speedup_stretch"], result["speedup"]),
+            ("mfu", TARGETS["mfu"], TARGETS["mfu_stretch"], result["mfu"]),
+        )
+    }
+
+
+def part_jax(ctx: Context, result: dict[str, Any]) -> None:
+    spec, data, changes = ctx.spec("jax")
+    result.update(spec=SPECS["jax"], spec_used=data, changes=changes)
+    extra = {}
+    if ctx.tiny:  # op-by-op (jit off) compiles every primitive in every process: pay it once
+        extra = {
+            "JAX_COMPILATION_CACHE_DIR": str(ctx.work / "jax-cache"),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+        }
+        changes.append("--tiny: JAX's persistent compilation cache on (<work>/jax-cache)")
+    fresh_study(ctx.work, data["name"])
+    command = run_command(ctx.search(spec), ctx.work, ctx.until(), ctx.work / "logs" / "jax.log", _env(extra))
+    result["commands"].append(command)
+    result.update(study_summary(ctx.work, data["name"], False))
+
+
+NUMBER = r"([\d,]+(?:\.\d+)?)"
+APPLY_LINES = {
+    "ran": re.compile(r"^ran (\d+) optimizer steps of (\d+) samples .* on (\S+) \((.*)\)$"),
+    "throughput": re.compile(
+        rf"^throughput: {NUMBER} samples/s here .*?, {NUMBER} samples/s in the study.*: ratio ([\d.]+)$"
+    ),
+    "speedup": re.compile(
+        rf"^speedup: ([\d.]+)x here \(over the baseline .*, {NUMBER} samples/s, run here for (\d+) optimizer "
+        rf"steps .*\), ([\d.]+)x in the export: ratio ([\d.]+)$"
+    ),
+}
+
+
+def parse_apply(output: str) -> dict[str, Any]:
+    """The figures `autotuner apply` prints (`autotuner.apply.print_applied`)."""
+    found: dict[str, Any] = {}
+    for line in output.splitlines():
+        line = line.strip()
+        if m := APPLY_LINES["ran"].match(line):
+            found.update(steps_run=int(m[1]), samples_per_step=int(m[2]), device=m[3], device_name=m[4])
+        elif m := APPLY_LINES["throughput"].match(line):
+            found.update(
+                throughput_here=float(m[1].replace(",", "")),
+                throughput_study=float(m[2].replace(",", "")),
+                throughput_ratio=float(m[3]),
+            )
+        elif m := APPLY_LINES["speedup"].match(line):
+            found.update(
+                speedup_delivered=float(m[1]),
+                baseline_throughput_here=float(m[2].replace(",", "")),
+                baseline_steps_run=int(m[3]),
+                export_speedup_printed=float(m[4]),
+                promise_ratio_printed=float(m[5]),
+            )
+    return found
+
+
+def part_apply(ctx: Context, result: dict[str, Any]) -> None:
+    spec, data, changes = ctx.spec("gpt")  # as the study part wrote it: the export is tuned for this job
+    result.update(spec=SPECS["gpt"], spec_used=data, changes=changes)
+    export_path = ctx.work / "studies" / f"{data['name']}.best.yaml"
+    if not export_path.exists():
+        raise PartError(f"no export at {export_path}: run `--part study` first, with the same --work")
+    export = yaml.safe_load(export_path.read_text())
+    environment = export.get("environment") or {}
+    result.update(
+        device_name=environment.get("device_name"),
+        machine=machine(environment),
+        environment=environment,
+        export={"path": str(export_path), "params": export.get("params"), "speedup": export.get("speedup")},
+    )
+    command = [sys.executable, "-m", "autotuner", "apply", str(export_path), "--spec", str(spec)]
+    if ctx.args.apply_steps:
+        command += ["--steps", str(ctx.args.apply_steps)]
+    run = run_command(command, ctx.work, ctx.until(), ctx.work / "logs" / "apply.log")
+    result["commands"].append(run)
+    output = (ctx.work / "logs" / "apply.log").read_text()
+    applied = parse_apply(output)
+    result["apply"] = applied
+    result["device"] = applied.get("device")
+    if run["exit_code"] != 0:
+        raise PartError(f"autotuner apply exited {run['exit_code']}: {run['output_tail'][-600:]}")
+    delivered, promised = applied.get("speedup_delivered"), _number(export.get("speedup"))
+    if delivered is None or not promised:
+        raise PartError("autotuner apply printed no speedup over the baseline (see its output)")
+    result["promise"] = {
+        "export_speedup": promised,
+        "speedup_delivered": delivered,
+        "ratio": delivered / promised,
+        "within_5_percent": abs(delivered / promised - 1) <= TARGETS["promise"],
+    }
+
+
+@contextlib.contextmanager
+def working_directory(folder: Path) -> Iterator[None]:
+    """The harness's trial requests name the study's compile cache relative to the working
+    directory (`studies/<name>.compile-cache`): the work folder's, as the searches run there."""
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def part_alternatives(ctx: Context, result: dict[str, Any], write: Callable[[], None]) -> None:
+    import alternatives  # the harness's trial launcher imports nothing heavy until used
+
+    names = ctx.args.workload or ["gpt", "cnn"]
+    previous = _previous(ctx.out / "gpu-alternatives.json", ctx.tiny)
+    workloads: dict[str, Any] = {k: v for k, v in previous.items() if k not in names}
+    result.update(rounds=ctx.args.rounds, workloads=workloads, specs={n: SPECS[n] for n in names}, changes=[])
+    # the rule of thumb's compile would cost a CPU more than the whole dry run
+    guide_compile = not (ctx.tiny and ctx.on_cpu)
+    if not guide_compile:
+        result["changes"].append("--tiny on a CPU: the rule of thumb without torch.compile")
+    for name in names:
+        needed = 0.0 if ctx.tiny else ALTERNATIVES_MIN_LEFT_S[name]
+        if ctx.deadline.left() < needed:
+            workloads[name] = {
+                "error": f"skipped: {ctx.deadline.left():.0f} s of the part's time left, it needs about {needed:.0f}; "
+                f"run `python benchmarks/gpu.py --part alternatives --workload {name}` (the file keeps the others)"
+            }
+            write()
+            continue
+        spec, data, changes = ctx.spec(name)
+        result["changes"] += [f"{name}: {change}" for change in changes]
+        if name != "gpt" or not _same_job(ctx.work, data["name"], spec):
+            fresh_study(ctx.work, data["name"])  # gpt's: the study part's, when it is of this job
+        resumed = (ctx.work / "studies" / f"{data['name']}.db").exists()
+        search_args = [] if ctx.tiny else ["--timeout", f"{ALTERNATIVES_SEARCH_S[name]:g}"]
+        started = time.perf_counter()
+        try:
+            with working_directory(ctx.work):
+                entry = alternatives.compare(
+                    name, str(spec), ctx.args.rounds, ctx.work, search_args, guide_compile=guide_compile
+                )
+            entry["search"]["resumed"] = resumed  # the study part's study: its wall time is the study's
+            entry["search"]["args"] = search_args
+            entry["spec"], entry["spec_used"] = SPECS[name], data
+            if entry["search"]["exit_code"] not in (0, 130):  # 130: stopped at its --timeout's trial, or Ctrl-C
+                entry["error"] = f"autotuner search exited {entry['search']['exit_code']} (see its output above)"
+        except Exception as exc:
+            entry = {"error": _error(exc)}
+        entry["wall_s"] = time.perf_counter() - started
+        workloads[name] = entry
+        search = entry.get("search") or {}
+        result["commands"] += [
+            {
+                "command": shlex.join(["python", *ctx.search(spec)[1:], *search_args]),
+                "cwd": str(ctx.work),
+                "exit_code": search.get("exit_code"),
+                "wall_s": search.get("wall_s"),
+                "resumed": resumed,
+            },
+            {
+                "command": f"benchmarks/alternatives.py compare({name!r}, {str(spec)!r}, rounds={ctx.args.rounds}): "
+                "the finders' probes and the configs' measurements, the search's included",
+                "wall_s": entry["wall_s"],
+                "error": entry.get("error"),
+            },
+        ]
+        if entry.get("machine") and not result["machine"]:
+            environment = load_study(ctx.work, data["name"]).user_attrs.get("environment") or {}
+            result.update(
+                device=environment.get("device"), device_name=environment.get("device_name"), machine=entry["machine"]
+            )
+        write()
+    errors = [f"{name}: {w['error']}" for name, w in workloads.items() if w.get("error")]
+    if errors:
+        raise PartError("; ".join(errors))
+
+
+def _same_job(work: Path, name: str, spec: Path) -> bool:
+    """Whether the work folder holds study `name` made from this spec (the `study` part's)."""
+    from autotuner.spec import load_spec
+
+    try:
+        study = load_study(work, name)
+    except (PartError, KeyError):
+        return False
+    return (study.user_attrs.get("autotuner") or {}).get("identity") == load_spec(spec).identity()
+
+
+def _previous(path: Path, tiny: bool) -> dict[str, Any]:
+    """The workloads of an earlier alternatives file of the same kind (tiny or not): kept when
+    this run measures only some of them."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return dict(data.get("workloads") or {}) if data.get("tiny") == tiny else {}
+
+
+def _error(exc: BaseException) -> str:
+    if isinstance(exc, PartError):
+        return str(exc)
+    lines = traceback.format_exception(exc)
+    return f"{type(exc).__name__}: {exc}\n{''.join(lines[-6:])}"[:4000]
+
+
+def check_device(ctx: Context, part: str) -> None:
+    """The full sizes are for a GPU: refuse them where the framework sees none (a CPU would take
+    hours, and the gpt study's energy objective would be refused anyway)."""
+    if ctx.tiny:
+        return
+    if ctx.on_cpu:
+        raise PartError("--device cpu runs only with --tiny: the full sizes are for a GPU")
+    probe = (
+        "import jax, sys; sys.exit(0 if jax.devices('gpu') else 1)"
+        if part == "jax"
+        else "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    )
+    env = _env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        framework = "jax (a CUDA jaxlib: pip install 'jax[cuda12]')" if part == "jax" else "torch"
+        raise PartError(
+            f"{framework} sees no GPU here; the full sizes are for a GPU (`--device cpu --tiny` is the CPU dry run): "
+            + (done.stderr.strip().splitlines() or [""])[-1][:300]
+        )
+
+
+def run_part(ctx: Context, part: str) -> dict[str, Any]:
+    ctx.deadline = Deadline(ctx.budget_s)
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "part": part,
+        "benchmark": "benchmarks/gpu.py",
+        "invocation": shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
+        "tiny": ctx.tiny,
+        "device_requested": ctx.device or "the spec's (auto)",
+        "device": None,
+        "device_name": None,
+        "machine": None,
+        "budget_s": ctx.budget_s,
+        "work": str(ctx.work),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commands": [],
+        "changes": [],
+        "status": "running",
+        "error": None,
+    }
+    filename = f"gpu-{part}.json"
+
+    def write() -> None:
+        result["wall_s"] = time.perf_counter() - started
+        write_results(filename, result, ctx.out)
+
+    print(f"\n===== gpu.py --part {part}{' --tiny' if ctx.tiny else ''} (at most {ctx.budget_s:.0f} s)", flush=True)
+    try:
+        ctx.work.mkdir(parents=True, exist_ok=True)
+        check_device(ctx, part)
+        if part == "study":
+            part_study(ctx, result)
+        elif part == "apply":
+            part_apply(ctx, result)
+        elif part == "alternatives":
+            part_alternatives(ctx, result, write)
+        else:
+            part_jax(ctx, result)
+        failed = [c for c in result["commands"] if c.get("exit_code") not in (None, 0)]
+        stopped = any(c.get("stopped_at_time_limit") for c in result["commands"])
+        result["status"] = "stopped at the time limit" if stopped else "ok"
+        if failed and not stopped:
+            result["status"] = "error"
+            result["error"] = "; ".join(f"{c['command']} exited {c['exit_code']}" for c in failed)
+    except BaseException as exc:  # write what we got, whatever happened (Ctrl-C included)
+        result["status"] = "error" if isinstance(exc, Exception) else "interrupted"
+        result["error"] = _error(exc)
+        if not isinstance(exc, Exception):
+            raise
+    finally:
+        write()
+    print(f"[gpu.py] wrote {ctx.out / filename}", flush=True)
+    return result
+
+
+# ------------------------------------------------------------------ the summary
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    part = result["part"]
+    head = f"{part:<12} {result['status']:<10} {result.get('wall_s', 0):6.0f} s  {result.get('machine') or '-'}"
+    if part in ("study", "jax"):
+        best_ = result.get("best") or {}
+        energy = (result.get("energy") or {}).get("best_j_per_sample")
+        return (
+            f"{head}\n{'':<12} tuned over baseline {_x(result.get('speedup'))}, MFU {_pct(result.get('mfu'))}, "
+            f"{result.get('trials_ran', 0)} trials, best {best_.get('config')}"
+            + (f", {energy:.3g} J/sample" if energy else "")
+        )
+    if part == "apply":
+        promise = result.get("promise") or {}
+        return (
+            f"{head}\n{'':<12} delivered {_x(promise.get('speedup_delivered'))} of the export's "
+            f"{_x(promise.get('export_speedup'))}: ratio {promise.get('ratio', float('nan')):.3f}"
+        )
+    rows = []
+    for name, w in (result.get("workloads") or {}).items():
+        if w.get("error"):
+            rows.append(f"{'':<12} {name}: error: {w['error'].splitlines()[0][:100]}")
+            continue
+        ratios = ", ".join(f"{label} {_x(row.get('over_baseline'))}" for label, row in w["configs"].items())
+        rows.append(f"{'':<12} {name}: {ratios}")
+    return "\n".join([head, *rows])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=(*PARTS, "all"), default="all")
+    parser.add_argument("--device", help="the specs' device for this run (default: theirs, auto); cpu needs --tiny")
+    parser.add_argument("--tiny", action="store_true", help="workloads and budgets of seconds (a dry run)")
+    parser.add_argument("--out", default=str(RESULTS), help="where gpu-<part>.json go (default benchmarks/results)")
+    parser.add_argument(
+        "--work",
+        help="the folder the studies, specs and logs go in (default: autotuner-gpu[-tiny] in the temporary folder); "
+        "`apply` and `alternatives` use the `study` part's study there",
+    )
+    parser.add_argument("--budget-s", type=float, default=PART_BUDGET_S, help="seconds a part may take (default 540)")
+    parser.add_argument(
+        "--workload", action="append", choices=("gpt", "cnn"), help="alternatives: only these (default both)"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="alternatives: measurements of each config (default 1)")
+    parser.add_argument("--apply-steps", type=int, help="apply: optimizer steps (default: autotuner apply's)")
+    args = parser.parse_args()
+    ctx = Context(args)
+    started = time.perf_counter()
+    results = [run_part(ctx, part) for part in (PARTS if args.part == "all" else (args.part,))]
+    print(f"\n===== gpu.py: {time.perf_counter() - started:.0f} s in all; results in {ctx.out}")
+    for result in results:
+        print(summary_line(result))
+    return 0 if all(r["status"] != "error" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
