@@ -1,7 +1,7 @@
 """autotuner: find the fastest training config of a job on its hardware without numerical drift.
 
-The engine imports neither torch nor jax; frameworks live in the `backends` package and are
-imported only by trial processes.
+The engine imports neither torch nor jax; frameworks live in `autotuner.backends` (the top-level
+`backends/` folder, mapped by the install) and are imported only by trial processes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-# The study loop and the spec import `backends`, which imports `autotuner.knobs`: loading them
-# lazily keeps `import backends` (the fork server's first import) free of an import cycle.
+# The study loop and the spec import `autotuner.backends`, which imports `autotuner.knobs`: loading
+# them lazily keeps the fork server's first import (a backend's runner) free of an import cycle.
 _LAZY = {
     "Search": "autotuner.search",
     "SearchSummary": "autotuner.search",

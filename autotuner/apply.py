@@ -27,11 +27,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from autotuner.backends import BACKENDS, Capabilities
 from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.knobs import KNOBS, Config, format_config
 from autotuner.spec import parse_yaml, read_text
-from backends import BACKENDS, Capabilities
 
 if TYPE_CHECKING:
     from autotuner.spec import Job

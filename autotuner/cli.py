@@ -129,9 +129,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
+    from autotuner.backends import BACKENDS
     from autotuner.environment import describe
     from autotuner.search import make_launcher, probe_environment
-    from backends import BACKENDS
 
     backend = BACKENDS[args.backend]
     missing = backend.missing_requirements()
@@ -165,7 +165,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from backends import BACKENDS
+    from autotuner.backends import BACKENDS
 
     parser = _Parser(prog="autotuner", description="Find the fastest training config that keeps the job's numerics.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

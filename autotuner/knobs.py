@@ -1,7 +1,7 @@
 """The knob table: every performance setting a backend may expose, and what a config is.
 
 A knob is one row here; a backend says which knobs it has and which values it honours
-(`backends._base.Backend.knobs`). `accumulation` is never searched: with `global_batch` fixed it
+(`autotuner.backends._base.Backend.knobs`). `accumulation` is never searched: with `global_batch` fixed it
 is derived from `batch_size`, so a config always holds `batch_size * accumulation ==
 global_batch`.
 """

@@ -24,6 +24,7 @@ import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
+from autotuner.backends import Backend, Capabilities
 from autotuner.console import SearchReporter
 from autotuner.dashboard import publish
 from autotuner.drift import measure_drift
@@ -51,7 +52,6 @@ from autotuner.study import (
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import STOPPED, TrialLauncher, TrialRequest, TrialResult
 from autotuner.workers import POLL_S, Coordinator
-from backends import Backend, Capabilities
 
 PROBE_TIMEOUT_S = 300.0
 REFERENCE_LEASE_TRIALS = 3

@@ -22,11 +22,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-import search_spaces
+import autotuner.search_spaces as search_spaces
+from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
 from autotuner.errors import SpecError, shown
 from autotuner.knobs import DERIVED, KNOBS, Config
 from autotuner.workload import is_import_path
-from backends import BACKENDS, Backend, Capabilities, get_backend
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A study name (matched whole): it names files in studies/, so it can never be a path."""

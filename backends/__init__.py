@@ -8,9 +8,9 @@ without importing a framework.
 
 from __future__ import annotations
 
-from backends._base import Backend, Capabilities
-from backends.jax import JAX
-from backends.pytorch import PYTORCH
+from autotuner.backends._base import Backend, Capabilities
+from autotuner.backends.jax import JAX
+from autotuner.backends.pytorch import PYTORCH
 
 BACKENDS: dict[str, Backend] = {PYTORCH.name: PYTORCH, JAX.name: JAX}
 

@@ -29,13 +29,13 @@ from typing import Any
 
 import optuna
 
+from autotuner.backends import Capabilities
 from autotuner.knobs import Config
 from autotuner.outcomes import Outcome
 from autotuner.search import make_launcher, probe_environment, run_reference, trial_request
 from autotuner.spec import Job
 from autotuner.study import DIRECTIONS, TrialRecord, record
 from autotuner.trial import TrialRequest, TrialResult
-from backends import Capabilities
 
 RESULTS = Path(__file__).parent / "results"
 TRIAL_SETTINGS = ("warmup_steps", "steps", "windows", "min_window_s", "drift_steps", "seed")

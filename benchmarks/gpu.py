@@ -34,9 +34,9 @@ CPU end to end (tests/test_gpu_benchmark.py runs it so it cannot rot): configs a
 and the json says so, and the rule of thumb leaves `torch.compile` out (a CPU compile costs more
 than the rest of the dry run).
 
-On a GPU machine without network (benchmarks/README.md, section "GPU", has the details): this
-script puts the repository on the path of every command it runs, so autotuner need not be
-installed; torch with CUDA must be. Carry the wheels of the dependencies the machine lacks
+On a GPU machine without network (benchmarks/README.md, section "GPU", has the details):
+autotuner must be installed there (its backends import as `autotuner.backends` through the
+install), next to the machine's CUDA torch. Carry the wheels of the dependencies the machine lacks
 (`python -m pip list` there says which): on a machine with network, for the GPU machine's Python
 (3.12 here) and platform,
 
@@ -50,12 +50,13 @@ packaging, bottle, numpy, nvidia-ml-py; the versions of a working install: `pip 
 the `jax` part jax, jaxlib, ml-dtypes, opt-einsum, scipy, optax, absl-py, jax-cuda12-plugin,
 jax-cuda12-pjrt and the nvidia-*-cu12 libraries torch's install lacks. Then, on the GPU machine:
 
-    pip install --no-index --no-deps --target /tmp/site .whl/*.whl
-    PYTHONPATH=/tmp/site python benchmarks/gpu.py --part study
-    PYTHONPATH=/tmp/site python benchmarks/gpu.py --part apply
-    PYTHONPATH=/tmp/site python benchmarks/gpu.py --part alternatives
-    PYTHONPATH=/tmp/site python benchmarks/gpu.py --part jax
-    PYTHONPATH=/tmp/site python benchmarks/tables.py
+    pip install --no-index --no-deps .whl/*.whl
+    pip install --no-index --no-deps --no-build-isolation -e .   # setuptools>=68 must be there
+    python benchmarks/gpu.py --part study
+    python benchmarks/gpu.py --part apply
+    python benchmarks/gpu.py --part alternatives
+    python benchmarks/gpu.py --part jax
+    python benchmarks/tables.py
 """
 
 from __future__ import annotations
@@ -81,15 +82,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import optuna
+import yaml
+from _harness import RESULTS, machine, write_results
+
+from autotuner.study import baseline, best, records, speedup
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # autotuner need not be installed: the repository is enough
-    sys.path.append(str(ROOT))
-
-import optuna  # noqa: E402
-import yaml  # noqa: E402
-from _harness import RESULTS, machine, write_results  # noqa: E402
-
-from autotuner.study import baseline, best, records, speedup  # noqa: E402
 
 PARTS = ("study", "apply", "alternatives", "jax")
 """What `--part all` runs, in this order (apply uses the study's export)."""
@@ -153,8 +152,7 @@ class Deadline:
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "COLUMNS": "160", **(extra or {})}
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160", **(extra or {})}
 
 
 def run_command(

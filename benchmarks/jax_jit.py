@@ -17,8 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from autotuner.backends.jax import JAX
 from autotuner.trial import TrialLauncher, TrialRequest
-from backends.jax import JAX
 
 BATCHINGS = {
     # workload: (global batch, [micro-batches])
@@ -73,7 +73,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
     launcher = TrialLauncher([JAX.runner])
-    probed = launcher.call(JAX.runner, "probe", {"device": args.device, "workload": "backends.jax.workloads:mlp"}, 300)
+    probed = launcher.call(
+        JAX.runner, "probe", {"device": args.device, "workload": "autotuner.backends.jax.workloads:mlp"}, 300
+    )
     environment = probed.result
     runs = []
     for workload, (global_batch, micros) in BATCHINGS.items():

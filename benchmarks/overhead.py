@@ -34,11 +34,11 @@ from typing import Any
 
 from _harness import RESULTS, machine, measured_job, quartiles, result_from_json, run_search, write_results
 
+from autotuner.backends import Capabilities
 from autotuner.knobs import config_key
 from autotuner.search import job_sampler
 from autotuner.spec import Job, load_spec
 from autotuner.study import open_storage, open_study, record, records
-from backends import Capabilities
 
 
 def startup(runs: int, folder: Path) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from _harness import (
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
+from autotuner.backends import Capabilities
 from autotuner.knobs import config_key, format_config
 from autotuner.outcomes import Outcome
 from autotuner.sampler import (
@@ -68,7 +69,6 @@ from autotuner.sampler import (
 )
 from autotuner.spec import Job, SamplerSettings, load_spec
 from autotuner.study import DIRECTIONS, TrialRecord, give_up, record
-from backends import Capabilities
 
 DEFAULT_SPECS = ["studies/bench-mlp.yaml", "studies/bench-cnn.yaml"]
 CLOSE_BAR = 0.9

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from autotuner.trial import TrialLauncher
 
-RUNNER = "backends.pytorch.runner"
+RUNNER = "autotuner.backends.pytorch.runner"
 
 
 def main() -> None:
@@ -40,7 +40,9 @@ def measure_startup(runs: int) -> dict[str, object]:
     started = time.perf_counter()
     launcher.call("json", "loads", "{}", 120)  # starts the fork server (imports torch once)
     server_start_s = time.perf_counter() - started
-    probed = launcher.call(RUNNER, "probe", {"device": "cpu", "workload": "backends.pytorch.workloads:mlp"}, 120)
+    probed = launcher.call(
+        RUNNER, "probe", {"device": "cpu", "workload": "autotuner.backends.pytorch.workloads:mlp"}, 120
+    )
     fork_startup, fork_roundtrip = [], []
     for _ in range(runs):
         result = launcher.call("json", "loads", "{}", 60)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from backends.jax.workload import ArrayDataset, JaxWorkload
+from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload
 
 FEATURES = 8
 CLASSES = 3

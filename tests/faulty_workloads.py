@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.pytorch.workload import TorchWorkload
+from autotuner.backends.pytorch.workload import TorchWorkload
 
 FEATURES = 8
 CLASSES = 3

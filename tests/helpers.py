@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 
 from autotuner.trial import TrialRequest  # noqa: E402
 
-RUNNER = "backends.pytorch.runner"
+RUNNER = "autotuner.backends.pytorch.runner"
 FAULTY = "tests.faulty_workloads"
 
 FP32 = {"precision": "fp32", "batch_size": 8, "accumulation": 1, "workers": 0, "compile": "none"}
@@ -66,7 +66,7 @@ def request(
 def preloaded(arg: object) -> dict[str, bool]:
     """Run in a trial process (as `TrialLauncher.call("tests.helpers", "preloaded", ...)`): what the
     fork server had imported before this trial started. This module itself imports no framework."""
-    return {name: name in sys.modules for name in ("backends.pytorch.runner", "torch", "torch._dynamo")}
+    return {name: name in sys.modules for name in ("autotuner.backends.pytorch.runner", "torch", "torch._dynamo")}
 
 
 def cuda_state(arg: object) -> dict[str, object]:

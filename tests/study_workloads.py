@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from backends.pytorch.workload import TorchWorkload
-from backends.pytorch.workloads import mlp
+from autotuner.backends.pytorch.workload import TorchWorkload
+from autotuner.backends.pytorch.workloads import mlp
 
 
 class _MemoryCeiling(nn.Module):

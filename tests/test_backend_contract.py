@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-import search_spaces
+import autotuner.search_spaces as search_spaces
 from autotuner.apply import TunedConfig
+from autotuner.backends import BACKENDS, Backend, Capabilities
 from autotuner.drift import measure_drift
 from autotuner.knobs import DERIVED, KNOBS
 from autotuner.outcomes import Outcome
 from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
-from backends import BACKENDS, Backend, Capabilities
 from tests.helpers import ROOT, small_request  # noqa: F401 - ROOT: puts the repository on sys.path for the trial processes
 
 TIMEOUT_S = 120.0
@@ -134,7 +134,7 @@ class PyTorchHarness(Harness):
         return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, CLASSES))
 
     def training(self, config: dict[str, Any], dataset: Any = None) -> Any:
-        from backends.pytorch.apply import TunedTraining
+        from autotuner.backends.pytorch.apply import TunedTraining
 
         model = self._model()
         return TunedTraining(config, model, self.torch.optim.SGD(model.parameters(), lr=0.1), dataset, device="cpu")
@@ -182,7 +182,7 @@ class PyTorchHarness(Harness):
         return self.torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     def restore(self) -> None:
-        from backends.pytorch.apply import set_matmul_precision
+        from autotuner.backends.pytorch.apply import set_matmul_precision
 
         set_matmul_precision("fp32")
         self.torch.set_float32_matmul_precision(self._saved)
@@ -222,12 +222,12 @@ class JaxHarness(Harness):
     def training(self, config: dict[str, Any], dataset: Any = None) -> Any:
         import optax
 
-        from backends.jax.apply import TunedTraining
+        from autotuner.backends.jax.apply import TunedTraining
 
         return TunedTraining(config, self._loss, optax.sgd(0.1), dataset, device="cpu", params=self._params())
 
     def dataset(self, samples: int) -> Any:
-        from backends.jax.workload import ArrayDataset
+        from autotuner.backends.jax.workload import ArrayDataset
 
         inputs, _ = self.data(samples)
         return ArrayDataset(inputs, np.arange(samples, dtype=np.int32))

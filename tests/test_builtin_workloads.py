@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from backends.pytorch.workloads import mlp
+from autotuner.backends.pytorch.workloads import mlp
 
 STEPS = 1_000
 """Past the ~800 steps it takes AdamW's first moment (x0.9 per step) to decay from a gradient's

@@ -19,16 +19,16 @@ import pytest
 import torch
 import yaml
 
-import backends.pytorch.apply as torch_apply
-import backends.pytorch.runner as torch_runner
+import autotuner.backends.pytorch.apply as torch_apply
+import autotuner.backends.pytorch.runner as torch_runner
 from autotuner import search
+from autotuner.backends.pytorch.apply import TunedTraining
+from autotuner.backends.pytorch.runner import classify_exception
 from autotuner.errors import SpecError
 from autotuner.outcomes import Outcome
 from autotuner.spec import TRIAL_TIMEOUT_S, load_spec
 from autotuner.study import TrialRecord, check_trial_limits, trial_metrics
 from autotuner.trial import TrialLauncher, TrialResult
-from backends.pytorch.apply import TunedTraining
-from backends.pytorch.runner import classify_exception
 from tests.conftest import SMALL_SPEC
 from tests.helpers import ROOT, RUNNER, request
 
@@ -256,7 +256,7 @@ torch.cuda.init = refuse
 torch.cuda._lazy_init = refuse
 import jax._src.xla_bridge as xla_bridge
 xla_bridge.backends = refuse
-import autotuner._forkserver, backends.pytorch.runner, backends.jax.runner
+import autotuner._forkserver, autotuner.backends.pytorch.runner, autotuner.backends.jax.runner
 assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1", os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
 assert not torch.cuda.is_initialized()
 print("clean")
@@ -294,7 +294,7 @@ def test_bf16_and_tf32_are_decided_by_the_requested_devices_compute_capability(
     for name in ("has_energy_counter", "cuda_uuid"):
         monkeypatch.setattr(torch_runner, name, lambda *a, **k: None, raising=False)
     monkeypatch.setattr(torch_runner, "nvml_driver", lambda: "test")
-    arg = {"device": "cuda:1", "workload": "backends.pytorch.workloads:mlp", "workload_args": None}
+    arg = {"device": "cuda:1", "workload": "autotuner.backends.pytorch.workloads:mlp", "workload_args": None}
     probed = torch_runner.probe(arg)
     assert asked and all(device == torch.device("cuda", 1) for device in asked)
     assert probed["capabilities"]["bf16"] is bf16 and probed["capabilities"]["tf32"] is bf16

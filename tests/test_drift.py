@@ -11,7 +11,7 @@ from autotuner.outcomes import Outcome
 from autotuner.trial import TrialLauncher
 from tests.helpers import RUNNER, SMALL_MLP, request
 
-MLP = "backends.pytorch.workloads:mlp"
+MLP = "autotuner.backends.pytorch.workloads:mlp"
 TIMEOUT_S = 120.0
 
 

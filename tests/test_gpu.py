@@ -212,7 +212,7 @@ def hungry(samples: int = 32768, features: int = 32, width: int = WIDE) -> Any:
     import torch.nn.functional as F
     from torch import nn
 
-    from backends.pytorch.workload import TorchWorkload
+    from autotuner.backends.pytorch.workload import TorchWorkload
 
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(samples + 256, features, generator=generator)

@@ -22,10 +22,10 @@ import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
+from autotuner.backends import BACKENDS
 from autotuner.cli import main
 from autotuner.spec import MAX_CONFIGS, NAME, SAMPLERS
 from autotuner.workload import is_import_path
-from backends import BACKENDS
 from tests.conftest import run_cli
 from tests.helpers import FAULTY, SMALL_MLP
 

@@ -1,5 +1,5 @@
 """A JAX trial process on a GPU machine (issue 18, finding 2), checked where no GPU is: what
-`backends.jax.apply.configure_process` sets before the backend starts (and that it leaves a started
+`autotuner.backends.jax.apply.configure_process` sets before the backend starts (and that it leaves a started
 one alone), that `TunedTraining` and a trial keep every array on their device (two host devices
 stand in for two GPUs, with JAX's device-to-device transfer guard on, so an array made on the other
 device fails the step that uses it), that a GPU keeps its `cuda:i` name when the process sees only
@@ -21,16 +21,16 @@ import jax
 import jax.extend.backend
 import pytest
 
+from autotuner.backends.jax import apply
+from autotuner.backends.jax.runner import classify_exception  # noqa: F401 - the launcher asks the module it calls into
+from autotuner.backends.jax.workload import JaxWorkload
 from autotuner.outcomes import Outcome
 from autotuner.trial import TrialLauncher
-from backends.jax import apply
-from backends.jax.runner import classify_exception  # noqa: F401 - the launcher asks the module it calls into
-from backends.jax.workload import JaxWorkload
 from tests.conftest import ROOT
 from tests.helpers import SMALL_MLP, small_request
 
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
-RUNNER = "backends.jax.runner"
+RUNNER = "autotuner.backends.jax.runner"
 HERE = "tests.test_jax_gpu_env"
 TWO_HOST_DEVICES = "--xla_force_host_platform_device_count=2"
 JAX_CONFIG = {"precision": "fp32", "batch_size": 4, "workers": 0, "jit": "on"}
@@ -58,7 +58,7 @@ def _python(code: str, **env: str) -> dict[str, Any]:
 CONFIGURE = """
     import json, os
     import jax, jax.extend.backend
-    from backends.jax.apply import configure_process
+    from autotuner.backends.jax.apply import configure_process
     configure_process({spec!r})
     print(json.dumps({{
         "platforms": jax.config.jax_platforms,
@@ -97,7 +97,7 @@ def test_configuring_a_process_whose_jax_has_started_changes_nothing_and_does_no
         """
         import json, os
         import jax
-        from backends.jax.apply import configure_process
+        from autotuner.backends.jax.apply import configure_process
         jax.numpy.ones(2).block_until_ready()
         for spec in ("cpu", "cuda:1", "cuda", "auto"):
             configure_process(spec)
@@ -117,8 +117,8 @@ def test_configuring_a_process_whose_jax_has_started_changes_nothing_and_does_no
 TUNED_ON_THE_SECOND_DEVICE = """
     import itertools, json
     import jax, jax.numpy as jnp, numpy as np, optax
-    from backends.jax.apply import TunedTraining
-    from backends.jax.workload import ArrayDataset
+    from autotuner.backends.jax.apply import TunedTraining
+    from autotuner.backends.jax.workload import ArrayDataset
 
     jax.config.update("jax_transfer_guard_device_to_device", "disallow")
     second = jax.devices("cpu")[1]
@@ -171,7 +171,7 @@ RECORDED: dict[str, set[str]] = {"params": set(), "loss": set()}
 
 def recording_mlp(**args: Any) -> JaxWorkload:
     """The built-in mlp, recording in RECORDED where its arrays are made."""
-    from backends.jax.workloads import mlp
+    from autotuner.backends.jax.workloads import mlp
 
     workload = mlp(**args)
     workload.params = jax.tree.map(jax.numpy.asarray, workload.params)  # made by JAX, as jax.random makes them
@@ -191,7 +191,7 @@ def recording_mlp(**args: Any) -> JaxWorkload:
 TRIAL_ON_THE_SECOND_DEVICE = """
     import json
     import jax
-    from backends.jax import runner
+    from autotuner.backends.jax import runner
     from tests import test_jax_gpu_env as here
     from tests.helpers import SMALL_MLP, small_request
 
@@ -251,7 +251,7 @@ def test_a_gpu_keeps_its_cuda_name_when_the_process_sees_only_it(monkeypatch: py
 
 def process_setup(arg: dict[str, Any]) -> dict[str, Any]:
     """Run in a trial process: a trial of `arg["request"]`, then what the process's JAX was set up with."""
-    from backends.jax import runner
+    from autotuner.backends.jax import runner
 
     runner.run(arg["request"])
     return {
@@ -267,7 +267,7 @@ def launcher() -> TrialLauncher:
 
 
 def test_probe_and_trials_run_through_the_trial_launcher(launcher: TrialLauncher) -> None:
-    mlp = "backends.jax.workloads:mlp"
+    mlp = "autotuner.backends.jax.workloads:mlp"
     probed = launcher.call(RUNNER, "probe", {"device": "cpu", "workload": mlp, "workload_args": SMALL_MLP}, 120)
     assert probed.outcome is Outcome.OK, probed.reason
     assert probed.result["device"] == "cpu" and probed.result["workload_error"] is None

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
+from autotuner.backends import BACKENDS, Capabilities, get_backend
+from autotuner.backends.pytorch import PYTORCH
 from autotuner.knobs import DERIVED, KNOBS, Knob, config_key, format_config
-from backends import BACKENDS, Capabilities, get_backend
-from backends.pytorch import PYTORCH
 
 CPU = Capabilities(accelerator=False, bf16=True, fp16=True, tf32=False, compile=True, cuda_graphs=False)
 GPU = Capabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True)
@@ -73,7 +73,7 @@ def test_backend_registry() -> None:
     assert BACKENDS["pytorch"] is PYTORCH and get_backend("pytorch") is PYTORCH
     with pytest.raises(KeyError):
         get_backend("tensorflow")
-    assert PYTORCH.resolve_workload("builtin:mlp") == "backends.pytorch.workloads:mlp"
+    assert PYTORCH.resolve_workload("builtin:mlp") == "autotuner.backends.pytorch.workloads:mlp"
     assert PYTORCH.resolve_workload("my.pkg:job") == "my.pkg:job"
     assert "jit" not in PYTORCH.knobs
 

@@ -21,7 +21,7 @@ from autotuner.trial import SETTLE_MOST_S, STOPPED, TrialLauncher, TrialRequest,
 from tests.conftest import write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
 
-MLP = "backends.pytorch.workloads:mlp"
+MLP = "autotuner.backends.pytorch.workloads:mlp"
 
 
 @pytest.fixture(scope="module")

@@ -98,13 +98,16 @@ def test_cpu_telemetry_counts_the_whole_process_group() -> None:
 
 
 def test_training_flops_are_counted_for_a_workload_that_does_not_declare_them() -> None:
-    from backends.pytorch import runner
+    from autotuner.backends.pytorch import runner
     from tests.helpers import SMALL_MLP, request
 
-    result = runner.run(request("backends.pytorch.workloads:mlp", SMALL_MLP))
+    result = runner.run(request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP))
     # 16 -> 32 -> 32 -> 10: forward 2*in*out per layer, backward the weight gradient of every layer
     # and the input gradient of all but the first (the inputs need none).
     layers = [(16, 32), (32, 32), (32, 10)]
     forward = sum(2 * i * o for i, o in layers)
     assert result["flops_per_sample"] == forward + forward + sum(2 * i * o for i, o in layers[1:])
-    assert runner.run(request("backends.pytorch.workloads:mlp", SMALL_MLP, measure=False))["flops_per_sample"] is None
+    assert (
+        runner.run(request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP, measure=False))["flops_per_sample"]
+        is None
+    )

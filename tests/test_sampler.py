@@ -16,6 +16,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
+from autotuner.backends import Capabilities
 from autotuner.knobs import config_key
 from autotuner.sampler import (
     ATTEMPTS,
@@ -25,7 +26,6 @@ from autotuner.sampler import (
     oom_rules_out,
     rule_of_thumb,
 )
-from backends import Capabilities
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -426,7 +426,7 @@ PYTORCH_SPACE = {
 
 
 def unsupported_on(capabilities: Capabilities):
-    from backends.pytorch import PYTORCH
+    from autotuner.backends.pytorch import PYTORCH
 
     return lambda params: PYTORCH.unsupported_reason(params, capabilities)
 

@@ -74,7 +74,7 @@ def test_minimal_spec_has_the_documented_defaults(tmp_path: Path) -> None:
     assert job.sampler.name == "tpe" and job.sampler.seed is None
     assert job.storage_url() == "sqlite:///studies/job.db"
     assert job.storage_url("sqlite:///x.db") == "sqlite:///x.db"
-    assert job.workload_path() == "backends.pytorch.workloads:mlp"
+    assert job.workload_path() == "autotuner.backends.pytorch.workloads:mlp"
     # the baseline: the strict reference values, the whole global batch in one micro-batch
     assert job.baseline == {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none"}
     # the space: the default preset, batch sizes that do not divide the global batch dropped

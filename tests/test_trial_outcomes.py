@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from autotuner.backends.pytorch.runner import classify_exception
 from autotuner.outcomes import Outcome, ProcessEnd, classify_end, exception_message
 from autotuner.trial import TrialLauncher, TrialResult
-from backends.pytorch.runner import classify_exception
 from tests.helpers import FAULTY, ROOT, RUNNER, request
 
 TIMEOUT_S = 60.0
@@ -219,7 +219,7 @@ def test_the_fork_server_has_the_runner_and_torch_preloaded(launcher: TrialLaunc
     show as every trial re-importing torch."""
     result = launcher.call("tests.helpers", "preloaded", None, TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    assert result.result["backends.pytorch.runner"] and result.result["torch"], result.result
+    assert result.result["autotuner.backends.pytorch.runner"] and result.result["torch"], result.result
 
 
 def test_the_fork_server_has_what_the_first_optimizer_step_imports(launcher: TrialLauncher) -> None:
@@ -229,8 +229,8 @@ def test_the_fork_server_has_what_the_first_optimizer_step_imports(launcher: Tri
 
 
 def test_backends_imports_first_in_a_fresh_interpreter() -> None:
-    """The fork server imports `backends.pytorch.runner` before anything else of the project."""
-    for module in ("backends", "backends.pytorch.runner", "autotuner.trial", "autotuner.spec"):
+    """The fork server imports `autotuner.backends.pytorch.runner` before anything else of the project."""
+    for module in ("autotuner.backends", "autotuner.backends.pytorch.runner", "autotuner.trial", "autotuner.spec"):
         done = subprocess.run(
             [sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True, timeout=120
         )

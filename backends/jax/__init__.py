@@ -1,20 +1,20 @@
 """The JAX backend, engine side: knobs, built-in workloads, what a device can honour.
 
 Importing this module does not import jax (the engine validates specs and decides what is
-unsupported without it). The trial-process half is `backends.jax.runner`; user workloads return
-a `backends.jax.workload.JaxWorkload`; `backends.jax.apply.TunedTraining` applies a config to a
+unsupported without it). The trial-process half is `autotuner.backends.jax.runner`; user workloads return
+a `autotuner.backends.jax.workload.JaxWorkload`; `autotuner.backends.jax.apply.TunedTraining` applies a config to a
 JAX training loop.
 """
 
 from __future__ import annotations
 
+from autotuner.backends._base import Backend, Capabilities
 from autotuner.knobs import Config
-from backends._base import Backend, Capabilities
 
 
 class JaxBackend(Backend):
     name = "jax"
-    runner = "backends.jax.runner"
+    runner = "autotuner.backends.jax.runner"
     knobs = {
         "precision": ("fp32", "tf32", "bf16"),
         "batch_size": None,
@@ -23,8 +23,8 @@ class JaxBackend(Backend):
         "jit": ("on", "off"),
     }
     builtin_workloads = {
-        "mlp": "backends.jax.workloads:mlp",
-        "gpt": "backends.jax.workloads:gpt",
+        "mlp": "autotuner.backends.jax.workloads:mlp",
+        "gpt": "autotuner.backends.jax.workloads:gpt",
     }
     default_space = "jax"
     requires = ("jax", "optax")

@@ -1,10 +1,10 @@
 """A tuned config applied to a JAX training loop: the user's own, and the trials' loop too.
 
 `TunedTraining` is the one implementation of what a config means in JAX. The trial runner
-(`backends.jax.runner`) trains through it, so what a study measured is what a user gets:
+(`autotuner.backends.jax.runner`) trains through it, so what a study measured is what a user gets:
 
     from autotuner.apply import load_config
-    from backends.jax.apply import TunedTraining
+    from autotuner.backends.jax.apply import TunedTraining
 
     tuned = TunedTraining(load_config("studies/quickstart-jax.best.yaml"), loss_fn, optax.adamw(1e-3),
                           dataset, params=params)
@@ -48,8 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from backends.jax import JAX
-from backends.jax.workload import ArrayDataset
+from autotuner.backends.jax import JAX
+from autotuner.backends.jax.workload import ArrayDataset
 
 if TYPE_CHECKING:
     from autotuner.apply import TunedConfig

@@ -2,10 +2,10 @@
 
 Imported by the fork server before any trial: importing jax initialises no device (that happens
 in the trial process, on first use), so each trial gets its own XLA client, which `probe` and `run`
-set up for the trial's device before anything starts it (`backends.jax.apply.configure_process`:
+set up for the trial's device before anything starts it (`autotuner.backends.jax.apply.configure_process`:
 the CPU platform only for `cpu`, CUDA device i only for `cuda:i`, no preallocation), and whose
 arrays they keep on that device (JAX's default device throughout). The config is applied
-by `backends.jax.apply.TunedTraining`, the object users apply an exported config with in their
+by `autotuner.backends.jax.apply.TunedTraining`, the object users apply an exported config with in their
 own loop: a trial trains through it, so what a study measures is exactly what a user gets.
 """
 
@@ -23,14 +23,7 @@ import jaxlib
 import numpy as np
 import optax
 
-from autotuner.environment import cpu_name
-from autotuner.hardware import peak_flops
-from autotuner.measure import measure_throughput
-from autotuner.outcomes import NonFiniteLoss
-from autotuner.telemetry import Telemetry, cuda_uuid, has_energy_counter, nvml_driver
-from autotuner.trial import TrialRequest
-from autotuner.workload import load_factory, workload_problem
-from backends.jax.apply import (
+from autotuner.backends.jax.apply import (
     STRICT_MATMULS,
     TunedTraining,
     collate,
@@ -39,7 +32,14 @@ from backends.jax.apply import (
     gpus,
     resolve_device,
 )
-from backends.jax.workload import JaxWorkload, as_workload
+from autotuner.backends.jax.workload import JaxWorkload, as_workload
+from autotuner.environment import cpu_name
+from autotuner.hardware import peak_flops
+from autotuner.measure import measure_throughput
+from autotuner.outcomes import NonFiniteLoss
+from autotuner.telemetry import Telemetry, cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.trial import TrialRequest
+from autotuner.workload import load_factory, workload_problem
 
 try:
     RUNTIME_ERROR: type[Exception] = jax.errors.JaxRuntimeError
@@ -271,7 +271,7 @@ def _drift_phase(workload: JaxWorkload, training: TunedTraining, request: TrialR
 
 
 def run(request: TrialRequest) -> dict[str, Any]:
-    """One trial of `request` (see `backends._base`), with JAX set up for its device before anything
+    """One trial of `request` (see `autotuner.backends._base`), with JAX set up for its device before anything
     starts it (`configure_process`) and that device JAX's default throughout, so that what the
     workload and its loss make lands there, not on the process's first device."""
     configure_process(request.device)

@@ -10,7 +10,7 @@ called in every trial process with the spec's `workload_args` as keyword argumen
     import numpy as np
     import optax
 
-    from backends.jax.workload import ArrayDataset, JaxWorkload
+    from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload
 
     def my_job(hidden: int = 512) -> JaxWorkload:
         key = jax.random.key(np.random.randint(2**31))  # the trial's seed
@@ -30,7 +30,7 @@ called in every trial process with the spec's `workload_args` as keyword argumen
 
 The backend owns everything the knobs change: the device, the dtype policy and the matmul
 precision, jit, batching with its host prefetch threads, and gradient accumulation
-(`backends.jax.apply.TunedTraining`). So the loss must be a pure function of its arguments
+(`autotuner.backends.jax.apply.TunedTraining`). So the loss must be a pure function of its arguments
 (no side effects, no state outside `params`), written for any float dtype: under bf16 it is
 called with bf16 copies of the parameters and of the batch's float arrays. Compute the final
 reduction from `logits.astype(jnp.float32)`, as above, so that the loss itself stays in fp32.

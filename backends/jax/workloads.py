@@ -5,7 +5,7 @@
   its training FLOPs per token known.
 
 Same shapes, sizes, initialisations (PyTorch's defaults) and optimizer (AdamW with PyTorch's
-weight decay) as `backends.pytorch.workloads`; the data follow the same recipe from the same
+weight decay) as `autotuner.backends.pytorch.workloads`; the data follow the same recipe from the same
 seeds, drawn with numpy's generator instead of torch's. Parameters are drawn from the trial's
 seed (the runner seeds `numpy.random`), on the host: no device work and nothing to compile
 before the trial starts.
@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload
 from autotuner.hardware import gpt_flops_per_token
-from backends.jax.workload import ArrayDataset, JaxWorkload
 
 HELDOUT = 256
 ADAMW_WEIGHT_DECAY = 0.01

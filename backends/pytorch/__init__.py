@@ -1,13 +1,13 @@
 """The PyTorch backend, engine side: knobs, built-in workloads, what a device can honour.
 
-The trial-process half is `backends.pytorch.runner`; user workloads return a
-`backends.pytorch.workload.TorchWorkload`.
+The trial-process half is `autotuner.backends.pytorch.runner`; user workloads return a
+`autotuner.backends.pytorch.workload.TorchWorkload`.
 """
 
 from __future__ import annotations
 
+from autotuner.backends._base import Backend, Capabilities
 from autotuner.knobs import Config
-from backends._base import Backend, Capabilities
 
 COMPILE_TIMEOUT_FACTOR = {"none": 1.0, "default": 2.0, "reduce-overhead": 2.0, "max-autotune": 4.0}
 """A trial's default timeout per compile mode, in default timeouts: max-autotune benchmarks
@@ -16,7 +16,7 @@ candidate kernels for every matmul and convolution, which on a large model takes
 
 class PyTorchBackend(Backend):
     name = "pytorch"
-    runner = "backends.pytorch.runner"
+    runner = "autotuner.backends.pytorch.runner"
     knobs = {
         "precision": ("fp32", "tf32", "bf16", "fp16"),
         "batch_size": None,
@@ -25,9 +25,9 @@ class PyTorchBackend(Backend):
         "compile": ("none", "default", "reduce-overhead", "max-autotune"),
     }
     builtin_workloads = {
-        "mlp": "backends.pytorch.workloads:mlp",
-        "cnn": "backends.pytorch.workloads:cnn",
-        "gpt": "backends.pytorch.workloads:gpt",
+        "mlp": "autotuner.backends.pytorch.workloads:mlp",
+        "cnn": "autotuner.backends.pytorch.workloads:cnn",
+        "gpt": "autotuner.backends.pytorch.workloads:gpt",
     }
     default_space = "pytorch"
     requires = ("torch",)

@@ -1,10 +1,10 @@
 """A tuned config applied to a PyTorch training loop: the user's own, and the trials' loop too.
 
 `TunedTraining` is the one implementation of what a config means in PyTorch. The trial runner
-(`backends.pytorch.runner`) trains through it, so what a study measured is what a user gets:
+(`autotuner.backends.pytorch.runner`) trains through it, so what a study measured is what a user gets:
 
     from autotuner.apply import load_config
-    from backends.pytorch.apply import TunedTraining
+    from autotuner.backends.pytorch.apply import TunedTraining
 
     tuned = TunedTraining(load_config("studies/quickstart.best.yaml"), model, optimizer, dataset)
     for inputs, target in tuned.loader:
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from backends.pytorch import PYTORCH
+from autotuner.backends.pytorch import PYTORCH
 
 if TYPE_CHECKING:
     from autotuner.apply import TunedConfig

@@ -1,7 +1,7 @@
 """The PyTorch backend, trial-process side: one config of one workload, timed and seeded.
 
 Imported by the fork server before any trial, so importing it must not initialise CUDA.
-The config is applied by `backends.pytorch.apply.TunedTraining`, the object users apply an
+The config is applied by `autotuner.backends.pytorch.apply.TunedTraining`, the object users apply an
 exported config with in their own loop: a trial trains through it, so what a study measures is
 exactly what a user gets.
 """
@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): let the fork server pay once
 
+from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
+from autotuner.backends.pytorch.workload import TorchWorkload, as_workload
 from autotuner.environment import cpu_name
 from autotuner.hardware import peak_flops
 from autotuner.measure import measure_throughput
@@ -26,8 +28,6 @@ from autotuner.outcomes import NonFiniteLoss
 from autotuner.telemetry import Telemetry, cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.trial import TrialRequest
 from autotuner.workload import load_factory, workload_problem
-from backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
-from backends.pytorch.workload import TorchWorkload, as_workload
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """c10's CPU allocator has no exception type of its own: when the host (or the trial's memory

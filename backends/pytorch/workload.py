@@ -4,7 +4,7 @@ A factory is a function named in the spec by import path (`package.module:functi
 called in every trial process with the spec's `workload_args` as keyword arguments, after the
 random seeds are fixed, and returns a `TorchWorkload`:
 
-    from backends.pytorch.workload import TorchWorkload
+    from autotuner.backends.pytorch.workload import TorchWorkload
 
     def my_job(hidden: int = 512) -> TorchWorkload:
         return TorchWorkload(

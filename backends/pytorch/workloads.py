@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autotuner.backends.pytorch.workload import TorchWorkload
 from autotuner.hardware import gpt_flops_per_token
-from backends.pytorch.workload import TorchWorkload
 
 HELDOUT = 256
 
