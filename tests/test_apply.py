@@ -20,9 +20,9 @@ from torch import nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 from autotuner.apply import READS_VERSIONS, AppliedRun, TunedConfig, load_config, parse_config, print_applied
+from autotuner.backends.pytorch.apply import TunedTraining, set_matmul_precision
 from autotuner.errors import SpecError
 from autotuner.export import EXPORT_VERSION
-from backends.pytorch.apply import TunedTraining, set_matmul_precision
 from tests.conftest import ROOT, run_cli, write_spec
 
 FP32 = {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"}
@@ -262,20 +262,21 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[st
     return workdir, spec, yaml.safe_load(export.read_text())
 
 
-README_SECTION = "## Applying the config"
+GUIDE = ROOT / "docs" / "guides" / "apply.md"
+GUIDE_SECTION = "## In your own training loop: PyTorch"
 
 
 @pytest.mark.parametrize("variant", ["exported", "bf16 with a loader worker"])
-def test_readme_apply_example_runs_against_an_exported_config(
+def test_the_guides_apply_example_runs_against_an_exported_config(
     study: tuple[Path, Path, dict[str, Any]],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     variant: str,
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert README_SECTION in readme
-    code = re.search(r"```python\n(.*?)```", readme[readme.index(README_SECTION) :], re.S)
+    guide = GUIDE.read_text()
+    assert GUIDE_SECTION in guide
+    code = re.search(r"```python\n(.*?)```", guide[guide.index(GUIDE_SECTION) :], re.S)
     assert code is not None
     _, _, export = study
     if variant != "exported":

@@ -19,11 +19,11 @@ import pytest
 import torch
 import yaml
 
+from autotuner.backends.jax import JAX
+from autotuner.backends.jax.apply import TunedTraining
+from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload, as_workload
 from autotuner.errors import SpecError
 from autotuner.spec import load_spec
-from backends.jax import JAX
-from backends.jax.apply import TunedTraining
-from backends.jax.workload import ArrayDataset, JaxWorkload, as_workload
 from tests.conftest import ROOT, run_cli
 
 JAX_SPEC: dict[str, Any] = {
@@ -70,7 +70,7 @@ def test_a_jax_spec_gets_the_jax_preset_by_default(tmp_path: Path) -> None:
     minimal = {"name": "job", "backend": "jax", "workload": "builtin:gpt", "global_batch": 64}
     job = load_spec(_write(tmp_path, {**minimal, "name": "job"}))
     assert job.space["precision"] == ["fp32", "tf32", "bf16"] and job.space["jit"] == ["off", "on"]
-    assert job.workload_path() == "backends.jax.workloads:gpt"
+    assert job.workload_path() == "autotuner.backends.jax.workloads:gpt"
 
 
 @pytest.mark.parametrize(
@@ -122,8 +122,8 @@ def test_a_jax_spec_in_a_python_without_jax_is_one_line_and_exit_2(tmp_path: Pat
 
 
 def test_the_builtin_workloads_are_the_twins_of_the_pytorch_ones() -> None:
-    from backends.jax import workloads
-    from backends.pytorch import workloads as torch_workloads
+    from autotuner.backends.jax import workloads
+    from autotuner.backends.pytorch import workloads as torch_workloads
 
     np.random.seed(0)
     tiny_gpt = {"vocab": 32, "length": 16, "dim": 16, "layers": 2, "heads": 2, "samples": 64}
@@ -140,8 +140,8 @@ def test_the_builtin_workloads_are_the_twins_of_the_pytorch_ones() -> None:
 
 
 def test_the_mlp_twins_compute_the_same_function() -> None:
-    from backends.jax import workloads
-    from backends.pytorch import workloads as torch_workloads
+    from autotuner.backends.jax import workloads
+    from autotuner.backends.pytorch import workloads as torch_workloads
 
     args = {"features": 16, "hidden": 32, "depth": 2, "samples": 64}
     np.random.seed(0)
@@ -158,7 +158,7 @@ def test_the_mlp_twins_compute_the_same_function() -> None:
 
 
 def test_the_parameters_follow_the_trial_seed_and_the_data_do_not() -> None:
-    from backends.jax.workloads import mlp
+    from autotuner.backends.jax.workloads import mlp
 
     def build(seed: int) -> JaxWorkload:
         np.random.seed(seed)
@@ -265,15 +265,24 @@ def test_autotuner_env_describes_the_jax_backend(tmp_path: Path) -> None:
     assert "torch.compile" not in done.stdout
 
 
-README_SECTION = "## JAX"
+GUIDES = ROOT / "docs" / "guides"
 
 
-def test_readme_jax_loop_runs_against_an_exported_config(
+def _first_python_block(page: str, section: str) -> str:
+    text = (GUIDES / page).read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text[text.index(section) :], re.S)
+    assert blocks, f"docs/guides/{page}, {section}: no Python block"
+    return blocks[0]
+
+
+def test_the_guides_jax_factory_and_loop_run_against_an_exported_config(
     jax_study: tuple[Path, Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme[readme.index(README_SECTION) :], re.S)
-    assert len(blocks) >= 2, "the JAX section shows a workload factory and a training loop"
+    """The JAX guide's workload factory and the apply guide's JAX loop, as a user copies them."""
+    blocks = [
+        _first_python_block("jax.md", "## The workload factory"),
+        _first_python_block("apply.md", "## In your own training loop: JAX"),
+    ]
     _, _, export = jax_study
     (tmp_path / "studies").mkdir()
     (tmp_path / "studies" / "quickstart-jax.best.yaml").write_text(yaml.safe_dump(export))
