@@ -22,7 +22,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-import autotuner.search_spaces as search_spaces
 from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
 from autotuner.errors import SpecError, shown
 from autotuner.knobs import DERIVED, KNOBS, Config
@@ -266,17 +265,17 @@ def _resolve_space(job: Job, source: str) -> None:
         preset = inline.pop("preset", preset_name)
         if not isinstance(preset, str):
             raise SpecError(
-                f"must be the name of a preset ({', '.join(search_spaces.available())})",
+                f"must be the name of a preset ({', '.join(backend.presets())})",
                 source=source,
                 key="space.preset",
             )
         preset_name = preset
     try:
-        preset = search_spaces.load_preset(preset_name)
+        preset = backend.load_preset(preset_name)
     except KeyError:
         key = "space.preset" if isinstance(raw, dict) else "space"
         raise SpecError(
-            f"no preset {shown(preset_name)}; choose between {', '.join(search_spaces.available())}",
+            f"no preset {shown(preset_name)}; choose between {', '.join(backend.presets())}",
             source=source,
             key=key,
         ) from None

@@ -1,9 +1,9 @@
 """Framework backends: each turns a config + a workload into a timed, seeded training run.
 
 This package is the only place that imports torch or jax, and only inside each backend's
-`runner` module, which the trial process imports. The backend objects listed here are light:
+`runner` module, which the trial process imports. The backend objects registered here are light:
 the engine uses them to validate a spec and to decide which configs the hardware can honour
-without importing a framework.
+without importing a framework. A backend defined elsewhere joins them with `register`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,22 @@ from autotuner.backends._base import Backend, Capabilities
 from autotuner.backends.jax import JAX
 from autotuner.backends.pytorch import PYTORCH
 
-BACKENDS: dict[str, Backend] = {PYTORCH.name: PYTORCH, JAX.name: JAX}
+BACKENDS: dict[str, Backend] = {}
+"""Name -> backend: every backend the engine knows (`register` adds one)."""
+
+
+def register(backend: Backend) -> Backend:
+    """Make `backend` known to the engine under its name (again for the same backend is a no-op);
+    ValueError when another backend has that name. Returns `backend`."""
+    known = BACKENDS.get(backend.name)
+    if known is not None and type(known) is not type(backend):
+        raise ValueError(f"a backend named {backend.name!r} is registered already ({type(known).__name__})")
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+register(PYTORCH)
+register(JAX)
 
 
 def get_backend(name: str) -> Backend:
@@ -20,4 +35,4 @@ def get_backend(name: str) -> Backend:
     return BACKENDS[name]
 
 
-__all__ = ["BACKENDS", "Backend", "Capabilities", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "Capabilities", "get_backend", "register"]

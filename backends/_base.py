@@ -1,12 +1,15 @@
-"""The backend contract.
+"""The backend contract, engine side, and what else a backend provides.
 
 A backend has three parts:
 
-* a `Backend` object (this class), imported by the engine in the search process. It must not
-  import its framework. It names the knobs and values the backend has, its built-in workloads,
+* a `Backend` object (this module's abstract class), imported by the engine in the search
+  process and registered with `autotuner.backends.register`. It must not import its framework. It
+  names the knobs and values the backend has, its built-in workloads and search-space presets,
   and decides from a `Capabilities` report which configs the hardware cannot honour.
 * a runner module (`Backend.runner`), imported only in trial processes (and preloaded by the
-  fork server, so it must not touch the accelerator at import time). It provides:
+  fork server, so it must not touch the accelerator at import time). It holds the backend's
+  `autotuner.runner.TrialBackend`, the framework's steps of the one trial algorithm
+  (`autotuner.runner`), and exposes the entry points the engine calls by name:
 
   ``probe(arg: dict) -> dict``
       Called once per search in a trial process, before anything is stored, with ``device``,
@@ -18,20 +21,16 @@ A backend has three parts:
       `Capabilities` fields can be built from), ``peak_flops`` (per precision, or empty) and
       ``device_count`` (the GPUs this process sees: `search --jobs` starts one worker per GPU).
   ``run(request: autotuner.trial.TrialRequest) -> dict``
-      Builds the workload with ``request.seed``, then, in this order: the measured phase
-      (``request.measure``: warm-up steps, then ``request.windows`` windows of
-      ``request.steps`` optimizer steps each, timed by `autotuner.measure.measure_throughput`,
-      the device synchronized at every window edge) and the drift phase (``request.drift_steps``
-      optimizer steps from the initial weights on the first samples of the dataset in order,
-      then the fp32 loss on a fixed held-out batch). Returns a dict with ``throughput`` (the
-      `autotuner.measure.Throughput` as a dict), ``losses`` (``heldout`` and ``trajectory``),
-      and optional telemetry (``peak_memory_mb``, ``tokens_per_sample``, ``flops_per_sample``,
-      ``gpu``). A non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
+      One trial: `autotuner.runner.run_trial` (its result is `autotuner.runner.TrialOutput`
+      as a message). A non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None.
 
+  The module's last lines are ``TRIAL = <its TrialBackend>()``, ``run = TRIAL.run`` and
+  ``probe = TRIAL.probe``.
+
 * an apply module (``backends/<name>/apply.py``): the one implementation of what a config means
-  for a training loop. The runner's ``run`` trains through it, and users import it for their
+  for a training loop. The runner trains through it, and users import it for their
   own loop, so what a trial measured is what a user gets. It provides one class:
 
   ``TunedTraining(config, model, optimizer, dataset=None, device=None)``
@@ -63,10 +62,12 @@ A backend has three parts:
 from __future__ import annotations
 
 import importlib.util
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from autotuner import search_spaces
 from autotuner.knobs import KNOBS, Config
 
 
@@ -91,8 +92,9 @@ class Capabilities:
         return cls(**{k: bool(v) for k, v in data.items() if k in names})
 
 
-class Backend:
-    """The engine-side half of a backend: knobs, built-ins and what the hardware can honour."""
+class Backend(ABC):
+    """The engine-side half of a backend: knobs, built-ins, presets and what the hardware can honour.
+    A subclass sets the class attributes below and implements `unsupported_reason`."""
 
     name: str
     runner: str
@@ -102,7 +104,7 @@ class Backend:
     builtin_workloads: Mapping[str, str]
     """`builtin:<name>` -> `package.module:function`."""
     default_space: str
-    """Name of the search-space preset used when the spec names none."""
+    """Name of the search-space preset used when the spec names none (one of `presets()`)."""
     requires: tuple[str, ...] = ()
     """Top-level modules the runner imports: checked, never imported, when a spec names the backend."""
     install: str = ""
@@ -115,9 +117,19 @@ class Backend:
             return None
         return f"the {self.name} backend needs {' and '.join(missing)}, not installed here: {self.install}"
 
+    @abstractmethod
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
-        """Why the hardware cannot honour `config` (it is then recorded, never run), or None."""
-        raise NotImplementedError
+        """Why the hardware cannot honour `config` (it is then recorded, never run), or None.
+        Start with `unsupported_precision`."""
+
+    def presets(self) -> list[str]:
+        """The search-space presets a spec may name: by default the YAML files of
+        `autotuner.search_spaces`."""
+        return search_spaces.available()
+
+    def load_preset(self, name: str) -> dict[str, Any]:
+        """The preset `name` (one of `presets()`): knob -> choices; KeyError when there is none."""
+        return search_spaces.load_preset(name)
 
     @staticmethod
     def unsupported_precision(precision: str, capabilities: Capabilities) -> str | None:
@@ -157,3 +169,21 @@ class Backend:
         if ref.startswith("builtin:"):
             return self.builtin_workloads[ref.removeprefix("builtin:")]
         return ref
+
+
+class TunedLoop:
+    """What every backend's `TunedTraining` reads from a config before its framework does anything:
+    `config` (the knob values, checked against `backend`'s knobs), the precision, the micro-batch,
+    the accumulation and the loader's workers."""
+
+    def __init__(self, backend: Backend, config: Any):
+        self.config = backend.config_params(config)
+        self.precision: str = self.config["precision"]
+        self.batch_size = int(self.config["batch_size"])
+        self.accumulation = int(self.config["accumulation"])
+        self.workers = int(self.config["workers"])
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: micro-batch x accumulation."""
+        return self.batch_size * self.accumulation

@@ -183,8 +183,8 @@ def test_peak_gpu_memory_is_the_reserved_peak_reset_after_the_warmup(monkeypatch
     for name, function in fake.items():
         monkeypatch.setattr(torch.cuda, name, function)
     cuda = torch.device("cuda", 0)
-    assert torch_runner._peak_memory_mb(cuda) == 3 * 1024  # what the process took, not what tensors use
-    torch_runner._reset_peak_memory(cuda, lambda: calls.append("step"))()
+    assert torch_runner.TRIAL.peak_memory_mb(cuda) == 3 * 1024  # what the process took, not what tensors use
+    torch_runner.TRIAL.after_warmup(cuda, lambda: calls.append("step"))
     assert calls == ["synchronize", "empty_cache", "reset", "step", "synchronize"]
 
 

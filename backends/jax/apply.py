@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from autotuner.backends._base import TunedLoop
 from autotuner.backends.jax import JAX
 from autotuner.backends.jax.workload import ArrayDataset
 
@@ -258,7 +259,7 @@ class Loader:
                 future.cancel()
 
 
-class TunedTraining:
+class TunedTraining(TunedLoop):
     """One tuned config applied to a loss function, its optax optimizer, the parameters and
     (optionally) a dataset.
 
@@ -282,12 +283,8 @@ class TunedTraining:
         *,
         params: Any,
     ):
-        self.config = JAX.config_params(config)
+        super().__init__(JAX, config)
         self.device = resolve_device(device)
-        self.precision: str = self.config["precision"]
-        self.batch_size = int(self.config["batch_size"])
-        self.accumulation = int(self.config["accumulation"])
-        self.workers = int(self.config["workers"])
         self.jit = self.config["jit"] == "on"
         cast = COMPUTE_DTYPES.get(self.precision)
         self.compute_dtype = cast or jnp.float32
@@ -314,11 +311,6 @@ class TunedTraining:
         self.opt_state: Any = None
         self.restart(params)
         self.loader = self.make_loader(dataset) if dataset is not None else None
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step: micro-batch x accumulation."""
-        return self.batch_size * self.accumulation
 
     def restart(self, params: Any) -> None:
         """Train from `params` again (placed on the device) with a fresh optimizer state; the

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autotuner.backends._base import TunedLoop
 from autotuner.backends.pytorch import PYTORCH
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
                 param.grad = torch.zeros_like(param)
 
 
-class TunedTraining:
+class TunedTraining(TunedLoop):
     """One tuned config applied to a model, its optimizer and (optionally) its dataset.
 
     The constructor moves `model` to `device` (default: cuda:0 if there is a GPU, else the CPU),
@@ -140,20 +141,18 @@ class TunedTraining:
         dataset: torch.utils.data.Dataset[Any] | None = None,
         device: str | torch.device | None = None,
     ):
-        self.params = PYTORCH.config_params(config)
+        super().__init__(PYTORCH, config)
+        self.params = self.config
+        """The knob values (its name before `config`, kept for loops that read it)."""
         self.device = resolve_device(device)
-        self.precision: str = self.params["precision"]
-        self.batch_size = int(self.params["batch_size"])
-        self.accumulation = int(self.params["accumulation"])
-        self.workers = int(self.params["workers"])
         set_matmul_precision(self.precision)
-        self.model = _compiled(model.to(self.device), self.params["compile"])
+        self.model = _compiled(model.to(self.device), self.config["compile"])
         self.optimizer = optimizer
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.skipped_steps = 0
         """Optimizer steps the GradScaler skipped because fp16 gradients overflowed (fp16 only)."""
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        cuda_graphs = uses_cuda_graphs(self.params["compile"], self.device)
+        cuda_graphs = uses_cuda_graphs(self.config["compile"], self.device)
         self._mark_step: Callable[[], None] = (
             torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
         )
@@ -167,11 +166,6 @@ class TunedTraining:
         self._non_blocking = self.device.type == "cuda"
         self._micro_steps = 0
         self.loader = self.make_loader(dataset) if dataset is not None else None
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step: micro-batch x accumulation."""
-        return self.batch_size * self.accumulation
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context for the forward pass and the loss: autocast for bf16/fp16, nothing otherwise.

@@ -1,0 +1,344 @@
+"""One trial, in a trial process: the algorithm every backend runs, written once.
+
+`run_trial` builds the workload with the trial's seed, measures it (warm-up, calibration, the
+timed windows and their lockstep turns, telemetry: `autotuner.measure.measure_throughput`),
+counts its FLOPs, restores the initial weights and runs the drift phase (K optimizer steps on the
+dataset's first items in order, then the loss on the held-out items). `probe` reports a device's
+environment. Both call into a `TrialBackend`: the framework's own steps and nothing else.
+
+Each backend's runner module (`Backend.runner`) holds its `TrialBackend` and exposes its `run`,
+`probe` and `classify_exception` as module attributes: the fork server preloads that module (and
+with it the framework), and `autotuner.trial.TrialLauncher` calls `runner.function(arg)` by name.
+This module imports no framework.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from autotuner.measure import Throughput, measure_throughput
+from autotuner.outcomes import NonFiniteLoss
+from autotuner.telemetry import Telemetry
+from autotuner.trial import TrialRequest
+from autotuner.workload import load_factory, workload_problem
+
+HELDOUT_DEFAULT = 256
+"""Items of the held-out set when the workload names none: the dataset's last ones."""
+
+
+class Workload(Protocol):
+    """What the core reads of a backend's workload (`TorchWorkload`, `JaxWorkload`, ...)."""
+
+    dataset: Any
+    heldout: Any
+    tokens_per_sample: int | None
+    flops_per_sample: float | None
+
+
+class TrialBackend(ABC):
+    """The trial-process half of a backend: the framework's steps, which `run_trial` and `probe`
+    call in the order their docstrings say. Device, workload, training and loss values are the
+    framework's own objects; the core only passes them back."""
+
+    # ------------------------------------------------------------ the process and its device
+
+    def configure_process(self, device_spec: str, compile_cache: str | None) -> None:  # noqa: B027 - optional hook
+        """First of all, in every trial and probe process, before the framework starts a device.
+        `compile_cache`: the study's compile-cache folder (None in probes, or for the default)."""
+
+    @abstractmethod
+    def resolve_device(self, spec: str) -> Any:
+        """The framework's device for a spec's `device` (`auto`, `cpu`, `cuda:N`); ValueError if none."""
+
+    def on_device(self, device: Any) -> contextlib.AbstractContextManager[Any]:
+        """The context the whole trial (or probe) runs in, after `resolve_device`."""
+        return contextlib.nullcontext()
+
+    def use_device(self, device: Any) -> None:  # noqa: B027 - optional hook
+        """Trials only, before the build: make `device` the process's current one (a probe leaves
+        it alone: on CUDA 12, making a device current creates a context on it)."""
+
+    @abstractmethod
+    def environment(self, device: Any) -> dict[str, Any]:
+        """Probe: `device`'s environment (see `autotuner.backends._base`), `workload_error` aside."""
+
+    @abstractmethod
+    def seed(self, seed: int) -> None:
+        """Seed the framework's random generators (`random` is seeded already): before each build
+        and before the drift phase."""
+
+    # ------------------------------------------------------------ the workload and the config
+
+    @abstractmethod
+    def as_workload(self, built: Any, ref: str) -> Workload:
+        """Check what factory `ref` returned (TypeError saying what is wrong) and return the workload."""
+
+    def initial_state(self, workload: Any) -> Any:
+        """Right after the build: the initial weights, as `restart` takes them back."""
+        return None
+
+    @abstractmethod
+    def training(self, workload: Any, config: dict[str, Any], device: Any) -> Any:
+        """The backend's `TunedTraining` of `config` over the workload, on `device`."""
+
+    @abstractmethod
+    def restart(self, workload: Any, training: Any, initial: Any) -> Any:
+        """After the measured phase: the training to run the drift phase with, from the initial
+        weights with a fresh optimizer, reusing what was compiled."""
+
+    def compile_lookups(self) -> Any:
+        """Before the training is built: the compile caches' counters, for `compile_cache`."""
+        return None
+
+    def compile_cache(self, before: Any) -> str | None:
+        """After the measured phase: `warm`, `cold` or `partial` by the cache lookups since
+        `before`; None when nothing was compiled or the framework has no such cache."""
+        return None
+
+    # ------------------------------------------------------------ the steps
+
+    @abstractmethod
+    def train_step(self, workload: Any, training: Any, batches: Iterator[Any]) -> Any:
+        """One optimizer step over `accumulation` micro-batches from `batches`, as a user's loop
+        takes it; returns the mean loss, a scalar left on the device."""
+
+    @abstractmethod
+    def synchronize(self, training: Any, pending: Any) -> None:
+        """Wait until the device has finished what it was given (`pending`: the latest loss)."""
+
+    def subset(self, dataset: Any, indices: list[int]) -> Any:
+        """The items of `dataset` at `indices`, in that order, as the backend's loader takes them."""
+        return Subset(dataset, indices)
+
+    @abstractmethod
+    def evaluation(self, workload: Any, training: Any) -> contextlib.AbstractContextManager[Any]:
+        """The context of the held-out evaluation: eager, strict fp32 (the weights are compared,
+        not the evaluation's numerics), no gradients."""
+
+    @abstractmethod
+    def batch_loss(self, workload: Any, training: Any, dataset: Any, indices: range) -> float:
+        """Inside `evaluation`: the mean loss over the items of `dataset` at `indices`."""
+
+    # ------------------------------------------------------------ what is reported
+
+    def gpu_uuid(self, device: Any) -> str | None:
+        """The NVML UUID of `device` when it is a GPU, for telemetry; None on the CPU."""
+        return None
+
+    def after_warmup(self, device: Any, step: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+        """After the warm-up steps, before the first window: reset the peak-memory counters."""
+
+    @abstractmethod
+    def peak_memory_mb(self, device: Any) -> float:
+        """After the measured phase: the peak memory since `after_warmup`, in MiB."""
+
+    def flops_per_sample(self, workload: Any, training: Any) -> float | None:
+        """After the measured phase, for a workload that does not declare them: training FLOPs per
+        sample (forward and backward, no optimizer), or None. Any exception leaves them uncounted."""
+        return None
+
+    def skipped_steps(self, training: Any) -> int | None:
+        """After the drift phase: the optimizer steps the config skipped (fp16 overflow), or None."""
+        return None
+
+    @abstractmethod
+    def classify_exception(self, exc: BaseException) -> str | None:
+        """`oom` when `exc` is the framework's out-of-memory error, else None."""
+
+    # ------------------------------------------------------------ entry points
+
+    def run(self, request: TrialRequest) -> dict[str, Any]:
+        """The runner module's `run`: one trial of `request`."""
+        return run_trial(self, request)
+
+    def probe(self, arg: dict[str, Any]) -> dict[str, Any]:
+        """The runner module's `probe` (see `autotuner.backends._base`)."""
+        return probe(self, arg)
+
+
+class Subset:
+    """The items of `dataset` at `indices`, in that order."""
+
+    def __init__(self, dataset: Any, indices: list[int]):
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[self.indices[index]]
+
+
+@dataclass
+class Losses:
+    """The drift phase's losses."""
+
+    heldout: float
+    trajectory: list[float]
+    skipped_steps: int | None = None
+
+
+@dataclass
+class TrialOutput:
+    """What a trial process sends back; `as_message` is the dict `autotuner.study` reads."""
+
+    losses: Losses
+    tokens_per_sample: int | None = None
+    flops_per_sample: float | None = None
+    throughput: Throughput | None = None
+    """None for the reference, which runs the drift phase only (so do the next three)."""
+    peak_memory_mb: float | None = None
+    telemetry: dict[str, Any] | None = None
+    compile_cache: str | None = None
+
+    def as_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "tokens_per_sample": self.tokens_per_sample,
+            "flops_per_sample": self.flops_per_sample,
+            "losses": asdict(self.losses),
+        }
+        if self.throughput is not None:
+            message.update(
+                throughput=self.throughput.as_dict(),
+                peak_memory_mb=self.peak_memory_mb,
+                telemetry=self.telemetry,
+                compile_cache=self.compile_cache,
+            )
+        return message
+
+
+def _forever(loader: Any) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+def _check_finite(loss: Any, where: str) -> float:
+    value = float(loss)
+    if not math.isfinite(value):
+        raise NonFiniteLoss(f"the loss became {value} during {where}")
+    return value
+
+
+def _seed(backend: TrialBackend, seed: int) -> None:
+    random.seed(seed)
+    backend.seed(seed)
+
+
+def probe(backend: TrialBackend, arg: dict[str, Any]) -> dict[str, Any]:
+    """The environment of `arg["device"]`, and whether `arg["workload"]` imports; with
+    `arg["workload_args"]`, whether the factory builds a workload from them."""
+    backend.configure_process(arg["device"], None)
+    device = backend.resolve_device(arg["device"])
+
+    def build(factory: Callable[..., Any]) -> None:
+        _seed(backend, 0)
+        backend.as_workload(factory(**arg["workload_args"]), arg["workload"])
+
+    with backend.on_device(device):
+        environment = backend.environment(device)
+        environment["workload_error"] = workload_problem(arg["workload"], arg.get("workload_args"), build)
+    return environment
+
+
+def run_trial(backend: TrialBackend, request: TrialRequest) -> dict[str, Any]:
+    """One trial of `request` (see `autotuner.backends._base`), as the message `autotuner.study` reads."""
+    backend.configure_process(request.device, request.compile_cache)
+    device = backend.resolve_device(request.device)
+    backend.use_device(device)
+    with backend.on_device(device):
+        return _run(backend, request, device).as_message()
+
+
+def _run(backend: TrialBackend, request: TrialRequest, device: Any) -> TrialOutput:
+    _seed(backend, request.seed)
+    workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+    initial = backend.initial_state(workload)
+    lookups = backend.compile_lookups()
+    training = backend.training(workload, request.config, device)
+    output = TrialOutput(
+        losses=Losses(math.nan, []),
+        tokens_per_sample=workload.tokens_per_sample,
+        flops_per_sample=workload.flops_per_sample,
+    )
+    if request.measure:
+        _measure(backend, workload, training, request, device, output)
+        output.compile_cache = backend.compile_cache(lookups)
+        if workload.flops_per_sample is None:
+            output.flops_per_sample = _count_flops(backend, workload, training)
+        training = backend.restart(workload, training, initial)
+    _seed(backend, request.seed)
+    output.losses = _drift_phase(backend, workload, training, request)
+    return output
+
+
+def _count_flops(backend: TrialBackend, workload: Any, training: Any) -> float | None:
+    """MFU is a figure about a trial, and its absence never fails one."""
+    try:
+        return backend.flops_per_sample(workload, training)
+    except Exception:
+        return None
+
+
+def _measure(
+    backend: TrialBackend, workload: Any, training: Any, request: TrialRequest, device: Any, output: TrialOutput
+) -> None:
+    batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
+    running: Any = 0.0
+
+    def step() -> None:
+        nonlocal running
+        running = running + backend.train_step(workload, training, batches)
+
+    def after_window() -> None:
+        _check_finite(running, "the measured steps")
+
+    telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device))
+    throughput = measure_throughput(
+        step,
+        lambda: backend.synchronize(training, running),
+        warmup_steps=request.warmup_steps,
+        steps=request.steps,
+        windows=request.windows,
+        samples_per_step=request.global_batch,
+        min_window_s=request.min_window_s,
+        cover_steps=request.cover_steps,
+        after_window=after_window,
+        after_warmup=lambda: backend.after_warmup(device, step),
+        telemetry=telemetry,
+    )
+    measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
+    output.throughput = throughput
+    # NVML's figure holds the CUDA context and what the driver allocated outside the framework's allocator
+    output.peak_memory_mb = max(backend.peak_memory_mb(device), measured.get("gpu_process_memory_mb_max", 0.0))
+    output.telemetry = measured
+
+
+def _drift_phase(backend: TrialBackend, workload: Any, training: Any, request: TrialRequest) -> Losses:
+    """K optimizer steps on the dataset's first K*global_batch items in order, then the loss on
+    the held-out items."""
+    needed = request.drift_steps * request.global_batch
+    size = len(workload.dataset)
+    ordered = backend.subset(workload.dataset, [i % size for i in range(needed)])
+    batches = iter(training.make_loader(ordered, shuffle=False, seed=request.seed))
+    trajectory: list[float] = []
+    for _ in range(request.drift_steps):
+        loss = backend.train_step(workload, training, batches)
+        trajectory.append(_check_finite(loss, f"drift step {len(trajectory) + 1}"))
+    heldout = workload.heldout
+    if heldout is None:
+        heldout = backend.subset(workload.dataset, list(range(max(0, size - HELDOUT_DEFAULT), size)))
+    count = len(heldout)
+    chunk = request.heldout_batch  # the same for every trial of a study, so the sums add up alike
+    total = 0.0  # summed on the host in float64
+    with backend.evaluation(workload, training):
+        for start in range(0, count, chunk):
+            indices = range(start, min(count, start + chunk))
+            total += backend.batch_loss(workload, training, heldout, indices) * len(indices)
+    loss = _check_finite(total / count, "the held-out evaluation")
+    return Losses(loss, trajectory, backend.skipped_steps(training))
