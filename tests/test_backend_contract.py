@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-import autotuner.search_spaces as search_spaces
 from autotuner.apply import TunedConfig
 from autotuner.backends import BACKENDS, Backend, Capabilities
 from autotuner.drift import measure_drift
@@ -27,6 +26,7 @@ from autotuner.knobs import DERIVED, KNOBS
 from autotuner.outcomes import Outcome
 from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
 from tests.helpers import ROOT, small_request  # noqa: F401 - ROOT: puts the repository on sys.path for the trial processes
+from tests.numpy_backend import NUMPY  # registers the numpy backend: nothing under autotuner/ names it
 
 TIMEOUT_S = 120.0
 """Generous: a tiny trial takes a few seconds."""
@@ -45,10 +45,10 @@ class Harness:
     """Module of workloads that misbehave on purpose (ok, oom, nan, raises_in_factory, wrong_return)."""
     workload_type: str
     """The class name a factory must return."""
-    compiled: dict[str, Any]
-    """The knob value that compiles the step (the reference's value does not)."""
-    optimized: dict[str, Any]
-    """A fast config the CPU honours, for the drift check."""
+    compiled: dict[str, Any] | None
+    """The knob value that compiles the step (the reference's value does not); None: no such knob."""
+    optimized: dict[str, Any] | None
+    """A fast config the CPU honours, for the drift check; None: every config is the reference's."""
     quick: dict[str, Any]
     """Knob values that make a tiny trial quickest here (a JAX step op by op compiles each of its
     ~100 operations on first use, one jit compiles it whole), for the tests that are not about
@@ -283,7 +283,76 @@ class JaxHarness(Harness):
         raise AssertionError("XLA allocated 16 TiB")
 
 
-HARNESSES = {"pytorch": PyTorchHarness, "jax": JaxHarness}
+class NumpyHarness(Harness):
+    """The third backend, defined in tests/numpy_backend.py: fp32 only, nothing to compile."""
+
+    backend = NUMPY
+    faulty = "tests.numpy_backend"
+    workload_type = "NumpyWorkload"
+    compiled = None
+    optimized = None
+    quick: dict[str, Any] = {}
+    step_variants = ({},)
+
+    def training(self, config: dict[str, Any], dataset: Any = None) -> Any:
+        from tests.numpy_backend import TunedTraining
+
+        init = np.random.default_rng(0)
+        params = {
+            "w0": (init.standard_normal((FEATURES, 16)) / np.sqrt(FEATURES)).astype(np.float32),
+            "b0": np.zeros(16, np.float32),
+            "w1": (init.standard_normal((16, CLASSES)) / 4.0).astype(np.float32),
+            "b1": np.zeros(CLASSES, np.float32),
+        }
+        return TunedTraining(config, params, 0.1, dataset)
+
+    def dataset(self, samples: int) -> Any:
+        from tests.numpy_backend import Pairs
+
+        inputs, _ = self.data(samples)
+        return Pairs(inputs, np.arange(samples))
+
+    def batch(self, start: int, stop: int) -> Any:
+        inputs, labels = self.data()
+        return inputs[start:stop], labels[start:stop]
+
+    def micro_step(self, tuned: Any, batch: Any) -> bool:
+        with tuned.autocast():
+            _, grads = tuned.model(tuned.params, tuned.to_device(batch))
+        tuned.backward(grads)
+        return bool(tuned.step())
+
+    def weights(self, tuned: Any) -> list[np.ndarray]:
+        return [value.copy() for value in tuned.params.values()]
+
+    def compute_dtype(self, tuned: Any) -> str:
+        return str(tuned.params["w0"].dtype)
+
+    def matmul_precision(self, tuned: Any) -> str:
+        return "strict"
+
+    def is_compiled(self, tuned: Any) -> bool:
+        return False
+
+    def loader_workers(self, loader: Any) -> int:
+        return int(loader.workers)
+
+    def labels(self, batch: Any) -> list[int]:
+        return [int(v) for v in batch[1]]
+
+    def real_oom(self) -> BaseException:
+        try:
+            np.empty(2**42, np.float32)
+        except MemoryError as exc:
+            return exc
+        raise AssertionError("numpy allocated 16 TiB")
+
+
+HARNESSES = {"pytorch": PyTorchHarness, "jax": JaxHarness, "numpy": NumpyHarness}
+
+
+def _precisions(harness: Harness) -> tuple[str, ...]:
+    return tuple(harness.backend.knobs["precision"] or ())
 
 
 @pytest.fixture(scope="module")
@@ -340,30 +409,34 @@ class TestBackendContract:
             if allowed is not None and knob.choices is not None:
                 assert set(allowed) <= set(knob.choices), name
                 assert knob.reference in allowed, f"{name}: the reference value must be one the backend honours"
-        assert backend.default_space in search_spaces.available()
+        assert backend.default_space in backend.presets()
+        assert set(backend.load_preset(backend.default_space)) <= set(backend.knobs)
         assert backend.missing_requirements() is None
 
     def test_the_cpu_runs_the_reference_and_refuses_tf32_with_a_reason(self, harness: Harness) -> None:
         cpu = Capabilities(bf16=True, compile=True, jit=True)
         backend = harness.backend
         assert backend.unsupported_reason(harness.reference(), Capabilities()) is None
-        assert backend.unsupported_reason(harness.reference(precision="bf16"), cpu) is None
-        assert backend.unsupported_reason(harness.reference(**harness.compiled), cpu) is None
+        if "bf16" in _precisions(harness):
+            assert backend.unsupported_reason(harness.reference(precision="bf16"), cpu) is None
+            reason = backend.unsupported_reason(harness.reference(precision="bf16"), Capabilities())
+            assert reason is not None and reason.startswith("bf16:")
+        if harness.compiled is not None:
+            assert backend.unsupported_reason(harness.reference(**harness.compiled), cpu) is None
         reason = backend.unsupported_reason(harness.reference(precision="tf32"), cpu)
         assert reason is not None and reason.startswith("tf32:") and "\n" not in reason
-        reason = backend.unsupported_reason(harness.reference(precision="bf16"), Capabilities())
-        assert reason is not None and reason.startswith("bf16:")
 
     # ------------------------------------------------------------ TunedTraining honours every knob
 
     def test_precision_sets_the_compute_dtype(self, harness: Harness) -> None:
         assert harness.compute_dtype(harness.training(harness.reference(precision="fp32"))) == "float32"
-        assert harness.compute_dtype(harness.training(harness.reference(precision="bf16"))) == "bfloat16"
+        if "bf16" in _precisions(harness):
+            assert harness.compute_dtype(harness.training(harness.reference(precision="bf16"))) == "bfloat16"
 
     def test_tf32_allows_tf32_matmuls_and_every_other_precision_is_strict(self, harness: Harness) -> None:
-        assert harness.matmul_precision(harness.training(harness.reference(precision="tf32"))) == "tf32"
-        assert harness.matmul_precision(harness.training(harness.reference(precision="bf16"))) == "strict"
-        assert harness.matmul_precision(harness.training(harness.reference(precision="fp32"))) == "strict"
+        for precision in _precisions(harness):
+            expected = "tf32" if precision == "tf32" else "strict"
+            assert harness.matmul_precision(harness.training(harness.reference(precision=precision))) == expected
 
     def test_accumulated_micro_batches_step_as_the_whole_batch(self, harness: Harness) -> None:
         for variant in harness.step_variants:
@@ -392,7 +465,8 @@ class TestBackendContract:
         assert moved == [False, True, False, False, True], "the weights change on the optimizer steps only"
 
     def test_compile_or_jit_is_applied_and_the_reference_is_eager(self, harness: Harness) -> None:
-        assert harness.is_compiled(harness.training(harness.reference(**harness.compiled))) is True
+        if harness.compiled is not None:
+            assert harness.is_compiled(harness.training(harness.reference(**harness.compiled))) is True
         assert harness.is_compiled(harness.training(harness.reference())) is False
 
     def test_the_loader_has_the_micro_batch_and_the_workers(self, harness: Harness) -> None:
@@ -413,8 +487,12 @@ class TestBackendContract:
     def test_a_config_of_another_backend_is_refused(self, harness: Harness) -> None:
         with pytest.raises(ValueError, match="precision"):
             harness.training(harness.reference(precision="fp8"))
-        other = next(name for name in BACKENDS if name != harness.backend.name)
-        foreign = next(k for k in BACKENDS[other].knobs if k not in harness.backend.knobs)
+        other, foreign = next(
+            (name, knob)
+            for name, backend in BACKENDS.items()
+            for knob in backend.knobs
+            if name != harness.backend.name and knob not in harness.backend.knobs
+        )
         with pytest.raises(ValueError, match=foreign):
             harness.training({**harness.reference(), foreign: KNOBS[foreign].reference})
         tuned = TunedConfig(
@@ -476,6 +554,8 @@ class TestBackendContract:
     def test_a_fast_config_drifts_little_from_the_reference(
         self, harness: Harness, launcher: TrialLauncher, reference_runs: list[TrialResult]
     ) -> None:
+        if harness.optimized is None:
+            pytest.skip(f"the {harness.backend.name} backend runs the reference's numerics only")
         fast = _run(launcher, harness, _request(harness, _mlp(harness), harness.optimized, measure=False, **SMALL_MLP))
         assert fast.outcome is Outcome.OK, fast.reason
         ref, got = reference_runs[0].result["losses"], fast.result["losses"]
