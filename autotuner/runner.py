@@ -149,7 +149,8 @@ class TrialBackend(ABC):
 
     @abstractmethod
     def classify_exception(self, exc: BaseException) -> str | None:
-        """`oom` when `exc` is the framework's out-of-memory error, else None."""
+        """`oom` when `exc` is the framework's out-of-memory error, else None. In a trial process,
+        on any exception the trial raised (the runner module exposes it by that name)."""
 
     # ------------------------------------------------------------ entry points
 

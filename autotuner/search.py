@@ -144,8 +144,11 @@ def measure_together(
     if in_lockstep(device) if lockstep is None else lockstep:
         return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, cover=cover)
     results: dict[int, TrialResult] = {}
-    first_first = [0, *sequential_order(len(requests) - 1, 1, offset=1)]
-    for index in first_first if cover else sequential_order(len(requests), rounds):
+    if cover:  # the first one first: the others cover its optimizer steps
+        order = [0, *sequential_order(len(requests) - 1, 1, offset=1)]
+    else:
+        order = sequential_order(len(requests), rounds)
+    for index in order:
         request = requests[index]
         if cover and results:
             if results[0].outcome is not Outcome.OK:

@@ -26,8 +26,8 @@ A backend has three parts:
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None.
 
-  The module's last lines are ``TRIAL = <its TrialBackend>()``, ``run = TRIAL.run`` and
-  ``probe = TRIAL.probe``.
+  The module's last lines are ``TRIAL = <its TrialBackend>()``, ``run = TRIAL.run``,
+  ``probe = TRIAL.probe`` and ``classify_exception = TRIAL.classify_exception``.
 
 * an apply module (``backends/<name>/apply.py``): the one implementation of what a config means
   for a training loop. The runner trains through it, and users import it for their

@@ -226,10 +226,6 @@ class TunedTraining(TunedLoop):
 # ---------------------------------------------------------------- trial side
 
 
-def classify_exception(exc: BaseException) -> str | None:
-    return "oom" if isinstance(exc, MemoryError) else None
-
-
 class NumpyTrial(TrialBackend):
     def resolve_device(self, spec: str) -> str:
         if spec not in ("auto", "cpu"):
@@ -281,9 +277,10 @@ class NumpyTrial(TrialBackend):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     def classify_exception(self, exc: BaseException) -> str | None:
-        return classify_exception(exc)
+        return "oom" if isinstance(exc, MemoryError) else None
 
 
 TRIAL = NumpyTrial()
 run = TRIAL.run
 probe = TRIAL.probe
+classify_exception = TRIAL.classify_exception

@@ -143,25 +143,26 @@ def test_fp16_trains_through_the_grad_scaler_with_a_finite_drift(precisions: Pat
     assert fp16.values is not None and math.isfinite(fp16.values[1])
 
 
-def test_mfu_is_a_fraction_of_a_known_gpus_peak(precisions: Path) -> None:
+def _ok_trials(precisions: Path, needs: str, why: str) -> list[optuna.trial.FrozenTrial]:
+    """The precision study's `ok` trials (at least one); the test is skipped where its environment
+    lacks `needs` (`why`)."""
     environment = _study(precisions, "precisions").user_attrs["environment"]
-    if not environment.get("peak_flops"):
-        pytest.skip(f"no datasheet peak for {environment['device_name']!r} (autotuner/hardware.py)")
+    if not environment.get(needs):
+        pytest.skip(f"{why} on {environment['device_name']!r}")
     ok = [t for t in _trials(precisions, "precisions") if t.user_attrs["outcome"] == "ok"]
     assert ok
-    for trial in ok:
+    return ok
+
+
+def test_mfu_is_a_fraction_of_a_known_gpus_peak(precisions: Path) -> None:
+    for trial in _ok_trials(precisions, "peak_flops", "no datasheet peak (autotuner/hardware.py)"):
         mfu = trial.user_attrs.get("mfu")
         assert mfu is not None and 0 < mfu < 1, _shown(trial)
         assert trial.user_attrs["tflops"] > 0 and trial.user_attrs["tokens_per_s"] > 0
 
 
 def test_nvml_gives_energy_per_sample_and_power(precisions: Path) -> None:
-    environment = _study(precisions, "precisions").user_attrs["environment"]
-    if not environment.get("energy_counter"):
-        pytest.skip(f"NVML reads no energy counter on {environment['device_name']!r}")
-    ok = [t for t in _trials(precisions, "precisions") if t.user_attrs["outcome"] == "ok"]
-    assert ok
-    for trial in ok:
+    for trial in _ok_trials(precisions, "energy_counter", "NVML reads no energy counter"):
         assert trial.user_attrs.get("energy_j_per_sample", 0) > 0, _shown(trial)
         assert trial.user_attrs.get("power_w_mean", 0) > 0, _shown(trial)
 

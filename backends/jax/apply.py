@@ -70,7 +70,7 @@ VISIBLE_CUDA_DEVICES = "jax_cuda_visible_devices"
 """JAX's own list of the CUDA devices its client opens ("all", or CUDA ordinals)."""
 
 
-def _cuda_ordinal(spec: str) -> int | None:
+def _spec_ordinal(spec: str) -> int | None:
     """N of `cuda:N` (0 for `cuda`); None for any other spec."""
     match = re.fullmatch(r"cuda(?::(\d+))?", spec)
     return int(match.group(1) or 0) if match else None
@@ -115,7 +115,7 @@ def configure_process(device_spec: str) -> None:
     if spec == "cpu":
         jax.config.update("jax_platforms", "cpu")
         return
-    ordinal = _cuda_ordinal(spec)
+    ordinal = _spec_ordinal(spec)
     # "all" is JAX's default; a list the process set itself stands; None: a JAX without the option
     if ordinal is not None and jax.config.values.get(VISIBLE_CUDA_DEVICES) == "all":
         jax.config.update(VISIBLE_CUDA_DEVICES, str(ordinal))
@@ -147,7 +147,7 @@ def resolve_device(spec: str | jax.Device | None) -> jax.Device:
         return visible[0] if visible else jax.devices("cpu")[0]
     if spec == "cpu":
         return jax.devices("cpu")[0]
-    index = _cuda_ordinal(spec)
+    index = _spec_ordinal(spec)
     if index is None:
         raise ValueError(f"device {spec!r}: the jax backend runs on cpu or cuda")
     visible = gpus()

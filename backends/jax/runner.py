@@ -29,6 +29,7 @@ from autotuner.backends.jax.apply import (
     TunedTraining,
     collate,
     configure_process,
+    cuda_ordinal,
     device_name,
     gpus,
     resolve_device,
@@ -47,12 +48,6 @@ except AttributeError:  # jax < 0.4.36 names it only in jaxlib
 OUT_OF_MEMORY = "RESOURCE_EXHAUSTED"
 """XLA has no out-of-memory exception type of its own: an allocation it cannot make (on a GPU, or
 on the host for the CPU) raises the runtime error above with this status code in its message."""
-
-
-def classify_exception(exc: BaseException) -> str | None:
-    if isinstance(exc, RUNTIME_ERROR) and OUT_OF_MEMORY in str(exc):  # no finer type to go by (see above)
-        return "oom"
-    return None
 
 
 # ---------------------------------------------------------------- environment
@@ -100,7 +95,7 @@ class JaxTrial(TrialBackend):
             stats = device.memory_stats() or {}
             extra: dict[str, Any] = {
                 "compute_capability": f"{major}.{minor}",
-                "energy_counter": has_energy_counter(cuda_uuid(device.local_hardware_id)),
+                "energy_counter": has_energy_counter(self.gpu_uuid(device)),
             }
             if "bytes_limit" in stats:
                 extra["memory_mb"] = stats["bytes_limit"] // 2**20
@@ -165,7 +160,7 @@ class JaxTrial(TrialBackend):
         return float(workload.loss_fn(training.params, batch))
 
     def gpu_uuid(self, device: jax.Device) -> str | None:
-        return cuda_uuid(device.local_hardware_id) if device.platform == "gpu" else None
+        return cuda_uuid(cuda_ordinal(device)) if device.platform == "gpu" else None
 
     def peak_memory_mb(self, device: jax.Device) -> float:
         """The device's peak where the platform reports it (GPUs), else this process's peak RSS."""
@@ -187,9 +182,12 @@ class JaxTrial(TrialBackend):
         return flops / count if flops > 0 else None
 
     def classify_exception(self, exc: BaseException) -> str | None:
-        return classify_exception(exc)
+        if isinstance(exc, RUNTIME_ERROR) and OUT_OF_MEMORY in str(exc):  # no finer type to go by (see above)
+            return "oom"
+        return None
 
 
 TRIAL = JaxTrial()
 run = TRIAL.run
 probe = TRIAL.probe
+classify_exception = TRIAL.classify_exception

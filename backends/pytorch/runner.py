@@ -54,20 +54,6 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or (inner if isinstance(inner, BaseException) else None) or current.__context__
 
 
-def classify_exception(exc: BaseException) -> str | None:
-    """`oom` when `exc`, or an exception it wraps (torch.compile wraps what failed while compiling),
-    is an out-of-memory error of the device or of the host."""
-    oom_types = _oom_types()
-    for cause in _causes(exc):
-        if isinstance(cause, oom_types):
-            return "oom"
-        if isinstance(cause, RuntimeError):  # no type to go by (see above)
-            text = str(cause)
-            if HOST_ALLOCATION_FAILED in text or any(marker in text for marker in CUDA_ALLOCATION_FAILED):
-                return "oom"
-    return None
-
-
 # ---------------------------------------------------------------- environment
 
 
@@ -139,7 +125,7 @@ class PyTorchTrial(TrialBackend):
             extra = {
                 "compute_capability": f"{props.major}.{props.minor}",
                 "memory_mb": props.total_memory // 2**20,
-                "energy_counter": has_energy_counter(cuda_uuid(device.index or 0)),
+                "energy_counter": has_energy_counter(self.gpu_uuid(device)),
             }
         else:
             name = cpu_name()
@@ -280,9 +266,20 @@ class PyTorchTrial(TrialBackend):
         return training.skipped_steps
 
     def classify_exception(self, exc: BaseException) -> str | None:
-        return classify_exception(exc)
+        """`oom` when `exc`, or an exception it wraps (torch.compile wraps what failed while
+        compiling), is an out-of-memory error of the device or of the host."""
+        oom_types = _oom_types()
+        for cause in _causes(exc):
+            if isinstance(cause, oom_types):
+                return "oom"
+            if isinstance(cause, RuntimeError):  # no type to go by (see above)
+                text = str(cause)
+                if HOST_ALLOCATION_FAILED in text or any(marker in text for marker in CUDA_ALLOCATION_FAILED):
+                    return "oom"
+        return None
 
 
 TRIAL = PyTorchTrial()
 run = TRIAL.run
 probe = TRIAL.probe
+classify_exception = TRIAL.classify_exception
