@@ -46,6 +46,7 @@ from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.knobs import DERIVED, KNOBS, config_key
+from autotuner.optuna_adapter import study_id, study_storage, trial_id
 
 ATTEMPTS = 2
 """Proposals asked of the wrapped sampler before the fresh config nearest to them is run."""
@@ -236,7 +237,7 @@ class _StudyView:
         return False
 
     def _view(self, trial: FrozenTrial) -> FrozenTrial:
-        cached = self._cache.get(trial._trial_id)
+        cached = self._cache.get(trial_id(trial))
         if cached is not None and cached.state is trial.state:
             return cached
         params, distributions = self._encoding.encode(trial.params)
@@ -252,10 +253,10 @@ class _StudyView:
             user_attrs=trial.user_attrs,
             system_attrs=trial.system_attrs,
             intermediate_values=trial.intermediate_values,
-            trial_id=trial._trial_id,
+            trial_id=trial_id(trial),
         )
         if trial.state.is_finished():  # a finished trial changes no more
-            self._cache[trial._trial_id] = viewed
+            self._cache[trial_id(trial)] = viewed
         return viewed
 
     def _get_trials(
@@ -303,7 +304,7 @@ class FreshConfigSampler(BaseSampler):
         self._rng.seed()
 
     def _view(self, study: Study) -> Study:
-        owner = (id(study._storage), study._study_id)
+        owner = (id(study_storage(study)), study_id(study))
         if owner != self._views_of:  # the cache holds one study's finished trials
             self._views, self._views_of = {}, owner
         return _StudyView(study, self._encoding, self._views)  # type: ignore[return-value]

@@ -38,6 +38,7 @@ from autotuner.drift import measure_drift
 from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import HardwareMismatch, SpecError
 from autotuner.knobs import Config
+from autotuner.optuna_adapter import study_id, study_storage, trial_id
 from autotuner.outcomes import Outcome
 from autotuner.spec import Job
 from autotuner.trial import TrialResult
@@ -364,7 +365,7 @@ def record(
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
     # The list form of the constraints is read by Optuna's samplers and by optuna-dashboard alike.
-    trial.storage.set_trial_system_attr(trial._trial_id, "constraints", [violations[name] for name in CONSTRAINT_NAMES])
+    trial.storage.set_trial_system_attr(trial_id(trial), "constraints", [violations[name] for name in CONSTRAINT_NAMES])
     values = [metrics.get("throughput", 0.0), drift if drift is not None else math.inf]
     if len(study.directions) > len(values):  # objective.energy: not measured is no better than any
         values.append(float(metrics.get(ENERGY) or math.inf))
@@ -483,7 +484,7 @@ def records(study: optuna.Study) -> list[TrialRecord]:
 def remeasurements(study: optuna.Study) -> dict[int, dict[str, Any]]:
     """The finished re-measurements of the study, by trial number (claims `remeasure:<number>`)."""
     found: dict[int, dict[str, Any]] = {}
-    for key, value in study._storage.get_study_system_attrs(study._study_id).items():
+    for key, value in study_storage(study).get_study_system_attrs(study_id(study)).items():
         if key.startswith(REMEASURE_PREFIX) and isinstance(value, dict) and value.get("status") == "done":
             found[int(key.removeprefix(REMEASURE_PREFIX))] = value
     return found

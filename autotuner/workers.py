@@ -51,6 +51,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotuner.claims import PREFIX, Claims, Held
 from autotuner.errors import BackendError
 from autotuner.knobs import config_key
+from autotuner.optuna_adapter import trial_id
 from autotuner.sampler import LIVE, trial_params
 from autotuner.study import GIVEN_UP, GRACE_S
 
@@ -319,8 +320,8 @@ class Coordinator:
             else:
                 continue  # just asked for: its worker is about to take it
             try:
-                self.storage.set_trial_user_attr(t._trial_id, "reason", reason)
-                self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                self.storage.set_trial_user_attr(trial_id(t), "reason", reason)
+                self.storage.set_trial_state_values(trial_id(t), TrialState.FAIL)
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # another worker failed it first, or its owner just finished it
 
@@ -348,12 +349,12 @@ class Coordinator:
     @contextlib.contextmanager
     def owning(self, trial: optuna.Trial) -> Iterator[None]:
         """Mark `trial` as this worker's and keep its heartbeat while the block runs."""
-        self.storage.set_trial_system_attr(trial._trial_id, OWNER, self.worker.as_dict())
-        with Heartbeat(self.storage, trial._trial_id):
+        self.storage.set_trial_system_attr(trial_id(trial), OWNER, self.worker.as_dict())
+        with Heartbeat(self.storage, trial_id(trial)):
             yield
 
     def _holder(self, trial: optuna.Trial) -> dict[str, Any]:
-        return {"trial": trial.number, "trial_id": trial._trial_id, "worker": self.worker.token}
+        return {"trial": trial.number, "trial_id": trial_id(trial), "worker": self.worker.token}
 
     def _state(self, held: Held) -> TrialState | None:
         trial_id = held.value.get("trial_id")
@@ -369,7 +370,7 @@ class Coordinator:
         name = "config:" + _digest(trial.params)
         while True:
             held = self.claims.claim(name, mine)
-            if held is None or held.value.get("trial_id") == trial._trial_id:
+            if held is None or held.value.get("trial_id") == trial_id(trial):
                 return None  # (the second case: this very trial claimed it, e.g. before a retried write)
             if self._state(held) is not TrialState.FAIL:
                 return int(held.value.get("trial", -1))
@@ -392,7 +393,7 @@ class Coordinator:
                 break
         else:
             return None
-        self.storage.set_trial_system_attr(trial._trial_id, SLOT, k)
+        self.storage.set_trial_system_attr(trial_id(trial), SLOT, k)
         return k
 
     def slots_left(self, budget: int) -> bool:
