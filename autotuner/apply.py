@@ -27,10 +27,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from autotuner.backends import BACKENDS, Capabilities
+from autotuner.backends import BACKENDS
 from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
-from autotuner.knobs import KNOBS, Config, format_config
+from autotuner.knobs import Config, format_config
 from autotuner.spec import parse_yaml, read_text
 
 if TYPE_CHECKING:
@@ -187,10 +187,10 @@ def parse_config(data: Any, source: str) -> TunedConfig:
                 source=source,
                 key=f"params.{knob}",
             )
-    for knob, allowed in backend.knobs.items():
+    for knob, definition in backend.knobs.items():
         if knob not in params:
             raise SpecError("required key is missing (every knob has a value)", source=source, key=f"params.{knob}")
-        problem = KNOBS[knob].check(params[knob], allowed)
+        problem = definition.check(params[knob])
         if problem:
             raise SpecError(problem, source=source, key=f"params.{knob}")
     global_batch = export.spec.global_batch
@@ -378,7 +378,7 @@ def apply_config(
             key="params.batch_size",
         )
     config = job.complete(tuned.params)
-    unsupported = job.backend.unsupported_reason(config, Capabilities.from_dict(environment["capabilities"]))
+    unsupported = job.backend.unsupported_reason(config, job.backend.capabilities(environment["capabilities"]))
     if unsupported:
         raise SpecError(f"this machine cannot run it: {unsupported}", source=tuned.source, key="params")
 

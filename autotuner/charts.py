@@ -16,7 +16,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from autotuner.knobs import KNOBS, format_config
+from autotuner.backends import knob_named
+from autotuner.knobs import format_config
 from autotuner.study import TrialRecord, ranked, speedup
 
 THROUGHPUT_TITLE = "throughput (samples/s)"
@@ -271,7 +272,8 @@ def knob_value(config: dict[str, Any], knob: str) -> str:
 def value_order(knob: str, trials: Sequence[TrialRecord]) -> list[str]:
     """The knob's values among `trials` as labels: in the knob table's order, or numerically."""
     values = {knob_value(t.config, knob) for t in trials if knob in t.config}
-    choices = KNOBS[knob].choices if knob in KNOBS else None
+    known = knob_named(knob)
+    choices = known.choices if known is not None else None
     if choices is not None:
         known = [str(c) for c in choices if str(c) in values]
         return known + sorted(values - set(known))

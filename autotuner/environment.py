@@ -8,16 +8,9 @@ import os
 import platform
 from typing import Any
 
+from autotuner.backends import BACKENDS
+
 FINGERPRINT_KEYS = ("backend", "device_name", "driver", "versions")
-CAPABILITY_ROWS = (
-    ("bf16", "bf16"),
-    ("fp16", "fp16"),
-    ("tf32", "tf32"),
-    ("torch.compile", "compile"),
-    ("CUDA graphs", "cuda_graphs"),
-    ("XLA jit", "jit"),
-)
-"""(label, capability) rows of `describe`, for the capabilities the backend's probe reports."""
 
 
 def cpu_name() -> str:
@@ -49,12 +42,23 @@ def describe(environment: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [(name, str(version)) for name, version in versions.items() if version is not None]
     if "compute_capability" in environment:
         rows.append(("compute capability", str(environment["compute_capability"])))
-    rows += [(label, "yes" if caps[key] else "no") for label, key in CAPABILITY_ROWS if key in caps]
+    rows += [
+        (label, "yes" if caps[key] else "no") for key, label in capability_labels(environment).items() if key in caps
+    ]
     rows += [
         ("peak FLOP/s known", ", ".join(environment.get("peak_flops") or {}) or "no (no MFU)"),
         ("fingerprint", fingerprint(environment)),
     ]
     return rows
+
+
+def capability_labels(environment: dict[str, Any]) -> dict[str, str]:
+    """Capability -> label, as the environment's backend names them (a backend not registered
+    here: the capabilities' own names)."""
+    backend = BACKENDS.get(str(environment.get("backend")))
+    if backend is not None:
+        return backend.capabilities_type.labels()
+    return {key: key for key in environment.get("capabilities", {}) if key != "accelerator"}
 
 
 def framework_versions(environment: dict[str, Any]) -> str:

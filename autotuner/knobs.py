@@ -1,15 +1,16 @@
-"""The knob table: every performance setting a backend may expose, and what a config is.
+"""Knobs (performance settings) and what a config is.
 
-A knob is one row here; a backend says which knobs it has and which values it honours
-(`autotuner.backends._base.Backend.knobs`). `accumulation` is never searched: with `global_batch` fixed it
-is derived from `batch_size`, so a config always holds `batch_size * accumulation ==
-global_batch`.
+The knobs every backend has are defined here; a backend lists the knobs it has, restricting
+their values to what it honours and adding the ones only its framework has
+(`autotuner.backends._base.Backend.knobs`). `accumulation` is never searched: with
+`global_batch` fixed it is derived from `batch_size`, so a config always holds
+`batch_size * accumulation == global_batch`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.errors import shown
@@ -23,17 +24,20 @@ class Knob:
     name: str
     description: str
     choices: tuple[Any, ...] | None
-    """The values the knob can take in any backend; None for a positive integer."""
+    """The values the knob can take; None for a positive integer."""
     reference: Any
     """The numerically strictest value, used by the fp32 reference and the default baseline."""
     minimum: int = 1
     """For integer knobs: the smallest allowed value."""
     maximum: int | None = None
     """For integer knobs: the largest allowed value, if any."""
+    recommended: tuple[Any, ...] = ()
+    """Values the optimisation guides recommend, most recommended first: the guided start tries
+    them before the knob's other values (`autotuner.sampler.rule_of_thumb`)."""
 
-    def check(self, value: Any, allowed: tuple[Any, ...] | None) -> str | None:
+    def check(self, value: Any) -> str | None:
         """Return why `value` is not allowed for this knob, or None when it is."""
-        if allowed is None:
+        if self.choices is None:
             if isinstance(value, bool) or not isinstance(value, int):
                 return f"must be an integer >= {self.minimum}, got {shown(value)}"
             if value < self.minimum:
@@ -41,36 +45,40 @@ class Knob:
             if self.maximum is not None and value > self.maximum:
                 return f"must be an integer <= {self.maximum}, got {shown(value)}"
             return None
-        if value not in allowed or isinstance(value, bool) != any(isinstance(a, bool) for a in allowed):
+        if value not in self.choices or isinstance(value, bool) != any(isinstance(a, bool) for a in self.choices):
             # YAML 1.1 reads a bare on/off/yes/no as a boolean: say so where the knob's values are words.
             quote = " (quote it: YAML reads a bare on/off as a boolean)" if isinstance(value, bool) else ""
-            return f"{shown(value)} is not allowed; choose between {', '.join(map(str, allowed))}{quote}"
+            return f"{shown(value)} is not allowed; choose between {', '.join(map(str, self.choices))}{quote}"
         return None
 
+    def restricted(self, *choices: Any) -> Knob:
+        """This knob with only `choices` (a backend that honours fewer values than the table)."""
+        unknown = [c for c in choices if self.choices is None or c not in self.choices]
+        if unknown:
+            raise ValueError(f"{self.name} has no value {', '.join(map(str, unknown))}")
+        return replace(self, choices=tuple(choices), recommended=tuple(v for v in self.recommended if v in choices))
 
-KNOBS: dict[str, Knob] = {
-    knob.name: knob
-    for knob in (
-        Knob(
-            "precision",
-            "fp32; tf32 matmuls; bf16 or fp16 autocast (fp16 with a gradient scaler)",
-            ("fp32", "tf32", "bf16", "fp16"),
-            "fp32",
-        ),
-        Knob("batch_size", "micro-batch per forward/backward", None, None),
-        Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1),
-        Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024),
-        Knob(
-            "compile",
-            "torch.compile mode",
-            ("none", "default", "reduce-overhead", "max-autotune"),
-            "none",
-        ),
-        Knob("jit", "XLA jit", ("on", "off"), "off"),
-    )
-}
+
+PRECISION = Knob(
+    "precision",
+    "fp32; tf32 matmuls; bf16 or fp16 autocast (fp16 with a gradient scaler)",
+    ("fp32", "tf32", "bf16", "fp16"),
+    "fp32",
+    recommended=("bf16", "fp16", "tf32"),
+)
+BATCH_SIZE = Knob("batch_size", "micro-batch per forward/backward", None, None)
+ACCUMULATION = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
+WORKERS = Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024)
+COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
+"""The knobs every backend has (a backend may restrict their values). A knob only one framework
+has (torch.compile's mode, XLA jit) is defined by its backend (`Backend.knobs`)."""
 
 DERIVED = ("accumulation",)
+
+
+def knob_table(*knobs: Knob) -> dict[str, Knob]:
+    """Name -> knob, in the order given: a backend's `knobs`."""
+    return {knob.name: knob for knob in knobs}
 
 
 def config_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -45,7 +45,8 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.knobs import DERIVED, KNOBS, config_key
+from autotuner.backends import knob_named
+from autotuner.knobs import DERIVED, PRECISION, config_key
 from autotuner.optuna_adapter import study_id, study_storage, trial_id
 
 ATTEMPTS = 2
@@ -53,13 +54,6 @@ ATTEMPTS = 2
 LIVE = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
 GUIDED = ("tpe",)
 """The samplers that start with the rule-of-thumb config and the local search (`make_sampler`)."""
-RULE_OF_THUMB: dict[str, tuple[Any, ...]] = {
-    "precision": ("bf16", "fp16", "tf32"),
-    "compile": ("default", "max-autotune", "reduce-overhead"),
-    "jit": ("on",),
-}
-"""Values of categorical knobs the optimisation guides recommend, most recommended first; a
-knob's other values follow them in the space's order. A knob missing here keeps its reference."""
 RINGS = (1, 2)
 """The local search's neighbourhoods of a centre, nearest first (`FreshConfigSampler._neighbours`)."""
 FIRST = ("precision",)
@@ -139,9 +133,17 @@ def is_ordered(values: Sequence[Any]) -> bool:
     return bool(values) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
+def recommended(name: str) -> tuple[Any, ...]:
+    """The values of knob `name` the optimisation guides recommend, most recommended first
+    (`autotuner.knobs.Knob.recommended`); none for a knob no backend defines."""
+    knob = knob_named(name)
+    return knob.recommended if knob is not None else ()
+
+
 def preferred(name: str, values: Sequence[Any]) -> list[Any]:
-    """A categorical knob's values, the ones the guides recommend first (`RULE_OF_THUMB`)."""
-    first = [v for v in RULE_OF_THUMB.get(name, ()) if v in values]
+    """A categorical knob's values, the ones the guides recommend first (`recommended`); its other
+    values follow them in the space's order."""
+    first = [v for v in recommended(name) if v in values]
     return first + [v for v in values if v not in first]
 
 
@@ -149,18 +151,19 @@ def rule_of_thumb(space: dict[str, list[Any]], unsupported: Unsupported | None =
     """The config the optimisation guides recommend, within `space` and what the device supports:
     the largest batch, the middle worker count (any integer knob but the batch: the middle of its
     sorted values, the upper one of two), and for a categorical knob the first value of
-    `RULE_OF_THUMB` the device supports (bf16, else fp16, else tf32; compile and jit on), else
+    `recommended` the device supports (bf16, else fp16, else tf32; compile and jit on), else
     its reference (or first) value."""
     config: dict[str, Any] = {}
     for name, values in space.items():
-        reference = KNOBS[name].reference if name in KNOBS else None
+        knob = knob_named(name)
+        reference = knob.reference if knob is not None else None
         config[name] = reference if reference in values else values[0]
     for name, values in space.items():
         if is_ordered(values):
             ordered = sorted(values)
             config[name] = ordered[-1] if name == BATCH else ordered[len(ordered) // 2]
             continue
-        for value in RULE_OF_THUMB.get(name, ()):
+        for value in recommended(name):
             if value in values and (unsupported is None or unsupported({**config, name: value}) is None):
                 config[name] = value
                 break
@@ -426,7 +429,7 @@ class FreshConfigSampler(BaseSampler):
             if outcome == "oom" or (len(violations) > 2 and violations[2] > 0):
                 continue  # did not fit: the next smaller batch
             numerics_failed = outcome == "nan" or (outcome == "ok" and violations[0] > 0)
-            strict = {**start, NUMERICS: KNOBS[NUMERICS].reference}
+            strict = {**start, NUMERICS: PRECISION.reference}
             if numerics_failed and strict[NUMERICS] in self._values.get(NUMERICS, []):
                 if tried.fresh(strict):
                     return strict, last, None

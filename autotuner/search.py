@@ -281,7 +281,7 @@ class Search:
         environment = probe_environment(
             launcher, job.backend, self.device, job.workload_path(), self.device_source, dict(job.spec.workload_args)
         )
-        capabilities = Capabilities.from_dict(environment["capabilities"])
+        capabilities = job.backend.capabilities(environment["capabilities"])
         check_objectives(job, environment)
         check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)

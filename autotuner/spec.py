@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
 from autotuner.errors import SpecError, shown
-from autotuner.knobs import DERIVED, KNOBS, Config
+from autotuner.knobs import DERIVED, Config, Knob
 from autotuner.workload import is_import_path
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -196,7 +196,7 @@ class Job:
 
     def reference_config(self) -> Config:
         """The numerically strictest config: the baseline's batching, everything else strict."""
-        config = {knob: KNOBS[knob].reference for knob in self.space}
+        config = {knob: self.backend.knobs[knob].reference for knob in self.space}
         config["batch_size"] = self.baseline["batch_size"]
         config["accumulation"] = self.spec.global_batch // config["batch_size"]
         return config
@@ -240,13 +240,13 @@ def _allowed_keys(loc: list[str]) -> list[str]:
     return list(model.model_fields)
 
 
-def _choices(value: Any, knob: str, key: str, source: str, allowed: tuple[Any, ...] | None) -> list[Any]:
+def _choices(value: Any, knob: Knob, key: str, source: str) -> list[Any]:
     if not isinstance(value, list):
         value = [value]
     if not value:
         raise SpecError("the list of choices is empty; give at least one value", source=source, key=key)
     for item in value:
-        problem = KNOBS[knob].check(item, allowed)
+        problem = knob.check(item)
         if problem:
             raise SpecError(problem, source=source, key=key)
     return list(dict.fromkeys(value))
@@ -288,7 +288,7 @@ def _resolve_space(job: Job, source: str) -> None:
             )
     for knob in searchable:
         if knob in inline:
-            values = _choices(inline[knob], knob, f"space.{knob}", source, backend.knobs[knob])
+            values = _choices(inline[knob], backend.knobs[knob], f"space.{knob}", source)
             if knob == "batch_size":
                 for b in values:
                     if spec.global_batch % b:
@@ -298,7 +298,7 @@ def _resolve_space(job: Job, source: str) -> None:
                             key="space.batch_size",
                         )
         elif knob in preset:
-            values = _choices(preset[knob], knob, f"{preset_name} preset: {knob}", source, backend.knobs[knob])
+            values = _choices(preset[knob], backend.knobs[knob], f"{preset_name} preset: {knob}", source)
             if knob == "batch_size":
                 dividing = [b for b in values if spec.global_batch % b == 0]
                 # No preset size divides an odd global batch: use its divisors in the preset's range.
@@ -306,7 +306,7 @@ def _resolve_space(job: Job, source: str) -> None:
                     d for d in range(min(values), min(max(values), spec.global_batch) + 1) if spec.global_batch % d == 0
                 ]
         else:
-            values = [job.baseline.get(knob, KNOBS[knob].reference)]
+            values = [job.baseline.get(knob, backend.knobs[knob].reference)]
         job.space[knob] = values
 
 
@@ -320,10 +320,10 @@ def _resolve_baseline(job: Job, source: str) -> None:
                 source=source,
                 key=f"baseline.{knob}",
             )
-        problem = KNOBS[knob].check(value, backend.knobs[knob])
+        problem = backend.knobs[knob].check(value)
         if problem:
             raise SpecError(problem, source=source, key=f"baseline.{knob}")
-    baseline = {k: KNOBS[k].reference for k in backend.knobs if k not in DERIVED}
+    baseline = {k: knob.reference for k, knob in backend.knobs.items() if k not in DERIVED}
     baseline["batch_size"] = spec.global_batch
     baseline.update(spec.baseline)
     if spec.global_batch % baseline["batch_size"]:

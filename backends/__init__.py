@@ -11,6 +11,7 @@ from __future__ import annotations
 from autotuner.backends._base import Backend, Capabilities
 from autotuner.backends.jax import JAX
 from autotuner.backends.pytorch import PYTORCH
+from autotuner.knobs import Knob
 
 BACKENDS: dict[str, Backend] = {}
 """Name -> backend: every backend the engine knows (`register` adds one)."""
@@ -35,4 +36,10 @@ def get_backend(name: str) -> Backend:
     return BACKENDS[name]
 
 
-__all__ = ["BACKENDS", "Backend", "Capabilities", "get_backend", "register"]
+def knob_named(name: str) -> Knob | None:
+    """The knob `name` as the table of the first registered backend that has it, or None: for
+    what reads stored configs without knowing their backend (charts)."""
+    return next((backend.knobs[name] for backend in BACKENDS.values() if name in backend.knobs), None)
+
+
+__all__ = ["BACKENDS", "Backend", "Capabilities", "get_backend", "knob_named", "register"]

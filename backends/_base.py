@@ -4,8 +4,10 @@ A backend has three parts:
 
 * a `Backend` object (this module's abstract class), imported by the engine in the search
   process and registered with `autotuner.backends.register`. It must not import its framework. It
-  names the knobs and values the backend has, its built-in workloads and search-space presets,
-  and decides from a `Capabilities` report which configs the hardware cannot honour.
+  holds the backend's knob table (the common knobs of `autotuner.knobs`, restricted to the
+  values it honours, and the knobs only its framework has), its built-in workloads and
+  search-space presets, and decides from its `Capabilities` (a subclass for the capabilities
+  only its framework has) which configs the hardware cannot honour.
 * a runner module (`Backend.runner`), imported only in trial processes (and preloaded by the
   fork server, so it must not touch the accelerator at import time). It holds the backend's
   `autotuner.runner.TrialBackend`, the framework's steps of the one trial algorithm
@@ -64,32 +66,39 @@ from __future__ import annotations
 import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from autotuner import search_spaces
-from autotuner.knobs import KNOBS, Config
+from autotuner.knobs import Config, Knob
+
+
+def capability(label: str) -> Any:
+    """A capability field (False until the probe finds it), labelled for `autotuner env` and reports."""
+    return field(default=False, metadata={"label": label})
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What the device of a search can do, as the trial-process probe found it."""
+    """What the device of a search can do, as the trial-process probe found it. These are the
+    capabilities every backend reports; a backend whose knobs depend on more (a compiler, CUDA
+    graphs) subclasses it (`Backend.capabilities_type`)."""
 
-    accelerator: bool = False
+    accelerator: bool = capability("accelerator")
     """A GPU (CUDA) rather than the CPU."""
-    bf16: bool = False
-    fp16: bool = False
-    tf32: bool = False
-    compile: bool = False
-    """torch.compile can build kernels here (a working inductor backend)."""
-    cuda_graphs: bool = False
-    jit: bool = False
-    """XLA can compile a whole function here (JAX jit)."""
+    bf16: bool = capability("bf16")
+    fp16: bool = capability("fp16")
+    tf32: bool = capability("tf32")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Capabilities:
         names = {f.name for f in fields(cls)}
         return cls(**{k: bool(v) for k, v in data.items() if k in names})
+
+    @classmethod
+    def labels(cls) -> dict[str, str]:
+        """Field name -> label, the accelerator aside (the device says it)."""
+        return {f.name: f.metadata["label"] for f in fields(cls) if f.name != "accelerator"}
 
 
 class Backend(ABC):
@@ -99,8 +108,11 @@ class Backend(ABC):
     name: str
     runner: str
     """Import path of the runner module (see the module docstring)."""
-    knobs: Mapping[str, tuple[Any, ...] | None]
-    """Knob name -> the values this backend honours (None: any integer the knob allows)."""
+    knobs: Mapping[str, Knob]
+    """Knob name -> the knob, with the values this backend honours (`autotuner.knobs.knob_table`
+    of the common knobs, restricted where it honours fewer values, and the framework's own)."""
+    capabilities_type: type[Capabilities] = Capabilities
+    """What this backend's probe reports (a subclass where its knobs depend on more)."""
     builtin_workloads: Mapping[str, str]
     """`builtin:<name>` -> `package.module:function`."""
     default_space: str
@@ -109,6 +121,10 @@ class Backend(ABC):
     """Top-level modules the runner imports: checked, never imported, when a spec names the backend."""
     install: str = ""
     """The command that installs them."""
+
+    def capabilities(self, data: Mapping[str, Any]) -> Capabilities:
+        """The probe's `capabilities` report as this backend's `capabilities_type`."""
+        return self.capabilities_type.from_dict(data)
 
     def missing_requirements(self) -> str | None:
         """Why this backend cannot run in this Python (its framework is not installed), or None."""
@@ -158,10 +174,10 @@ class Backend(ABC):
             raise ValueError(
                 f"a {self.name} config holds {', '.join(self.knobs)}; this one has {', '.join(params) or 'nothing'}"
             )
-        for knob, allowed in self.knobs.items():
-            problem = KNOBS[knob].check(params[knob], allowed)
+        for name, knob in self.knobs.items():
+            problem = knob.check(params[name])
             if problem:
-                raise ValueError(f"config {knob}: {problem}")
+                raise ValueError(f"config {name}: {problem}")
         return params
 
     def resolve_workload(self, ref: str) -> str:

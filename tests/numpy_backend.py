@@ -24,7 +24,7 @@ import numpy as np
 
 from autotuner.backends import Backend, Capabilities, register
 from autotuner.backends._base import TunedLoop
-from autotuner.knobs import Config
+from autotuner.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, knob_table
 from autotuner.runner import TrialBackend
 
 # ---------------------------------------------------------------- engine side
@@ -33,7 +33,7 @@ from autotuner.runner import TrialBackend
 class NumpyBackend(Backend):
     name = "numpy"
     runner = "tests.numpy_backend"
-    knobs = {"precision": ("fp32",), "batch_size": None, "accumulation": None, "workers": None}
+    knobs = knob_table(PRECISION.restricted("fp32"), BATCH_SIZE, ACCUMULATION, WORKERS)
     builtin_workloads = {"mlp": "tests.numpy_backend:mlp"}
     default_space = "numpy"
     requires = ("numpy",)

@@ -22,7 +22,7 @@ import pytest
 from autotuner.apply import TunedConfig
 from autotuner.backends import BACKENDS, Backend, Capabilities
 from autotuner.drift import measure_drift
-from autotuner.knobs import DERIVED, KNOBS
+from autotuner.knobs import COMMON_KNOBS, DERIVED
 from autotuner.outcomes import Outcome
 from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
 from tests.helpers import ROOT, small_request  # noqa: F401 - ROOT: puts the repository on sys.path for the trial processes
@@ -59,7 +59,7 @@ class Harness:
 
     def reference(self, **changes: Any) -> dict[str, Any]:
         """A full config at the knobs' reference values, micro-batch 4, with `changes`."""
-        config = {knob: KNOBS[knob].reference for knob in self.backend.knobs}
+        config = {name: knob.reference for name, knob in self.backend.knobs.items()}
         config.update(batch_size=4, accumulation=1)
         config.update(changes)
         return config
@@ -352,7 +352,12 @@ HARNESSES = {"pytorch": PyTorchHarness, "jax": JaxHarness, "numpy": NumpyHarness
 
 
 def _precisions(harness: Harness) -> tuple[str, ...]:
-    return tuple(harness.backend.knobs["precision"] or ())
+    return tuple(harness.backend.knobs["precision"].choices or ())
+
+
+def backend_capabilities(harness: Harness, **report: bool) -> Capabilities:
+    """`report` as the harness's backend reads a probe's capabilities (its own ones kept)."""
+    return harness.backend.capabilities(report)
 
 
 @pytest.fixture(scope="module")
@@ -400,21 +405,23 @@ def reference_runs(harness: Harness, launcher: TrialLauncher) -> list[TrialResul
 class TestBackendContract:
     # ------------------------------------------------------------ the engine side
 
-    def test_the_knobs_are_rows_of_the_knob_table(self, harness: Harness) -> None:
+    def test_the_knobs_are_the_common_ones_and_its_own(self, harness: Harness) -> None:
         backend = harness.backend
-        assert {"precision", "batch_size", "accumulation", "workers"} <= set(backend.knobs)
-        for name, allowed in backend.knobs.items():
-            knob = KNOBS[name]
-            assert (allowed is None) == (knob.choices is None), name
-            if allowed is not None and knob.choices is not None:
-                assert set(allowed) <= set(knob.choices), name
-                assert knob.reference in allowed, f"{name}: the reference value must be one the backend honours"
+        for common in COMMON_KNOBS:
+            knob = backend.knobs[common.name]
+            assert (knob.choices is None) == (common.choices is None), common.name
+            if knob.choices is not None and common.choices is not None:
+                assert set(knob.choices) <= set(common.choices), common.name
+        for name, knob in backend.knobs.items():
+            assert knob.name == name
+            if knob.choices is not None:
+                assert knob.reference in knob.choices, f"{name}: the reference value must be one the backend honours"
         assert backend.default_space in backend.presets()
         assert set(backend.load_preset(backend.default_space)) <= set(backend.knobs)
         assert backend.missing_requirements() is None
 
     def test_the_cpu_runs_the_reference_and_refuses_tf32_with_a_reason(self, harness: Harness) -> None:
-        cpu = Capabilities(bf16=True, compile=True, jit=True)
+        cpu = backend_capabilities(harness, bf16=True, compile=True, jit=True)
         backend = harness.backend
         assert backend.unsupported_reason(harness.reference(), Capabilities()) is None
         if "bf16" in _precisions(harness):
@@ -494,7 +501,7 @@ class TestBackendContract:
             if name != harness.backend.name and knob not in harness.backend.knobs
         )
         with pytest.raises(ValueError, match=foreign):
-            harness.training({**harness.reference(), foreign: KNOBS[foreign].reference})
+            harness.training({**harness.reference(), foreign: BACKENDS[other].knobs[foreign].reference})
         tuned = TunedConfig(
             params=harness.reference(),
             metrics={"throughput": 1.0},
@@ -520,7 +527,8 @@ class TestBackendContract:
         assert environment["device_count"] == 0 and environment["peak_flops"] == {}
         assert environment["workload_error"] is None
         assert environment["versions"]["python"] and len(environment["versions"]) > 1
-        capabilities = Capabilities.from_dict(environment["capabilities"])
+        capabilities = harness.backend.capabilities(environment["capabilities"])
+        assert isinstance(capabilities, harness.backend.capabilities_type)
         assert not capabilities.accelerator and not capabilities.tf32
         assert harness.backend.unsupported_reason(harness.reference(), capabilities) is None
         assert harness.backend.unsupported_reason(harness.reference(precision="tf32"), capabilities) is not None

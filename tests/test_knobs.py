@@ -6,13 +6,15 @@ import itertools
 
 import pytest
 
-from autotuner.backends import BACKENDS, Capabilities, get_backend
-from autotuner.backends.pytorch import PYTORCH
-from autotuner.knobs import DERIVED, KNOBS, Knob, config_key, format_config
+from autotuner.backends import BACKENDS, Capabilities, get_backend, knob_named
+from autotuner.backends.jax import JAX, JaxCapabilities
+from autotuner.backends.pytorch import PYTORCH, TorchCapabilities
+from autotuner.environment import describe
+from autotuner.knobs import BATCH_SIZE, COMMON_KNOBS, DERIVED, PRECISION, WORKERS, Knob, config_key, format_config
 
-CPU = Capabilities(accelerator=False, bf16=True, fp16=True, tf32=False, compile=True, cuda_graphs=False)
-GPU = Capabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True)
-OLD_GPU = Capabilities(accelerator=True, bf16=False, fp16=True, tf32=False, compile=True, cuda_graphs=True)
+CPU = TorchCapabilities(accelerator=False, bf16=True, fp16=True, tf32=False, compile=True, cuda_graphs=False)
+GPU = TorchCapabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True)
+OLD_GPU = TorchCapabilities(accelerator=True, bf16=False, fp16=True, tf32=False, compile=True, cuda_graphs=True)
 
 
 def config(**changes) -> dict:
@@ -39,7 +41,7 @@ def test_cpu_refuses_cuda_graphs() -> None:
 
 
 def test_no_compiler_refuses_every_compile_mode() -> None:
-    no_compiler = Capabilities(bf16=True, fp16=True, compile=False)
+    no_compiler = TorchCapabilities(bf16=True, fp16=True, compile=False)
     for mode in ("default", "reduce-overhead", "max-autotune"):
         reason = PYTORCH.unsupported_reason(config(compile=mode), no_compiler)
         assert reason is not None and f"compile={mode}" in reason
@@ -47,7 +49,7 @@ def test_no_compiler_refuses_every_compile_mode() -> None:
 
 
 def test_gpu_runs_everything() -> None:
-    for precision, mode in itertools.product(KNOBS["precision"].choices, KNOBS["compile"].choices):
+    for precision, mode in itertools.product(PYTORCH.knobs["precision"].choices, PYTORCH.knobs["compile"].choices):
         assert PYTORCH.unsupported_reason(config(precision=precision, compile=mode), GPU) is None, (precision, mode)
 
 
@@ -66,7 +68,22 @@ def test_nothing_at_all_still_runs_the_reference() -> None:
 
 def test_capabilities_from_dict_ignores_unknown_keys_and_coerces() -> None:
     caps = Capabilities.from_dict({"bf16": 1, "tf32": 0, "cuda_graphs": True, "future_feature": True})
-    assert caps == Capabilities(bf16=True, tf32=False, cuda_graphs=True)
+    assert caps == Capabilities(bf16=True, tf32=False)
+
+
+def test_each_backend_reads_its_own_capabilities_from_the_probe() -> None:
+    """The framework-specific capabilities belong to their backend: a probe's report becomes the
+    backend's own type, and `autotuner env` labels them as the backend names them."""
+    report = {"bf16": True, "compile": 1, "cuda_graphs": False, "jit": True}
+    assert PYTORCH.capabilities(report) == TorchCapabilities(bf16=True, compile=True)
+    assert JAX.capabilities(report) == JaxCapabilities(bf16=True, jit=True)
+    assert not hasattr(Capabilities(), "compile") and not hasattr(Capabilities(), "jit")
+    rows = dict(describe({"backend": "pytorch", "capabilities": report}))
+    assert rows["torch.compile"] == "yes" and rows["CUDA graphs"] == "no" and "XLA jit" not in rows
+    rows = dict(describe({"backend": "jax", "capabilities": report}))
+    assert rows["XLA jit"] == "yes" and "torch.compile" not in rows
+    # a study stored by a backend this Python does not have: its capabilities under their own names
+    assert dict(describe({"backend": "tensorflow", "capabilities": {"xla": True}}))["xla"] == "yes"
 
 
 def test_backend_registry() -> None:
@@ -78,13 +95,25 @@ def test_backend_registry() -> None:
     assert "jit" not in PYTORCH.knobs
 
 
-def test_backend_knob_values_are_in_the_knob_table() -> None:
-    for name, allowed in PYTORCH.knobs.items():
-        knob = KNOBS[name]
-        if allowed is None:
-            assert knob.choices is None
-        else:
-            assert set(allowed) <= set(knob.choices)
+def test_every_backend_has_the_common_knobs_and_defines_its_own() -> None:
+    for backend in BACKENDS.values():
+        for common in COMMON_KNOBS:
+            knob = backend.knobs[common.name]
+            assert knob.reference == common.reference and knob.minimum == common.minimum
+            if common.choices is None:
+                assert knob.choices is None
+            else:
+                assert set(knob.choices) <= set(common.choices)
+    assert JAX.knobs["precision"].choices == ("fp32", "tf32", "bf16")  # no fp16 autocast in JAX
+    assert JAX.knobs["precision"].recommended == ("bf16", "tf32")
+    assert "jit" in JAX.knobs and "compile" not in JAX.knobs
+    assert knob_named("compile") is PYTORCH.knobs["compile"] and knob_named("jit") is JAX.knobs["jit"]
+    assert knob_named("no-such-knob") is None
+
+
+def test_a_knob_restricted_to_values_it_does_not_have_is_refused() -> None:
+    with pytest.raises(ValueError, match="fp8"):
+        PRECISION.restricted("fp32", "fp8")
 
 
 # ---------------------------------------------------------------- Knob.check
@@ -92,46 +121,47 @@ def test_backend_knob_values_are_in_the_knob_table() -> None:
 
 @pytest.mark.parametrize("value", [1, 2, 1024])
 def test_integer_knob_accepts_positive_integers(value: int) -> None:
-    assert KNOBS["batch_size"].check(value, None) is None
+    assert BATCH_SIZE.check(value) is None
 
 
 @pytest.mark.parametrize("value", [0, -4, 1.0, 2.5, "8", None, True, False, [8]])
 def test_integer_knob_refuses(value) -> None:
-    problem = KNOBS["batch_size"].check(value, None)
+    problem = BATCH_SIZE.check(value)
     assert problem is not None and ">= 1" in problem
 
 
 def test_workers_allow_zero_but_not_negative() -> None:
-    assert KNOBS["workers"].check(0, None) is None
-    assert KNOBS["workers"].check(4, None) is None
-    assert ">= 0" in KNOBS["workers"].check(-1, None)
-    assert KNOBS["workers"].check(True, None) is not None
+    assert WORKERS.check(0) is None
+    assert WORKERS.check(4) is None
+    assert ">= 0" in WORKERS.check(-1)
+    assert WORKERS.check(True) is not None
 
 
 def test_choice_knob_uses_the_backend_allowed_values() -> None:
-    precision = KNOBS["precision"]
-    assert precision.check("bf16", PYTORCH.knobs["precision"]) is None
-    problem = precision.check("fp8", PYTORCH.knobs["precision"])
+    precision = PYTORCH.knobs["precision"]
+    assert precision.check("bf16") is None
+    problem = precision.check("fp8")
     assert problem is not None and "'fp8'" in problem and "fp32, tf32, bf16, fp16" in problem
     # a backend that honours fewer values than the table knows
-    assert precision.check("fp16", ("fp32", "bf16")) is not None
-    assert precision.check(None, PYTORCH.knobs["precision"]) is not None
+    assert PRECISION.restricted("fp32", "bf16").check("fp16") is not None
+    assert JAX.knobs["precision"].check("fp16") is not None
+    assert precision.check(None) is not None
 
 
 def test_choice_knob_does_not_confuse_booleans_and_numbers() -> None:
     """YAML turns `on`/`off` into booleans; True == 1 must not sneak into an integer choice list."""
     knob = Knob("toy", "a toy", (0, 1), 0)
-    assert knob.check(1, (0, 1)) is None
-    assert knob.check(True, (0, 1)) is not None
+    assert knob.check(1) is None
+    assert knob.check(True) is not None
     flag = Knob("flag", "a flag", (True, False), False)
-    assert flag.check(True, (True, False)) is None
-    assert flag.check(1, (True, False)) is not None
-    assert KNOBS["jit"].check(True, KNOBS["jit"].choices) is not None  # YAML `on` is not "on"
+    assert flag.check(True) is None
+    assert flag.check(1) is not None
+    assert JAX.knobs["jit"].check(True) is not None  # YAML `on` is not "on"
 
 
 def test_derived_and_references() -> None:
     assert DERIVED == ("accumulation",)
-    assert {k: KNOBS[k].reference for k in ("precision", "workers", "compile", "accumulation")} == {
+    assert {k: PYTORCH.knobs[k].reference for k in ("precision", "workers", "compile", "accumulation")} == {
         "precision": "fp32",
         "workers": 0,
         "compile": "none",

@@ -17,6 +17,7 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from autotuner.backends import Capabilities
+from autotuner.backends.pytorch import TorchCapabilities
 from autotuner.knobs import config_key
 from autotuner.sampler import (
     ATTEMPTS,
@@ -414,9 +415,9 @@ def test_a_wrapped_sampler_that_repeats_itself_is_asked_a_few_times_then_the_nea
 
 # ---------------------------------------------------------------- the rule of thumb
 
-CPU = Capabilities(bf16=True, fp16=True, compile=True)
-AMPERE = Capabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True, jit=True)
-VOLTA = Capabilities(accelerator=True, fp16=True, compile=True, cuda_graphs=True, jit=True)
+CPU = TorchCapabilities(bf16=True, fp16=True, compile=True)
+AMPERE = TorchCapabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True)
+VOLTA = TorchCapabilities(accelerator=True, fp16=True, compile=True, cuda_graphs=True)
 PYTORCH_SPACE = {
     "precision": ["fp32", "tf32", "bf16", "fp16"],
     "batch_size": [8, 16, 32, 64, 128, 256, 512, 1024],
@@ -435,7 +436,7 @@ def test_the_rule_of_thumb_is_the_fastest_supported_precision_the_largest_batch_
     expected = {"precision": "bf16", "batch_size": 1024, "workers": 2, "compile": "default"}
     assert rule_of_thumb(PYTORCH_SPACE, unsupported_on(AMPERE)) == expected
     assert rule_of_thumb(PYTORCH_SPACE, unsupported_on(VOLTA)) == {**expected, "precision": "fp16"}
-    no_low_precision = Capabilities(compile=False)
+    no_low_precision = TorchCapabilities(compile=False)
     assert rule_of_thumb(PYTORCH_SPACE, unsupported_on(no_low_precision)) == {
         **expected,
         "precision": "fp32",
@@ -553,7 +554,7 @@ def test_the_guided_start_goes_back_to_the_strict_precision_when_the_rule_of_thu
 
 
 def test_the_guided_start_skips_what_the_device_cannot_run() -> None:
-    no_bf16 = Capabilities(fp16=True)
+    no_bf16 = TorchCapabilities(fp16=True)
     study, sampler = guided_study(unsupported=unsupported_on(no_bf16))
     assert sampler.rule is not None and sampler.rule["precision"] == "fp32"
     study.enqueue_trial(CPU_BASELINE)

@@ -8,20 +8,25 @@ JAX training loop.
 
 from __future__ import annotations
 
-from autotuner.backends._base import Backend, Capabilities
-from autotuner.knobs import Config
+from dataclasses import dataclass
+
+from autotuner.backends._base import Backend, Capabilities, capability
+from autotuner.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob, knob_table
+
+JIT = Knob("jit", "XLA jit", ("on", "off"), "off", recommended=("on",))
+
+
+@dataclass(frozen=True)
+class JaxCapabilities(Capabilities):
+    jit: bool = capability("XLA jit")
+    """XLA can compile a whole function here (JAX jit)."""
 
 
 class JaxBackend(Backend):
     name = "jax"
     runner = "autotuner.backends.jax.runner"
-    knobs = {
-        "precision": ("fp32", "tf32", "bf16"),
-        "batch_size": None,
-        "accumulation": None,
-        "workers": None,
-        "jit": ("on", "off"),
-    }
+    knobs = knob_table(PRECISION.restricted("fp32", "tf32", "bf16"), BATCH_SIZE, ACCUMULATION, WORKERS, JIT)
+    capabilities_type = JaxCapabilities
     builtin_workloads = {
         "mlp": "autotuner.backends.jax.workloads:mlp",
         "gpt": "autotuner.backends.jax.workloads:gpt",
@@ -34,11 +39,11 @@ class JaxBackend(Backend):
         precision = self.unsupported_precision(config.get("precision", "fp32"), capabilities)
         if precision:
             return precision
-        if config.get("jit", "off") == "on" and not capabilities.jit:
+        if config.get("jit", "off") == "on" and not getattr(capabilities, "jit", False):
             return "jit=on: XLA cannot compile a function here"
         return None
 
 
 JAX = JaxBackend()
 
-__all__ = ["JAX", "JaxBackend"]
+__all__ = ["JAX", "JIT", "JaxBackend", "JaxCapabilities"]
