@@ -103,9 +103,3 @@ def peak_flops(device_name: str) -> dict[str, float]:
         return {}
     entry = DEVICE_NAMES.get(normalise_name(device_name))
     return dict(PEAK_FLOPS[entry]) if entry is not None else {}
-
-
-def gpt_flops_per_token(params_without_embeddings: int, layers: int, dim: int, length: int) -> float:
-    """Training FLOPs per token, forward and backward: 6N for the weights plus 12*L*d*T for
-    attention (Kaplan et al. 2020, as PaLM's appendix B and nanoGPT's estimate_mfu use it)."""
-    return 6.0 * params_without_embeddings + 12.0 * layers * dim * length

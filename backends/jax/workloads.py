@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload
-from autotuner.hardware import gpt_flops_per_token
+from autotuner.builtin_sizes import GptSize, MlpSize
 
 HELDOUT = 256
 ADAMW_WEIGHT_DECAY = 0.01
@@ -64,30 +64,23 @@ def mlp_loss(params: list[dict[str, jax.Array]], batch: tuple[jax.Array, jax.Arr
     return _cross_entropy(mlp_apply(params, inputs), labels)
 
 
-def mlp(
-    features: int = 256,
-    hidden: int = 1024,
-    depth: int = 3,
-    classes: int = 10,
-    samples: int = 8192,
-    input_scale: float = 1.0,
-    lr: float = 1e-3,
-) -> JaxWorkload:
-    """`input_scale` multiplies the inputs: a large one makes the loss diverge."""
+def mlp(**size: Any) -> JaxWorkload:
+    """The built-in MLP (`autotuner.builtin_sizes.MlpSize`: its `workload_args`)."""
+    shape = MlpSize(**size)
     data = np.random.default_rng(1234)
-    inputs = data.standard_normal((samples + HELDOUT, features), dtype=np.float32)
-    teacher = data.standard_normal((features, classes), dtype=np.float32)
+    inputs = data.standard_normal((shape.samples + HELDOUT, shape.features), dtype=np.float32)
+    teacher = data.standard_normal((shape.features, shape.classes), dtype=np.float32)
     labels = (inputs @ teacher).argmax(axis=1).astype(np.int32)
-    inputs = inputs * np.float32(input_scale)
+    inputs = inputs * np.float32(shape.input_scale)
     rng = _init_rng()
-    widths = [features] + [hidden] * depth + [classes]
-    params = [_linear(rng, fan_in, fan_out) for fan_in, fan_out in zip(widths, widths[1:], strict=False)]
+    widths = [shape.features] + [shape.hidden] * shape.depth + [shape.classes]
+    training, heldout = slice(None, shape.samples), slice(shape.samples, None)
     return JaxWorkload(
-        params=params,
+        params=[_linear(rng, fan_in, fan_out) for fan_in, fan_out in zip(widths, widths[1:], strict=False)],
         loss_fn=mlp_loss,
-        optimizer=optax.adamw(lr, weight_decay=ADAMW_WEIGHT_DECAY),
-        dataset=ArrayDataset(inputs[:samples], labels[:samples]),
-        heldout=ArrayDataset(inputs[samples:], labels[samples:]),
+        optimizer=optax.adamw(shape.lr, weight_decay=ADAMW_WEIGHT_DECAY),
+        dataset=ArrayDataset(inputs[training], labels[training]),
+        heldout=ArrayDataset(inputs[heldout], labels[heldout]),
     )
 
 
@@ -169,33 +162,28 @@ def _markov_tokens(count: int, length: int, vocab: int, seed: int) -> np.ndarray
     return tokens
 
 
-def gpt(
-    vocab: int = 512,
-    length: int = 128,
-    dim: int = 128,
-    layers: int = 2,
-    heads: int = 4,
-    samples: int = 2048,
-    lr: float = 1e-3,
-) -> JaxWorkload:
-    tokens = _markov_tokens(samples + HELDOUT, length, vocab, seed=4321)
+def gpt(**size: Any) -> JaxWorkload:
+    """The built-in GPT (`autotuner.builtin_gpt.GptSize`: its `workload_args`), as the PyTorch
+    backend's: the same shapes, a tied head."""
+    shape = GptSize(**size)
+    tokens = _markov_tokens(shape.samples + HELDOUT, shape.length, shape.vocab, seed=4321)
     inputs, targets = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
-    params = _gpt_params(_init_rng(), vocab, length, dim, layers)
+    params = _gpt_params(_init_rng(), shape.vocab, shape.length, shape.dim, shape.layers)
     sizes = {name: sum(leaf.size for leaf in jax.tree.leaves(params[name])) for name in params}
-    weights = sum(sizes.values()) - sizes["token"] - sizes["position"]
-    # The tied head is a real matmul per token even though its weight is the embedding's.
-    per_token = gpt_flops_per_token(weights + sizes["token"], layers, dim, length)
+    # The tied head (the token embedding, used again) is a real matmul per token.
+    weights = sum(sizes.values()) - sizes["position"]
 
     def loss_fn(params: dict[str, Any], batch: tuple[jax.Array, jax.Array]) -> jax.Array:
         inputs, targets = batch
-        return _cross_entropy(gpt_apply(params, inputs, heads), targets)
+        return _cross_entropy(gpt_apply(params, inputs, shape.heads), targets)
 
+    training, heldout = slice(None, shape.samples), slice(shape.samples, None)
     return JaxWorkload(
         params=params,
         loss_fn=loss_fn,
-        optimizer=optax.adamw(lr, weight_decay=ADAMW_WEIGHT_DECAY),
-        dataset=ArrayDataset(inputs[:samples], targets[:samples]),
-        heldout=ArrayDataset(inputs[samples:], targets[samples:]),
-        tokens_per_sample=length,
-        flops_per_sample=per_token * length,
+        optimizer=optax.adamw(shape.lr, weight_decay=ADAMW_WEIGHT_DECAY),
+        dataset=ArrayDataset(inputs[training], targets[training]),
+        heldout=ArrayDataset(inputs[heldout], targets[heldout]),
+        tokens_per_sample=shape.length,
+        flops_per_sample=shape.flops_per_sample(weights),
     )

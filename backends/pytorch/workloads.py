@@ -13,13 +13,14 @@ workers in any process yields the same data.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from autotuner.backends.pytorch.workload import TorchWorkload
-from autotuner.hardware import gpt_flops_per_token
+from autotuner.builtin_sizes import GptSize, MlpSize
 
 HELDOUT = 256
 
@@ -31,39 +32,32 @@ def _adamw(lr: float):
 # ---------------------------------------------------------------- mlp
 
 
-def mlp(
-    features: int = 256,
-    hidden: int = 1024,
-    depth: int = 3,
-    classes: int = 10,
-    samples: int = 8192,
-    input_scale: float = 1.0,
-    lr: float = 1e-3,
-) -> TorchWorkload:
-    """`input_scale` multiplies the inputs: a large one makes activations overflow float16.
+def mlp(**size: Any) -> TorchWorkload:
+    """The built-in MLP (`autotuner.builtin_sizes.MlpSize`: its `workload_args`).
 
     GELU, not ReLU: behind ReLUs that output 0 for every sample of a batch, weights get an exactly
     zero gradient, and AdamW's moments of those decay geometrically (x0.9 per step) into subnormal
     floats after ~800 steps, which Intel CPUs compute slowly: on a Xeon the bf16 step then ran
     26-34% slower, long after the short trials that measured it. GELU's gradient is never exactly zero.
     """
+    shape = MlpSize(**size)
     generator = torch.Generator().manual_seed(1234)
-    inputs = torch.randn(samples + HELDOUT, features, generator=generator)
-    teacher = torch.randn(features, classes, generator=generator)
+    inputs = torch.randn(shape.samples + HELDOUT, shape.features, generator=generator)
+    teacher = torch.randn(shape.features, shape.classes, generator=generator)
     labels = (inputs @ teacher).argmax(dim=1)
-    inputs = inputs * input_scale
+    inputs = inputs * shape.input_scale
     layers: list[nn.Module] = []
-    width = features
-    for _ in range(depth):
-        layers += [nn.Linear(width, hidden), nn.GELU()]
-        width = hidden
-    layers.append(nn.Linear(width, classes))
+    width = shape.features
+    for _ in range(shape.depth):
+        layers += [nn.Linear(width, shape.hidden), nn.GELU()]
+        width = shape.hidden
+    layers.append(nn.Linear(width, shape.classes))
     return TorchWorkload(
         model=nn.Sequential(*layers),
-        dataset=torch.utils.data.TensorDataset(inputs[:samples], labels[:samples]),
-        heldout=torch.utils.data.TensorDataset(inputs[samples:], labels[samples:]),
+        dataset=torch.utils.data.TensorDataset(inputs[: shape.samples], labels[: shape.samples]),
+        heldout=torch.utils.data.TensorDataset(inputs[shape.samples :], labels[shape.samples :]),
         loss_fn=F.cross_entropy,
-        optimizer=_adamw(lr),
+        optimizer=_adamw(shape.lr),
     )
 
 
@@ -196,27 +190,21 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def gpt(
-    vocab: int = 512,
-    length: int = 128,
-    dim: int = 128,
-    layers: int = 2,
-    heads: int = 4,
-    samples: int = 2048,
-    lr: float = 1e-3,
-) -> TorchWorkload:
-    tokens = _markov_tokens(samples + HELDOUT, length, vocab, seed=4321)
+def gpt(**size: Any) -> TorchWorkload:
+    """The built-in GPT (`autotuner.builtin_gpt.GptSize`: its `workload_args`)."""
+    shape = GptSize(**size)
+    tokens = _markov_tokens(shape.samples + HELDOUT, shape.length, shape.vocab, seed=4321)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    model = GPT(vocab, length, dim, layers, heads)
-    weights = sum(p.numel() for p in model.parameters()) - model.token.weight.numel() - model.position.weight.numel()
+    model = GPT(shape.vocab, shape.length, shape.dim, shape.layers, shape.heads)
+    embeddings = model.token.weight.numel() + model.position.weight.numel()
     # The tied head is a real matmul per token even though its weight is the embedding's.
-    per_token = gpt_flops_per_token(weights + model.head.weight.numel(), layers, dim, length)
+    weights = sum(p.numel() for p in model.parameters()) - embeddings + model.head.weight.numel()
     return TorchWorkload(
         model=model,
-        dataset=torch.utils.data.TensorDataset(inputs[:samples], targets[:samples]),
-        heldout=torch.utils.data.TensorDataset(inputs[samples:], targets[samples:]),
+        dataset=torch.utils.data.TensorDataset(inputs[: shape.samples], targets[: shape.samples]),
+        heldout=torch.utils.data.TensorDataset(inputs[shape.samples :], targets[shape.samples :]),
         loss_fn=_lm_loss,
-        optimizer=_adamw(lr),
-        tokens_per_sample=length,
-        flops_per_sample=per_token * length,
+        optimizer=_adamw(shape.lr),
+        tokens_per_sample=shape.length,
+        flops_per_sample=shape.flops_per_sample(weights),
     )
