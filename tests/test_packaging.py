@@ -50,3 +50,18 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
         next(n.split("/")[0] for n in names if ".dist-info/" in n),
     }
     assert "autotuner/backends/pytorch/runner.py" in names and "autotuner/search_spaces/pytorch.yaml" in names
+
+
+def test_a_training_loop_that_applies_a_config_does_not_load_the_study_loop(tmp_path: Path) -> None:
+    """A user's loop imports `load_config` and a backend's `TunedTraining`; a trial process imports
+    the backend's runner. Neither needs Optuna, SQLAlchemy or the study loop, and the package's
+    own `__init__` imports none of them."""
+    script = (
+        "import sys\n"
+        "import autotuner.apply, autotuner.backends.pytorch.apply, autotuner.backends.pytorch.runner\n"
+        "heavy = [m for m in ('optuna', 'sqlalchemy', 'autotuner.search', 'autotuner.cli') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
