@@ -59,14 +59,14 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     job = load_spec(args.spec)
     if args.jobs and args.jobs > 1:
-        from autotuner.jobs import run_jobs
+        from autotuner.multi_gpu import search_on_gpus
 
         passthrough = [
             *(["--storage", args.storage] if args.storage else []),
             *(["--trials", str(args.trials)] if args.trials else []),
             *(["--timeout", str(args.timeout)] if args.timeout else []),
         ]
-        return run_jobs(job, args.jobs, passthrough)
+        return search_on_gpus(job, args.jobs, passthrough)
     search = Search(job, storage=args.storage, trials=args.trials, timeout=args.timeout, device=args.device)
     return search.run().exit_code
 

@@ -5,8 +5,9 @@ process (`autotuner.trial`), and this loop orchestrates: it probes the hardware,
 study, runs the fp32 reference once per study, makes the baseline trial 0, records every trial
 (`autotuner.study.record`), keeps to the budget (per study, across runs and workers) and writes
 the export. What only one of several workers may do (the reference, a config, a trial of the
-budget, a retry) goes through `autotuner.workers.Coordinator`. A failed trial is recorded and
-the search goes on; bad input or an unusable storage stops it before anything is run.
+budget, a retry) goes through claims (`autotuner.coordination`; a cut-off trial's retry:
+`autotuner.ownership`). A failed trial is recorded and the search goes on; bad input or an
+unusable storage stops it before anything is run.
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ import sqlalchemy
 from optuna.trial import TrialState
 
 from autotuner.backends import Backend, Capabilities
+from autotuner.claims import Claims
 from autotuner.console import SearchReporter
+from autotuner.coordination import POLL_S, BudgetSlots, ConfigClaims, OncePerStudy, enqueue_baseline
 from autotuner.dashboard import publish
 from autotuner.drift import measure_drift
 from autotuner.errors import BackendError, SpecError, StorageError
 from autotuner.export import export_data, export_path, write_export
 from autotuner.knobs import Config, format_config
+from autotuner.optuna_adapter import study_id
 from autotuner.outcomes import Outcome
+from autotuner.ownership import Recovery, SearchProcess, TrialOwnership
 from autotuner.sampler import FreshConfigSampler, make_sampler, oom_rules_out
 from autotuner.spec import Job
 from autotuner.study import (
@@ -51,7 +56,6 @@ from autotuner.study import (
 )
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import STOPPED, TrialLauncher, TrialRequest, TrialResult
-from autotuner.workers import POLL_S, Coordinator
 
 PROBE_TIMEOUT_S = 300.0
 REFERENCE_LEASE_TRIALS = 3
@@ -286,7 +290,11 @@ class Search:
         check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
         study = open_study(storage, job, environment)
-        workers = Coordinator(study, storage)
+        process, claims = SearchProcess.this(), Claims(storage, study_id(study))
+        recovery = Recovery(study, storage, claims, process)
+        once = OncePerStudy(study, claims, process)
+        configs = ConfigClaims(storage, claims, process)
+        slots = BudgetSlots(study, storage, claims, process, self.max_trials)
         self.reporter.start(job, self.storage_url, environment, self.max_trials)
 
         sampler = job_sampler(job, capabilities)
@@ -295,9 +303,9 @@ class Search:
         interrupted = False
         started = time.monotonic()
         try:
-            workers.recover()  # first: a cut-off baseline is retried, not enqueued afresh
-            workers.enqueue_baseline(self.job.baseline)
-            reference = workers.reference(
+            recovery.recover()  # first: a cut-off baseline is retried, not enqueued afresh
+            enqueue_baseline(study, self.job.baseline)
+            reference = once.reference(
                 lambda: self._run_reference(launcher, environment["device"]),
                 REFERENCE_LEASE_TRIALS * job.trial_timeout() + PROBE_TIMEOUT_S,
                 lambda: self.reporter.note("waiting for the fp32 reference, which another worker is running"),
@@ -305,14 +313,14 @@ class Search:
             self.reporter.reference(reference, job.spec.objective.max_drift)
             waiting_noted = False
             while True:
-                workers.recover()
+                recovery.recover()
                 trials = records(study)
                 if sum(t.ran for t in trials) >= self.max_trials:
                     break
                 if self.timeout is not None and spent_seconds(trials) >= self.timeout:
                     self.reporter.note(f"the study's time budget of {self.timeout:g} s is spent")
                     break
-                if not workers.slots_left(self.max_trials):
+                if not slots.any_free():
                     if not waiting_noted:
                         self.reporter.note("the rest of the budget is running on other workers: waiting for them")
                         waiting_noted = True
@@ -325,8 +333,8 @@ class Search:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # Optuna warns that heartbeats are meant for optimize()
                     trial = study.ask(dict(sampler.space))
-                with workers.owning(trial):
-                    done = self._run_trial(study, trial, workers, launcher, capabilities, environment, reference)
+                with TrialOwnership(storage, process, trial):
+                    done = self._run_trial(study, trial, configs, slots, launcher, capabilities, environment, reference)
                 if done is not None:
                     trials = records(study)
                     self.reporter.trial(
@@ -337,7 +345,7 @@ class Search:
                         best(trials),
                         baseline(trials),
                     )
-            self._remeasure(study, workers, launcher, environment, reference)
+            self._remeasure(study, once, launcher, environment, reference)
         except KeyboardInterrupt:
             interrupted = True
         trials = records(study)
@@ -352,7 +360,7 @@ class Search:
     def _remeasure(
         self,
         study: optuna.Study,
-        workers: Coordinator,
+        once: OncePerStudy,
         launcher: TrialLauncher,
         environment: dict[str, Any],
         reference: dict[str, Any],
@@ -375,7 +383,7 @@ class Search:
             if not fresh:
                 return
             attempted.update(t.number for t in fresh)
-            allowed = workers.remeasure_slots([t.number for t in fresh], 2 * settings.remeasure_top + 1)
+            allowed = once.remeasure_slots([t.number for t in fresh], 2 * settings.remeasure_top + 1)
             todo = {t.number: t for t in fresh if t.number in allowed}
             if not todo:
                 continue
@@ -385,7 +393,7 @@ class Search:
             # each config's runs and the baseline's: a group of processes; its lease, generously
             lease_s = 2 * settings.remeasure_runs * self.job.trial_timeout(*todo_configs) + PROBE_TIMEOUT_S
             run = functools.partial(self._remeasure_runs, todo, companion, launcher, environment, reference)
-            workers.remeasure(list(todo), run, lease_s)
+            once.remeasure(list(todo), run, lease_s)
 
     def _remeasure_runs(
         self,
@@ -463,7 +471,8 @@ class Search:
         self,
         study: optuna.Study,
         trial: optuna.Trial,
-        workers: Coordinator,
+        configs: ConfigClaims,
+        slots: BudgetSlots,
         launcher: TrialLauncher,
         capabilities: Capabilities,
         environment: dict[str, Any],
@@ -472,7 +481,7 @@ class Search:
         """Run and record one asked-for trial; None when it is given up without running."""
         job = self.job
         try:
-            holder = workers.claim_config(trial)
+            holder = configs.claim(trial)
             if holder is not None:
                 give_up(study, trial, f"trial {holder} has this config", duplicate_of=holder)
                 return None
@@ -486,7 +495,7 @@ class Search:
             if reason:
                 result = TrialResult.unsupported(reason)
             else:
-                slot = workers.claim_slot(trial, self.max_trials)
+                slot = slots.claim(trial)
                 if slot is None:
                     give_up(study, trial, "the budget was spent by other workers")
                     return None

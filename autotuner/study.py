@@ -15,7 +15,7 @@ Live Optuna trials are written only through `record` (and `give_up`, for a trial
 for but does not run); `TrialRecord` is the stored view. Trial user attrs that say how a trial
 relates to others: `retry_of` (the cut-off trial it runs again), `given_up` and `duplicate_of`.
 The claims that coordinate the workers of a study are its `autotuner:*` system attrs
-(`autotuner.claims`, `autotuner.workers`).
+(`autotuner.claims`, `autotuner.coordination`, `autotuner.ownership`).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def open_storage(
     that only read a study).
 
     With `heartbeat`, a search process records that its running trial is alive every
-    `HEARTBEAT_S` seconds (`autotuner.workers.Heartbeat`), and a running trial without a heartbeat
+    `HEARTBEAT_S` seconds (`autotuner.ownership.TrialOwnership`), and a running trial without a heartbeat
     for `GRACE_S` is failed as stale by any worker of the study."""
     try:
         parsed = sqlalchemy.engine.make_url(url)

@@ -204,7 +204,7 @@ def replay(
     if start is not None and sampler.rule is not None:
         sampler.rule = start
     study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
-    study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})  # as Coordinator.enqueue_baseline
+    study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})  # as autotuner.coordination.enqueue_baseline
     curve: list[float] = []
     while sampler.fresh_configs(study) or study.get_trials(states=(TrialState.WAITING,)):
         trial = study.ask(dict(sampler.space))

@@ -292,7 +292,7 @@ def test_report_command_on_a_real_study(tmp_path: Path) -> None:
 
 
 def _remeasure(url: str, study: optuna.Study, number: int, value: dict[str, Any]) -> None:
-    """What a worker stores once it has re-measured trial `number` (`Coordinator.remeasure`)."""
+    """What a worker stores once it has re-measured trial `number` (`OncePerStudy.remeasure`)."""
     Claims(open_storage(url), study._study_id).claim(f"remeasure:{number}", {"status": "done", **value})
 
 

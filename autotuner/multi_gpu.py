@@ -1,13 +1,13 @@
-"""`autotuner search --jobs N`: one search worker per GPU of this machine, all on one study.
+"""`autotuner search --jobs N`: one search process per GPU of this machine, all on one study.
 
-Worker i is an `autotuner search` subprocess with `--device cuda:<i>`; the workers share the
-study through its storage exactly as workers on separate machines do (`autotuner.workers`), and
-each prints its lines prefixed with its device. The GPU count comes from the backend's probe,
-in a trial process, so the engine never imports the framework.
+Process i is an `autotuner search` subprocess with `--device cuda:<i>`; the processes share the
+study through its storage exactly as search processes on separate machines do
+(`autotuner.coordination`), and each prints its lines prefixed with its device. The GPU count
+comes from the backend's probe, in a trial process, so the engine never imports the framework.
 
-On a machine without a GPU, `--jobs` above 1 is refused: CPU workers would share the same cores,
-and each trial's throughput would measure the contention rather than its config. Workers on
-several machines (one per machine, `--storage postgresql://...`) are how a CPU study goes wider.
+On a machine without a GPU, `--jobs` above 1 is refused: search processes on the CPU would share
+the same cores, and each trial's throughput would measure the contention rather than its config.
+One search process per machine (`--storage postgresql://...`) is how a CPU study goes wider.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def visible_gpus(job: Job) -> int:
     return int(environment.get("device_count") or 0)
 
 
-def check_jobs(jobs: int, gpus: int) -> None:
+def check_gpus(jobs: int, gpus: int) -> None:
+    """Refuse `--jobs <jobs>` (one search process per GPU) where fewer than `jobs` GPUs are visible."""
     if gpus == 0:
         raise SpecError(
             f"--jobs {jobs} starts one worker per GPU, and this machine has none visible; CPU workers would "
@@ -44,21 +45,21 @@ def check_jobs(jobs: int, gpus: int) -> None:
         raise SpecError(f"--jobs {jobs} starts one worker per GPU, and only {gpus} are visible", key="--jobs")
 
 
-def run_jobs(job: Job, jobs: int, passthrough: Sequence[str]) -> int:
-    """One worker per GPU, on cuda:0 to cuda:<jobs - 1>; see `run_workers`."""
-    check_jobs(jobs, visible_gpus(job))
-    return run_workers(job, [f"cuda:{index}" for index in range(jobs)], passthrough)
+def search_on_gpus(job: Job, jobs: int, passthrough: Sequence[str]) -> int:
+    """One search process per GPU, on cuda:0 to cuda:<jobs - 1>; see `search_on_devices`."""
+    check_gpus(jobs, visible_gpus(job))
+    return search_on_devices(job, [f"cuda:{index}" for index in range(jobs)], passthrough)
 
 
-def run_workers(job: Job, devices: Sequence[str], passthrough: Sequence[str]) -> int:
-    """Start one worker per device (`autotuner search --spec ... --device <device>` plus
+def search_on_devices(job: Job, devices: Sequence[str], passthrough: Sequence[str]) -> int:
+    """Start one search process per device (`autotuner search --spec ... --device <device>` plus
     `passthrough`) and wait for them, relaying their lines prefixed with their device. Ctrl-C is
-    passed on to each worker once; the exit code is the worst of theirs."""
+    passed on to each process once; the exit code is the worst of theirs."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "autotuner", "search", "--spec", job.source, *passthrough]
-    workers = []
+    processes = []
     for device in devices:
-        workers.append(
+        processes.append(
             subprocess.Popen(
                 [*command, "--device", device],
                 stdout=subprocess.PIPE,
@@ -71,25 +72,25 @@ def run_workers(job: Job, devices: Sequence[str], passthrough: Sequence[str]) ->
         )
     lock = threading.Lock()
     readers = [
-        threading.Thread(target=_relay, args=(worker.stdout, f"[{device}] ", lock), daemon=True)
-        for worker, device in zip(workers, devices, strict=True)
+        threading.Thread(target=_relay, args=(process.stdout, f"[{device}] ", lock), daemon=True)
+        for process, device in zip(processes, devices, strict=True)
     ]
     for reader in readers:
         reader.start()
     interrupted = False
     try:
-        for worker in workers:
-            worker.wait()
+        for process in processes:
+            process.wait()
     except KeyboardInterrupt:
         interrupted = True
-        for worker in workers:
-            if worker.poll() is None:
-                worker.send_signal(signal.SIGINT)
-        for worker in workers:
-            worker.wait()
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in processes:
+            process.wait()
     for reader in readers:
         reader.join()
-    codes = [worker.returncode for worker in workers]
+    codes = [process.returncode for process in processes]
     if interrupted or 130 in codes:
         return 130
     if 2 in codes:

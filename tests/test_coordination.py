@@ -1,4 +1,4 @@
-"""Many workers on one study, and a search killed with kill -9: real processes, real storages.
+"""Many search processes (workers) on one study, and a search killed with kill -9: real processes, real storages.
 
 The PostgreSQL tests need AUTOTUNER_TEST_POSTGRES_URL (e.g. postgresql://postgres@127.0.0.1:5432/test):
 without it, or with the server unreachable, they are skipped, except where CI is set, where they fail.
@@ -25,13 +25,14 @@ import yaml
 from optuna.trial import TrialState
 
 from autotuner.claims import Claims
+from autotuner.coordination import BudgetSlots, ConfigClaims, OncePerStudy
 from autotuner.environment import fingerprint
 from autotuner.errors import HardwareMismatch
-from autotuner.jobs import run_workers
 from autotuner.knobs import config_key
+from autotuner.multi_gpu import search_on_devices
+from autotuner.ownership import MAX_CUT_OFFS, OWNER, Recovery, SearchProcess, still_running
 from autotuner.spec import load_spec
 from autotuner.study import open_storage, open_study
-from autotuner.workers import MAX_CUT_OFFS, OWNER, Coordinator, Worker, alive
 from tests.conftest import ROOT, run_cli, write_hang_spec, write_spec
 
 # ---------------------------------------------------------------- storages
@@ -365,13 +366,27 @@ def _claim(url: str, study_name: str, barrier: Any, results: Any) -> None:
     results.put(claims.claim("only-one", {"pid": os.getpid()}) is None)
 
 
+def _claims(storage: optuna.storages.RDBStorage, study: optuna.Study) -> Claims:
+    return Claims(storage, study._study_id)
+
+
+def _budget_slots(storage: optuna.storages.RDBStorage, study: optuna.Study, budget: int) -> BudgetSlots:
+    """The budget slots of `study`, as a new search process claims them."""
+    return BudgetSlots(study, storage, _claims(storage, study), SearchProcess.this(), budget)
+
+
+def _recover(storage: optuna.storages.RDBStorage, study: optuna.Study) -> None:
+    """What a new search process does first: fail stale trials, enqueue retries."""
+    Recovery(study, storage, _claims(storage, study), SearchProcess.this()).recover()
+
+
 def _spend(url: str, study_name: str, budget: int, barrier: Any, results: Any) -> None:
     storage = open_storage(url)
     study = optuna.load_study(study_name=study_name, storage=storage)
-    workers = Coordinator(study, storage)
+    slots = _budget_slots(storage, study, budget)
     trial = study.ask()
     barrier.wait()
-    results.put((trial.number, workers.claim_slot(trial, budget)))
+    results.put((trial.number, slots.claim(trial)))
 
 
 def test_one_claim_and_the_budget_are_won_by_exactly_as_many_workers_as_allowed(
@@ -400,9 +415,9 @@ def test_one_claim_and_the_budget_are_won_by_exactly_as_many_workers_as_allowed(
     # A trial that held a slot and was cut off frees it, for one later trial only.
     holder = next(number for number, slot in spent.items() if slot == 0)
     storage.set_trial_state_values(study.trials[holder]._trial_id, TrialState.FAIL)
-    workers = Coordinator(study, storage)
-    assert workers.claim_slot(study.ask(), 2) == 0
-    assert workers.claim_slot(study.ask(), 2) is None
+    slots = _budget_slots(storage, study, 2)
+    assert slots.claim(study.ask()) == 0
+    assert slots.claim(study.ask()) is None
 
 
 def test_a_worker_handed_a_config_it_ran_itself_gives_it_up(tmp_path: Path) -> None:
@@ -411,15 +426,15 @@ def test_a_worker_handed_a_config_it_ran_itself_gives_it_up(tmp_path: Path) -> N
     storage = open_storage(f"sqlite:///{tmp_path}/again.db")
     study = optuna.create_study(study_name="again", storage=storage)
     space = {"x": optuna.distributions.CategoricalDistribution([1, 2])}
-    workers = Coordinator(study, storage)
+    configs = ConfigClaims(storage, _claims(storage, study), SearchProcess.this())
     first = study.ask(space)
-    assert workers.claim_config(first) is None
-    assert workers.claim_config(first) is None  # the same trial claiming again keeps it
+    assert configs.claim(first) is None
+    assert configs.claim(first) is None  # the same trial claiming again keeps it
     study.tell(first, 1.0)
     study.enqueue_trial(first.params)
     again = study.ask(space)
     assert again.params == first.params
-    assert workers.claim_config(again) == first.number
+    assert configs.claim(again) == first.number
 
 
 def test_the_study_re_measures_at_most_its_slots_of_configs_whichever_workers_choose_them(tmp_path: Path) -> None:
@@ -427,7 +442,7 @@ def test_the_study_re_measures_at_most_its_slots_of_configs_whichever_workers_ch
     # the slots are the study's, so together they re-measure no more than it allows.
     url = f"sqlite:///{tmp_path}/slots.db"
     study = optuna.create_study(study_name="slots", storage=open_storage(url))
-    one, two = Coordinator(study, open_storage(url)), Coordinator(study, open_storage(url))
+    one, two = (OncePerStudy(study, _claims(open_storage(url), study), SearchProcess.this()) for _ in range(2))
     assert one.remeasure_slots([4, 7, 9], 3) == [4, 7, 9]
     assert two.remeasure_slots([7, 2, 5], 3) == [7]  # 7 holds a slot already; none is left for 2 or 5
     assert one.remeasure_slots([9, 2], 4) == [9, 2]  # a larger cap: the fourth slot is free
@@ -443,7 +458,7 @@ def _dead_process() -> dict[str, Any]:
     stat = _stat(child.pid)
     child.wait()
     assert stat is not None
-    return {**Worker.this().as_dict(), "pid": child.pid, "started": stat[2]}
+    return {**SearchProcess.this().as_dict(), "pid": child.pid, "started": stat[2]}
 
 
 def test_a_trial_whose_worker_died_on_this_machine_is_failed_at_once_and_retried_once(tmp_path: Path) -> None:
@@ -452,10 +467,10 @@ def test_a_trial_whose_worker_died_on_this_machine_is_failed_at_once_and_retried
     study = optuna.create_study(study_name="stale", storage=storage)
     dead, live = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])}), study.ask()
     storage.set_trial_system_attr(dead._trial_id, OWNER, _dead_process())
-    storage.set_trial_system_attr(live._trial_id, OWNER, Worker.this().as_dict())
-    assert alive(Worker.this().as_dict()) is True
+    storage.set_trial_system_attr(live._trial_id, OWNER, SearchProcess.this().as_dict())
+    assert still_running(SearchProcess.this().as_dict()) is True
     for _ in range(2):  # two workers recovering one after the other: one retry
-        Coordinator(study, open_storage(url, heartbeat=True)).recover()
+        _recover(open_storage(url, heartbeat=True), study)
     trials = study.get_trials()
     assert trials[dead.number].state is TrialState.FAIL and "died" in trials[dead.number].user_attrs["reason"]
     assert trials[live.number].state is TrialState.RUNNING
@@ -473,7 +488,7 @@ def test_a_config_cut_off_three_times_in_a_row_is_not_retried_again(tmp_path: Pa
         if previous is not None:
             assert trial.params == previous.params and trial.user_attrs["retry_of"] == previous.number
         study.tell(trial, state=TrialState.FAIL)  # cut off: its worker died
-        Coordinator(study, storage).recover()
+        _recover(storage, study)
         waiting = study.get_trials(states=(TrialState.WAITING,))
         assert len(waiting) == (1 if cut_offs < MAX_CUT_OFFS else 0), cut_offs
         previous = trial
@@ -486,14 +501,14 @@ def test_a_trial_of_another_machine_is_failed_when_its_heartbeat_stops(tmp_path:
     storage = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=1)
     study = optuna.create_study(study_name="heartbeat", storage=storage)
     trial = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
-    elsewhere = {**Worker.this().as_dict(), "host": "another-machine", "boot": "another-boot"}
+    elsewhere = {**SearchProcess.this().as_dict(), "host": "another-machine", "boot": "another-boot"}
     storage.set_trial_system_attr(trial._trial_id, OWNER, elsewhere)
     storage.record_heartbeat(trial._trial_id)
-    Coordinator(study, storage).recover()
+    _recover(storage, study)
     assert study.trials[trial.number].state is TrialState.RUNNING  # its heartbeat is fresh
     time.sleep(2.5)
-    Coordinator(study, storage).recover()
-    Coordinator(study, storage).recover()
+    _recover(storage, study)
+    _recover(storage, study)
     trials = study.get_trials()
     assert trials[trial.number].state is TrialState.FAIL
     assert [t.number for t in trials if t.user_attrs.get("retry_of") == trial.number] == [trial.number + 1]
@@ -528,7 +543,7 @@ def test_workers_started_together_share_the_study_and_relay_their_lines(
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    assert run_workers(load_spec(spec), ["cpu", "cpu"], ["--trials", "2"]) == 0
+    assert search_on_devices(load_spec(spec), ["cpu", "cpu"], ["--trials", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(line.startswith("[cpu] ") for line in lines), lines
     assert sum("best: trial" in line for line in lines) == 2
