@@ -69,8 +69,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from autotuner import search_spaces
 from autotuner.knobs import Config, Knob
+from autotuner.search_spaces import available, load_preset
 
 
 def capability(label: str) -> Any:
@@ -141,11 +141,11 @@ class Backend(ABC):
     def presets(self) -> list[str]:
         """The search-space presets a spec may name: by default the YAML files of
         `autotuner.search_spaces`."""
-        return search_spaces.available()
+        return available()
 
     def load_preset(self, name: str) -> dict[str, Any]:
         """The preset `name` (one of `presets()`): knob -> choices; KeyError when there is none."""
-        return search_spaces.load_preset(name)
+        return load_preset(name)
 
     @staticmethod
     def unsupported_precision(precision: str, capabilities: Capabilities) -> str | None:
