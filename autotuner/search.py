@@ -32,7 +32,7 @@ from autotuner.errors import BackendError, SpecError, StorageError
 from autotuner.export import export_data, export_path, write_export
 from autotuner.knobs import Config, format_config
 from autotuner.outcomes import Outcome
-from autotuner.sampler import FreshConfigSampler, make_sampler, oom_rules_out
+from autotuner.sampler import FreshConfigSampler, make_sampler
 from autotuner.spec import Job
 from autotuner.study import (
     TrialRecord,
@@ -51,6 +51,7 @@ from autotuner.study import (
 )
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import STOPPED, TrialLauncher, TrialRequest, TrialResult
+from autotuner.tried_configs import oom_rules_out
 from autotuner.workers import POLL_S, Coordinator
 
 PROBE_TIMEOUT_S = 300.0

@@ -52,8 +52,8 @@ from autotuner.claims import PREFIX, Claims, Held
 from autotuner.errors import BackendError
 from autotuner.knobs import config_key
 from autotuner.optuna_adapter import trial_id
-from autotuner.sampler import LIVE, trial_params
 from autotuner.study import GIVEN_UP, GRACE_S
+from autotuner.tried_configs import LIVE, trial_params
 
 OWNER = "autotuner:worker"
 """Trial system attr: the worker (`Worker.as_dict`) that runs the trial."""
