@@ -41,7 +41,7 @@ from autotuner.errors import BackendError
 from autotuner.knobs import config_key
 from autotuner.optuna_adapter import trial_id
 from autotuner.ownership import SearchProcess, still_running
-from autotuner.sampler import LIVE
+from autotuner.tried_configs import LIVE
 
 SLOT = "autotuner:slot"
 """Trial system attr: the budget slot the trial spent."""

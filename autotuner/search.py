@@ -37,7 +37,7 @@ from autotuner.knobs import Config, format_config
 from autotuner.optuna_adapter import study_id
 from autotuner.outcomes import Outcome
 from autotuner.ownership import Recovery, SearchProcess, TrialOwnership
-from autotuner.sampler import FreshConfigSampler, make_sampler, oom_rules_out
+from autotuner.sampler import FreshConfigSampler, make_sampler
 from autotuner.spec import Job
 from autotuner.study import (
     TrialRecord,
@@ -56,6 +56,7 @@ from autotuner.study import (
 )
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import STOPPED, TrialLauncher, TrialRequest, TrialResult
+from autotuner.tried_configs import oom_rules_out
 
 PROBE_TIMEOUT_S = 300.0
 REFERENCE_LEASE_TRIALS = 3

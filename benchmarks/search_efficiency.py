@@ -57,18 +57,13 @@ from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
 from autotuner.backends import Capabilities
+from autotuner.guided_start import Unsupported, rule_of_thumb
 from autotuner.knobs import config_key, format_config
 from autotuner.outcomes import Outcome
-from autotuner.sampler import (
-    FreshConfigSampler,
-    Unsupported,
-    make_base_sampler,
-    make_sampler,
-    oom_rules_out,
-    rule_of_thumb,
-)
+from autotuner.sampler import FreshConfigSampler, make_base_sampler, make_sampler
 from autotuner.spec import Job, SamplerSettings, load_spec
 from autotuner.study import DIRECTIONS, TrialRecord, give_up, record
+from autotuner.tried_configs import oom_rules_out
 
 DEFAULT_SPECS = ["studies/bench-mlp.yaml", "studies/bench-cnn.yaml"]
 CLOSE_BAR = 0.9

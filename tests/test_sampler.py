@@ -18,15 +18,10 @@ from optuna.trial import TrialState, create_trial
 
 from autotuner.backends import Capabilities
 from autotuner.backends.pytorch import TorchCapabilities
+from autotuner.guided_start import rule_of_thumb
 from autotuner.knobs import config_key
-from autotuner.sampler import (
-    ATTEMPTS,
-    FreshConfigSampler,
-    make_base_sampler,
-    make_sampler,
-    oom_rules_out,
-    rule_of_thumb,
-)
+from autotuner.sampler import ATTEMPTS, FreshConfigSampler, make_base_sampler, make_sampler
+from autotuner.tried_configs import oom_rules_out
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
