@@ -30,6 +30,7 @@ from autotuner.environment import fingerprint
 from autotuner.errors import HardwareMismatch
 from autotuner.knobs import config_key
 from autotuner.multi_gpu import search_on_devices
+from autotuner.optuna_adapter import study_id, study_storage, trial_id
 from autotuner.ownership import MAX_CUT_OFFS, OWNER, Recovery, SearchProcess, still_running
 from autotuner.spec import load_spec
 from autotuner.study import open_storage, open_study
@@ -130,7 +131,8 @@ def test_four_workers_share_one_study_without_running_anything_twice(
     assert len(set(keys)) == len(keys), "a config ran twice"
     assert [t.user_attrs["role"] for t in done].count("baseline") == 1
     # Each config of the top 2 and the baseline re-measured once for the study, by one worker.
-    remeasured = {k: v for k, v in study._storage.get_study_system_attrs(study._study_id).items() if "remeasure:" in k}
+    stored = study_storage(study).get_study_system_attrs(study_id(study))
+    remeasured = {k: v for k, v in stored.items() if "remeasure:" in k}
     assert 2 <= len(remeasured) <= 2 * 2 + 1  # the top may change as re-measured figures come in
     assert all(v["status"] == "done" and len(v["throughputs"]) == 1 for v in remeasured.values()), remeasured
     # The processes that trained: the reference's two runs, once for the study, the trials, and
@@ -348,7 +350,7 @@ def test_a_worker_joining_while_the_study_is_being_created_is_not_refused(tmp_pa
     storage = open_storage(f"sqlite:///{tmp_path}/halfway.db")
     study = optuna.create_study(study_name="halfway", storage=storage, directions=["maximize", "minimize"])
     creator = {"fingerprint": fingerprint(OTHER_MACHINE), "identity": job.identity(), "environment": OTHER_MACHINE}
-    assert Claims(storage, study._study_id).claim("identity", creator) is None
+    assert Claims(storage, study_id(study)).claim("identity", creator) is None
     study.set_user_attr("autotuner", {"identity": job.identity()})
     with pytest.raises(HardwareMismatch):
         open_study(storage, job, {**OTHER_MACHINE, "device_name": "another GPU"})
@@ -367,7 +369,7 @@ def _claim(url: str, study_name: str, barrier: Any, results: Any) -> None:
 
 
 def _claims(storage: optuna.storages.RDBStorage, study: optuna.Study) -> Claims:
-    return Claims(storage, study._study_id)
+    return Claims(storage, study_id(study))
 
 
 def _budget_slots(storage: optuna.storages.RDBStorage, study: optuna.Study, budget: int) -> BudgetSlots:
@@ -414,7 +416,7 @@ def test_one_claim_and_the_budget_are_won_by_exactly_as_many_workers_as_allowed(
     assert sorted(slot for slot in spent.values() if slot is not None) == [0, 1]
     # A trial that held a slot and was cut off frees it, for one later trial only.
     holder = next(number for number, slot in spent.items() if slot == 0)
-    storage.set_trial_state_values(study.trials[holder]._trial_id, TrialState.FAIL)
+    storage.set_trial_state_values(trial_id(study.trials[holder]), TrialState.FAIL)
     slots = _budget_slots(storage, study, 2)
     assert slots.claim(study.ask()) == 0
     assert slots.claim(study.ask()) is None
@@ -466,8 +468,8 @@ def test_a_trial_whose_worker_died_on_this_machine_is_failed_at_once_and_retried
     storage = open_storage(url, heartbeat=True)
     study = optuna.create_study(study_name="stale", storage=storage)
     dead, live = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])}), study.ask()
-    storage.set_trial_system_attr(dead._trial_id, OWNER, _dead_process())
-    storage.set_trial_system_attr(live._trial_id, OWNER, SearchProcess.this().as_dict())
+    storage.set_trial_system_attr(trial_id(dead), OWNER, _dead_process())
+    storage.set_trial_system_attr(trial_id(live), OWNER, SearchProcess.this().as_dict())
     assert still_running(SearchProcess.this().as_dict()) is True
     for _ in range(2):  # two workers recovering one after the other: one retry
         _recover(open_storage(url, heartbeat=True), study)
