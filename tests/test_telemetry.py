@@ -287,9 +287,7 @@ def test_without_a_gpu_the_gpu_telemetry_is_absent_and_the_trial_goes_on() -> No
     assert telemetry.has_energy_counter(FAST_UUID) is False
 
 
-def test_the_memory_nvml_counts_for_this_process_is_its_own(
-    machine: tuple[FakeGpu, FakeGpu], clock: FakeClock
-) -> None:
+def test_the_memory_nvml_counts_for_this_process_is_its_own(machine: tuple[FakeGpu, FakeGpu], clock: FakeClock) -> None:
     """Another process's memory on the same GPU is not this trial's; without an entry for this
     process (another PID namespace) there is no figure."""
     import os

@@ -153,9 +153,7 @@ class TunedTraining(TunedLoop):
         """Optimizer steps the GradScaler skipped because fp16 gradients overflowed (fp16 only)."""
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         cuda_graphs = uses_cuda_graphs(self.config["compile"], self.device)
-        self._mark_step: Callable[[], None] = (
-            torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
-        )
+        self._mark_step: Callable[[], None] = torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
         self._keep_grads = cuda_graphs and self.accumulation > 1
         if self._keep_grads:
             allocate_grads(optimizer)
