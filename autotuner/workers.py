@@ -52,8 +52,10 @@ from autotuner.claims import PREFIX, Claims, Held
 from autotuner.errors import BackendError
 from autotuner.knobs import config_key
 from autotuner.optuna_adapter import trial_id
+from autotuner.records import GIVEN_UP, stored_reference
+from autotuner.results import Reference, Remeasurement
 from autotuner.sampler import LIVE, trial_params
-from autotuner.study import GIVEN_UP, GRACE_S
+from autotuner.study import GRACE_S
 
 OWNER = "autotuner:worker"
 """Trial system attr: the worker (`Worker.as_dict`) that runs the trial."""
@@ -189,16 +191,14 @@ class Coordinator:
 
     # ------------------------------------------------------------ the reference
 
-    def reference(
-        self, run: Callable[[], dict[str, Any]], lease_s: float, waiting: Callable[[], None]
-    ) -> dict[str, Any]:
+    def reference(self, run: Callable[[], Reference], lease_s: float, waiting: Callable[[], None]) -> Reference:
         """The study's fp32 reference: stored, or run here by the one worker that claims it (within
         `lease_s` seconds), while the others wait for it (`waiting` is called once if this one does)."""
         seen_running = False
         while True:
-            stored = self.study.user_attrs.get("reference")
+            stored = stored_reference(self.study)
             if stored is not None:
-                return dict(stored)
+                return stored
             mine = {"worker": self.worker.as_dict(), "until": time.time() + lease_s}
             held = self.claims.claim("reference", mine)
             if held is not None:
@@ -228,7 +228,7 @@ class Coordinator:
             except Exception as exc:
                 self.claims.take_over(ours, {**mine, "error": str(exc)})
                 raise
-            self.study.set_user_attr("reference", reference)
+            self.study.set_user_attr("reference", reference.as_dict())
             return reference
 
     # ------------------------------------------------------------ re-measuring the best
@@ -247,13 +247,13 @@ class Coordinator:
         return allowed
 
     def remeasure(
-        self, numbers: list[int], run: Callable[[list[int]], dict[int, dict[str, Any]]], lease_s: float
+        self, numbers: list[int], run: Callable[[list[int]], dict[int, Remeasurement]], lease_s: float
     ) -> None:
         """Re-measure the configs of trials `numbers` once per study: those no other worker has
         claimed are run here (`run` gets their numbers, returns each one's result, and has
         `lease_s` seconds per config before another worker may take them over); those another live
         worker is re-measuring are waited for. A result is stored in the claim
-        (`remeasure:<number>`, status `done`), which `autotuner.study.records` reads."""
+        (`remeasure:<number>`, status `done`), which `autotuner.records.records` reads."""
         todo = list(numbers)
         while todo:
             mine: list[tuple[int, Held, dict[str, Any]]] = []
@@ -285,7 +285,7 @@ class Coordinator:
                         self.claims.take_over(held, {**value, "status": "released"})
                     raise
                 for number, held, value in mine:
-                    self.claims.take_over(held, {**value, **results[number], "status": "done"})
+                    self.claims.take_over(held, {**value, **results[number].as_dict(), "status": "done"})
             todo = others
             if todo:
                 time.sleep(POLL_S)

@@ -8,12 +8,12 @@ against a recorded grid of real trials (a tabular benchmark).
    spec's trial settings, unsupported configs decided without a process), in a shuffled order
    so that a change in the shared machine's load does not follow the space's order; the fp32
    reference runs twice as it does for a study. The raw trial results, and what
-   `autotuner.study.record` makes of them (throughput, drift, outcome, feasibility), go to
+   `autotuner.recording.record` makes of them (throughput, drift, outcome, feasibility), go to
    `benchmarks/results/grid-<name>.json` with the machine named.
 2. The replay (no training): for each sampler and seed, an in-memory Optuna study set up as
    `autotuner search` sets one up (baseline enqueued as trial 0, the sampler built by
    `autotuner.sampler.make_sampler` from the spec's sampler name, the seed, the space and what
-   the device cannot run, OOM rule-outs given up, every trial stored by `autotuner.study.record`
+   the device cannot run, OOM rule-outs given up, every trial stored by `autotuner.recording.record`
    from the table's result), until a feasible trial reaches `--target` (97%) of the grid's best
    feasible throughput. Trials are counted as `budget.trials` counts them: unsupported configs
    are free. Replayed: the default sampler (what a spec without `sampler` gets: TPE after the
@@ -59,6 +59,9 @@ from optuna.trial import TrialState
 from autotuner.backends import Capabilities
 from autotuner.knobs import config_key, format_config
 from autotuner.outcomes import Outcome
+from autotuner.recording import give_up, record
+from autotuner.records import TrialRecord
+from autotuner.results import Reference
 from autotuner.sampler import (
     FreshConfigSampler,
     Unsupported,
@@ -68,7 +71,7 @@ from autotuner.sampler import (
     rule_of_thumb,
 )
 from autotuner.spec import Job, SamplerSettings, load_spec
-from autotuner.study import DIRECTIONS, TrialRecord, give_up, record
+from autotuner.study import DIRECTIONS
 
 DEFAULT_SPECS = ["studies/bench-mlp.yaml", "studies/bench-cnn.yaml"]
 CLOSE_BAR = 0.9
@@ -141,7 +144,8 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
             load = os.getloadavg()[0]
             result = trials.run(config)
             runs[config_key(params)].append({"load_1m": load, **result_to_json(result)})
-            rate = result.result.get("throughput", {}).get("samples_per_s", 0.0)
+            measured = result.output.throughput if result.output is not None else None
+            rate = measured.samples_per_s if measured is not None else 0.0
             shown = f"{format_config(config)}: {result.outcome} {rate:,.0f}/s"
             print(f"  sweep {sweep + 1}, {i + 1}/{len(configs)} {shown}", flush=True)
     entries = []
@@ -160,7 +164,7 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
         "record_wall_s": time.perf_counter() - started,
         "space": job.space,
         "baseline": job.baseline,
-        "reference": reference,
+        "reference": reference.as_dict(),
         "trials": entries,
     }
     recorded = tabulate(job, grid)
@@ -177,9 +181,10 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
 
 
 def tabulate(job: Job, grid: dict[str, Any]) -> dict[tuple[tuple[str, Any], ...], TrialRecord]:
-    """Every grid entry as `autotuner.study.record` stores it, by config."""
+    """Every grid entry as `autotuner.recording.record` stores it, by config."""
+    reference = Reference.from_dict(grid["reference"])
     return {
-        config_key(e["params"]): stored(job, e["config"], result_from_json(e), grid["reference"], grid["environment"])
+        config_key(e["params"]): stored(job, e["config"], result_from_json(e), reference, grid["environment"])
         for e in grid["trials"]
     }
 
@@ -205,6 +210,7 @@ def replay(
         sampler.rule = start
     study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
     study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})  # as Coordinator.enqueue_baseline
+    reference = Reference.from_dict(grid["reference"])
     curve: list[float] = []
     while sampler.fresh_configs(study) or study.get_trials(states=(TrialState.WAITING,)):
         trial = study.ask(dict(sampler.space))
@@ -221,7 +227,7 @@ def replay(
             config,
             result_from_json(entry),
             role=trial.user_attrs.get("role", "search"),
-            reference=grid["reference"],
+            reference=reference,
             environment=grid["environment"],
         )
         if done.ran:
