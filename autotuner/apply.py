@@ -31,6 +31,7 @@ from autotuner.backends import BACKENDS
 from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.knobs import Config, format_config
+from autotuner.results import Throughput
 from autotuner.spec import parse_yaml, read_text
 
 if TYPE_CHECKING:
@@ -241,21 +242,21 @@ class AppliedRun:
     config: Config
     """The config as run (accumulation derived from this job's global batch)."""
     environment: dict[str, Any]
-    throughput: dict[str, Any]
-    """`autotuner.measure.Throughput` as a dict: median, spread, windows, warm-up."""
+    throughput: Throughput
+    """Its median, spread, windows, warm-up."""
     heldout_loss: float | None
     drift_steps: int
     wall_s: float
-    baseline: dict[str, Any] | None = None
+    baseline: Throughput | None = None
     """The export's baseline config, run here over as many optimizer steps and measured the same
-    way, in windows of its own length (throughput dict), so that the speedup delivered is a ratio
-    taken on this machine now."""
+    way, in windows of its own length, so that the speedup delivered is a ratio taken on this
+    machine now."""
     lockstep: bool = False
     """The baseline was measured in lockstep with the config (else after it)."""
 
     @property
     def samples_per_s(self) -> float:
-        return float(self.throughput["samples_per_s"])
+        return self.throughput.samples_per_s
 
     @property
     def ratio(self) -> float:
@@ -269,7 +270,7 @@ class AppliedRun:
     @property
     def speedup(self) -> float | None:
         """The tuned config's throughput over the baseline's, both run here."""
-        return self.samples_per_s / float(self.baseline["samples_per_s"]) if self.baseline else None
+        return self.samples_per_s / self.baseline.samples_per_s if self.baseline else None
 
     @property
     def promise_ratio(self) -> float | None:
@@ -280,7 +281,7 @@ class AppliedRun:
     def quarters(self) -> tuple[float, float] | None:
         """The config's median throughput over the first and over the last quarter of its windows,
         or None with fewer than 12 windows."""
-        rates = self.throughput.get("window_samples_per_s") or []
+        rates = self.throughput.window_samples_per_s
         quarter = len(rates) // 4
         if quarter < 3:
             return None
@@ -406,16 +407,18 @@ def apply_config(
         if result.outcome is not Outcome.OK:
             raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
     result = results[0]
-    base = results[1].result["throughput"] if len(results) > 1 else None
+    output = result.output
+    assert output is not None and output.throughput is not None  # it measured, and ended ok
+    base = results[1].output if len(results) > 1 else None
     return AppliedRun(
         tuned=tuned,
         config=config,
         environment=environment,
-        throughput=result.result["throughput"],
-        heldout_loss=(result.result.get("losses") or {}).get("heldout"),
+        throughput=output.throughput,
+        heldout_loss=output.losses.heldout,
         drift_steps=settings.drift_steps,
         wall_s=result.wall_s,
-        baseline=base,
+        baseline=base.throughput if base is not None else None,
         lockstep=base is not None and in_lockstep(environment["device"]),
     )
 
@@ -430,13 +433,13 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         file=out,
     )
     print(
-        f"ran {measured['steps'] * measured['windows']} optimizer steps of {measured['samples_per_step']} samples "
-        f"({measured['windows']} windows of {measured['steps']}, after {measured['warmup_s']:.2f} s of warm-up) "
+        f"ran {measured.steps * measured.windows} optimizer steps of {measured.samples_per_step} samples "
+        f"({measured.windows} windows of {measured.steps}, after {measured.warmup_s:.2f} s of warm-up) "
         f"on {run.environment['device']} ({run.environment['device_name']})",
         file=out,
     )
     print(
-        f"throughput: {run.samples_per_s:,.0f} samples/s here (spread {measured['spread']:.1%}), "
+        f"throughput: {run.samples_per_s:,.0f} samples/s here (spread {measured.spread:.1%}), "
         f"{tuned.throughput:,.0f} samples/s in the study"
         + (f" (spread {float(study_spread):.1%})" if isinstance(study_spread, (int, float)) else "")
         + f": ratio {run.ratio:.2f}",
@@ -445,9 +448,9 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
     if run.baseline and run.promise_ratio is not None:
         print(
             f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
-            f"{float(run.baseline['samples_per_s']):,.0f} samples/s, run here for "
-            f"{run.baseline['steps'] * run.baseline['windows']} optimizer steps in {run.baseline['windows']} "
-            f"windows of {run.baseline['steps']}, {'in lockstep with' if run.lockstep else 'after'} it), "
+            f"{run.baseline.samples_per_s:,.0f} samples/s, run here for "
+            f"{run.baseline.steps * run.baseline.windows} optimizer steps in {run.baseline.windows} "
+            f"windows of {run.baseline.steps}, {'in lockstep with' if run.lockstep else 'after'} it), "
             f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
             file=out,
         )

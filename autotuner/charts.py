@@ -1,4 +1,4 @@
-"""Plotly figures of a study, built from its stored trials (`autotuner.study.TrialRecord`).
+"""Plotly figures of a study, built from its stored trials (`autotuner.records.TrialRecord`).
 
 The report (`autotuner report`) embeds them in its page, and the dashboard saves them into the
 study for optuna-dashboard. Every figure is honest about what it leaves out: trials that produced
@@ -17,8 +17,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from autotuner.backends import knob_named
-from autotuner.knobs import format_config
-from autotuner.study import TrialRecord, ranked, speedup
+from autotuner.knobs import Config, format_config
+from autotuner.records import TrialRecord, ranked, speedup
 
 THROUGHPUT_TITLE = "throughput (samples/s)"
 DRIFT_TITLE = "drift (relative)"
@@ -262,7 +262,7 @@ def speedup_figure(trials: Sequence[TrialRecord], baseline: TrialRecord | None, 
     return figure
 
 
-def knob_value(config: dict[str, Any], knob: str) -> str:
+def knob_value(config: Config, knob: str) -> str:
     """The knob's value as a category label; the batch size as micro-batch x accumulation."""
     if knob == "batch_size":
         return f"{config.get('batch_size')}x{config.get('accumulation', 1)}"

@@ -13,7 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotuner.knobs import format_config
-from autotuner.study import TrialRecord, ranked, speedup
+from autotuner.records import TrialRecord, ranked, speedup
+from autotuner.results import Reference
 
 if TYPE_CHECKING:
     from autotuner.search import SearchSummary
@@ -82,15 +83,15 @@ class SearchReporter:
         error = t.remeasure_error
         tail = f" [red]{escape(str(error))}[/]: not declared best" if error else f": median {rate(t.throughput)}"
         tag = " (baseline)" if t.role == "baseline" else ""
-        done = t.remeasured or {}
-        beside = ", ".join(f"#{n}" for n in done.get("group") or [] if n != t.number)
-        how = f" ({'in lockstep' if done.get('lockstep') else 'interleaved'} with {beside})" if beside else ""
+        group, lockstep = (t.remeasured.group, t.remeasured.lockstep) if t.remeasured else ([], False)
+        beside = ", ".join(f"#{n}" for n in group if n != t.number)
+        how = f" ({'in lockstep' if lockstep else 'interleaved'} with {beside})" if beside else ""
         self.console.print(f"re-measured #{t.number}{tag} {format_config(t.config)}{how}: {runs}{tail}")
 
-    def reference(self, reference: dict[str, Any], tolerance: float) -> None:
+    def reference(self, reference: Reference, tolerance: float) -> None:
         self.console.print(
-            f"fp32 reference: held-out loss {reference['heldout']:.6g}; drift tolerance {tolerance:.2%}, "
-            f"reference noise floor {percent(reference['noise_floor'])}"
+            f"fp32 reference: held-out loss {reference.heldout:.6g}; drift tolerance {tolerance:.2%}, "
+            f"reference noise floor {percent(reference.noise_floor)}"
         )
 
     def trial(

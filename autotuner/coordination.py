@@ -41,6 +41,8 @@ from autotuner.errors import BackendError
 from autotuner.knobs import config_key
 from autotuner.optuna_adapter import trial_id
 from autotuner.ownership import SearchProcess, still_running
+from autotuner.records import stored_reference
+from autotuner.results import Reference, Remeasurement
 from autotuner.tried_configs import LIVE
 
 SLOT = "autotuner:slot"
@@ -63,16 +65,14 @@ class OncePerStudy:
     def __init__(self, study: optuna.Study, claims: Claims, process: SearchProcess):
         self.study, self.claims, self.process = study, claims, process
 
-    def reference(
-        self, run: Callable[[], dict[str, Any]], lease_s: float, waiting: Callable[[], None]
-    ) -> dict[str, Any]:
+    def reference(self, run: Callable[[], Reference], lease_s: float, waiting: Callable[[], None]) -> Reference:
         """The study's fp32 reference: stored, or run here by the one process that claims it (within
         `lease_s` seconds), while the others wait for it (`waiting` is called once if this one does)."""
         seen_running = False
         while True:
-            stored = self.study.user_attrs.get("reference")
+            stored = stored_reference(self.study)
             if stored is not None:
-                return dict(stored)
+                return stored
             mine = {"worker": self.process.as_dict(), "until": time.time() + lease_s}
             held = self.claims.claim("reference", mine)
             if held is not None:
@@ -96,7 +96,7 @@ class OncePerStudy:
             except Exception as exc:
                 self.claims.take_over(ours, {**mine, "error": str(exc)})
                 raise
-            self.study.set_user_attr("reference", reference)
+            self.study.set_user_attr("reference", reference.as_dict())
             return reference
 
     def remeasure_slots(self, numbers: list[int], slots: int) -> list[int]:
@@ -113,13 +113,13 @@ class OncePerStudy:
         return allowed
 
     def remeasure(
-        self, numbers: list[int], run: Callable[[list[int]], dict[int, dict[str, Any]]], lease_s: float
+        self, numbers: list[int], run: Callable[[list[int]], dict[int, Remeasurement]], lease_s: float
     ) -> None:
         """Re-measure the configs of trials `numbers` once per study: those no other process has
         claimed are run here (`run` gets their numbers, returns each one's result, and has
         `lease_s` seconds per config before another process may take them over); those another
         live process is re-measuring are waited for. A result is stored in the claim
-        (`remeasure:<number>`, status `done`), which `autotuner.study.records` reads."""
+        (`remeasure:<number>`, status `done`), which `autotuner.records.records` reads."""
         todo = list(numbers)
         while todo:
             mine: list[tuple[int, Held, dict[str, Any]]] = []
@@ -147,7 +147,7 @@ class OncePerStudy:
                         self.claims.take_over(held, {**value, "status": "released"})
                     raise
                 for number, held, value in mine:
-                    self.claims.take_over(held, {**value, **results[number], "status": "done"})
+                    self.claims.take_over(held, {**value, **results[number].as_dict(), "status": "done"})
             todo = others
             if todo:
                 time.sleep(POLL_S)

@@ -13,7 +13,7 @@ import optuna
 from autotuner.console import percent, rate, runs
 from autotuner.environment import fingerprint
 from autotuner.knobs import format_config
-from autotuner.study import baseline, best, records, speedup
+from autotuner.records import baseline, best, records, speedup, stored_reference
 
 CHARTS = ("throughput-by-knob", "pareto-front")
 
@@ -23,11 +23,8 @@ def study_note(study: optuna.Study) -> str:
     trials = records(study)
     winner, base = best(trials), baseline(trials)
     attrs = study.user_attrs
-    settings, reference, environment = (
-        attrs.get("autotuner", {}),
-        attrs.get("reference", {}),
-        attrs.get("environment", {}),
-    )
+    settings, environment = attrs.get("autotuner", {}), attrs.get("environment", {})
+    reference = stored_reference(study)
     lines = [f"## autotuner: {study.study_name}", ""]
     if winner is None:
         lines.append("**No feasible config yet**: every trial so far failed or drifted past the tolerance.")
@@ -62,8 +59,8 @@ def study_note(study: optuna.Study) -> str:
         "| | |",
         "|---|---|",
         f"| drift tolerance | {percent(settings.get('max_drift'))} |",
-        f"| reference noise floor | {percent(reference.get('noise_floor'))} "
-        f"(fp32 eager, `{format_config(reference.get('config') or {})}`) |",
+        f"| reference noise floor | {percent(reference.noise_floor if reference else None)} "
+        f"(fp32 eager, `{format_config(reference.config if reference else {})}`) |",
         f"| memory limit | {f'{limit:g} MiB' if (limit := settings.get('max_memory_mb')) else 'none'} |",
         f"| trials ran | {sum(t.ran for t in trials)} |",
         f"| outcomes | {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))} |",

@@ -11,7 +11,8 @@ import optuna
 import yaml
 
 from autotuner.errors import AutotunerError
-from autotuner.study import TrialRecord, baseline, best, ranked, records, shown_url, speedup
+from autotuner.records import TrialRecord, baseline, best, ranked, records, speedup, stored_reference
+from autotuner.study import shown_url
 
 EXPORT_VERSION = 1
 
@@ -44,7 +45,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
     base: TrialRecord | None = baseline(trials)
     attrs = study.user_attrs
     settings = attrs.get("autotuner", {})
-    reference = attrs.get("reference", {})
+    reference = stored_reference(study)
     metrics = {**winner.metrics, **_measurements(winner)}
     return _plain(
         {
@@ -59,8 +60,8 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
             "speedup": speedup(winner, base),
             "drift": {
                 "tolerance": settings.get("max_drift"),
-                "reference_noise_floor": reference.get("noise_floor"),
-                "reference_config": reference.get("config"),
+                "reference_noise_floor": reference.noise_floor if reference else None,
+                "reference_config": reference.config if reference else None,
             },
             "environment": {**attrs.get("environment", {}), "fingerprint": attrs.get("fingerprint")},
             "spec": {

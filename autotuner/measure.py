@@ -28,8 +28,9 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from autotuner.results import Throughput
 
 
 class Turns:
@@ -53,30 +54,6 @@ def take_turns(turns: Turns | None) -> None:
     """Make every later `measure_throughput` of this process wait for its turns (None: never)."""
     global _turns
     _turns = turns
-
-
-@dataclass(frozen=True)
-class Throughput:
-    samples_per_s: float
-    """Median over windows."""
-    spread: float
-    """(max - min) / median over the windows' throughputs."""
-    window_samples_per_s: list[float]
-    warmup_s: float
-    measured_s: float
-    """Sum of the windows' wall time."""
-    steps: int
-    """Optimizer steps per window: the requested steps, raised to fill the minimum duration."""
-    windows: int
-    samples_per_step: int
-    calibration_s: float = 0.0
-    """Wall time of the calibration window (0 without a minimum window duration)."""
-    window_spans: list[tuple[float, float]] = field(default_factory=list)
-    """When each window began and ended, by `time.monotonic` (one clock for every process of the
-    machine: lockstep processes' windows can be set side by side)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def relative_spread(values: list[float]) -> float:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from autotuner.results import TrialOutput
+
 
 class Outcome(str, Enum):
     OK = "ok"
@@ -38,7 +40,8 @@ class Classified:
     outcome: Outcome
     reason: str
     traceback: str | None = None
-    result: dict[str, Any] | None = None
+    result: TrialOutput | dict[str, Any] | None = None
+    """What the process's function returned: a trial's output, or a mapping (a probe's environment)."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,8 @@ def classify_end(end: ProcessEnd) -> Classified:
         return Classified(Outcome.CRASH, _one_line(f"the trial process sent an unreadable result: {message!r}"))
     if message["status"] == "ok":
         result = message.get("result")
-        if not isinstance(result, dict):
-            return Classified(Outcome.CRASH, "the trial process sent a result that is not a mapping")
+        if not isinstance(result, (TrialOutput, dict)):
+            return Classified(Outcome.CRASH, "the trial process sent a result that is not a trial output or a mapping")
         return Classified(Outcome.OK, "", result=result)
     try:
         outcome = Outcome(message.get("kind"))

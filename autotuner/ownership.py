@@ -30,7 +30,8 @@ from optuna.trial import FrozenTrial, TrialState
 from autotuner.claims import Claims
 from autotuner.knobs import config_key
 from autotuner.optuna_adapter import trial_id
-from autotuner.study import GIVEN_UP, GRACE_S
+from autotuner.records import GIVEN_UP
+from autotuner.study import GRACE_S
 from autotuner.tried_configs import LIVE, trial_params
 
 OWNER = "autotuner:worker"

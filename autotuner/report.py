@@ -1,6 +1,6 @@
 """`autotuner report`: one page of a study's evidence, read from the storage alone.
 
-`load_report` reads the study (trials as `autotuner.study.TrialRecord`, the study user attrs);
+`load_report` reads the study (trials as `autotuner.records.TrialRecord`, the study user attrs);
 the tables below are plain text built once, and `render_html` / `render_markdown` lay them out.
 The HTML page is self-contained (plotly.js inlined once, no external CSS, JS or fonts), so it
 opens offline; the markdown, for a pull-request comment, gives the charts' key numbers as tables.
@@ -24,7 +24,9 @@ from autotuner.console import percent, rate, runs
 from autotuner.environment import describe, fingerprint
 from autotuner.errors import SpecError
 from autotuner.knobs import format_config
-from autotuner.study import TrialRecord, baseline, best, open_storage, records, shown_url, speedup, spent_seconds
+from autotuner.records import TrialRecord, baseline, best, records, speedup, spent_seconds, stored_reference
+from autotuner.results import Reference
+from autotuner.study import open_storage, shown_url
 
 FORMATS = ("html", "md")
 TOP = 10
@@ -41,7 +43,8 @@ class Report:
     storage_url: str
     trials: list[TrialRecord]
     settings: dict[str, Any]
-    reference: dict[str, Any]
+    reference: Reference | None
+    """None before the study's reference has run."""
     environment: dict[str, Any]
     fingerprint: str
 
@@ -83,7 +86,7 @@ def load_report(storage_url: str, name: str, *, default: bool = False) -> Report
         storage_url=storage_url,
         trials=records(study),
         settings=attrs["autotuner"],
-        reference=attrs.get("reference") or {},
+        reference=stored_reference(study),
         environment=environment,
         fingerprint=attrs.get("fingerprint") or fingerprint(environment),
     )
@@ -138,9 +141,8 @@ def summary_table(report: Report) -> Table:
         ["drift tolerance", percent(settings.get("max_drift"), 2)],
         [
             "reference noise floor",
-            f"{charts.drift_text(float(reference['noise_floor']))} (fp32 eager, "
-            f"{format_config(reference.get('config') or {})})"
-            if reference.get("noise_floor") is not None
+            f"{charts.drift_text(reference.noise_floor)} (fp32 eager, {format_config(reference.config)})"
+            if reference is not None
             else "no reference run yet",
         ],
         ["memory limit", f"{limit:g} MiB" if limit else "none"],

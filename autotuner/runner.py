@@ -19,11 +19,11 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from autotuner.measure import Throughput, measure_throughput
+from autotuner.measure import measure_throughput
 from autotuner.outcomes import NonFiniteLoss
+from autotuner.results import Losses, TrialOutput
 from autotuner.telemetry import Telemetry
 from autotuner.trial import TrialRequest
 from autotuner.workload import load_factory, workload_problem
@@ -154,7 +154,7 @@ class TrialBackend(ABC):
 
     # ------------------------------------------------------------ entry points
 
-    def run(self, request: TrialRequest) -> dict[str, Any]:
+    def run(self, request: TrialRequest) -> TrialOutput:
         """The runner module's `run`: one trial of `request`."""
         return run_trial(self, request)
 
@@ -174,44 +174,6 @@ class Subset:
 
     def __getitem__(self, index: int) -> Any:
         return self.dataset[self.indices[index]]
-
-
-@dataclass
-class Losses:
-    """The drift phase's losses."""
-
-    heldout: float
-    trajectory: list[float]
-    skipped_steps: int | None = None
-
-
-@dataclass
-class TrialOutput:
-    """What a trial process sends back; `as_message` is the dict `autotuner.study` reads."""
-
-    losses: Losses
-    tokens_per_sample: int | None = None
-    flops_per_sample: float | None = None
-    throughput: Throughput | None = None
-    """None for the reference, which runs the drift phase only (so do the next three)."""
-    peak_memory_mb: float | None = None
-    telemetry: dict[str, Any] | None = None
-    compile_cache: str | None = None
-
-    def as_message(self) -> dict[str, Any]:
-        message: dict[str, Any] = {
-            "tokens_per_sample": self.tokens_per_sample,
-            "flops_per_sample": self.flops_per_sample,
-            "losses": asdict(self.losses),
-        }
-        if self.throughput is not None:
-            message.update(
-                throughput=self.throughput.as_dict(),
-                peak_memory_mb=self.peak_memory_mb,
-                telemetry=self.telemetry,
-                compile_cache=self.compile_cache,
-            )
-        return message
 
 
 def _forever(loader: Any) -> Iterator[Any]:
@@ -247,13 +209,13 @@ def probe(backend: TrialBackend, arg: dict[str, Any]) -> dict[str, Any]:
     return environment
 
 
-def run_trial(backend: TrialBackend, request: TrialRequest) -> dict[str, Any]:
-    """One trial of `request` (see `autotuner.backends._base`), as the message `autotuner.study` reads."""
+def run_trial(backend: TrialBackend, request: TrialRequest) -> TrialOutput:
+    """One trial of `request` (see `autotuner.backends._base`)."""
     backend.configure_process(request.device, request.compile_cache)
     device = backend.resolve_device(request.device)
     backend.use_device(device)
     with backend.on_device(device):
-        return _run(backend, request, device).as_message()
+        return _run(backend, request, device)
 
 
 def _run(backend: TrialBackend, request: TrialRequest, device: Any) -> TrialOutput:

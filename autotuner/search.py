@@ -3,7 +3,7 @@
 Optuna proposes configs (through `autotuner.sampler`), the backend runs each one in its own
 process (`autotuner.trial`), and this loop orchestrates: it probes the hardware, opens the
 study, runs the fp32 reference once per study, makes the baseline trial 0, records every trial
-(`autotuner.study.record`), keeps to the budget (per study, across runs and workers) and writes
+(`autotuner.recording.record`), keeps to the budget (per study, across runs and workers) and writes
 the export. What only one of several workers may do (the reference, a config, a trial of the
 budget, a retry) goes through claims (`autotuner.coordination`; a cut-off trial's retry:
 `autotuner.ownership`). A failed trial is recorded and the search goes on; bad input or an
@@ -37,23 +37,12 @@ from autotuner.knobs import Config, format_config
 from autotuner.optuna_adapter import study_id
 from autotuner.outcomes import Outcome
 from autotuner.ownership import Recovery, SearchProcess, TrialOwnership
+from autotuner.recording import give_up, record
+from autotuner.records import TrialRecord, baseline, best, records, spent_seconds, to_remeasure
+from autotuner.results import Losses, Reference, Remeasurement, TrialOutput
 from autotuner.sampler import FreshConfigSampler, make_sampler
 from autotuner.spec import Job
-from autotuner.study import (
-    TrialRecord,
-    baseline,
-    best,
-    check_objectives,
-    check_trial_limits,
-    give_up,
-    open_storage,
-    open_study,
-    record,
-    records,
-    shown_url,
-    spent_seconds,
-    to_remeasure,
-)
+from autotuner.study import check_objectives, check_trial_limits, open_storage, open_study, shown_url
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import STOPPED, TrialLauncher, TrialRequest, TrialResult
 from autotuner.tried_configs import oom_rules_out
@@ -85,12 +74,12 @@ def probe_environment(
     """The device's environment and capabilities, from a trial process; checks that the workload
     imports and, given its `workload_args`, that the factory builds a workload from them."""
     arg = {"device": device, "workload": workload, "workload_args": workload_args}
-    probed = launcher.call(backend.runner, "probe", arg, PROBE_TIMEOUT_S)
+    probed: TrialResult[dict[str, Any]] = launcher.call(backend.runner, "probe", arg, PROBE_TIMEOUT_S)
     if probed.outcome is not Outcome.OK:
         if probed.outcome is Outcome.ERROR and probed.reason.startswith("ValueError: device"):
             raise SpecError(probed.reason.removeprefix("ValueError: "), source=source)
         raise BackendError(f"the {backend.name} backend could not start: {probed.outcome}: {probed.reason}")
-    environment = dict(probed.result)
+    environment = dict(probed.output or {})
     problem = environment.pop("workload_error", None)
     if problem:
         raise SpecError(problem, source=source, key="workload")
@@ -133,7 +122,7 @@ def measure_together(
     cover: bool = False,
     lockstep: bool | None = None,
     rounds: int = 1,
-) -> list[TrialResult]:
+) -> list[TrialResult[TrialOutput]]:
     """Run trials whose throughputs are to be compared. On a CPU, in lockstep
     (`autotuner.trial.TrialLauncher.lockstep`): every process is alive at once and they take
     turns window by window, so a slow change in the machine's speed (a shared VM's neighbours,
@@ -148,7 +137,7 @@ def measure_together(
     timeout_s = timeout_s or job.trial_timeout(*(r.config for r in requests))
     if in_lockstep(device) if lockstep is None else lockstep:
         return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, cover=cover)
-    results: dict[int, TrialResult] = {}
+    results: dict[int, TrialResult[TrialOutput]] = {}
     if cover:  # the first one first: the others cover its optimizer steps
         order = [0, *sequential_order(len(requests) - 1, 1, offset=1)]
     else:
@@ -159,8 +148,9 @@ def measure_together(
             if results[0].outcome is not Outcome.OK:
                 results[index] = TrialResult(Outcome.ERROR, STOPPED)
                 continue
-            first = results[0].result["throughput"]
-            request = dataclasses.replace(request, cover_steps=first["steps"] * first["windows"])
+            first = results[0].output
+            assert first is not None and first.throughput is not None  # it measured, and ended ok
+            request = dataclasses.replace(request, cover_steps=first.throughput.steps * first.throughput.windows)
         results[index] = launcher.call(job.backend.runner, "run", request, timeout_s)
     return [results[index] for index in range(len(requests))]
 
@@ -209,29 +199,32 @@ def processes_that_fit(trials: list[TrialRecord]) -> int | None:
     return max(1, int(MEMORY_SHARE * available / peak))
 
 
-def run_reference(launcher: TrialLauncher, job: Job, device: str) -> dict[str, Any]:
+def run_reference(launcher: TrialLauncher, job: Job, device: str) -> Reference:
     """Run the fp32 eager reference twice; the gap between the two runs is its noise floor."""
     config = job.reference_config()
     request = trial_request(job, config, device, measure=False)
-    runs: list[TrialResult] = []
+    runs: list[Losses] = []
+    wall_s = 0.0
     for _ in range(2):
-        result = launcher.call(job.backend.runner, "run", request, job.trial_timeout())
+        result: TrialResult[TrialOutput] = launcher.call(job.backend.runner, "run", request, job.trial_timeout())
         if result.outcome is not Outcome.OK:
             raise BackendError(
                 f"the fp32 reference run failed ({result.outcome}: {result.reason}); no drift can be measured"
             )
-        runs.append(result)
-    first, second = (r.result["losses"] for r in runs)
-    noise = measure_drift(second["heldout"], second["trajectory"], first["heldout"], first["trajectory"])
-    return {
-        "config": config,
-        "heldout": first["heldout"],
-        "trajectory": first["trajectory"],
-        "noise_floor": noise.heldout,
-        "noise_floor_trajectory": noise.trajectory_max,
-        "runs_heldout": [first["heldout"], second["heldout"]],
-        "wall_s": sum(r.wall_s for r in runs),
-    }
+        assert result.output is not None  # it ended ok: it sent its output
+        runs.append(result.output.losses)
+        wall_s += result.wall_s
+    first, second = runs
+    noise = measure_drift(second.heldout, second.trajectory, first.heldout, first.trajectory)
+    return Reference(
+        config=config,
+        heldout=first.heldout,
+        trajectory=first.trajectory,
+        noise_floor=noise.heldout,
+        noise_floor_trajectory=noise.trajectory_max,
+        runs_heldout=[first.heldout, second.heldout],
+        wall_s=wall_s,
+    )
 
 
 @dataclass
@@ -364,14 +357,14 @@ class Search:
         once: OncePerStudy,
         launcher: TrialLauncher,
         environment: dict[str, Any],
-        reference: dict[str, Any],
+        reference: Reference,
     ) -> None:
         """Measure the fastest feasible configs and the baseline again before the best is declared,
         so that one lucky window or process cannot win: each in `budget.remeasure_runs` more trial
         processes, measured together (`measure_together`). A config's throughput is then the median
         over every window of those processes, and its speedup is over the baseline's windows
         measured with them; when that reorders the top, the newcomers are re-measured too, and so
-        are the configs within the machine's noise of the best (`autotuner.study.to_remeasure`): at
+        are the configs within the machine's noise of the best (`autotuner.records.to_remeasure`): at
         most twice `budget.remeasure_top` configs and the baseline in all."""
         settings = self.job.spec.budget
         if not settings.remeasure_top:
@@ -402,9 +395,9 @@ class Search:
         companion: TrialRecord | None,
         launcher: TrialLauncher,
         environment: dict[str, Any],
-        reference: dict[str, Any],
+        reference: Reference,
         numbers: list[int],
-    ) -> dict[int, dict[str, Any]]:
+    ) -> dict[int, Remeasurement]:
         """Re-measure the configs of trials `numbers`, each in `budget.remeasure_runs` processes,
         with as many of the baseline (`companion`) beside them, measured together: in one group
         when the memory holds it, else in several (`remeasure_groups`)."""
@@ -424,7 +417,7 @@ class Search:
             why = "budget.remeasure_group" if budget.remeasure_group else "what the memory available holds"
             how = f"in {len(groups)} groups of at most {most} processes" if lockstep else "one process at a time"
             self.reporter.note(f"re-measuring {shown} {how} ({why}), the baseline beside the configs in each")
-        found: dict[int, dict[str, Any]] = {t.number: {"throughputs": [], "windows": []} for t in everyone}
+        found = {t.number: Remeasurement() for t in everyone}
         beside: dict[int, list[float]] = {t.number: [] for t in everyone}  # the baseline's windows with each
         with self.reporter.running(f"re-measuring {shown}, {runs} runs of {windows} windows each"):
             for group in groups:
@@ -435,36 +428,38 @@ class Search:
                 results = measure_together(launcher, job, requests, device, lockstep=lockstep, rounds=rounds)
                 for number, result in zip(group, results, strict=True):
                     self._remeasured_run(found[number], result, reference)
-                if companion is not None and not found[companion.number].get("error"):
-                    measured = found[companion.number]["windows"][-group.count(companion.number) :]
+                if companion is not None and not found[companion.number].error:
+                    measured = found[companion.number].windows[-group.count(companion.number) :]
                     for number in set(group):  # its windows in this group (the baseline's: its own)
                         beside[number].extend(rate for run in measured for rate in run)
-        companion_failed = companion is None or found[companion.number].get("error")
+        companion_failed = companion is None or found[companion.number].error
         for t in trials:
-            found[t.number].update(group=sorted({n for g in groups if t.number in g for n in g}), lockstep=lockstep)
+            found[t.number].group = sorted({n for g in groups if t.number in g for n in g})
+            found[t.number].lockstep = lockstep
             if not companion_failed:
-                found[t.number]["baseline_windows"] = beside[t.number]
+                found[t.number].baseline_windows = beside[t.number]
         for t in trials:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
         return {t.number: found[t.number] for t in trials}
 
-    def _remeasured_run(self, done: dict[str, Any], result: TrialResult, reference: dict[str, Any]) -> None:
+    def _remeasured_run(self, done: Remeasurement, result: TrialResult[TrialOutput], reference: Reference) -> None:
         """Add one re-measurement process's result to its config's (`done`), or its error."""
-        if done.get("error"):
+        if done.error:
             return
-        run = len(done["throughputs"]) + 1
+        run = len(done.throughputs) + 1
         if result.outcome is not Outcome.OK:
-            done["error"] = f"re-run {run}: {result.outcome.value}: {result.reason}"
+            done.error = f"re-run {run}: {result.outcome.value}: {result.reason}"
             return
-        losses = result.result["losses"]
-        drift = measure_drift(losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"])
+        output = result.output
+        assert output is not None and output.throughput is not None  # it measured, and ended ok
+        drift = reference.drift(output.losses)
         if drift.heldout > self.job.spec.objective.max_drift:
-            done["error"] = f"re-run {run}: drift {drift.heldout:.3%} is over the tolerance"
+            done.error = f"re-run {run}: drift {drift.heldout:.3%} is over the tolerance"
             return
-        done["throughputs"].append(result.result["throughput"]["samples_per_s"])
-        done["windows"].append(result.result["throughput"]["window_samples_per_s"])
+        done.throughputs.append(output.throughput.samples_per_s)
+        done.windows.append(output.throughput.window_samples_per_s)
 
-    def _run_reference(self, launcher: TrialLauncher, device: str) -> dict[str, Any]:
+    def _run_reference(self, launcher: TrialLauncher, device: str) -> Reference:
         with self.reporter.running("fp32 reference (2 runs)"):
             return run_reference(launcher, self.job, device)
 
@@ -477,7 +472,7 @@ class Search:
         launcher: TrialLauncher,
         capabilities: Capabilities,
         environment: dict[str, Any],
-        reference: dict[str, Any],
+        reference: Reference,
     ) -> TrialRecord | None:
         """Run and record one asked-for trial; None when it is given up without running."""
         job = self.job

@@ -22,8 +22,8 @@ import resource
 import signal
 import struct
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from autotuner import measure
 from autotuner.outcomes import Classified, Outcome, ProcessEnd, classify_end, exception_message
@@ -58,20 +58,26 @@ class TrialRequest:
     trial's compile is warm or cold by this study's trials alone; None: the framework's default."""
 
 
+Output = TypeVar("Output")
+
+
 @dataclass
-class TrialResult:
-    """What one trial process produced, classified."""
+class TrialResult(Generic[Output]):
+    """What one trial process produced, classified: `TrialResult[TrialOutput]` for a trial (the
+    runner's `run`), `TrialResult[dict[str, Any]]` for a probe."""
 
     outcome: Outcome
     reason: str = ""
     traceback: str | None = None
-    result: dict[str, Any] = field(default_factory=dict)
+    output: Output | None = None
+    """What the process's function returned (a trial's `autotuner.results.TrialOutput`, a probe's
+    environment) when it ended ok; else None."""
     startup_s: float | None = None
     """From asking for the process to the process running the trial's code."""
     wall_s: float = 0.0
 
     @classmethod
-    def unsupported(cls, reason: str) -> TrialResult:
+    def unsupported(cls, reason: str) -> TrialResult[Any]:
         return cls(Outcome.UNSUPPORTED, reason)
 
 
@@ -283,7 +289,7 @@ class _Running:
                 classified.outcome,
                 classified.reason,
                 classified.traceback,
-                classified.result or {},
+                classified.result,
                 self.startup_s,
                 time.time() - self.asked_at,
             )

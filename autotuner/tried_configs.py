@@ -44,7 +44,7 @@ def oom_rules_out(params: dict[str, Any], trials: Sequence[FrozenTrial]) -> Froz
 
 
 def feasible(trial: FrozenTrial) -> bool:
-    """A complete trial within every constraint (as `autotuner.study.record` stores them, and as
+    """A complete trial within every constraint (as `autotuner.recording.record` stores them, and as
     Optuna's samplers read them)."""
     return (
         trial.state is TrialState.COMPLETE

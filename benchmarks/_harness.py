@@ -32,9 +32,12 @@ import optuna
 from autotuner.backends import Capabilities
 from autotuner.knobs import Config
 from autotuner.outcomes import Outcome
+from autotuner.recording import record
+from autotuner.records import TrialRecord
+from autotuner.results import Reference, TrialOutput
 from autotuner.search import make_launcher, probe_environment, run_reference, trial_request
 from autotuner.spec import Job
-from autotuner.study import DIRECTIONS, TrialRecord, record
+from autotuner.study import DIRECTIONS
 from autotuner.trial import TrialRequest, TrialResult
 
 RESULTS = Path(__file__).parent / "results"
@@ -124,20 +127,20 @@ class Trials:
             job.source,
             dict(job.spec.workload_args),
         )
-        self.capabilities = Capabilities.from_dict(self.environment["capabilities"])
+        self.capabilities = job.backend.capabilities(self.environment["capabilities"])
 
     @property
     def device(self) -> str:
         return str(self.environment["device"])
 
-    def reference(self) -> dict[str, Any]:
+    def reference(self) -> Reference:
         return run_reference(self.launcher, self.job, self.device)
 
     def request(self, config: Config, **changes: Any) -> TrialRequest:
         """The request the search would send for `config`, with `changes` to its fields."""
         return dataclasses.replace(trial_request(self.job, config, self.device), **changes)
 
-    def run(self, config: Config, request: TrialRequest | None = None) -> TrialResult:
+    def run(self, config: Config, request: TrialRequest | None = None) -> TrialResult[TrialOutput]:
         reason = self.job.backend.unsupported_reason(config, self.capabilities)
         if reason:
             return TrialResult.unsupported(reason)
@@ -146,31 +149,32 @@ class Trials:
 
 
 def stored(
-    job: Job, config: Config, result: TrialResult, reference: dict[str, Any], environment: dict[str, Any]
+    job: Job, config: Config, result: TrialResult[TrialOutput], reference: Reference, environment: dict[str, Any]
 ) -> TrialRecord:
-    """What `autotuner.study.record` stores for this trial (in a throwaway in-memory study)."""
+    """What `autotuner.recording.record` stores for this trial (in a throwaway in-memory study)."""
     study = optuna.create_study(directions=DIRECTIONS)
     return record(study, study.ask(), job, config, result, role="search", reference=reference, environment=environment)
 
 
-def result_to_json(result: TrialResult) -> dict[str, Any]:
+def result_to_json(result: TrialResult[TrialOutput]) -> dict[str, Any]:
     """A trial process's result as plain data (`result_from_json` reads it back)."""
     return {
         "outcome": result.outcome.value,
         "reason": result.reason,
         "traceback": result.traceback,
-        "result": result.result,
+        "result": result.output.as_dict() if result.output is not None else {},
         "startup_s": result.startup_s,
         "wall_s": result.wall_s,
     }
 
 
-def result_from_json(data: dict[str, Any]) -> TrialResult:
+def result_from_json(data: dict[str, Any]) -> TrialResult[TrialOutput]:
+    output = data.get("result")
     return TrialResult(
         Outcome(data["outcome"]),
         data["reason"],
         data.get("traceback"),
-        data.get("result") or {},
+        TrialOutput.from_dict(output) if output else None,
         data.get("startup_s"),
         data.get("wall_s", 0.0),
     )

@@ -40,8 +40,8 @@ from _harness import SearchRun, Trials, guide_config, machine, run_search, store
 
 from autotuner.knobs import Config, config_key, format_config
 from autotuner.outcomes import Outcome
+from autotuner.records import baseline, best, records, stored_reference
 from autotuner.spec import load_spec
-from autotuner.study import baseline, best, records
 
 SPECS = {"mlp": "studies/bench-mlp.yaml", "cnn": "studies/bench-cnn.yaml", "gpt": "studies/bench-gpt.yaml"}
 PROBE_STEPS = 3
@@ -115,7 +115,8 @@ def compare(
     search: SearchRun = run_search(Path(spec), job.name, folder, *search_args)
     study_trials = records(search.study)
     winner, study_baseline = best(study_trials), baseline(study_trials)
-    reference = search.study.user_attrs["reference"]
+    reference = stored_reference(search.study)
+    assert reference is not None  # the search ran it
 
     trials = Trials(job)
     environment = trials.environment
@@ -168,7 +169,7 @@ def compare(
         "machine": machine(environment),
         "global_batch": job.spec.global_batch,
         "drift_tolerance": job.spec.objective.max_drift,
-        "reference_noise_floor": reference["noise_floor"],
+        "reference_noise_floor": reference.noise_floor,
         "configs": rows,
         "finders": {
             "lightning_power": {"batch_size": lightning, "probes": lightning_probes, "wall_s": lightning_s},

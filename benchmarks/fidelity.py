@@ -111,7 +111,7 @@ def _one_after_another(
         for name, config in configs.items():
             result = trials.run(config, trials.request(config, windows=windows))
             assert result.outcome.value == "ok", (name, result.reason)
-            found[name].append(result.result["throughput"])
+            found[name].append(result.output.throughput.as_dict())
         for name, shape in FLOORS.items():
             floor = _floor(windows, settings.min_window_s, shape)
             found[name].append({"samples_per_s": floor["median"], "spread": floor["spread"]})
@@ -133,7 +133,7 @@ def _in_lockstep(
         results = trials.launcher.lockstep(job.backend.runner, "run", requests, timeout_s)
         for name, result in zip(members, results, strict=True):
             assert result.outcome.value == "ok", (name, result.reason)
-            found[name].append(result.result["throughput"])
+            found[name].append(result.output.throughput.as_dict())
         latest = ", ".join(
             name + " " + " / ".join(f"{t['samples_per_s']:,.0f}" for t in values[-2:]) + "/s"
             for name, values in found.items()

@@ -86,7 +86,7 @@ import optuna
 import yaml
 from _harness import RESULTS, machine, write_results
 
-from autotuner.study import baseline, best, records, speedup
+from autotuner.records import baseline, best, records, speedup, stored_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -310,7 +310,7 @@ FIGURES = (
 
 
 def trial_figures(trial: Any) -> dict[str, Any]:
-    """What a stored trial (`autotuner.study.TrialRecord`) says of itself, for the result file."""
+    """What a stored trial (`autotuner.records.TrialRecord`) says of itself, for the result file."""
     metrics = trial.metrics
     return {
         "trial": trial.number,
@@ -334,7 +334,7 @@ def study_summary(work: Path, name: str, energy: bool) -> dict[str, Any]:
     trials = records(study)
     winner, base = best(trials), baseline(trials)
     environment = study.user_attrs.get("environment") or {}
-    reference = study.user_attrs.get("reference") or {}
+    reference = stored_reference(study)
     export_path = work / "studies" / f"{name}.best.yaml"
     export = yaml.safe_load(export_path.read_text()) if export_path.exists() else None
     ok = [t for t in trials if t.outcome == "ok"]
@@ -347,7 +347,7 @@ def study_summary(work: Path, name: str, energy: bool) -> dict[str, Any]:
         "machine": machine(environment),
         "environment": environment,
         "drift_tolerance": (study.user_attrs.get("autotuner") or {}).get("max_drift"),
-        "reference_noise_floor": reference.get("noise_floor"),
+        "reference_noise_floor": reference.noise_floor if reference else None,
         "trials_ran": sum(t.ran for t in trials),
         "trials_recorded": len(trials),
         "outcomes": {o: sum(t.outcome == o for t in trials) for o in sorted({t.outcome for t in trials})},

@@ -44,21 +44,22 @@ def _trial(launcher: TrialLauncher, workload: str, global_batch: int, micro: int
         min_window_s=args.min_window_s,
     )
     result = launcher.call(JAX.runner, "run", request, args.timeout)
-    if result.result.get("throughput") is None:
+    output = result.output
+    if output is None or output.throughput is None:
         raise SystemExit(f"{workload} {config}: {result.outcome}: {result.reason}")
-    throughput = result.result["throughput"]
-    tokens = result.result.get("tokens_per_sample")
+    throughput = output.throughput
+    tokens = output.tokens_per_sample
     return {
         "workload": workload,
         "global_batch": global_batch,
         "micro_batch": micro,
         "accumulation": global_batch // micro,
         "jit": jit,
-        "samples_per_s": throughput["samples_per_s"],
-        "tokens_per_s": throughput["samples_per_s"] * tokens if tokens else None,
-        "spread": throughput["spread"],
-        "window_samples_per_s": throughput["window_samples_per_s"],
-        "warmup_s": throughput["warmup_s"],
+        "samples_per_s": throughput.samples_per_s,
+        "tokens_per_s": throughput.samples_per_s * tokens if tokens else None,
+        "spread": throughput.spread,
+        "window_samples_per_s": throughput.window_samples_per_s,
+        "warmup_s": throughput.warmup_s,
         "trial_wall_s": result.wall_s,
     }
 
@@ -76,7 +77,7 @@ def main() -> None:
     probed = launcher.call(
         JAX.runner, "probe", {"device": args.device, "workload": "autotuner.backends.jax.workloads:mlp"}, 300
     )
-    environment = probed.result
+    environment = probed.output
     runs = []
     for workload, (global_batch, micros) in BATCHINGS.items():
         for micro in micros:

@@ -14,7 +14,7 @@
    (`open_storage`, `open_study`, the spec's sampler as `autotuner.search.job_sampler` builds
    it, the baseline enqueued) for the grid spec's job, then for every config of its recorded grid
    (`benchmarks/results/grid-<name>.json`, from `search_efficiency.py`) the time of
-   `study.ask` (the sampler's proposal) and of `autotuner.study.record` (from the grid's result).
+   `study.ask` (the sampler's proposal) and of `autotuner.recording.record` (from the grid's result).
 
 Writes benchmarks/results/overhead.json.
 """
@@ -34,11 +34,13 @@ from typing import Any
 
 from _harness import RESULTS, machine, measured_job, quartiles, result_from_json, run_search, write_results
 
-from autotuner.backends import Capabilities
 from autotuner.knobs import config_key
+from autotuner.recording import record
+from autotuner.records import records, stored_reference
+from autotuner.results import Reference
 from autotuner.search import job_sampler
 from autotuner.spec import Job, load_spec
-from autotuner.study import open_storage, open_study, record, records
+from autotuner.study import open_storage, open_study
 
 
 def startup(runs: int, folder: Path) -> dict[str, Any]:
@@ -61,7 +63,8 @@ def study_overhead(spec: str, folder: Path) -> dict[str, Any]:
     trial_wall = sum(float(t.metrics["wall_s"]) for t in ran)
     measured = sum(float(t.metrics.get("measured_s") or 0.0) for t in ran)
     warmup = sum(float(t.metrics.get("warmup_s") or 0.0) for t in ran)
-    reference = study.user_attrs["reference"]
+    reference = stored_reference(study)
+    assert reference is not None  # the search ran it
     starts = [frozen[t.number].datetime_start for t in ran]
     ends = [frozen[t.number].datetime_complete for t in ran]
     # The search process's own time per trial: from a trial's start to the next one's, less the
@@ -70,7 +73,7 @@ def study_overhead(spec: str, folder: Path) -> dict[str, Any]:
         (ends[-1] - starts[-1]).total_seconds()
     ]
     loop = [gap - float(t.metrics["wall_s"]) for gap, t in zip(gaps, ran, strict=True)]
-    outside = search.wall_s - trial_wall - reference["wall_s"]
+    outside = search.wall_s - trial_wall - reference.wall_s
     return {
         "spec": spec,
         "machine": machine(study.user_attrs["environment"]),
@@ -80,7 +83,7 @@ def study_overhead(spec: str, folder: Path) -> dict[str, Any]:
         "trials_wall_s": trial_wall,
         "measured_windows_s": measured,
         "warmup_s": warmup,
-        "reference_wall_s": reference["wall_s"],
+        "reference_wall_s": reference.wall_s,
         "wall_over_measured_windows": search.wall_s / measured,
         "measured_share_of_wall": measured / search.wall_s,
         "outside_trials_per_trial_s": outside / len(ran),
@@ -96,9 +99,10 @@ def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
     table = {config_key(e["params"]): e for e in grid["trials"]}
     storage = open_storage(f"sqlite:///{folder}/bookkeeping.db", heartbeat=True)
     study = open_study(storage, job, grid["environment"])
-    sampler = job_sampler(job, Capabilities.from_dict(grid["environment"]["capabilities"]))
+    sampler = job_sampler(job, job.backend.capabilities(grid["environment"]["capabilities"]))
     study.sampler = sampler
     study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})
+    reference = Reference.from_dict(grid["reference"])
     ask_s, record_s = [], []
     while sampler.fresh_configs(study):
         started = time.perf_counter()
@@ -114,7 +118,7 @@ def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
             job.complete(trial.params),
             result_from_json(entry),
             role=trial.user_attrs.get("role", "search"),
-            reference=grid["reference"],
+            reference=reference,
             environment=grid["environment"],
         )
         ask_s.append(asked - started)

@@ -32,9 +32,9 @@ import optuna
 
 from autotuner.apply import TunedConfig
 from autotuner.outcomes import Outcome
+from autotuner.records import baseline, best, records, speedup, stored_reference
 from autotuner.search import make_launcher, measure_together, probe_environment, trial_request
 from autotuner.spec import Job
-from autotuner.study import baseline, best, records, speedup
 from autotuner.trial import TrialLauncher
 
 
@@ -59,7 +59,8 @@ def main() -> None:
         ran = [t for t in trials if t.ran]
         startup = [t.metrics["startup_s"] for t in ran if t.metrics.get("startup_s") is not None]
         measured = sum(t.metrics.get("measured_s", 0.0) for t in ran)
-        reference = study.user_attrs["reference"]
+        reference = stored_reference(study)
+        assert reference is not None  # the search ran it
         results = {
             "spec": str(Path(args.spec)),
             "exit_code": done.returncode,
@@ -111,8 +112,8 @@ def main() -> None:
             "trial_startup_s_median": statistics.median(startup) if startup else None,
             "trial_wall_s_median": statistics.median(t.metrics["wall_s"] for t in ran) if ran else None,
             "measured_windows_s": measured,
-            "reference_noise_floor": reference["noise_floor"],
-            "reference_wall_s": reference["wall_s"],
+            "reference_noise_floor": reference.noise_floor,
+            "reference_wall_s": reference.wall_s,
             "drift_tolerance": study.user_attrs["autotuner"]["max_drift"],
         }
         export = Path(folder) / "studies" / f"{name}.best.yaml"
@@ -141,7 +142,7 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     return {
         "steps": default_steps(job),
         # what each run really took: the requested steps in windows lengthened to min_window_s
-        "steps_run": [run.throughput["steps"] * run.throughput["windows"] for run in applied],
+        "steps_run": [run.throughput.steps * run.throughput.windows for run in applied],
         "study_throughput": tuned.throughput,
         "throughputs": [run.samples_per_s for run in applied],
         "ratios": ratios,
@@ -152,8 +153,8 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
         # The promise: the speedup in best.yaml against the one apply delivers (the baseline run
         # over as many optimizer steps, in windows of its own length, in lockstep on a CPU).
         "export_speedup": tuned.speedup,
-        "baseline_throughputs": [float(run.baseline["samples_per_s"]) for run in applied if run.baseline],
-        "baseline_steps_run": [run.baseline["steps"] * run.baseline["windows"] for run in applied if run.baseline],
+        "baseline_throughputs": [run.baseline.samples_per_s for run in applied if run.baseline],
+        "baseline_steps_run": [run.baseline.steps * run.baseline.windows for run in applied if run.baseline],
         "speedups_delivered": delivered,
         "promise_ratios": promise,
         "promise_ratio_median": statistics.median(promise) if promise else None,
@@ -168,7 +169,7 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
 
 def _speedup_now(tuned: TunedConfig, job: Job, launcher: TrialLauncher, device: str) -> float | None:
     """The tuned config's speedup over the export's baseline, measured as the study's
-    re-measurement measures it (`autotuner.search.Search._remeasure_runs`, `autotuner.study.speedup`):
+    re-measurement measures it (`autotuner.search.Search._remeasure_runs`, `autotuner.records.speedup`):
     `remeasure_runs` processes of each, interleaved, `remeasure_windows` windows a process, all
     measured together; the median over the config's windows over the median over the baseline's."""
     if not tuned.baseline.get("params"):
@@ -184,7 +185,7 @@ def _speedup_now(tuned: TunedConfig, job: Job, launcher: TrialLauncher, device: 
     for k, result in enumerate(measure_together(launcher, job, requests, device)):
         if result.outcome is not Outcome.OK:
             return None
-        windows[k % 2].extend(result.result["throughput"]["window_samples_per_s"])
+        windows[k % 2].extend(result.output.throughput.window_samples_per_s)
     return statistics.median(windows[0]) / statistics.median(windows[1])
 
 

@@ -8,12 +8,12 @@ against a recorded grid of real trials (a tabular benchmark).
    spec's trial settings, unsupported configs decided without a process), in a shuffled order
    so that a change in the shared machine's load does not follow the space's order; the fp32
    reference runs twice as it does for a study. The raw trial results, and what
-   `autotuner.study.record` makes of them (throughput, drift, outcome, feasibility), go to
+   `autotuner.recording.record` makes of them (throughput, drift, outcome, feasibility), go to
    `benchmarks/results/grid-<name>.json` with the machine named.
 2. The replay (no training): for each sampler and seed, an in-memory Optuna study set up as
    `autotuner search` sets one up (baseline enqueued as trial 0, the sampler built by
    `autotuner.sampler.make_sampler` from the spec's sampler name, the seed, the space and what
-   the device cannot run, OOM rule-outs given up, every trial stored by `autotuner.study.record`
+   the device cannot run, OOM rule-outs given up, every trial stored by `autotuner.recording.record`
    from the table's result), until a feasible trial reaches `--target` (97%) of the grid's best
    feasible throughput. Trials are counted as `budget.trials` counts them: unsupported configs
    are free. Replayed: the default sampler (what a spec without `sampler` gets: TPE after the
@@ -56,13 +56,15 @@ from _harness import (
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
-from autotuner.backends import Capabilities
 from autotuner.guided_start import Unsupported, rule_of_thumb
 from autotuner.knobs import config_key, format_config
 from autotuner.outcomes import Outcome
+from autotuner.recording import give_up, record
+from autotuner.records import TrialRecord
+from autotuner.results import Reference
 from autotuner.sampler import FreshConfigSampler, make_base_sampler, make_sampler
 from autotuner.spec import Job, SamplerSettings, load_spec
-from autotuner.study import DIRECTIONS, TrialRecord, give_up, record
+from autotuner.study import DIRECTIONS
 from autotuner.tried_configs import oom_rules_out
 
 DEFAULT_SPECS = ["studies/bench-mlp.yaml", "studies/bench-cnn.yaml"]
@@ -136,7 +138,8 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
             load = os.getloadavg()[0]
             result = trials.run(config)
             runs[config_key(params)].append({"load_1m": load, **result_to_json(result)})
-            rate = result.result.get("throughput", {}).get("samples_per_s", 0.0)
+            measured = result.output.throughput if result.output is not None else None
+            rate = measured.samples_per_s if measured is not None else 0.0
             shown = f"{format_config(config)}: {result.outcome} {rate:,.0f}/s"
             print(f"  sweep {sweep + 1}, {i + 1}/{len(configs)} {shown}", flush=True)
     entries = []
@@ -155,7 +158,7 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
         "record_wall_s": time.perf_counter() - started,
         "space": job.space,
         "baseline": job.baseline,
-        "reference": reference,
+        "reference": reference.as_dict(),
         "trials": entries,
     }
     recorded = tabulate(job, grid)
@@ -172,9 +175,10 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
 
 
 def tabulate(job: Job, grid: dict[str, Any]) -> dict[tuple[tuple[str, Any], ...], TrialRecord]:
-    """Every grid entry as `autotuner.study.record` stores it, by config."""
+    """Every grid entry as `autotuner.recording.record` stores it, by config."""
+    reference = Reference.from_dict(grid["reference"])
     return {
-        config_key(e["params"]): stored(job, e["config"], result_from_json(e), grid["reference"], grid["environment"])
+        config_key(e["params"]): stored(job, e["config"], result_from_json(e), reference, grid["environment"])
         for e in grid["trials"]
     }
 
@@ -194,12 +198,13 @@ def replay(
     """The best feasible throughput after each trial that ran (trials counted as the budget counts
     them), until one reaches `bar`; `start`: the guided start's config instead of the rule of thumb."""
     configs = list(job.configs())
-    unsupported = job.unsupported(Capabilities.from_dict(grid["environment"]["capabilities"]))
+    unsupported = job.unsupported(job.backend.capabilities(grid["environment"]["capabilities"]))
     sampler = contender.make(seed, job, configs, unsupported)
     if start is not None and sampler.rule is not None:
         sampler.rule = start
     study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
     study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})  # as autotuner.coordination.enqueue_baseline
+    reference = Reference.from_dict(grid["reference"])
     curve: list[float] = []
     while sampler.fresh_configs(study) or study.get_trials(states=(TrialState.WAITING,)):
         trial = study.ask(dict(sampler.space))
@@ -216,7 +221,7 @@ def replay(
             config,
             result_from_json(entry),
             role=trial.user_attrs.get("role", "search"),
-            reference=grid["reference"],
+            reference=reference,
             environment=grid["environment"],
         )
         if done.ran:
@@ -271,7 +276,7 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
         "budget_trials": BUDGET_SHARE * size,
         "samplers": {},
     }
-    capabilities = Capabilities.from_dict(grid["environment"]["capabilities"])
+    capabilities = job.backend.capabilities(grid["environment"]["capabilities"])
     guide = guide_config(job, capabilities, grid["environment"])
     results["guides_config"] = guide
     results["rule_of_thumb"] = rule_of_thumb(job.space, job.unsupported(capabilities))

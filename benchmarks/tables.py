@@ -190,7 +190,7 @@ def overhead(data: dict[str, Any]) -> list[str]:
                 f"last 10: {_seconds(books['ask_s_median_last_10'])})"
             ),
         ),
-        ("`autotuner.study.record` on SQLite (median)", _seconds(books["record_s"]["median"])),
+        ("`autotuner.recording.record` on SQLite (median)", _seconds(books["record_s"]["median"])),
     ]
     return [
         "### Overhead: `python benchmarks/overhead.py`",

@@ -55,7 +55,7 @@ def measure_startup(runs: int) -> dict[str, object]:
         subprocess.run([sys.executable, "-c", f"import {RUNNER}"], check=True)
         fresh.append(time.perf_counter() - started)
     return {
-        "machine": f"{probed.result.get('device_name')}, torch {probed.result.get('versions', {}).get('torch')}",
+        "machine": f"{probed.output.get('device_name')}, torch {probed.output.get('versions', {}).get('torch')}",
         "runs": runs,
         "fork_server_start_s": server_start_s,
         "fork_startup_s_median": statistics.median(fork_startup),

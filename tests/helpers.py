@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from autotuner.results import Losses, Reference, Throughput, TrialOutput  # noqa: E402
 from autotuner.trial import TrialRequest  # noqa: E402
 
 RUNNER = "autotuner.backends.pytorch.runner"
@@ -61,6 +62,37 @@ def request(
     one of `tests.faulty_workloads`."""
     path = workload if ":" in workload else f"{FAULTY}:{workload}"
     return small_request(path, {**FP32, **config}, workload_args, measure=measure)
+
+
+def measured(
+    samples_per_s: float, heldout: float, trajectory: list[float], spread: float = 0.01, **fields: Any
+) -> TrialOutput:
+    """What a trial process sends back for a trial measured at `samples_per_s` (one window) whose
+    drift phase gave these losses; `fields`: the output's others (telemetry, ...)."""
+    throughput = Throughput(
+        samples_per_s=samples_per_s,
+        spread=spread,
+        window_samples_per_s=[samples_per_s],
+        warmup_s=0.1,
+        measured_s=1.0,
+        steps=2,
+        windows=1,
+        samples_per_step=8,
+    )
+    return TrialOutput(Losses(heldout, trajectory), throughput=throughput, **fields)
+
+
+def reference(heldout: float, trajectory: list[float], config: dict[str, Any] | None = None) -> Reference:
+    """A study's fp32 reference with these losses, its two runs identical (noise floor 0)."""
+    return Reference(
+        config=dict(config or FP32),
+        heldout=heldout,
+        trajectory=trajectory,
+        noise_floor=0.0,
+        noise_floor_trajectory=0.0,
+        runs_heldout=[heldout, heldout],
+        wall_s=1.0,
+    )
 
 
 def preloaded(arg: object) -> dict[str, bool]:

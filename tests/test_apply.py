@@ -23,6 +23,7 @@ from autotuner.apply import READS_VERSIONS, AppliedRun, TunedConfig, load_config
 from autotuner.backends.pytorch.apply import TunedTraining, set_matmul_precision
 from autotuner.errors import SpecError
 from autotuner.export import EXPORT_VERSION
+from autotuner.results import Throughput
 from tests.conftest import ROOT, run_cli, write_spec
 
 FP32 = {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"}
@@ -362,22 +363,23 @@ def _applied(
     """What `apply_config` returns, for a run that measured these throughputs (and window rates)."""
     tuned = parse_config(VALID, "job.best.yaml")
 
-    def measured(rate: float) -> dict[str, Any]:
-        return {
-            "samples_per_s": rate,
-            "spread": 0.01,
-            "steps": 10,
-            "windows": 5,
-            "samples_per_step": 16,
-            "warmup_s": 0.1,
-            "window_samples_per_s": [rate] * 5,
-        }
+    def measured(rate: float, windows: list[float] | None = None) -> Throughput:
+        return Throughput(
+            samples_per_s=rate,
+            spread=0.01,
+            window_samples_per_s=windows or [rate] * 5,
+            warmup_s=0.1,
+            measured_s=1.0,
+            steps=10,
+            windows=5,
+            samples_per_step=16,
+        )
 
     return AppliedRun(
         tuned=tuned,
         config=dict(tuned.params),
         environment={"device": "cpu", "device_name": "test CPU"},
-        throughput={**measured(tuned_samples_per_s), **({"window_samples_per_s": windows} if windows else {})},
+        throughput=measured(tuned_samples_per_s, windows),
         heldout_loss=None,
         drift_steps=3,
         wall_s=1.0,

@@ -522,7 +522,7 @@ class TestBackendContract:
         arg = {"device": "cpu", "workload": _mlp(harness), "workload_args": SMALL_MLP}
         probed = launcher.call(harness.backend.runner, "probe", arg, TIMEOUT_S)
         assert probed.outcome is Outcome.OK, probed.reason
-        environment = probed.result
+        environment = probed.output
         assert environment["device"] == "cpu" and environment["device_name"] and environment["driver"]
         assert environment["device_count"] == 0 and environment["peak_flops"] == {}
         assert environment["workload_error"] is None
@@ -533,30 +533,30 @@ class TestBackendContract:
         assert harness.backend.unsupported_reason(harness.reference(), capabilities) is None
         assert harness.backend.unsupported_reason(harness.reference(precision="tf32"), capabilities) is not None
         bad = launcher.call(harness.backend.runner, "probe", {**arg, "workload_args": {"depth": "two"}}, TIMEOUT_S)
-        assert bad.outcome is Outcome.OK and "does not build a workload" in bad.result["workload_error"]
+        assert bad.outcome is Outcome.OK and "does not build a workload" in bad.output["workload_error"]
 
     def test_a_trial_reports_throughput_memory_and_losses(self, harness: Harness, launcher: TrialLauncher) -> None:
         result = _run(launcher, harness, _request(harness, _mlp(harness), harness.quick, **SMALL_MLP))
         assert result.outcome is Outcome.OK, result.reason + (result.traceback or "")
-        throughput = result.result["throughput"]
-        assert (throughput["windows"], throughput["steps"], throughput["samples_per_step"]) == (2, 2, 8)
-        assert len(throughput["window_samples_per_s"]) == 2 and throughput["samples_per_s"] > 0
-        assert throughput["warmup_s"] > 0 and throughput["measured_s"] > 0
-        assert result.result["peak_memory_mb"] > 0
-        losses = result.result["losses"]
-        assert len(losses["trajectory"]) == 2
-        assert all(isinstance(v, float) and np.isfinite(v) for v in [losses["heldout"], *losses["trajectory"]])
+        throughput = result.output.throughput
+        assert (throughput.windows, throughput.steps, throughput.samples_per_step) == (2, 2, 8)
+        assert len(throughput.window_samples_per_s) == 2 and throughput.samples_per_s > 0
+        assert throughput.warmup_s > 0 and throughput.measured_s > 0
+        assert result.output.peak_memory_mb > 0
+        losses = result.output.losses
+        assert len(losses.trajectory) == 2
+        assert all(isinstance(v, float) and np.isfinite(v) for v in [losses.heldout, *losses.trajectory])
 
     def test_the_reference_is_deterministic_and_a_measured_run_of_it_does_not_drift(
         self, harness: Harness, launcher: TrialLauncher, reference_runs: list[TrialResult]
     ) -> None:
-        first, second = (r.result["losses"] for r in reference_runs)
-        assert "throughput" not in reference_runs[0].result, "the reference runs the drift phase only"
+        first, second = (r.output.losses for r in reference_runs)
+        assert reference_runs[0].output.throughput is None, "the reference runs the drift phase only"
         assert first == second, "two runs of the fp32 reference are bitwise equal"
         measured = _run(launcher, harness, _request(harness, _mlp(harness), harness.reference(), **SMALL_MLP))
         assert measured.outcome is Outcome.OK, measured.reason
-        losses = measured.result["losses"]
-        drift = measure_drift(losses["heldout"], losses["trajectory"], first["heldout"], first["trajectory"])
+        losses = measured.output.losses
+        drift = measure_drift(losses.heldout, losses.trajectory, first.heldout, first.trajectory)
         assert drift.heldout < 1e-6 and drift.trajectory_max < 1e-6, drift
 
     def test_a_fast_config_drifts_little_from_the_reference(
@@ -566,8 +566,8 @@ class TestBackendContract:
             pytest.skip(f"the {harness.backend.name} backend runs the reference's numerics only")
         fast = _run(launcher, harness, _request(harness, _mlp(harness), harness.optimized, measure=False, **SMALL_MLP))
         assert fast.outcome is Outcome.OK, fast.reason
-        ref, got = reference_runs[0].result["losses"], fast.result["losses"]
-        drift = measure_drift(got["heldout"], got["trajectory"], ref["heldout"], ref["trajectory"])
+        ref, got = reference_runs[0].output.losses, fast.output.losses
+        drift = measure_drift(got.heldout, got.trajectory, ref.heldout, ref.trajectory)
         assert 0 < drift.heldout < 0.01, f"{harness.optimized}: {drift}"
 
     def test_out_of_memory_is_oom_by_the_framework_error(self, harness: Harness, launcher: TrialLauncher) -> None:

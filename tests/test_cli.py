@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from autotuner.knobs import config_key
-from autotuner.study import baseline, records, speedup
+from autotuner.records import baseline, records, speedup
 from tests.conftest import ROOT, run_cli, write_hang_spec, write_spec
 
 EXPORT_KEYS = {"params", "metrics", "baseline", "speedup", "environment", "spec", "study"}

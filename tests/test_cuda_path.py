@@ -26,11 +26,14 @@ from autotuner.backends.pytorch.apply import TunedTraining
 from autotuner.backends.pytorch.runner import classify_exception
 from autotuner.errors import SpecError
 from autotuner.outcomes import Outcome
+from autotuner.recording import trial_metrics
+from autotuner.records import TrialRecord
+from autotuner.results import Losses, TrialOutput
 from autotuner.spec import TRIAL_TIMEOUT_S, load_spec
-from autotuner.study import TrialRecord, check_trial_limits, trial_metrics
+from autotuner.study import check_trial_limits
 from autotuner.trial import TrialLauncher, TrialResult
 from tests.conftest import SMALL_SPEC
-from tests.helpers import ROOT, RUNNER, request
+from tests.helpers import ROOT, RUNNER, reference, request
 
 CONFIG = {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"}
 
@@ -146,14 +149,14 @@ def test_flops_are_counted_on_two_samples_and_a_failure_there_is_not_a_failed_tr
     result = launcher.call(RUNNER, "run", request("records_forwards", {"folder": str(counted)}), 60)
     assert result.outcome is Outcome.OK, result.reason
     assert [int(f[0]) for f in _forwards(counted)[:6]] == [8, 8, 8, 8, 8, 2]
-    assert result.result["flops_per_sample"] > 0
+    assert result.output.flops_per_sample > 0
 
     failing = tmp_path / "failing"
     failing.mkdir()
     result = launcher.call(RUNNER, "run", request("records_forwards", {"folder": str(failing), "oom_at": 6}), 60)
     assert result.outcome is Outcome.OK, result.reason  # not `oom`: that would rule out larger batches
-    assert result.result["flops_per_sample"] is None
-    assert result.result["throughput"]["samples_per_s"] > 0 and result.result["losses"]["trajectory"]
+    assert result.output.flops_per_sample is None
+    assert result.output.throughput.samples_per_s > 0 and result.output.losses.trajectory
 
 
 # ---------------------------------------------------------------- 5. initial weights on the host
@@ -270,7 +273,7 @@ print("clean")
 def test_trial_processes_inherit_the_nvml_based_cuda_check(launcher: TrialLauncher) -> None:
     result = launcher.call("tests.helpers", "cuda_state", None, 60)
     assert result.outcome is Outcome.OK, result.reason
-    assert result.result == {"nvml_check": "1", "initialized": False}
+    assert result.output == {"nvml_check": "1", "initialized": False}
 
 
 # ---------------------------------------------------------------- 12. bf16 by the device's compute capability
@@ -326,12 +329,8 @@ def test_fp16_steps_the_scaler_skips_are_counted() -> None:
 def test_skipped_drift_steps_are_stored_and_shown_with_the_drift() -> None:
     from autotuner.charts import trial_drift_text
 
-    result = TrialResult(
-        Outcome.OK,
-        result={"losses": {"heldout": 1.02, "trajectory": [2.0, 1.5], "skipped_steps": 2}},
-    )
-    reference = {"heldout": 1.0, "trajectory": [2.0, 1.5]}
-    metrics = trial_metrics(result, reference, {"precision": "fp16"}, {})
+    result = TrialResult(Outcome.OK, output=TrialOutput(Losses(1.02, [2.0, 1.5], skipped_steps=2)))
+    metrics = trial_metrics(result, reference(1.0, [2.0, 1.5]), {"precision": "fp16"}, {})
     assert metrics["drift_skipped_steps"] == 2
     record = TrialRecord(1, "COMPLETE", {}, {}, "search", "ok", "", True, metrics)
     assert trial_drift_text(record) == "2.000% (2 of the drift steps skipped by fp16 loss scaling)"
@@ -359,13 +358,13 @@ def test_measure_together_one_after_another_runs_each_round_shuffled_and_answers
 
         def call(self, runner: str, function: str, arg: Any, timeout_s: float) -> TrialResult:
             self.ran.append(arg.seed)
-            return TrialResult(Outcome.OK, result={"seed": arg.seed})
+            return TrialResult(Outcome.OK, output={"seed": arg.seed})
 
     base = search.trial_request(job, job.complete({}), "cuda:0")
     requests = [dataclasses.replace(base, seed=i) for i in range(9)]
     recording = Recording()
     results = search.measure_together(recording, job, requests, "cuda:0", rounds=3)  # type: ignore[arg-type]
-    assert [r.result["seed"] for r in results] == list(range(9))
+    assert [r.output["seed"] for r in results] == list(range(9))
     assert recording.ran == search.sequential_order(9, 3) and recording.ran != list(range(9))
 
 
@@ -394,13 +393,13 @@ def test_a_trials_compile_is_recorded_cold_then_warm_in_its_studys_cache(
     compiled = dataclasses.replace(request("ok", compile="default"), compile_cache=str(cache))
     first = launcher.call(RUNNER, "run", compiled, 300)
     assert first.outcome is Outcome.OK, first.reason
-    assert first.result["compile_cache"] == "cold" and any(cache.iterdir())
+    assert first.output.compile_cache == "cold" and any(cache.iterdir())
     second = launcher.call(RUNNER, "run", compiled, 300)
     assert second.outcome is Outcome.OK, second.reason
-    assert second.result["compile_cache"] == "warm"
+    assert second.output.compile_cache == "warm"
     eager_request = dataclasses.replace(compiled, config={**compiled.config, "compile": "none"})
     eager = launcher.call(RUNNER, "run", eager_request, 60)
-    assert eager.result["compile_cache"] is None
+    assert eager.output.compile_cache is None
 
 
 def test_the_default_trial_timeout_grows_with_the_compile_mode(tmp_path: Path) -> None:

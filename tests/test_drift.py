@@ -8,6 +8,7 @@ import pytest
 
 from autotuner.drift import Drift, measure_drift, relative_gap
 from autotuner.outcomes import Outcome
+from autotuner.results import Losses
 from autotuner.trial import TrialLauncher
 from tests.helpers import RUNNER, SMALL_MLP, request
 
@@ -88,63 +89,55 @@ def launcher() -> TrialLauncher:
 
 
 @pytest.fixture(scope="module")
-def reference(launcher: TrialLauncher) -> dict:
+def reference(launcher: TrialLauncher) -> Losses:
     """The fp32 reference of the small mlp (drift phase only), as a search runs it."""
     result = launcher.call(RUNNER, "run", request(MLP, SMALL_MLP, measure=False), TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    assert "throughput" not in result.result  # the reference does not measure
-    return result.result["losses"]
+    assert result.output.throughput is None  # the reference does not measure
+    return result.output.losses
 
 
-def test_reference_run_twice_has_exactly_zero_drift(launcher: TrialLauncher, reference: dict) -> None:
+def test_reference_run_twice_has_exactly_zero_drift(launcher: TrialLauncher, reference: Losses) -> None:
     again = launcher.call(RUNNER, "run", request(MLP, SMALL_MLP, measure=False), TIMEOUT_S)
     assert again.outcome is Outcome.OK, again.reason
-    losses = again.result["losses"]
+    losses = again.output.losses
     assert losses == reference  # bit for bit on the CPU
-    assert measure_drift(
-        losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]
-    ) == Drift(0.0, 0.0)
+    assert measure_drift(losses.heldout, losses.trajectory, reference.heldout, reference.trajectory) == Drift(0.0, 0.0)
 
 
-def test_measuring_first_does_not_change_the_drift_phase(launcher: TrialLauncher, reference: dict) -> None:
+def test_measuring_first_does_not_change_the_drift_phase(launcher: TrialLauncher, reference: Losses) -> None:
     """The fp32 baseline (measured, then drift) starts its drift phase from the same weights and
     batches as the reference: its drift is exactly 0, so the tolerance is not eaten by the tuner."""
     result = launcher.call(RUNNER, "run", request(MLP, SMALL_MLP, measure=True), TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    assert result.result["throughput"]["samples_per_s"] > 0
-    losses = result.result["losses"]
-    assert len(losses["trajectory"]) == 2
-    assert measure_drift(
-        losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"]
-    ) == Drift(0.0, 0.0)
+    assert result.output.throughput.samples_per_s > 0
+    losses = result.output.losses
+    assert len(losses.trajectory) == 2
+    assert measure_drift(losses.heldout, losses.trajectory, reference.heldout, reference.trajectory) == Drift(0.0, 0.0)
 
 
-def test_loader_workers_do_not_change_the_numerics(launcher: TrialLauncher, reference: dict) -> None:
+def test_loader_workers_do_not_change_the_numerics(launcher: TrialLauncher, reference: Losses) -> None:
     """Data-loader workers deliver the same batches in the same order: drift exactly 0."""
     result = launcher.call(RUNNER, "run", request(MLP, SMALL_MLP, workers=1), TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    assert result.result["losses"] == reference
+    assert result.output.losses == reference
 
 
-def test_accumulation_changes_the_numerics_only_by_rounding(launcher: TrialLauncher, reference: dict) -> None:
+def test_accumulation_changes_the_numerics_only_by_rounding(launcher: TrialLauncher, reference: Losses) -> None:
     """batch 4 x accumulation 2 is the same optimizer step as 8 x 1, up to float rounding."""
     result = launcher.call(RUNNER, "run", request(MLP, SMALL_MLP, batch_size=4), TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    assert result.result["losses"]["trajectory"][0] == pytest.approx(reference["trajectory"][0], rel=1e-5)
-    drift = measure_drift(
-        result.result["losses"]["heldout"],
-        result.result["losses"]["trajectory"],
-        reference["heldout"],
-        reference["trajectory"],
-    )
+    losses = result.output.losses
+    assert losses.trajectory[0] == pytest.approx(reference.trajectory[0], rel=1e-5)
+    drift = measure_drift(losses.heldout, losses.trajectory, reference.heldout, reference.trajectory)
     assert drift.heldout < 1e-4 and drift.trajectory_max < 1e-4
 
 
-def test_bf16_drifts_a_little_but_stays_finite(launcher: TrialLauncher, reference: dict) -> None:
+def test_bf16_drifts_a_little_but_stays_finite(launcher: TrialLauncher, reference: Losses) -> None:
     result = launcher.call(RUNNER, "run", request(MLP, SMALL_MLP, precision="bf16"), TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    losses = result.result["losses"]
-    drift = measure_drift(losses["heldout"], losses["trajectory"], reference["heldout"], reference["trajectory"])
+    losses = result.output.losses
+    drift = measure_drift(losses.heldout, losses.trajectory, reference.heldout, reference.trajectory)
     assert 0.0 < drift.trajectory_max < 0.05  # bf16 autocast really ran, and only rounded
 
 
@@ -162,8 +155,8 @@ def test_overflowing_fp16_is_classified_nan(launcher: TrialLauncher) -> None:
 def test_same_inputs_in_fp32_are_ok(launcher: TrialLauncher) -> None:
     result = launcher.call(RUNNER, "run", request(MLP, OVERFLOW, precision="fp32"), TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    losses = result.result["losses"]
-    assert all(math.isfinite(v) for v in [losses["heldout"], *losses["trajectory"]])
+    losses = result.output.losses
+    assert all(math.isfinite(v) for v in [losses.heldout, *losses.trajectory])
 
 
 def test_overflowing_fp16_drift_phase_alone_is_nan(launcher: TrialLauncher) -> None:

@@ -202,7 +202,7 @@ TRIAL_ON_THE_SECOND_DEVICE = """
     for jit in ("on", "off"):
         config = {"precision": "fp32", "batch_size": 4, "workers": 1, "jit": jit}
         request = small_request(f"{here.__name__}:recording_mlp", config, SMALL_MLP, heldout_batch=4)
-        results[jit] = runner.run(request)["losses"]["heldout"]
+        results[jit] = runner.run(request).losses.heldout
     print(json.dumps({"second": str(second), "recorded": {k: sorted(v) for k, v in here.RECORDED.items()}}))
 """
 
@@ -270,17 +270,17 @@ def test_probe_and_trials_run_through_the_trial_launcher(launcher: TrialLauncher
     mlp = "autotuner.backends.jax.workloads:mlp"
     probed = launcher.call(RUNNER, "probe", {"device": "cpu", "workload": mlp, "workload_args": SMALL_MLP}, 120)
     assert probed.outcome is Outcome.OK, probed.reason
-    assert probed.result["device"] == "cpu" and probed.result["workload_error"] is None
-    assert probed.result["capabilities"]["jit"] and probed.result["device_count"] == 0
+    assert probed.output["device"] == "cpu" and probed.output["workload_error"] is None
+    assert probed.output["capabilities"]["jit"] and probed.output["device_count"] == 0
     for jit in ("on", "off"):
         request = small_request(mlp, {**JAX_CONFIG, "jit": jit}, SMALL_MLP, heldout_batch=4)
         done = launcher.call(RUNNER, "run", request, 120)
         assert done.outcome is Outcome.OK, done.reason
-        assert done.result["throughput"]["samples_per_s"] > 0 and len(done.result["losses"]["trajectory"]) == 2
+        assert done.output.throughput.samples_per_s > 0 and len(done.output.losses.trajectory) == 2
     request = small_request(mlp, JAX_CONFIG, SMALL_MLP, heldout_batch=4)
     setup = launcher.call(HERE, "process_setup", {"request": request}, 120)
     assert setup.outcome is Outcome.OK, setup.reason
-    assert setup.result == {
+    assert setup.output == {
         "platforms": "cpu",
         "preallocate": os.environ.get(PREALLOCATE, "false"),
         "started": ["cpu"],

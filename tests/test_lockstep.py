@@ -35,7 +35,7 @@ def _measured(**changes: object) -> TrialRequest:
 
 
 def _spans(result: object) -> list[tuple[float, float]]:
-    return [tuple(span) for span in result.result["throughput"]["window_spans"]]  # type: ignore[attr-defined]
+    return [tuple(span) for span in result.output.throughput.window_spans]  # type: ignore[attr-defined]
 
 
 def test_processes_in_lockstep_measure_one_at_a_time_each_round_in_a_new_order(launcher: TrialLauncher) -> None:
@@ -57,7 +57,7 @@ def test_processes_in_lockstep_measure_one_at_a_time_each_round_in_a_new_order(l
             before.setdefault(k, set()).add(previous)
     assert any(len(p) > 1 for p in before.values()), rounds
     for r in results:  # each drifted and was measured as a trial alone would be
-        assert r.result["losses"]["heldout"] > 0 and r.result["telemetry"]["cpu_util_mean"] > 0
+        assert r.output.losses.heldout > 0 and r.output.telemetry["cpu_util_mean"] > 0
 
 
 BURNER = """
@@ -91,17 +91,17 @@ def test_with_cover_the_others_measure_their_own_windows_over_the_first_ones_ste
     config, base = _measured(min_window_s=0.2), _measured(min_window_s=0.05)
     first, second = launcher.lockstep(RUNNER, "run", [config, base], 60, cover=True)
     assert first.outcome is Outcome.OK and second.outcome is Outcome.OK
-    ours, theirs = (r.result["throughput"] for r in (first, second))
-    assert theirs["calibration_s"] > 0  # windows of its own length
-    covered = ours["steps"] * ours["windows"]
-    assert theirs["steps"] * (theirs["windows"] - 1) < covered <= theirs["steps"] * theirs["windows"]
-    assert theirs["windows"] > ours["windows"] == 4  # shorter windows, more of them
+    ours, theirs = (r.output.throughput for r in (first, second))
+    assert theirs.calibration_s > 0  # windows of its own length
+    covered = ours.steps * ours.windows
+    assert theirs.steps * (theirs.windows - 1) < covered <= theirs.steps * theirs.windows
+    assert theirs.windows > ours.windows == 4  # shorter windows, more of them
     # Spread over the first one's 4 rounds: when its k-th window began, the other had measured
     # its share of k - 1 rounds, or of k (it went first in round k), never more or fewer.
     started = [start for start, _ in _spans(second)]
     for k, (begin, _) in enumerate(_spans(first), start=1):
         before = sum(start < begin for start in started)
-        assert _share(theirs["windows"], k - 1, 4) <= before <= _share(theirs["windows"], k, 4), (k, before)
+        assert _share(theirs.windows, k - 1, 4) <= before <= _share(theirs.windows, k, 4), (k, before)
     spans = sorted(_spans(first) + _spans(second))
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start  # no two windows ran at once
@@ -111,9 +111,9 @@ def test_alone_a_trial_covers_the_steps_asked_in_windows_of_its_own_length(launc
     # how `measure_together` runs the others after the first where there is no lockstep (a GPU)
     result = launcher.call(RUNNER, "run", _measured(cover_steps=1000), 60)
     assert result.outcome is Outcome.OK, result.reason
-    measured = result.result["throughput"]
-    assert measured["calibration_s"] > 0 and len(_spans(result)) == measured["windows"]
-    assert measured["steps"] * (measured["windows"] - 1) < 1000 <= measured["steps"] * measured["windows"]
+    measured = result.output.throughput
+    assert measured.calibration_s > 0 and len(_spans(result)) == measured.windows
+    assert measured.steps * (measured.windows - 1) < 1000 <= measured.steps * measured.windows
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])  # in lockstep; one after another, as on a GPU
@@ -124,7 +124,7 @@ def test_with_cover_nothing_runs_on_once_the_first_has_failed(
     # the requests run on the CPU whatever `device` says: it only decides lockstep or not
     crashed, other = measure_together(launcher, job, [request("segfault"), _measured()], device, cover=True)
     assert crashed.outcome is Outcome.CRASH
-    assert other.outcome is Outcome.ERROR and other.reason == STOPPED and not other.result
+    assert other.outcome is Outcome.ERROR and other.reason == STOPPED and other.output is None
 
 
 def test_a_process_that_crashes_or_hangs_is_left_out_and_the_others_go_on(launcher: TrialLauncher) -> None:
@@ -139,7 +139,7 @@ def test_a_process_that_crashes_or_hangs_is_left_out_and_the_others_go_on(launch
 def test_a_process_that_measures_nothing_just_runs(launcher: TrialLauncher) -> None:
     reference = dataclasses.replace(_measured(), measure=False)  # the drift phase only: no turns
     done, measured = launcher.lockstep(RUNNER, "run", [reference, _measured()], 60)
-    assert done.outcome is Outcome.OK and "throughput" not in done.result
+    assert done.outcome is Outcome.OK and done.output.throughput is None
     assert measured.outcome is Outcome.OK and len(_spans(measured)) == 4
 
 

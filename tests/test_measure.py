@@ -106,8 +106,8 @@ def test_training_flops_are_counted_for_a_workload_that_does_not_declare_them() 
     # and the input gradient of all but the first (the inputs need none).
     layers = [(16, 32), (32, 32), (32, 10)]
     forward = sum(2 * i * o for i, o in layers)
-    assert result["flops_per_sample"] == forward + forward + sum(2 * i * o for i, o in layers[1:])
+    assert result.flops_per_sample == forward + forward + sum(2 * i * o for i, o in layers[1:])
     assert (
-        runner.run(request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP, measure=False))["flops_per_sample"]
+        runner.run(request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP, measure=False)).flops_per_sample
         is None
     )

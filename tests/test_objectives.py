@@ -11,10 +11,13 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from autotuner.outcomes import Outcome
+from autotuner.recording import record
+from autotuner.results import TrialOutput
 from autotuner.spec import parse_spec
-from autotuner.study import open_storage, open_study, record
+from autotuner.study import open_storage, open_study
 from autotuner.trial import TrialResult
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
+from tests.helpers import measured, reference
 
 GPU = {
     "backend": "pytorch",
@@ -31,16 +34,9 @@ def _job(name: str, energy: bool) -> Any:
     return parse_spec({**SMALL_SPEC, "name": name, "objective": {"max_drift": 0.01, "energy": energy}}, "x.yaml")
 
 
-def _gpu_result(energy_j_per_sample: float) -> TrialResult:
-    throughput = {"samples_per_s": 1000.0, "spread": 0.01, "window_samples_per_s": [1000.0], "warmup_s": 0.1}
-    return TrialResult(
-        Outcome.OK,
-        result={
-            "throughput": {**throughput, "measured_s": 1.0},
-            "losses": {"heldout": 2.0, "trajectory": [2.0]},
-            "telemetry": {"gpu_util_mean": 90.0, "power_w_mean": 300.0, "energy_j_per_sample": energy_j_per_sample},
-        },
-    )
+def _gpu_result(energy_j_per_sample: float) -> TrialResult[TrialOutput]:
+    telemetry = {"gpu_util_mean": 90.0, "power_w_mean": 300.0, "energy_j_per_sample": energy_j_per_sample}
+    return TrialResult(Outcome.OK, output=measured(1000.0, 2.0, [2.0], telemetry=telemetry))
 
 
 def test_energy_is_the_third_objective_of_the_study(tmp_path: Path) -> None:
@@ -48,15 +44,15 @@ def test_energy_is_the_third_objective_of_the_study(tmp_path: Path) -> None:
     study = open_study(open_storage(f"sqlite:///{tmp_path}/e.db"), job, GPU)
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE", "MINIMIZE"]
     assert study.metric_names == ["throughput", "drift", "energy_j_per_sample"]
-    reference = {"heldout": 2.0, "trajectory": [2.0]}
+    fp32 = reference(2.0, [2.0])
     space = {k: CategoricalDistribution(v) for k, v in job.space.items()}
     measured = record(
         study, study.ask(space), job, job.complete(job.baseline), _gpu_result(0.3), role="baseline",
-        reference=reference, environment=GPU,
+        reference=fp32, environment=GPU,
     )  # fmt: skip
     failed = record(
         study, study.ask(space), job, job.complete(job.baseline), TrialResult(Outcome.CRASH, "killed by SIGSEGV"),
-        role="search", reference=reference, environment=GPU,
+        role="search", reference=fp32, environment=GPU,
     )  # fmt: skip
     values = [t.values for t in study.get_trials()]
     assert values[0] == [1000.0, 0.0, 0.3] and measured.metrics["energy_j_per_sample"] == 0.3

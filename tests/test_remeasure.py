@@ -11,9 +11,9 @@ import optuna
 import pytest
 import yaml
 
+from autotuner.records import TrialRecord, records, remeasurements, speedup
 from autotuner.search import MEMORY_SHARE, measure_together, processes_that_fit, remeasure_groups
 from autotuner.spec import load_spec
-from autotuner.study import TrialRecord, records, remeasurements, speedup
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import TrialLauncher
 from tests.conftest import run_cli, write_spec
@@ -59,7 +59,7 @@ def test_not_in_lockstep_the_processes_run_one_after_another(launcher: TrialLaun
     job = load_spec(write_spec(tmp_path))
     measured = request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP)
     results = measure_together(launcher, job, [measured, measured], "cpu", lockstep=False)
-    first, second = ([tuple(s) for s in r.result["throughput"]["window_spans"]] for r in results)
+    first, second = (r.output.throughput.window_spans for r in results)
     assert first[-1][1] <= second[0][0]  # every window of the first before any of the second
 
 
@@ -84,12 +84,12 @@ def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: 
     for number in configs:
         claim = stored[number]
         # in lockstep with the baseline alone, twice: its 2 runs and 2 of the baseline's beside it
-        assert claim["lockstep"] is True and claim["group"] == [0, number]
-        assert [len(w) for w in claim["windows"]] == [3, 3] and len(claim["baseline_windows"]) == 6
+        assert claim.lockstep is True and claim.group == [0, number]
+        assert [len(w) for w in claim.windows] == [3, 3] and len(claim.baseline_windows) == 6
     trials = {t.number: t for t in records(study)}
     export = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
     winner = stored[export["study"]["trial"]]
     assert export["speedup"] == pytest.approx(
-        statistics.median(itertools.chain(*winner["windows"])) / statistics.median(winner["baseline_windows"])
+        statistics.median(itertools.chain(*winner.windows)) / statistics.median(winner.baseline_windows)
     )
     assert export["speedup"] == pytest.approx(speedup(trials[export["study"]["trial"]], None))

@@ -1,5 +1,5 @@
 """`autotuner report` and the charts it draws: figures built from trials stored by the real
-`autotuner.study.record`, and the command run on a real small study."""
+`autotuner.recording.record`, and the command run on a real small study."""
 
 from __future__ import annotations
 
@@ -21,21 +21,15 @@ from autotuner.errors import SpecError
 from autotuner.export import export_data
 from autotuner.knobs import format_config
 from autotuner.outcomes import Outcome
+from autotuner.recording import record
+from autotuner.records import TrialRecord, baseline, best, records, speedup, to_remeasure
 from autotuner.report import load_report, render_html, render_markdown
+from autotuner.results import TrialOutput
 from autotuner.spec import parse_spec
-from autotuner.study import (
-    TrialRecord,
-    baseline,
-    best,
-    open_storage,
-    open_study,
-    record,
-    records,
-    speedup,
-    to_remeasure,
-)
+from autotuner.study import open_storage, open_study
 from autotuner.trial import TrialResult
 from tests.conftest import run_cli, write_spec
+from tests.helpers import measured, reference
 
 ENVIRONMENT = {
     "backend": "pytorch",
@@ -45,33 +39,23 @@ ENVIRONMENT = {
     "versions": {"python": "3.11", "torch": "2.x"},
     "capabilities": {"bf16": True, "fp16": True},
 }
-REFERENCE = {"config": {"precision": "fp32"}, "heldout": 2.0, "trajectory": [2.5, 2.2], "noise_floor": 0.0}
+REFERENCE = reference(2.0, [2.5, 2.2], {"precision": "fp32"})
 MARKUP = "<script>alert('reason')</script>"
 
 
-def _ok(samples_per_s: float, heldout: float) -> TrialResult:
-    throughput = {
-        "samples_per_s": samples_per_s,
-        "spread": 0.02,
-        "window_samples_per_s": [samples_per_s],
-        "warmup_s": 0.1,
-        "measured_s": 1.0,
-    }
-    return TrialResult(
-        Outcome.OK,
-        result={"throughput": throughput, "losses": {"heldout": heldout, "trajectory": [2.5, heldout]}},
-    )
+def _ok(samples_per_s: float, heldout: float) -> TrialResult[TrialOutput]:
+    return TrialResult(Outcome.OK, output=measured(samples_per_s, heldout, [2.5, heldout], spread=0.02))
 
 
 # trial number -> (params, result); the fp32 baseline has drift 0, #2 drifts past the 1% tolerance,
 # #3 diverges (measured throughput, infinite drift), #5 is dominated by #1, #6 ran out of memory.
-TRIALS: list[tuple[dict[str, Any], TrialResult]] = [
+TRIALS: list[tuple[dict[str, Any], TrialResult[TrialOutput]]] = [
     ({"precision": "fp32", "batch_size": 16}, _ok(1000.0, 2.0)),
     ({"precision": "bf16", "batch_size": 64}, _ok(3000.0, 2.002)),
     ({"precision": "fp16", "batch_size": 64}, _ok(4000.0, 2.5)),
     (
         {"precision": "fp16", "batch_size": 16},
-        TrialResult(Outcome.NAN, "loss is nan", result={"throughput": _ok(3500.0, 2.0).result["throughput"]}),
+        TrialResult(Outcome.NAN, "loss is nan", output=_ok(3500.0, 2.0).output),
     ),
     ({"precision": "bf16", "batch_size": 16}, _ok(2000.0, 2.001)),
     ({"precision": "fp32", "batch_size": 64}, _ok(1500.0, 2.004)),
@@ -99,10 +83,10 @@ def _job(name: str) -> Any:
     )
 
 
-def _store(url: str, name: str, trials: list[tuple[dict[str, Any], TrialResult]]) -> optuna.Study:
+def _store(url: str, name: str, trials: list[tuple[dict[str, Any], TrialResult[TrialOutput]]]) -> optuna.Study:
     job = _job(name)
     study = open_study(open_storage(url), job, ENVIRONMENT)
-    study.set_user_attr("reference", REFERENCE)
+    study.set_user_attr("reference", REFERENCE.as_dict())
     space = {k: CategoricalDistribution(v) for k, v in job.space.items()}
     for number, (params, result) in enumerate(trials):
         study.enqueue_trial({"workers": 0, "compile": "none", **params})

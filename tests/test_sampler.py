@@ -1,7 +1,7 @@
 """The sampler: fresh configs only, OOM rules, and learning from infeasible trials.
 
 Everything here runs real Optuna studies (in memory) with the real samplers; no trial processes:
-the "measurements" come from a synthetic problem, recorded the way `autotuner.study.record`
+the "measurements" come from a synthetic problem, recorded the way `autotuner.recording.record`
 records trials (COMPLETE, objective values, the `constraints` system attr, the `outcome` user attr).
 """
 
@@ -44,7 +44,7 @@ def make_study(
 def record(
     study: optuna.Study, trial: optuna.Trial, values: list[float], constraints: list[float], outcome: str = "ok"
 ) -> None:
-    """What `autotuner.study.record` stores, as far as a sampler can see it."""
+    """What `autotuner.recording.record` stores, as far as a sampler can see it."""
     trial.set_user_attr("outcome", outcome)
     trial.storage.set_trial_system_attr(trial._trial_id, "constraints", constraints)
     study.tell(trial, values)
@@ -272,11 +272,13 @@ def test_the_search_sampler_learns_from_infeasible_trials() -> None:
 
 
 def test_record_stores_infeasible_trials_as_complete_with_violated_constraints() -> None:
-    """The learning tests above record trials the way `autotuner.study.record` does; check that."""
+    """The learning tests above record trials the way `autotuner.recording.record` does; check that."""
     from autotuner.outcomes import Outcome
+    from autotuner.recording import record as study_record
     from autotuner.spec import parse_spec
-    from autotuner.study import record as study_record
     from autotuner.trial import TrialResult
+    from tests.helpers import measured
+    from tests.helpers import reference as fp32_reference
 
     job = parse_spec(
         {
@@ -290,14 +292,7 @@ def test_record_stores_infeasible_trials_as_complete_with_violated_constraints()
     )
     study = optuna.create_study(directions=["maximize", "minimize"], storage=optuna.storages.InMemoryStorage())
     space = {k: CategoricalDistribution(v) for k, v in job.space.items()}
-    reference = {"heldout": 2.0, "trajectory": [2.5, 2.2]}
-    throughput = {
-        "samples_per_s": 900.0,
-        "spread": 0.01,
-        "window_samples_per_s": [900.0],
-        "warmup_s": 0.1,
-        "measured_s": 1.0,
-    }
+    reference = fp32_reference(2.0, [2.5, 2.2])
 
     def one(params: dict[str, Any], result: TrialResult):
         study.enqueue_trial(params)
@@ -308,22 +303,8 @@ def test_record_stores_infeasible_trials_as_complete_with_violated_constraints()
         return study.trials[-1]
 
     fp32 = {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none"}
-    ok = one(
-        fp32,
-        TrialResult(
-            Outcome.OK, result={"throughput": throughput, "losses": {"heldout": 2.0, "trajectory": [2.5, 2.2]}}
-        ),
-    )
-    drifted = one(
-        {**fp32, "precision": "fp16"},
-        TrialResult(
-            Outcome.OK,
-            result={
-                "throughput": {**throughput, "samples_per_s": 2000.0},
-                "losses": {"heldout": 3.0, "trajectory": [2.5, 2.9]},
-            },
-        ),
-    )
+    ok = one(fp32, TrialResult(Outcome.OK, output=measured(900.0, 2.0, [2.5, 2.2])))
+    drifted = one({**fp32, "precision": "fp16"}, TrialResult(Outcome.OK, output=measured(2000.0, 3.0, [2.5, 2.9])))
     oom = one(fp32, TrialResult(Outcome.OOM, "OutOfMemoryError: CUDA out of memory."))
 
     assert ok.state is TrialState.COMPLETE and ok.values == [900.0, 0.0]

@@ -16,6 +16,7 @@ import torch
 
 from autotuner.backends.pytorch.runner import classify_exception
 from autotuner.outcomes import Outcome, ProcessEnd, classify_end, exception_message
+from autotuner.results import Losses, TrialOutput
 from autotuner.trial import TrialLauncher, TrialResult
 from tests.helpers import FAULTY, ROOT, RUNNER, request
 
@@ -50,13 +51,13 @@ def test_healthy_workload_is_ok_with_measurements(launcher: TrialLauncher) -> No
     assert result.outcome is Outcome.OK, result.reason
     assert result.reason == ""
     assert result.traceback is None
-    throughput = result.result["throughput"]
-    assert throughput["windows"] == 2 and throughput["steps"] == 2 and throughput["samples_per_step"] == 8
-    assert len(throughput["window_samples_per_s"]) == 2
-    assert all(rate > 0 for rate in throughput["window_samples_per_s"])
-    losses = result.result["losses"]
-    assert len(losses["trajectory"]) == 2
-    assert all(isinstance(v, float) for v in [losses["heldout"], *losses["trajectory"]])
+    throughput = result.output.throughput
+    assert throughput.windows == 2 and throughput.steps == 2 and throughput.samples_per_step == 8
+    assert len(throughput.window_samples_per_s) == 2
+    assert all(rate > 0 for rate in throughput.window_samples_per_s)
+    losses = result.output.losses
+    assert len(losses.trajectory) == 2
+    assert all(isinstance(v, float) for v in [losses.heldout, *losses.trajectory])
     assert result.startup_s is not None and result.startup_s >= 0
     assert result.wall_s > 0
 
@@ -67,7 +68,7 @@ def test_segfault_is_a_crash_naming_the_signal(launcher: TrialLauncher) -> None:
     assert result.outcome is Outcome.CRASH
     assert_one_line(result.reason)
     assert "SIGSEGV" in result.reason
-    assert result.traceback is None and result.result == {}
+    assert result.traceback is None and result.output is None
 
 
 def test_abort_is_a_crash_naming_the_signal(launcher: TrialLauncher) -> None:
@@ -162,7 +163,7 @@ def test_hang_is_a_timeout_and_the_whole_process_group_is_gone(
     assert result.outcome is Outcome.TIMEOUT, result.reason
     assert_one_line(result.reason)
     assert "timeout" in result.reason and "5 s" in result.reason
-    assert result.traceback is None and result.result == {}
+    assert result.traceback is None and result.output is None
 
     trial_pid, pgid = map(int, (tmp_path / "trial").read_text().split())
     assert pgid == trial_pid, "the trial process leads its own process group"
@@ -219,13 +220,13 @@ def test_the_fork_server_has_the_runner_and_torch_preloaded(launcher: TrialLaunc
     show as every trial re-importing torch."""
     result = launcher.call("tests.helpers", "preloaded", None, TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    assert result.result["autotuner.backends.pytorch.runner"] and result.result["torch"], result.result
+    assert result.output["autotuner.backends.pytorch.runner"] and result.output["torch"], result.output
 
 
 def test_the_fork_server_has_what_the_first_optimizer_step_imports(launcher: TrialLauncher) -> None:
     result = launcher.call("tests.helpers", "preloaded", None, TIMEOUT_S)
     assert result.outcome is Outcome.OK, result.reason
-    assert result.result["torch._dynamo"], result.result
+    assert result.output["torch._dynamo"], result.output
 
 
 def test_backends_imports_first_in_a_fresh_interpreter() -> None:
@@ -270,6 +271,12 @@ def test_classify_end_ok_without_a_mapping_is_a_crash() -> None:
 def test_classify_end_ok_carries_the_result() -> None:
     c = classify_end(ProcessEnd(message={"status": "ok", "result": {"a": 1}}, exitcode=0))
     assert c.outcome is Outcome.OK and c.result == {"a": 1} and c.reason == ""
+
+
+def test_classify_end_ok_carries_a_trial_output_as_it_came() -> None:
+    output = TrialOutput(Losses(2.0, [2.5, 2.2]))
+    c = classify_end(ProcessEnd(message={"status": "ok", "result": output}, exitcode=0))
+    assert c.outcome is Outcome.OK and c.result is output
 
 
 @pytest.mark.parametrize(

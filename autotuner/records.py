@@ -1,0 +1,190 @@
+"""A study's trials read back from its storage, and ranked: what reports and exports see.
+
+`records` reads every trial as a `TrialRecord` (the stored view; live Optuna trials are written
+only by `autotuner.recording`), with its config's re-measurement (`remeasure:<number>` claims,
+`remeasurements`); `stored_reference` reads the fp32 reference. The ranking is here too: a
+config's `speedup` over the baseline, the feasible ones `ranked`, the `best`, and which configs
+are measured again before it is declared (`to_remeasure`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotuner.claims import PREFIX
+from autotuner.knobs import Config
+from autotuner.optuna_adapter import study_id, study_storage
+from autotuner.outcomes import Outcome
+from autotuner.results import Reference, Remeasurement
+
+REMEASURE_PREFIX = PREFIX + "remeasure:"
+"""Study system attr (a claim, `autotuner.claims`) holding the re-measurement of a trial's config."""
+GIVEN_UP = "given_up"
+"""Trial user attr: why a worker gave the trial up without running it (`autotuner.recording.give_up`)."""
+CUT_OFF = "its worker stopped while it ran (killed, or cut off from the storage); it is retried"
+"""The reason of a trial failed for a missing heartbeat, which Optuna fails without one."""
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One stored trial, as reports and exports see it."""
+
+    number: int
+    state: str
+    config: Config
+    params: dict[str, Any]
+    role: str
+    outcome: str
+    reason: str
+    feasible: bool
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """The trial's other user attrs: what `autotuner.recording.trial_metrics` derived."""
+    remeasured: Remeasurement | None = None
+    """The config's re-measurement, once done."""
+
+    @property
+    def trial_throughput(self) -> float:
+        """What the trial itself measured (the Optuna value the dashboard plots)."""
+        return float(self.metrics.get("throughput") or 0.0)
+
+    @property
+    def throughputs(self) -> list[float]:
+        """Every measurement of the config: the trial's, then its re-measurement runs'."""
+        return [self.trial_throughput, *(self.remeasured.throughputs if self.remeasured else [])]
+
+    @property
+    def rerun_windows(self) -> list[float]:
+        """The rate of every window of the config's re-measurement runs."""
+        return self.remeasured.rerun_windows if self.remeasured else []
+
+    @property
+    def throughput(self) -> float:
+        """The config's throughput: the trial's median window, or once it is re-measured, the
+        median over every window of its re-measurement processes. The trial that got it chosen
+        is left out of that: where it was chosen for a lucky window, counting it would carry the
+        luck into the figure."""
+        windows = self.rerun_windows
+        return float(statistics.median(windows)) if windows else self.trial_throughput
+
+    @property
+    def run_spread(self) -> float | None:
+        """(max - min) / median of the config's processes' medians; None before it is re-measured."""
+        runs = self.throughputs
+        middle = statistics.median(runs)
+        return (max(runs) - min(runs)) / middle if len(runs) > 1 and middle else None
+
+    @property
+    def remeasure_error(self) -> str | None:
+        """Why a re-run of the config failed (it is then not declared best), or None."""
+        return self.remeasured.error if self.remeasured else None
+
+    @property
+    def drift(self) -> float:
+        value = self.metrics.get("drift")
+        return math.inf if value in (None, "inf") else float(value)
+
+    @property
+    def ran(self) -> bool:
+        """It cost a trial process (unsupported configs are decided without one)."""
+        return self.state == "COMPLETE" and self.outcome != Outcome.UNSUPPORTED.value
+
+    @classmethod
+    def from_frozen(cls, t: FrozenTrial, remeasured: Remeasurement | None = None) -> TrialRecord:
+        attrs = dict(t.user_attrs)
+        known = {"config", "role", "outcome", "reason", "feasible", "traceback"}
+        state = t.state.name
+        return cls(
+            number=t.number,
+            state=state,
+            config=attrs.get("config") or dict(t.params),
+            params=dict(t.params),
+            role=attrs.get("role", "search"),
+            outcome=attrs.get("outcome", "interrupted" if state == "FAIL" else state.lower()),
+            reason=attrs.get("reason", CUT_OFF if state == "FAIL" else ""),
+            feasible=bool(attrs.get("feasible", False)) and state == "COMPLETE",
+            metrics={k: v for k, v in attrs.items() if k not in known},
+            remeasured=remeasured,
+        )
+
+
+def records(study: optuna.Study) -> list[TrialRecord]:
+    """Every trial of the study, but those given up without running (`GIVEN_UP`), with their
+    re-measurements."""
+    done = remeasurements(study)
+    return [
+        TrialRecord.from_frozen(t, done.get(t.number))
+        for t in study.get_trials(deepcopy=False)
+        if GIVEN_UP not in t.user_attrs
+    ]
+
+
+def remeasurements(study: optuna.Study) -> dict[int, Remeasurement]:
+    """The finished re-measurements of the study, by trial number (claims `remeasure:<number>`)."""
+    found: dict[int, Remeasurement] = {}
+    for key, value in study_storage(study).get_study_system_attrs(study_id(study)).items():
+        if key.startswith(REMEASURE_PREFIX) and isinstance(value, dict) and value.get("status") == "done":
+            found[int(key.removeprefix(REMEASURE_PREFIX))] = Remeasurement.from_dict(value)
+    return found
+
+
+def stored_reference(study: optuna.Study) -> Reference | None:
+    """The study's fp32 reference (its `reference` user attr), or None before it is run."""
+    stored = study.user_attrs.get("reference")
+    return Reference.from_dict(stored) if stored is not None else None
+
+
+def speedup(trial: TrialRecord, base: TrialRecord | None) -> float | None:
+    """The config's throughput over the baseline's. Once it is re-measured, over the baseline's
+    windows measured in the same group, so that a change in the machine's speed between groups
+    (in lockstep, between windows) falls on both; None without a baseline throughput."""
+    beside = (trial.remeasured.baseline_windows if trial.remeasured else None) or []
+    if trial.rerun_windows and beside:
+        return trial.throughput / float(statistics.median(beside))
+    return trial.throughput / base.throughput if base is not None and base.throughput > 0 else None
+
+
+def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
+    """The feasible trials, fastest first: by `speedup` over the baseline (re-measured configs by
+    their re-measurement beside the baseline), by `TrialRecord.throughput` without a baseline. A
+    config whose re-measurement failed is left out: it is not reliable."""
+    base = baseline(trials)
+    by_speedup = base is not None and base.throughput > 0  # else there are no speedups
+    feasible = [t for t in trials if t.feasible and not t.remeasure_error]
+    return sorted(feasible, key=lambda t: (-(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number))
+
+
+def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:
+    """The configs to measure again before the best is declared: the `top` fastest feasible ones
+    and the baseline; then, once some are re-measured, up to `top` more whose one trial came out
+    below the best by less than the machine's noise (the median spread between the processes of
+    the re-measured configs), since an unlucky process can hide the best as a lucky one can
+    crown another. The ones already re-measured are included: the caller skips them."""
+    order = ranked(trials)
+    chosen = order[:top]
+    base = baseline(trials)
+    if base is not None and base.outcome == Outcome.OK.value and base not in chosen:
+        chosen.append(base)
+    spreads = [t.run_spread for t in trials if t.remeasured is not None and t.run_spread is not None]
+    if order and spreads:
+        within_noise = order[0].throughput * (1 - statistics.median(spreads))
+        chosen += [t for t in order[top:] if t.remeasured is None and t.throughput >= within_noise][:top]
+    return chosen
+
+
+def best(trials: list[TrialRecord]) -> TrialRecord | None:
+    """The best config: the first of `ranked`."""
+    return next(iter(ranked(trials)), None)
+
+
+def baseline(trials: list[TrialRecord]) -> TrialRecord | None:
+    return next((t for t in trials if t.role == "baseline" and t.state == "COMPLETE"), None)
+
+
+def spent_seconds(trials: list[TrialRecord]) -> float:
+    return sum(float(t.metrics.get("wall_s") or 0.0) for t in trials)
