@@ -22,9 +22,10 @@ A backend has three parts:
       ``versions`` (framework and its toolchain), ``capabilities`` (a dict the
       `Capabilities` fields can be built from), ``peak_flops`` (per precision, or empty) and
       ``device_count`` (the GPUs this process sees: `search --jobs` starts one worker per GPU).
-  ``run(request: autotuner.trial.TrialRequest) -> dict``
+  ``run(request: autotuner.trial.TrialRequest, turns: autotuner.messages.Turns | None = None) -> dict``
       One trial: `autotuner.runner.run_trial` (its result is `autotuner.runner.TrialOutput`
-      as a message). A non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
+      as a message); with ``turns``, measured in a lockstep group (`autotuner.lockstep`). A
+      non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None.
 

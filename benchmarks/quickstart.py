@@ -31,8 +31,9 @@ from pathlib import Path
 import optuna
 
 from autotuner.apply import TunedConfig
+from autotuner.lockstep import measure_together
 from autotuner.outcomes import Outcome
-from autotuner.search import make_launcher, measure_together, probe_environment, trial_request
+from autotuner.search import make_launcher, probe_environment, trial_request
 from autotuner.spec import Job
 from autotuner.study import baseline, best, records, speedup
 from autotuner.trial import TrialLauncher

@@ -11,7 +11,8 @@ import optuna
 import pytest
 import yaml
 
-from autotuner.search import MEMORY_SHARE, measure_together, processes_that_fit, remeasure_groups
+from autotuner.lockstep import measure_together
+from autotuner.search import MEMORY_SHARE, processes_that_fit, remeasure_groups
 from autotuner.spec import load_spec
 from autotuner.study import TrialRecord, records, remeasurements, speedup
 from autotuner.telemetry import available_memory_mb
