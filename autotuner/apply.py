@@ -345,12 +345,13 @@ def apply_config(
     lengthened to `trial.min_window_s` by the same calibration), their median and spread. With
     `baseline`, the export's baseline config runs over as many optimizer steps, so the speedup
     delivered can be set beside the export's: on a CPU in lockstep with the config (turn by turn,
-    `autotuner.search.measure_together`), elsewhere after it. A config tuned for another job or
+    `autotuner.lockstep.measure_together`), elsewhere after it. A config tuned for another job or
     other hardware is refused unless `force`."""
+    from autotuner.lockstep import in_lockstep, measure_together
     from autotuner.outcomes import Outcome
 
     # autotuner.search imports Optuna: only here
-    from autotuner.search import in_lockstep, make_launcher, measure_together, probe_environment, trial_request
+    from autotuner.search import make_launcher, probe_environment, trial_request
     from autotuner.study import check_trial_limits
 
     if tuned.backend != job.backend.name:
@@ -402,7 +403,7 @@ def apply_config(
     timeout = job.trial_timeout(*(r.config for r in requests)) * max(
         1.0, per_window * windows / (settings.steps * settings.windows)
     )
-    results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, cover=True)
+    results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, match_first=True)
     for what, result in zip(("config", "baseline config"), results, strict=False):
         if result.outcome is not Outcome.OK:
             raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")

@@ -8,8 +8,9 @@ environment. Both call into a `TrialBackend`: the framework's own steps and noth
 
 Each backend's runner module (`Backend.runner`) holds its `TrialBackend` and exposes its `run`,
 `probe` and `classify_exception` as module attributes: the fork server preloads that module (and
-with it the framework), and `autotuner.trial.TrialLauncher` calls `runner.function(arg)` by name.
-This module imports no framework.
+with it the framework), and `autotuner.trial.TrialLauncher` calls `runner.function(arg)` by name
+(in a lockstep group, `run(request, turns=...)`: `autotuner.lockstep`). This module imports no
+framework.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from autotuner.measure import measure_throughput
+from autotuner.messages import Turns
 from autotuner.outcomes import NonFiniteLoss
 from autotuner.results import Losses, TrialOutput
 from autotuner.telemetry import Telemetry
@@ -154,9 +156,9 @@ class TrialBackend(ABC):
 
     # ------------------------------------------------------------ entry points
 
-    def run(self, request: TrialRequest) -> TrialOutput:
-        """The runner module's `run`: one trial of `request`."""
-        return run_trial(self, request)
+    def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+        """The runner module's `run`: one trial of `request`; with `turns`, measured in a lockstep group."""
+        return run_trial(self, request, turns)
 
     def probe(self, arg: dict[str, Any]) -> dict[str, Any]:
         """The runner module's `probe` (see `autotuner.backends._base`)."""
@@ -209,16 +211,17 @@ def probe(backend: TrialBackend, arg: dict[str, Any]) -> dict[str, Any]:
     return environment
 
 
-def run_trial(backend: TrialBackend, request: TrialRequest) -> TrialOutput:
-    """One trial of `request` (see `autotuner.backends._base`)."""
+def run_trial(backend: TrialBackend, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+    """One trial of `request` (see `autotuner.backends._base`); with `turns`, its measured phase
+    takes its turns in a lockstep group."""
     backend.configure_process(request.device, request.compile_cache)
     device = backend.resolve_device(request.device)
     backend.use_device(device)
     with backend.on_device(device):
-        return _run(backend, request, device)
+        return _run(backend, request, device, turns)
 
 
-def _run(backend: TrialBackend, request: TrialRequest, device: Any) -> TrialOutput:
+def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns | None) -> TrialOutput:
     _seed(backend, request.seed)
     workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
     initial = backend.initial_state(workload)
@@ -230,7 +233,7 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any) -> TrialOutp
         flops_per_sample=workload.flops_per_sample,
     )
     if request.measure:
-        _measure(backend, workload, training, request, device, output)
+        _measure(backend, workload, training, request, device, output, turns)
         output.compile_cache = backend.compile_cache(lookups)
         if workload.flops_per_sample is None:
             output.flops_per_sample = _count_flops(backend, workload, training)
@@ -249,7 +252,13 @@ def _count_flops(backend: TrialBackend, workload: Any, training: Any) -> float |
 
 
 def _measure(
-    backend: TrialBackend, workload: Any, training: Any, request: TrialRequest, device: Any, output: TrialOutput
+    backend: TrialBackend,
+    workload: Any,
+    training: Any,
+    request: TrialRequest,
+    device: Any,
+    output: TrialOutput,
+    turns: Turns | None,
 ) -> None:
     batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
     running: Any = 0.0
@@ -270,10 +279,11 @@ def _measure(
         windows=request.windows,
         samples_per_step=request.global_batch,
         min_window_s=request.min_window_s,
-        cover_steps=request.cover_steps,
+        match_steps=request.match_steps,
         after_window=after_window,
         after_warmup=lambda: backend.after_warmup(device, step),
         telemetry=telemetry,
+        turns=turns,
     )
     measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
     output.throughput = throughput

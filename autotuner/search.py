@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import random
 import time
 import warnings
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from autotuner.drift import measure_drift
 from autotuner.errors import BackendError, SpecError, StorageError
 from autotuner.export import export_data, export_path, write_export
 from autotuner.knobs import Config, format_config
+from autotuner.lockstep import in_lockstep, measure_together
 from autotuner.optuna_adapter import study_id
 from autotuner.outcomes import Outcome
 from autotuner.ownership import Recovery, SearchProcess, TrialOwnership
@@ -44,7 +44,7 @@ from autotuner.sampler import FreshConfigSampler, make_sampler
 from autotuner.spec import Job
 from autotuner.study import check_objectives, check_trial_limits, open_storage, open_study, shown_url
 from autotuner.telemetry import available_memory_mb
-from autotuner.trial import STOPPED, TrialLauncher, TrialRequest, TrialResult
+from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
 from autotuner.tried_configs import oom_rules_out
 
 PROBE_TIMEOUT_S = 300.0
@@ -105,67 +105,6 @@ def trial_request(job: Job, config: Config, device: str, *, measure: bool = True
         min_window_s=settings.min_window_s,
         compile_cache=str(job.compile_cache_dir()),
     )
-
-
-def in_lockstep(device: str) -> bool:
-    """Whether trials compared on `device` are measured in lockstep (`measure_together`)."""
-    return device == "cpu"
-
-
-def measure_together(
-    launcher: TrialLauncher,
-    job: Job,
-    requests: list[TrialRequest],
-    device: str,
-    *,
-    timeout_s: float | None = None,
-    cover: bool = False,
-    lockstep: bool | None = None,
-    rounds: int = 1,
-) -> list[TrialResult[TrialOutput]]:
-    """Run trials whose throughputs are to be compared. On a CPU, in lockstep
-    (`autotuner.trial.TrialLauncher.lockstep`): every process is alive at once and they take
-    turns window by window, so a slow change in the machine's speed (a shared VM's neighbours,
-    its clock) falls on all of them alike. On a GPU one after another, in the order given: there
-    the device's memory is what processes would share, and a config that fits alone might not
-    fit beside another. With `cover`, all but the first measure as many windows (of their own
-    calibrated length) as cover the first one's optimizer steps, and none of them runs to its end
-    once the first has failed. `lockstep` False: one after another on a CPU too. One after
-    another, the requests are `rounds` rounds of equal length (re-measurement's runs), each run in
-    a fresh random order (seeded: the same every time; `cover` keeps the first one first), so that
-    a device's clock and temperature, which change as it works, favour no config."""
-    timeout_s = timeout_s or job.trial_timeout(*(r.config for r in requests))
-    if in_lockstep(device) if lockstep is None else lockstep:
-        return launcher.lockstep(job.backend.runner, "run", requests, timeout_s, cover=cover)
-    results: dict[int, TrialResult[TrialOutput]] = {}
-    if cover:  # the first one first: the others cover its optimizer steps
-        order = [0, *sequential_order(len(requests) - 1, 1, offset=1)]
-    else:
-        order = sequential_order(len(requests), rounds)
-    for index in order:
-        request = requests[index]
-        if cover and results:
-            if results[0].outcome is not Outcome.OK:
-                results[index] = TrialResult(Outcome.ERROR, STOPPED)
-                continue
-            first = results[0].output
-            assert first is not None and first.throughput is not None  # it measured, and ended ok
-            request = dataclasses.replace(request, cover_steps=first.throughput.steps * first.throughput.windows)
-        results[index] = launcher.call(job.backend.runner, "run", request, timeout_s)
-    return [results[index] for index in range(len(requests))]
-
-
-def sequential_order(count: int, rounds: int, offset: int = 0) -> list[int]:
-    """The order to run `count` requests in, one after another: `rounds` consecutive rounds of
-    equal length, each shuffled (seeded), the indices shifted by `offset`."""
-    order = random.Random(0)
-    size = count // rounds if rounds > 0 and count % rounds == 0 else count
-    indices: list[int] = []
-    for start in range(0, count, max(size, 1)):
-        part = list(range(start + offset, start + offset + min(size, count - start)))
-        order.shuffle(part)
-        indices += part
-    return indices
 
 
 def remeasure_groups(

@@ -22,9 +22,9 @@ A backend has three parts:
       ``versions`` (framework and its toolchain), ``capabilities`` (a dict the
       `Capabilities` fields can be built from), ``peak_flops`` (per precision, or empty) and
       ``device_count`` (the GPUs this process sees: `search --jobs` starts one worker per GPU).
-  ``run(request: autotuner.trial.TrialRequest) -> autotuner.results.TrialOutput``
-      One trial: `autotuner.runner.run_trial`. A non-finite loss raises
-      `autotuner.outcomes.NonFiniteLoss`.
+  ``run(request: autotuner.trial.TrialRequest, turns=None) -> autotuner.results.TrialOutput``
+      One trial: `autotuner.runner.run_trial`; with ``turns`` (`autotuner.messages.Turns`),
+      measured in a lockstep group (`autotuner.lockstep`). A non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None.
 

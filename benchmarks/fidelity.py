@@ -9,7 +9,7 @@ trial, the spec's trial settings), in the two ways the autotuner measures:
 - **one after another**: `--runs` trials of each config, interleaved, as a search's trials run
   (and as re-measurement and apply run on a GPU). Two trials apart: consecutive runs of a config.
 - **in lockstep**: `--runs` groups, each two trials of each config alive at once and measured in
-  turns, window by window (`autotuner.trial.TrialLauncher.lockstep`), as re-measurement and apply
+  turns, window by window (`autotuner.lockstep.run_in_lockstep`), as re-measurement and apply
   run on a CPU, with `budget.remeasure_windows` windows each. Two trials apart: the two trials of a
   config in one group. The same processes are also summarized over their first `trial.windows`
   windows and their first half, so what more windows buy is compared within one run.
@@ -45,6 +45,7 @@ from typing import Any
 from _harness import Trials, machine, measured_job, quartiles, write_results
 
 from autotuner.knobs import Config, format_config
+from autotuner.lockstep import run_in_lockstep
 from autotuner.measure import relative_spread
 from autotuner.spec import load_spec
 
@@ -130,7 +131,7 @@ def _in_lockstep(
     for run in range(runs):
         requests = [trials.request(configs[name], windows=windows) for name in members]
         timeout_s = job.trial_timeout(*(r.config for r in requests))
-        results = trials.launcher.lockstep(job.backend.runner, "run", requests, timeout_s)
+        results = run_in_lockstep(trials.launcher, job.backend.runner, "run", requests, timeout_s)
         for name, result in zip(members, results, strict=True):
             assert result.outcome.value == "ok", (name, result.reason)
             found[name].append(result.output.throughput.as_dict())

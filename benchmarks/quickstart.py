@@ -31,9 +31,10 @@ from pathlib import Path
 import optuna
 
 from autotuner.apply import TunedConfig
+from autotuner.lockstep import measure_together
 from autotuner.outcomes import Outcome
 from autotuner.records import baseline, best, records, speedup, stored_reference
-from autotuner.search import make_launcher, measure_together, probe_environment, trial_request
+from autotuner.search import make_launcher, probe_environment, trial_request
 from autotuner.spec import Job
 from autotuner.trial import TrialLauncher
 

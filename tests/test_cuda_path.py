@@ -21,7 +21,7 @@ import yaml
 
 import autotuner.backends.pytorch.apply as torch_apply
 import autotuner.backends.pytorch.runner as torch_runner
-from autotuner import search
+from autotuner import lockstep, search
 from autotuner.backends.pytorch.apply import TunedTraining
 from autotuner.backends.pytorch.runner import classify_exception
 from autotuner.errors import SpecError
@@ -340,11 +340,11 @@ def test_skipped_drift_steps_are_stored_and_shown_with_the_drift() -> None:
 
 
 def test_sequential_rounds_are_each_shuffled() -> None:
-    order = search.sequential_order(12, rounds=3)
+    order = lockstep.sequential_order(12, rounds=3)
     rounds = [order[0:4], order[4:8], order[8:12]]
     assert [sorted(r) for r in rounds] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert not all(r[-1] == max(r) for r in rounds)  # the baseline, last of each round as given, is not always last
-    assert search.sequential_order(12, rounds=3) == order  # seeded
+    assert lockstep.sequential_order(12, rounds=3) == order  # seeded
 
 
 def test_measure_together_one_after_another_runs_each_round_shuffled_and_answers_in_order(tmp_path: Path) -> None:
@@ -363,9 +363,9 @@ def test_measure_together_one_after_another_runs_each_round_shuffled_and_answers
     base = search.trial_request(job, job.complete({}), "cuda:0")
     requests = [dataclasses.replace(base, seed=i) for i in range(9)]
     recording = Recording()
-    results = search.measure_together(recording, job, requests, "cuda:0", rounds=3)  # type: ignore[arg-type]
+    results = lockstep.measure_together(recording, job, requests, "cuda:0", rounds=3)  # type: ignore[arg-type]
     assert [r.output["seed"] for r in results] == list(range(9))
-    assert recording.ran == search.sequential_order(9, 3) and recording.ran != list(range(9))
+    assert recording.ran == lockstep.sequential_order(9, 3) and recording.ran != list(range(9))
 
 
 # ---------------------------------------------------------------- 15. compile cache and timeouts

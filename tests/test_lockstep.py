@@ -4,20 +4,22 @@ that a change in the machine's speed falls on every one of them alike."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
+import multiprocessing.connection
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from autotuner.measure import Turns, measure_throughput, take_turns
+from autotuner.lockstep import SETTLE_MOST_S, STOPPED, _settle, _share, measure_together, run_in_lockstep
+from autotuner.measure import measure_throughput
+from autotuner.messages import Release, SetupTurn, Turns, Waiting, WindowsTurn, send_message
 from autotuner.outcomes import Outcome
-from autotuner.search import measure_together
 from autotuner.spec import load_spec
-from autotuner.trial import SETTLE_MOST_S, STOPPED, TrialLauncher, TrialRequest, _settle, _share
+from autotuner.trial import TrialLauncher, TrialRequest
 from tests.conftest import write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
 
@@ -41,7 +43,7 @@ def _spans(result: object) -> list[tuple[float, float]]:
 def test_processes_in_lockstep_measure_one_at_a_time_each_round_in_a_new_order(launcher: TrialLauncher) -> None:
     fp32 = _measured()
     bf16 = dataclasses.replace(fp32, config={**fp32.config, "precision": "bf16"})
-    results = launcher.lockstep(RUNNER, "run", [fp32, bf16, fp32], 60)
+    results = run_in_lockstep(launcher, RUNNER, "run", [fp32, bf16, fp32], 60)
     assert [r.outcome for r in results] == [Outcome.OK] * 3, [r.reason for r in results]
     spans = sorted((start, end, k) for k, r in enumerate(results) for start, end in _spans(r))
     for (_, end, _), (start, _, _) in itertools.pairwise(spans):
@@ -87,14 +89,14 @@ def test_a_turn_waits_until_the_group_has_stopped_using_the_cpu(tmp_path: Path) 
         forever.kill()
 
 
-def test_with_cover_the_others_measure_their_own_windows_over_the_first_ones_steps(launcher: TrialLauncher) -> None:
+def test_matching_the_first_the_others_measure_their_own_windows_over_its_steps(launcher: TrialLauncher) -> None:
     config, base = _measured(min_window_s=0.2), _measured(min_window_s=0.05)
-    first, second = launcher.lockstep(RUNNER, "run", [config, base], 60, cover=True)
+    first, second = run_in_lockstep(launcher, RUNNER, "run", [config, base], 60, match_first=True)
     assert first.outcome is Outcome.OK and second.outcome is Outcome.OK
     ours, theirs = (r.output.throughput for r in (first, second))
     assert theirs.calibration_s > 0  # windows of its own length
-    covered = ours.steps * ours.windows
-    assert theirs.steps * (theirs.windows - 1) < covered <= theirs.steps * theirs.windows
+    matched = ours.steps * ours.windows
+    assert theirs.steps * (theirs.windows - 1) < matched <= theirs.steps * theirs.windows
     assert theirs.windows > ours.windows == 4  # shorter windows, more of them
     # Spread over the first one's 4 rounds: when its k-th window began, the other had measured
     # its share of k - 1 rounds, or of k (it went first in round k), never more or fewer.
@@ -107,9 +109,9 @@ def test_with_cover_the_others_measure_their_own_windows_over_the_first_ones_ste
         assert end <= start  # no two windows ran at once
 
 
-def test_alone_a_trial_covers_the_steps_asked_in_windows_of_its_own_length(launcher: TrialLauncher) -> None:
+def test_alone_a_trial_matches_the_steps_asked_in_windows_of_its_own_length(launcher: TrialLauncher) -> None:
     # how `measure_together` runs the others after the first where there is no lockstep (a GPU)
-    result = launcher.call(RUNNER, "run", _measured(cover_steps=1000), 60)
+    result = launcher.call(RUNNER, "run", _measured(match_steps=1000), 60)
     assert result.outcome is Outcome.OK, result.reason
     measured = result.output.throughput
     assert measured.calibration_s > 0 and len(_spans(result)) == measured.windows
@@ -117,19 +119,19 @@ def test_alone_a_trial_covers_the_steps_asked_in_windows_of_its_own_length(launc
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])  # in lockstep; one after another, as on a GPU
-def test_with_cover_nothing_runs_on_once_the_first_has_failed(
+def test_matching_the_first_nothing_runs_on_once_it_has_failed(
     launcher: TrialLauncher, tmp_path: Path, device: str
 ) -> None:
     job = load_spec(write_spec(tmp_path))
     # the requests run on the CPU whatever `device` says: it only decides lockstep or not
-    crashed, other = measure_together(launcher, job, [request("segfault"), _measured()], device, cover=True)
+    crashed, other = measure_together(launcher, job, [request("segfault"), _measured()], device, match_first=True)
     assert crashed.outcome is Outcome.CRASH
     assert other.outcome is Outcome.ERROR and other.reason == STOPPED and other.output is None
 
 
 def test_a_process_that_crashes_or_hangs_is_left_out_and_the_others_go_on(launcher: TrialLauncher) -> None:
     group = [_measured(), request("segfault"), request("hang"), _measured()]
-    ok, crashed, hung, other = launcher.lockstep(RUNNER, "run", group, 8)
+    ok, crashed, hung, other = run_in_lockstep(launcher, RUNNER, "run", group, 8)
     assert crashed.outcome is Outcome.CRASH and "SIGSEGV" in crashed.reason
     assert hung.outcome is Outcome.TIMEOUT  # it hung in its turn: killed at the turn's timeout
     assert ok.outcome is Outcome.OK and other.outcome is Outcome.OK
@@ -138,28 +140,23 @@ def test_a_process_that_crashes_or_hangs_is_left_out_and_the_others_go_on(launch
 
 def test_a_process_that_measures_nothing_just_runs(launcher: TrialLauncher) -> None:
     reference = dataclasses.replace(_measured(), measure=False)  # the drift phase only: no turns
-    done, measured = launcher.lockstep(RUNNER, "run", [reference, _measured()], 60)
+    done, measured = run_in_lockstep(launcher, RUNNER, "run", [reference, _measured()], 60)
     assert done.outcome is Outcome.OK and done.output.throughput is None
     assert measured.outcome is Outcome.OK and len(_spans(measured)) == 4
 
 
-@pytest.fixture
-def turns() -> Iterator[list[dict[str, object]]]:
-    """Turns given at once, with what the measurement reported each time."""
-    reports: list[dict[str, object]] = []
-    given = iter([{"cover_steps": 9}, {"run": 2}])
-    take_turns(Turns(reports.append, lambda: next(given, {})))
-    yield reports
-    take_turns(None)
-
-
-def test_the_measurement_waits_before_its_setup_each_turn_and_its_release(turns: list[dict[str, object]]) -> None:
-    result = measure_throughput(lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=4)
-    assert result.windows == 5 and len(result.window_samples_per_s) == 5  # 9 steps covered, 2 a window
-    # setup; a turn of 2 windows, then of 1 each (the launcher's default); the release
-    assert [r["measuring"] for r in turns] == [True, True, True, True, True, False]
-    assert [(r.get("steps"), r.get("windows")) for r in turns[1:5]] == [(2, 5)] * 4
-    assert [r.get("measured") for r in turns[1:5]] == [0, 2, 3, 4]  # what the launcher plans the next turn by
+def test_the_measurement_waits_before_its_setup_each_turn_and_its_release() -> None:
+    reports: list[Waiting] = []
+    given = iter([SetupTurn(match_steps=9), WindowsTurn(2), WindowsTurn(1), WindowsTurn(1), WindowsTurn(1), Release()])
+    turns = Turns(reports.append, lambda: next(given))
+    result = measure_throughput(
+        lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=4, turns=turns
+    )
+    assert result.windows == 5 and len(result.window_samples_per_s) == 5  # 9 steps matched, 2 a window
+    # setup; a turn of 2 windows, then of 1 each; the release
+    assert [r.measuring for r in reports] == [True, True, True, True, True, False]
+    assert [(r.steps, r.windows) for r in reports[1:5]] == [(2, 5)] * 4
+    assert [r.measured for r in reports[1:5]] == [0, 2, 3, 4]  # what the launcher plans the next turn by
 
 
 def test_each_turn_begins_with_one_unmeasured_step() -> None:
@@ -174,22 +171,55 @@ def test_each_turn_begins_with_one_unmeasured_step() -> None:
         def __exit__(self, *exc: object) -> None:
             events.append("]")
 
-    given = iter([{"cover_steps": 9}, {"run": 2}])
-    take_turns(Turns(lambda report: events.append("|"), lambda: next(given, {})))
-    try:
-        measure_throughput(
-            lambda: events.append("s"),
-            lambda: None,
-            warmup_steps=1,
-            steps=2,
-            windows=3,
-            samples_per_step=4,
-            telemetry=Window(),
-        )
-    finally:
-        take_turns(None)
+    given = iter([SetupTurn(match_steps=9), WindowsTurn(2), WindowsTurn(1), WindowsTurn(1), WindowsTurn(1), Release()])
+    measure_throughput(
+        lambda: events.append("s"),
+        lambda: None,
+        warmup_steps=1,
+        steps=2,
+        windows=3,
+        samples_per_step=4,
+        telemetry=Window(),
+        turns=Turns(lambda report: events.append("|"), lambda: next(given)),
+    )
     # setup and warm-up; a turn of 2 windows, then 3 of 1; the release
     assert "".join(events) == "|s|s[ss][ss]|s[ss]|s[ss]|s[ss]|"
+
+
+def test_what_is_no_turn_stops_the_trial_with_an_error_saying_what_came() -> None:
+    turns = Turns(lambda report: None, lambda: {"run": 2})  # the form a turn had before it was typed
+    with pytest.raises(TypeError, match=r"the launcher sent \{'run': 2\} where a turn was due"):
+        measure_throughput(
+            lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=4, turns=turns
+        )
+
+
+def waits_or_sends_what_is_no_message(arg: str, turns: Turns) -> dict[str, int]:
+    """Run in a lockstep trial process (`run_in_lockstep(launcher, __name__, ...)`): `foreign` sends
+    the untyped form of `Waiting` on its result pipe, where the launcher reads its next message,
+    and returns; anything else measures a step that does nothing, in its turns."""
+    if arg == "foreign":
+        pipe = next(
+            obj
+            for obj in gc.get_objects()
+            if isinstance(obj, multiprocessing.connection.Connection) and obj.writable and not obj.closed
+        )
+        send_message(pipe, {"status": "waiting", "measuring": True})
+        return {}
+    measured = measure_throughput(
+        lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=1, turns=turns
+    )
+    return {"windows": len(measured.window_samples_per_s)}
+
+
+def test_a_process_that_sends_what_is_no_message_of_the_protocol_is_classified_and_the_others_go_on(
+    launcher: TrialLauncher,
+) -> None:
+    foreign, measured = run_in_lockstep(
+        launcher, __name__, "waits_or_sends_what_is_no_message", ["foreign", "measured"], 60
+    )
+    assert foreign.outcome is Outcome.CRASH and "unreadable result: {'status': 'waiting'" in foreign.reason
+    assert measured.outcome is Outcome.OK and measured.output == {"windows": 3}
 
 
 def test_the_share_of_windows_spreads_them_evenly_over_the_rounds() -> None:

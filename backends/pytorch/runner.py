@@ -81,7 +81,7 @@ def _compile_works(device: torch.device) -> bool:
 
 FLOP_COUNT_SAMPLES = 2
 """Samples the FLOP count runs on: FLOPs per sample do not depend on the batch, and a full
-micro-batch beside the measured phase's optimizer state and graph pools may not fit (two, not one:
+micro-batch on top of the measured phase's optimizer state and graph pools may not fit (two, not one:
 batch norm cannot train on a single sample)."""
 
 
