@@ -1,13 +1,10 @@
-"""Applying an exported config: reading `studies/<name>.best.yaml`, and running a job with it.
+"""Reading an exported config (`runs/<name>/best.yaml`), and whether it fits this job and machine.
 
-Two ways in, and one implementation of what a config means (the backend's `apply` module, which
-the trials themselves train through):
-
-* from Python, `load_config(path)` returns a `TunedConfig`; the backend's `TunedTraining`
-  applies it to the user's own model, optimizer and dataset;
-* from the command line, `apply_config` checks that the config was tuned for this job and this
-  hardware, runs the job with it for N optimizer steps in a trial process, and `print_applied`
-  sets the throughput it got next to the study's.
+From Python, `load_config(path)` returns a `TunedConfig`; the backend's `TunedTraining` applies it
+to the user's own model, optimizer and dataset (one implementation of what a config means: the
+backend's `apply` module, which the trials themselves train through). `job_mismatch` and
+`machine_mismatch` say why a config was not tuned for a job or for this hardware and software;
+`autotuner apply` (`autotuner.applied`) refuses such a config unless forced.
 
 Importing this module imports neither a framework nor Optuna: a training script that only reads
 the config does not pay for the study machinery.
@@ -15,38 +12,24 @@ the config does not pay for the study machinery.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import statistics
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotuner.backends import BACKENDS
 from autotuner.environment import fingerprint, framework_versions
-from autotuner.errors import BackendError, HardwareMismatch, SpecError
+from autotuner.errors import SpecError
 from autotuner.knobs import Config, format_config
-from autotuner.results import Throughput
-from autotuner.spec import parse_yaml, read_text
+from autotuner.specfile import parse_yaml, read_text
 
 if TYPE_CHECKING:
     from autotuner.spec import Job
 
 READS_VERSIONS = (1,)
 """The `autotuner.export.EXPORT_VERSION` values this reader understands."""
-AGREEMENT = 0.10
-"""An applied throughput this far from the study's (relative) gets a warning."""
-SLOWDOWN = 0.2
-"""`autotuner apply` warns when the last quarter of the config's windows ran this much slower than
-the first (medians): beyond the window-to-window noise of a busy machine."""
-PROMISE = 0.05
-"""The speedup `autotuner apply` delivers is within this of the export's (relative), or it warns."""
-MIN_APPLY_STEPS = 50
 
 
 # ------------------------------------------------------------------ reading an export
@@ -216,7 +199,7 @@ def parse_config(data: Any, source: str) -> TunedConfig:
 
 
 def load_config(path: str | Path) -> TunedConfig:
-    """Read an exported config (`studies/<name>.best.yaml`, or `.json`) and validate it."""
+    """Read an exported config (`runs/<name>/best.yaml`, or `.json`) and validate it."""
     source = str(path)
     text = read_text(path, "config")
     if source.endswith(".json"):
@@ -231,78 +214,7 @@ def load_config(path: str | Path) -> TunedConfig:
     return parse_config(data, source)
 
 
-# ------------------------------------------------------------------ `autotuner apply`
-
-
-@dataclass(frozen=True)
-class AppliedRun:
-    """What running a job with a tuned config gave, next to what the study measured."""
-
-    tuned: TunedConfig
-    config: Config
-    """The config as run (accumulation derived from this job's global batch)."""
-    environment: dict[str, Any]
-    throughput: Throughput
-    """Its median, spread, windows, warm-up."""
-    heldout_loss: float | None
-    drift_steps: int
-    wall_s: float
-    baseline: Throughput | None = None
-    """The export's baseline config, run here over as many optimizer steps and measured the same
-    way, in windows of its own length, so that the speedup delivered is a ratio taken on this
-    machine now."""
-    lockstep: bool = False
-    """The baseline was measured in lockstep with the config (else after it)."""
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.throughput.samples_per_s
-
-    @property
-    def ratio(self) -> float:
-        """Applied over study throughput (medians)."""
-        return self.samples_per_s / self.tuned.throughput
-
-    @property
-    def agrees(self) -> bool:
-        return abs(self.ratio - 1.0) <= AGREEMENT
-
-    @property
-    def speedup(self) -> float | None:
-        """The tuned config's throughput over the baseline's, both run here."""
-        return self.samples_per_s / self.baseline.samples_per_s if self.baseline else None
-
-    @property
-    def promise_ratio(self) -> float | None:
-        """The speedup delivered here over the one in the export."""
-        return self.speedup / self.tuned.speedup if self.speedup and self.tuned.speedup else None
-
-    @property
-    def quarters(self) -> tuple[float, float] | None:
-        """The config's median throughput over the first and over the last quarter of its windows,
-        or None with fewer than 12 windows."""
-        rates = self.throughput.window_samples_per_s
-        quarter = len(rates) // 4
-        if quarter < 3:
-            return None
-        return statistics.median(rates[:quarter]), statistics.median(rates[-quarter:])
-
-    @property
-    def slowdown(self) -> float | None:
-        """How much slower the last quarter of the config's windows ran than the first (negative
-        when faster), or None with fewer than 12 windows."""
-        return None if self.quarters is None else 1.0 - self.quarters[1] / self.quarters[0]
-
-    @property
-    def keeps_promise(self) -> bool | None:
-        ratio = self.promise_ratio
-        return None if ratio is None else abs(ratio - 1.0) <= PROMISE
-
-
-def default_steps(job: Job) -> int:
-    """10x the optimizer steps a trial of the study measures (`trial.steps` x `trial.windows`),
-    at least 50. Like the trial's, each window is lengthened to last `trial.min_window_s`."""
-    return max(MIN_APPLY_STEPS, 10 * job.spec.trial.steps * job.spec.trial.windows)
+# ------------------------------------------------------------------ does it fit this job and machine
 
 
 def _machine(environment: dict[str, Any]) -> str:
@@ -328,161 +240,3 @@ def machine_mismatch(tuned: TunedConfig, environment: dict[str, Any]) -> str | N
         f"it was tuned on {_machine(tuned.environment)}, fingerprint {tuned.fingerprint}; "
         f"this machine is {_machine(environment)}, fingerprint {ours}: its figures need not hold here"
     )
-
-
-def apply_config(
-    tuned: TunedConfig,
-    job: Job,
-    *,
-    steps: int | None = None,
-    device: str | None = None,
-    force: bool = False,
-    baseline: bool = True,
-    warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
-) -> AppliedRun:
-    """Run `job` with `tuned` for at least `steps` optimizer steps (default `default_steps`) in a
-    trial process, measured as a trial is: warm-up, then windows as long as the study's (each
-    lengthened to `trial.min_window_s` by the same calibration), their median and spread. With
-    `baseline`, the export's baseline config runs over as many optimizer steps, so the speedup
-    delivered can be set beside the export's: on a CPU in lockstep with the config (turn by turn,
-    `autotuner.lockstep.measure_together`), elsewhere after it. A config tuned for another job or
-    other hardware is refused unless `force`."""
-    from autotuner.lockstep import in_lockstep, measure_together
-    from autotuner.outcomes import Outcome
-
-    # autotuner.search imports Optuna: only here
-    from autotuner.search import make_launcher, probe_environment, trial_request
-    from autotuner.study import check_trial_limits
-
-    if tuned.backend != job.backend.name:
-        raise SpecError(
-            f"the config is for the {tuned.backend} backend, the job for {job.backend.name}",
-            source=tuned.source,
-            key="environment.backend",
-        )
-    other_job = job_mismatch(tuned, job)
-    if other_job and not force:
-        raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
-    launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-    environment = probe_environment(launcher, job.backend, device or job.spec.device, job.workload_path(), job.source)
-    check_trial_limits(job, environment)
-    other_machine = machine_mismatch(tuned, environment)
-    if other_machine and not force:
-        raise HardwareMismatch(f"{tuned.source}: {other_machine}. Use --force to run it anyway")
-    for problem in filter(None, (other_job, other_machine)):
-        warn(f"{tuned.source}: {problem} (--force)")
-
-    batch = tuned.params["batch_size"]
-    if job.spec.global_batch % batch:
-        raise SpecError(
-            f"batch_size {batch} does not divide the job's global_batch ({job.spec.global_batch})",
-            source=tuned.source,
-            key="params.batch_size",
-        )
-    config = job.complete(tuned.params)
-    unsupported = job.backend.unsupported_reason(config, job.backend.capabilities(environment["capabilities"]))
-    if unsupported:
-        raise SpecError(f"this machine cannot run it: {unsupported}", source=tuned.source, key="params")
-
-    settings = job.spec.trial
-    total = steps or default_steps(job)
-    per_window = min(settings.steps, total)
-    windows = math.ceil(total / per_window)
-
-    request = dataclasses.replace(trial_request(job, config, environment["device"]), steps=per_window, windows=windows)
-    requests = [request]
-    base_params = tuned.baseline.get("params")
-    if baseline and base_params and tuned.speedup:
-        # As many optimizer steps as the config's: a job's step can get slower as it trains (e.g.
-        # Adam's moments of weights whose gradient is zero decay into subnormal floats, slow on
-        # Intel CPUs), so both runs cover the same stretch of training. In windows of its own
-        # calibrated length, as the study measured it: a median over windows of another length
-        # is another estimate (longer windows keep more of a busy machine's stalls in them).
-        requests.append(dataclasses.replace(request, config=dict(job.complete(base_params))))
-    # as many times a trial's timeout as the run has times its steps (before lengthening)
-    timeout = job.trial_timeout(*(r.config for r in requests)) * max(
-        1.0, per_window * windows / (settings.steps * settings.windows)
-    )
-    results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, match_first=True)
-    for what, result in zip(("config", "baseline config"), results, strict=False):
-        if result.outcome is not Outcome.OK:
-            raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
-    result = results[0]
-    output = result.output
-    assert output is not None and output.throughput is not None  # it measured, and ended ok
-    base = results[1].output if len(results) > 1 else None
-    return AppliedRun(
-        tuned=tuned,
-        config=config,
-        environment=environment,
-        throughput=output.throughput,
-        heldout_loss=output.losses.heldout,
-        drift_steps=settings.drift_steps,
-        wall_s=result.wall_s,
-        baseline=base.throughput if base is not None else None,
-        lockstep=base is not None and in_lockstep(environment["device"]),
-    )
-
-
-def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
-    """The applied throughput next to the study's, their ratio, and the held-out loss of both."""
-    out, err = out or sys.stdout, err or sys.stderr
-    tuned, measured = run.tuned, run.throughput
-    study_spread = tuned.metrics.get("throughput_spread")
-    print(
-        f"{tuned.source}: {format_config(run.config)} (trial #{tuned.study.get('trial')} of {tuned.study['name']})",
-        file=out,
-    )
-    print(
-        f"ran {measured.steps * measured.windows} optimizer steps of {measured.samples_per_step} samples "
-        f"({measured.windows} windows of {measured.steps}, after {measured.warmup_s:.2f} s of warm-up) "
-        f"on {run.environment['device']} ({run.environment['device_name']})",
-        file=out,
-    )
-    print(
-        f"throughput: {run.samples_per_s:,.0f} samples/s here (spread {measured.spread:.1%}), "
-        f"{tuned.throughput:,.0f} samples/s in the study"
-        + (f" (spread {float(study_spread):.1%})" if isinstance(study_spread, (int, float)) else "")
-        + f": ratio {run.ratio:.2f}",
-        file=out,
-    )
-    if run.baseline and run.promise_ratio is not None:
-        print(
-            f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
-            f"{run.baseline.samples_per_s:,.0f} samples/s, run here for "
-            f"{run.baseline.steps * run.baseline.windows} optimizer steps in {run.baseline.windows} "
-            f"windows of {run.baseline.steps}, {'in lockstep with' if run.lockstep else 'after'} it), "
-            f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
-            file=out,
-        )
-    study_loss = tuned.metrics.get("heldout_loss")
-    if run.heldout_loss is not None and isinstance(study_loss, (int, float)) and study_loss:
-        gap = abs(run.heldout_loss - study_loss) / abs(study_loss)
-        print(
-            f"held-out loss after {run.drift_steps} steps: {run.heldout_loss:.6g} here, {study_loss:.6g} in the study "
-            f"({'identical' if gap == 0 else f'{gap:.3%} apart'})",
-            file=out,
-        )
-    promise = run.promise_ratio
-    if promise is not None and run.keeps_promise is False:
-        print(
-            f"autotuner: warning: the speedup here is {abs(promise - 1):.1%} "
-            f"{'below' if promise < 1 else 'above'} the export's "
-            f"(more than {PROMISE:.0%}): the machine may be busier now, or the study's measurements were noisy",
-            file=err,
-        )
-    if run.quarters and (run.slowdown or 0.0) > SLOWDOWN:
-        first, last = run.quarters
-        print(
-            f"autotuner: warning: the config ran {run.slowdown:.0%} slower over the last quarter of the run "
-            f"({last:,.0f} samples/s) than over the first ({first:,.0f} samples/s): the job's step gets "
-            "slower as it trains, which the study's short trials do not see",
-            file=err,
-        )
-    if not run.agrees:
-        print(
-            f"autotuner: warning: the throughput here is {abs(run.ratio - 1):.1%} "
-            f"{'below' if run.ratio < 1 else 'above'} the study's (more than {AGREEMENT:.0%}): "
-            "the machine may be busier or different, or the study's short windows were noisy",
-            file=err,
-        )

@@ -36,9 +36,9 @@ def _positive_int(text: str) -> int:
 
 
 def _study_name(text: str) -> str:
-    from autotuner.spec import NAME, NAME_RULE
+    from autotuner.specfile import NAME, NAME_RULE
 
-    if not NAME.fullmatch(text):  # it names files in studies/: never a path
+    if not NAME.fullmatch(text):  # it names the folder runs/<name>/: never a path
         raise argparse.ArgumentTypeError(f"{shown(text)} is not a study name: it {NAME_RULE}")
     return text
 
@@ -72,7 +72,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from autotuner.apply import apply_config, load_config, print_applied
+    from autotuner.applied import apply_config, print_applied
+    from autotuner.apply import load_config
     from autotuner.spec import load_spec
 
     tuned = load_config(args.config)
@@ -173,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     search = commands.add_parser("search", help="run (or resume) the study of a job spec")
     search.add_argument("--spec", required=True, help="the job spec (YAML)")
     search.add_argument(
-        "--storage", help="SQLAlchemy URL of the study's storage (default: sqlite:///studies/<name>.db)"
+        "--storage", help="SQLAlchemy URL of the study's storage (default: sqlite:///runs/<name>/study.db)"
     )
     search.add_argument(
         "--trials", type=_positive_int, help="trials to run in the whole study (overrides budget.trials)"
@@ -189,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.set_defaults(handler=cmd_search)
 
     apply = commands.add_parser("apply", help="run the job with an exported config; compare its throughput")
-    apply.add_argument("config", help="the exported config (studies/<name>.best.yaml or .json)")
+    apply.add_argument("config", help="the exported config (runs/<name>/best.yaml or .json)")
     apply.add_argument("--spec", required=True, help="the job spec the config was tuned for")
     apply.add_argument(
         "--steps",
@@ -211,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
     export.add_argument("--format", choices=("yaml", "json"), default="yaml")
     export.add_argument("--top", type=_positive_int, help="also list the K best feasible configs (written as `top`)")
-    export.add_argument("-o", "--output", help="where to write (default: studies/<name>.best.<format>)")
+    export.add_argument("-o", "--output", help="where to write (default: runs/<name>/best.<format>)")
     export.set_defaults(handler=cmd_export)
 
     report = commands.add_parser("report", help="write one self-contained page (HTML or markdown) of the study")
@@ -219,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--study", type=_study_name, help="study name, with --storage, when there is no spec at hand")
     report.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
     report.add_argument("--format", choices=("html", "md"), default="html", help="md: for a pull-request comment")
-    report.add_argument("-o", "--output", help="where to write (default: studies/<name>.report.<format>)")
+    report.add_argument("-o", "--output", help="where to write (default: runs/<name>/report.<format>)")
     report.set_defaults(handler=cmd_report)
 
     dashboard = commands.add_parser("dashboard", help="serve optuna-dashboard for the study (127.0.0.1 unless --host)")

@@ -1,4 +1,4 @@
-"""The exported best config (`studies/<name>.best.yaml`), built from the storage alone."""
+"""The exported best config (`runs/<name>/best.yaml`), built from the storage alone."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import yaml
 
 from autotuner.errors import AutotunerError
 from autotuner.records import TrialRecord, baseline, best, ranked, records, speedup, stored_reference
+from autotuner.spec import output_dir
 from autotuner.study import shown_url
 
 EXPORT_VERSION = 1
@@ -112,7 +113,8 @@ def _top(trials: list[TrialRecord], base: TrialRecord | None, count: int) -> lis
 
 
 def export_path(name: str, fmt: str = "yaml") -> Path:
-    return Path("studies") / f"{name}.best.{fmt}"
+    """Where study `name`'s export goes unless told otherwise: `runs/<name>/best.<fmt>`."""
+    return output_dir(name) / f"best.{fmt}"
 
 
 def write_export(data: dict[str, Any], path: Path, fmt: str = "yaml") -> Path:

@@ -26,6 +26,7 @@ from autotuner.errors import SpecError
 from autotuner.knobs import format_config
 from autotuner.records import TrialRecord, baseline, best, records, speedup, spent_seconds, stored_reference
 from autotuner.results import Reference
+from autotuner.spec import output_dir
 from autotuner.study import open_storage, shown_url
 
 FORMATS = ("html", "md")
@@ -93,7 +94,8 @@ def load_report(storage_url: str, name: str, *, default: bool = False) -> Report
 
 
 def report_path(name: str, fmt: str = "html") -> Path:
-    return Path("studies") / f"{name}.report.{fmt}"
+    """Where study `name`'s report goes unless told otherwise: `runs/<name>/report.<fmt>`."""
+    return output_dir(name) / f"report.{fmt}"
 
 
 def write_report(report: Report, path: Path, fmt: str = "html") -> Path:

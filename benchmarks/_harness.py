@@ -193,7 +193,7 @@ class SearchRun:
 
 def run_search(spec: Path, name: str, folder: Path, *args: str) -> SearchRun:
     """`autotuner search --spec SPEC` with `folder` as the working directory (so a fresh study in
-    folder/studies/), timed from the command's start to its exit."""
+    folder/runs/<name>/), timed from the command's start to its exit."""
     started = datetime.now()
     clock = time.perf_counter()
     done = subprocess.run(
@@ -202,5 +202,5 @@ def run_search(spec: Path, name: str, folder: Path, *args: str) -> SearchRun:
         env={**os.environ, "COLUMNS": "160"},
     )
     wall_s = time.perf_counter() - clock
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/studies/{name}.db")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/runs/{name}/study.db")
     return SearchRun(wall_s, done.returncode, started, datetime.now(), study)

@@ -9,7 +9,7 @@ may stop a command at 10 minutes):
   preset, energy per sample as a third objective) in a fresh study: the device and environment
   (the study's `environment` attr), the best config, tuned over baseline, the tuned MFU and tokens/s,
   energy per sample, every trial's outcome. Writes `gpu-study.json`.
-* `apply`: `autotuner apply` of that study's winner (`studies/gpu-gpt.best.yaml` in the work
+* `apply`: `autotuner apply` of that study's winner (`runs/gpu-gpt/best.yaml` in the work
   folder: run `study` first, with the same `--work`), the baseline run after it: the speedup
   delivered against the export's (the promise: within 5%). Writes `gpu-apply.json`.
 * `alternatives`: benchmark b (`benchmarks/alternatives.py`: baseline, rule of thumb, the
@@ -265,8 +265,8 @@ class Context:
 
 
 def study_files(work: Path, name: str) -> list[Path]:
-    folder = work / "studies"
-    return [folder / f"{name}.db", folder / f"{name}.best.yaml", folder / f"{name}.compile-cache"]
+    folder = work / "runs" / name
+    return [folder / "study.db", folder / "best.yaml", folder / "compile-cache"]
 
 
 def fresh_study(work: Path, name: str) -> None:
@@ -280,7 +280,7 @@ def fresh_study(work: Path, name: str) -> None:
 
 
 def load_study(work: Path, name: str) -> optuna.Study:
-    database = work / "studies" / f"{name}.db"
+    database = work / "runs" / name / "study.db"
     if not database.exists():
         raise PartError(f"no study database at {database}: the search stopped before it began (see its output)")
     return optuna.load_study(study_name=name, storage=f"sqlite:///{database}")
@@ -335,7 +335,7 @@ def study_summary(work: Path, name: str, energy: bool) -> dict[str, Any]:
     winner, base = best(trials), baseline(trials)
     environment = study.user_attrs.get("environment") or {}
     reference = stored_reference(study)
-    export_path = work / "studies" / f"{name}.best.yaml"
+    export_path = work / "runs" / name / "best.yaml"
     export = yaml.safe_load(export_path.read_text()) if export_path.exists() else None
     ok = [t for t in trials if t.outcome == "ok"]
     energies = [(e, t) for t in trials if t.feasible and (e := _number(t.metrics.get("energy_j_per_sample")))]
@@ -423,7 +423,7 @@ APPLY_LINES = {
 
 
 def parse_apply(output: str) -> dict[str, Any]:
-    """The figures `autotuner apply` prints (`autotuner.apply.print_applied`)."""
+    """The figures `autotuner apply` prints (`autotuner.applied.print_applied`)."""
     found: dict[str, Any] = {}
     for line in output.splitlines():
         line = line.strip()
@@ -449,7 +449,7 @@ def parse_apply(output: str) -> dict[str, Any]:
 def part_apply(ctx: Context, result: dict[str, Any]) -> None:
     spec, data, changes = ctx.spec("gpt")  # as the study part wrote it: the export is tuned for this job
     result.update(spec=SPECS["gpt"], spec_used=data, changes=changes)
-    export_path = ctx.work / "studies" / f"{data['name']}.best.yaml"
+    export_path = ctx.work / "runs" / data["name"] / "best.yaml"
     if not export_path.exists():
         raise PartError(f"no export at {export_path}: run `--part study` first, with the same --work")
     export = yaml.safe_load(export_path.read_text())
@@ -485,7 +485,7 @@ def part_apply(ctx: Context, result: dict[str, Any]) -> None:
 @contextlib.contextmanager
 def working_directory(folder: Path) -> Iterator[None]:
     """The harness's trial requests name the study's compile cache relative to the working
-    directory (`studies/<name>.compile-cache`): the work folder's, as the searches run there."""
+    directory (`runs/<name>/compile-cache`): the work folder's, as the searches run there."""
     before = Path.cwd()
     os.chdir(folder)
     try:
@@ -518,7 +518,7 @@ def part_alternatives(ctx: Context, result: dict[str, Any], write: Callable[[], 
         result["changes"] += [f"{name}: {change}" for change in changes]
         if name != "gpt" or not _same_job(ctx.work, data["name"], spec):
             fresh_study(ctx.work, data["name"])  # gpt's: the study part's, when it is of this job
-        resumed = (ctx.work / "studies" / f"{data['name']}.db").exists()
+        resumed = (ctx.work / "runs" / data["name"] / "study.db").exists()
         search_args = [] if ctx.tiny else ["--timeout", f"{ALTERNATIVES_SEARCH_S[name]:g}"]
         started = time.perf_counter()
         try:

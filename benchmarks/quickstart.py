@@ -54,7 +54,7 @@ def main() -> None:
         )
         wall_s = time.perf_counter() - started
         name = spec.stem
-        study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/studies/{name}.db")
+        study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/runs/{name}/study.db")
         trials = records(study)
         winner, base = best(trials), baseline(trials)
         ran = [t for t in trials if t.ran]
@@ -117,7 +117,7 @@ def main() -> None:
             "reference_wall_s": reference.wall_s,
             "drift_tolerance": study.user_attrs["autotuner"]["max_drift"],
         }
-        export = Path(folder) / "studies" / f"{name}.best.yaml"
+        export = Path(folder) / "runs" / name / "best.yaml"
         if winner and export.exists() and args.apply_runs:
             results["apply"] = _apply(export, spec, args.apply_runs)
     out = Path(__file__).parent / "results" / f"{name}.json"
@@ -127,7 +127,8 @@ def main() -> None:
 
 def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     """`autotuner apply` of the export, `runs` times: its throughput over the study's."""
-    from autotuner.apply import apply_config, default_steps, load_config
+    from autotuner.applied import apply_config, default_steps
+    from autotuner.apply import load_config
     from autotuner.spec import load_spec
 
     tuned, job = load_config(export), load_spec(spec)

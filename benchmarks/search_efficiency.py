@@ -63,7 +63,8 @@ from autotuner.recording import give_up, record
 from autotuner.records import TrialRecord
 from autotuner.results import Reference
 from autotuner.sampler import FreshConfigSampler, make_base_sampler, make_sampler
-from autotuner.spec import Job, SamplerSettings, load_spec
+from autotuner.spec import Job, load_spec
+from autotuner.specfile import SamplerSettings
 from autotuner.study import DIRECTIONS
 from autotuner.tried_configs import oom_rules_out
 

@@ -2,7 +2,7 @@
 
 A page asks for a generated part with a line of its own, `<!-- generate: NAME -->`:
 
-* `spec`: every key of a job spec, from the pydantic models in `autotuner/spec.py` (types,
+* `spec`: every key of a job spec, from the pydantic models in `autotuner/specfile.py` (types,
   defaults and bounds from the fields, the text from each field's attribute docstring);
 * `presets`: the search-space presets, read from `search_spaces/*.yaml`;
 * `cli`: `autotuner --help` and each subcommand's help, from the argparse parser the command uses;
@@ -30,37 +30,6 @@ from mkdocs.exceptions import PluginError
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"^<!-- generate: ([a-z]+) -->$", re.M)
 RESULTS = re.compile(r"^<!-- results:.*?-->\n(.*?)^<!-- results end -->", re.M | re.S)
-
-UNDOCUMENTED = {
-    "name": "The study's name: 1-64 letters, digits, `_`, `-` or `.`, starting with a letter or digit. It "
-    "names the study's files (`studies/<name>.db`, `.best.yaml`, `.report.html`), so it is never a path.",
-    "backend": "The framework backend: `pytorch` or `jax`.",
-    "workload": "The training job: `package.module:function`, a factory returning the backend's workload "
-    "(imported and called in the trial processes: trusted code, like a pytest `conftest.py`), or a "
-    "built-in one (`builtin:mlp`, `builtin:cnn`, `builtin:gpt`).",
-    "global_batch": "Samples per optimizer step, the same in every config: `batch_size` x `accumulation`.",
-    "workload_args": "Keyword arguments the workload factory is called with.",
-    "device": "`auto` (`cuda:0` if there is a GPU, else the CPU), `cpu`, `cuda` or `cuda:N`.",
-    "baseline": "Your current config, knob -> value: always trial 0, and every speedup is over it. Knobs left "
-    "out take the strict value (fp32, no workers, no compile or jit) and `batch_size` defaults to "
-    "`global_batch`.",
-    "space": "The search space: a preset's name, or a mapping of knob -> list of choices with an optional "
-    "`preset` (choices given inline replace the preset's). Default: the backend's own preset.",
-    "objective": "What is feasible: drift tolerance, a memory limit, energy as a third objective.",
-    "budget": "How much the study runs, and how its best is measured again.",
-    "trial": "How each trial process measures a config.",
-    "storage": "The study's storage, any SQLAlchemy URL. Default: `sqlite:///studies/<name>.db`.",
-    "sampler": "The Optuna sampler: its name, or a mapping with `name` and `seed`. The default, `tpe`, "
-    "starts from a rule-of-thumb config and a local search around the best trial before TPE.",
-    "trial.warmup_steps": "Optimizer steps before anything is timed (compile or jit, allocator settling); "
-    "their wall time is kept as `warmup_s`.",
-    "trial.windows": "Measured windows per trial: the throughput is their median, stored with their spread.",
-    "trial.seed": "The seed every trial and the reference build the workload with.",
-    "sampler.name": "`tpe`, `random`, `gp` or `nsga2`.",
-    "sampler.seed": "The sampler's seed (none: a fresh one each run).",
-}
-"""Text for the spec keys whose fields carry no attribute docstring yet in `autotuner/spec.py`.
-A docstring in the code, once written, wins over the entry here."""
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
@@ -152,16 +121,16 @@ def _model_section(model: type, prefix: str) -> list[str]:
     lines = []
     for name, field in model.model_fields.items():  # type: ignore[attr-defined]
         key = f"{prefix}{name}"
-        text = docstrings.get(name) or UNDOCUMENTED.get(key)
+        text = docstrings.get(name)
         if not text:
-            raise PluginError(f"spec key {key!r}: no docstring in autotuner/spec.py, no text in docs/hooks.py")
+            raise PluginError(f"spec key {key!r}: its field has no docstring in autotuner/specfile.py")
         facts = " · ".join(filter(None, [_type_text(field.annotation), _bounds_text(field), _default_text(field)]))
         lines += [f"`{key}`", f":   {facts}", "", textwrap.indent(text, "    "), ""]
     return lines
 
 
 def spec_reference() -> str:
-    from autotuner.spec import JobSpec
+    from autotuner.specfile import JobSpec
 
     lines = ["## Top level", ""] + _model_section(JobSpec, "")
     for name, field in JobSpec.model_fields.items():

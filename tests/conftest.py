@@ -59,7 +59,7 @@ def write_hang_spec(folder: Path, name: str, *, hang_at: int, workers: int, tria
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """The installed command as a user runs it, from `cwd` (where studies/ lands)."""
+    """The installed command as a user runs it, from `cwd` (where runs/ lands)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),

@@ -19,7 +19,8 @@ import yaml
 from torch import nn
 from torch._dynamo.eval_frame import OptimizedModule
 
-from autotuner.apply import READS_VERSIONS, AppliedRun, TunedConfig, load_config, parse_config, print_applied
+from autotuner.applied import AppliedRun, print_applied
+from autotuner.apply import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.backends.pytorch.apply import TunedTraining, set_matmul_precision
 from autotuner.errors import SpecError
 from autotuner.export import EXPORT_VERSION
@@ -184,7 +185,7 @@ VALID: dict[str, Any] = {
     "drift": {"tolerance": 0.01, "reference_noise_floor": 0.0},
     "environment": {"backend": "pytorch", "device": "cpu", "fingerprint": "0123456789abcdef"},
     "spec": {"path": "job.yaml", "identity": "fedcba9876543210", "workload": "builtin:mlp", "global_batch": 16},
-    "study": {"name": "job", "storage": "sqlite:///studies/job.db", "trial": 4, "trials_ran": 9},
+    "study": {"name": "job", "storage": "sqlite:///runs/job/study.db", "trial": 4, "trials_ran": 9},
 }
 
 
@@ -259,7 +260,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[st
     spec = write_spec(workdir, name="applied", budget={"trials": 1})
     done = run_cli("search", "--spec", str(spec), cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
-    export = workdir / "studies" / "applied.best.yaml"
+    export = workdir / "runs" / "applied" / "best.yaml"
     return workdir, spec, yaml.safe_load(export.read_text())
 
 
@@ -283,8 +284,8 @@ def test_the_guides_apply_example_runs_against_an_exported_config(
     if variant != "exported":
         export = {**export, "params": {**export["params"], "precision": "bf16", "batch_size": 32, "accumulation": 2}}
         export["params"]["workers"] = 1
-    (tmp_path / "studies").mkdir()
-    (tmp_path / "studies" / "quickstart.best.yaml").write_text(yaml.safe_dump(export))
+    (tmp_path / "runs" / "quickstart").mkdir(parents=True)
+    (tmp_path / "runs" / "quickstart" / "best.yaml").write_text(yaml.safe_dump(export))
     (tmp_path / "train.py").write_text(code.group(1))
     monkeypatch.chdir(tmp_path)
     scope = runpy.run_path(str(tmp_path / "train.py"), run_name="__main__")
@@ -297,7 +298,7 @@ def test_the_guides_apply_example_runs_against_an_exported_config(
 
 def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Path, dict[str, Any]]) -> None:
     workdir, spec, export = study
-    done = run_cli("apply", "studies/applied.best.yaml", "--spec", str(spec), cwd=workdir)
+    done = run_cli("apply", "runs/applied/best.yaml", "--spec", str(spec), cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert f"{export['metrics']['throughput']:,.0f} samples/s in the study" in out
@@ -320,7 +321,7 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert "batch=16x4" in delivered[2] and f"{export['speedup']:.2f}x in the export: ratio" in out
     assert "Traceback" not in done.stderr
     skipped = run_cli(
-        "apply", "studies/applied.best.yaml", "--spec", str(spec), "--steps", "6", "--no-baseline", cwd=workdir
+        "apply", "runs/applied/best.yaml", "--spec", str(spec), "--steps", "6", "--no-baseline", cwd=workdir
     )
     assert skipped.returncode == 0 and "speedup:" not in skipped.stdout, skipped.stdout + skipped.stderr
 
@@ -347,7 +348,7 @@ def test_apply_refuses_a_config_tuned_for_another_job(study: tuple[Path, Path, d
     (workdir / "bigger").mkdir()
     bigger = workdir / "bigger" / "applied.yaml"
     bigger.write_text(yaml.safe_dump(changed))
-    done = run_cli("apply", "studies/applied.best.yaml", "--spec", str(bigger), cwd=workdir)
+    done = run_cli("apply", "runs/applied/best.yaml", "--spec", str(bigger), cwd=workdir)
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "another job" in done.stderr and "spec.identity" in done.stderr
     edited = {**export, "spec": {**export["spec"], "identity": "0000000000000000"}}

@@ -23,7 +23,7 @@ EXPORT_KEYS = {"params", "metrics", "baseline", "speedup", "environment", "spec"
 
 
 def _study(workdir: Path, name: str = "small") -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{workdir}/studies/{name}.db")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{workdir}/runs/{name}/study.db")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def searched(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_search_exports_the_best_config_with_its_evidence(searched: tuple[Path, str]) -> None:
     workdir, stdout = searched
-    export = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
+    export = yaml.safe_load((workdir / "runs" / "small" / "best.yaml").read_text())
     assert EXPORT_KEYS <= set(export)
     assert set(export["params"]) == {"precision", "batch_size", "accumulation", "workers", "compile"}
     assert export["params"]["batch_size"] * export["params"]["accumulation"] == 64
@@ -55,14 +55,14 @@ def test_search_exports_the_best_config_with_its_evidence(searched: tuple[Path, 
     )
     assert export["environment"]["fingerprint"]
     assert export["study"]["name"] == "small"
-    assert export["study"]["storage"] == "sqlite:///studies/small.db"
-    assert "dashboard: optuna-dashboard sqlite:///studies/small.db" in stdout
+    assert export["study"]["storage"] == "sqlite:///runs/small/study.db"
+    assert "dashboard: optuna-dashboard sqlite:///runs/small/study.db" in stdout
     assert "best" in stdout and "baseline" in stdout
 
 
 def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(searched: tuple[Path, str]) -> None:
     workdir, stdout = searched
-    export = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
+    export = yaml.safe_load((workdir / "runs" / "small" / "best.yaml").read_text())
     winner, base = export["metrics"], export["baseline"]
     assert f"re-measured #{export['study']['trial']}" in stdout and "re-measured #0 (baseline)" in stdout
     study = _study(workdir)
@@ -161,14 +161,14 @@ def test_rerun_resumes_without_rerunning_finished_trials(tmp_path: Path) -> None
 
 def test_export_command_writes_the_same_file_from_the_storage(searched: tuple[Path, str]) -> None:
     workdir, _ = searched
-    written = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
+    written = yaml.safe_load((workdir / "runs" / "small" / "best.yaml").read_text())
     out = workdir / "again.json"
     done = run_cli("export", "--spec", str(workdir / "small.yaml"), "--format", "json", "-o", str(out), cwd=workdir)
     assert done.returncode == 0, done.stderr
     exported = json.loads(out.read_text())
     assert exported == written
     by_url = run_cli(
-        "export", "--study", "small", "--storage", "sqlite:///studies/small.db", "-o", "x.yaml", cwd=workdir
+        "export", "--study", "small", "--storage", "sqlite:///runs/small/study.db", "-o", "x.yaml", cwd=workdir
     )
     assert by_url.returncode == 0, by_url.stderr
     assert yaml.safe_load((workdir / "x.yaml").read_text()) == written
@@ -190,7 +190,7 @@ def test_diverging_fp16_config_is_infeasible(tmp_path: Path) -> None:
     assert fp16.user_attrs["outcome"] == "nan", fp16.user_attrs
     assert fp16.user_attrs["feasible"] is False
     assert fp16.values[1] == float("inf")
-    export = yaml.safe_load((tmp_path / "studies" / "overflow.best.yaml").read_text())
+    export = yaml.safe_load((tmp_path / "runs" / "overflow" / "best.yaml").read_text())
     assert export["params"]["precision"] == "fp32"
 
 
@@ -223,7 +223,7 @@ def test_bad_spec_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> No
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert str(spec) in done.stderr and "space.precision" in done.stderr and "fp32" in done.stderr
-    assert not (tmp_path / "studies").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
@@ -245,7 +245,7 @@ def test_unusable_workload_or_device_exits_2_before_anything_is_stored(
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     for word in words:
         assert word in done.stderr
-    assert not (tmp_path / "studies").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(
@@ -290,7 +290,7 @@ def test_search_on_postgresql(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         study = optuna.load_study(study_name=name, storage=url)
         assert sum(t.user_attrs["outcome"] != "unsupported" for t in study.get_trials()) == 2
-        export = yaml.safe_load((tmp_path / "studies" / f"{name}.best.yaml").read_text())
+        export = yaml.safe_load((tmp_path / "runs" / name / "best.yaml").read_text())
         assert export["study"]["storage"] == url
     finally:
         try:
@@ -328,7 +328,7 @@ def test_ctrl_c_records_the_running_trial_as_failed_and_rerun_retries_it(tmp_pat
     trials = _study(tmp_path, "interrupt").get_trials()
     cut = trials[running.number]
     assert cut.state is optuna.trial.TrialState.FAIL
-    assert (tmp_path / "studies" / "interrupt.best.yaml").exists()  # exported from what finished
+    assert (tmp_path / "runs" / "interrupt" / "best.yaml").exists()  # exported from what finished
     finished_before = {t.number: t.values for t in trials if t.state is optuna.trial.TrialState.COMPLETE}
     again = run_cli("search", "--spec", str(spec), cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
@@ -353,7 +353,7 @@ def test_memory_limit_makes_trials_infeasible_and_no_feasible_config_exits_1(tmp
     assert trial.user_attrs["outcome"] == "ok" and trial.user_attrs["feasible"] is False
     assert "memory" in trial.user_attrs["reason"]
     assert trial.system_attrs["constraints"][2] > 0
-    assert not (tmp_path / "studies" / "tight.best.yaml").exists()
+    assert not (tmp_path / "runs" / "tight" / "best.yaml").exists()
 
 
 def test_a_study_refuses_other_hardware_and_a_changed_job(searched: tuple[Path, str]) -> None:
@@ -365,7 +365,7 @@ def test_a_study_refuses_other_hardware_and_a_changed_job(searched: tuple[Path, 
     other = workdir / "changed" / "small.yaml"
     other.parent.mkdir()
     other.write_text(yaml.safe_dump(changed))
-    done = run_cli("search", "--spec", str(other), "--storage", "sqlite:///studies/small.db", cwd=workdir)
+    done = run_cli("search", "--spec", str(other), "--storage", "sqlite:///runs/small/study.db", cwd=workdir)
     assert done.returncode == 2 and "different job" in done.stderr and "Traceback" not in done.stderr
     fingerprint = study.user_attrs["fingerprint"]
     study.set_user_attr("fingerprint", "0123456789abcdef")

@@ -148,7 +148,7 @@ def test_four_workers_share_one_study_without_running_anything_twice(
         assert t.state in (TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING), t
         if t.state is TrialState.FAIL:  # given up without running: another trial had its config
             assert "given_up" in t.user_attrs, t.user_attrs
-    export = yaml.safe_load((tmp_path / "studies" / f"{name}.best.yaml").read_text())
+    export = yaml.safe_load((tmp_path / "runs" / name / "best.yaml").read_text())
     assert export["study"]["trials_ran"] == budget
 
 
@@ -251,7 +251,7 @@ def test_kill_9_leaves_no_trial_process_and_the_rerun_resumes(tmp_path: Path) ->
         assert hung is not None and loaders, f"no trial hung with loader workers: {sorted(os.listdir(tmp_path))}"
         processes = _descendants(search.pid)  # the fork server, the trial, its loader workers, ...
         assert hung in processes and set(loaders) <= set(processes), processes
-        study = optuna.load_study(study_name="killed", storage=f"sqlite:///{tmp_path}/studies/killed.db")
+        study = optuna.load_study(study_name="killed", storage=f"sqlite:///{tmp_path}/runs/killed/study.db")
         (cut,) = study.get_trials(states=(TrialState.RUNNING,))
         finished = {t.number: (t.params, t.values, t.datetime_complete) for t in ran(study.get_trials())}
         assert finished, "no trial finished before the hang"
@@ -527,7 +527,7 @@ def test_jobs_is_refused_without_a_gpu_and_with_device(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "--jobs 2" in done.stderr and "no" in done.stderr and "GPU" in done.stderr
-    assert not (tmp_path / "studies").exists()
+    assert not (tmp_path / "runs").exists()
     both = run_cli("search", "--spec", str(spec), "--jobs", "2", "--device", "cpu", cwd=tmp_path)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
@@ -549,6 +549,6 @@ def test_workers_started_together_share_the_study_and_relay_their_lines(
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(line.startswith("[cpu] ") for line in lines), lines
     assert sum("best: trial" in line for line in lines) == 2
-    trials = optuna.load_study(study_name="pair", storage=f"sqlite:///{tmp_path}/studies/pair.db").get_trials()
+    trials = optuna.load_study(study_name="pair", storage=f"sqlite:///{tmp_path}/runs/pair/study.db").get_trials()
     assert len(ran(trials)) == 2
     assert len((tmp_path / "trained").read_text().splitlines()) == 2 + 2

@@ -381,7 +381,7 @@ def test_each_study_compiles_into_its_own_cache(tmp_path: Path, monkeypatch: pyt
     monkeypatch.chdir(tmp_path)
     job = _job(tmp_path)
     request_ = search.trial_request(job, job.complete({}), "cpu")
-    assert request_.compile_cache == str(tmp_path / "studies" / "small.compile-cache")
+    assert request_.compile_cache == str(tmp_path / "runs" / "small" / "compile-cache")
 
 
 def test_a_trials_compile_is_recorded_cold_then_warm_in_its_studys_cache(

@@ -37,7 +37,7 @@ def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _study(workdir: Path) -> optuna.Study:
-    return optuna.load_study(study_name="board", storage=f"sqlite:///{workdir}/studies/board.db")
+    return optuna.load_study(study_name="board", storage=f"sqlite:///{workdir}/runs/board/study.db")
 
 
 def test_the_study_carries_a_note_and_charts_for_the_dashboard(study_dir: Path) -> None:

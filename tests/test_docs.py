@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from autotuner.cli import build_parser
-from autotuner.spec import JobSpec
+from autotuner.specfile import JobSpec
 from tests.conftest import ROOT
 
 USER_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -51,7 +51,7 @@ BATCHES = [2, 4, 8, 16, 32, 64]
 
 
 def _study(workdir: Path, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{workdir}/studies/{name}.db")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{workdir}/runs/{name}/study.db")
 
 
 def _key(trial: optuna.trial.FrozenTrial) -> tuple[str, int]:
@@ -93,7 +93,7 @@ def test_the_study_ends_normally_and_exports(fault_study: tuple[Path, Any]) -> N
     workdir, done = fault_study
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
-    export = yaml.safe_load((workdir / "studies" / "faults.best.yaml").read_text())
+    export = yaml.safe_load((workdir / "runs" / "faults" / "best.yaml").read_text())
     assert (export["params"]["precision"], export["params"]["batch_size"]) in HEALTHY
     assert export["baseline"]["outcome"] == "ok"
     counts: dict[str, int] = {}
@@ -156,7 +156,7 @@ def test_a_factory_that_fails_once_is_an_error_and_the_next_trial_runs(tmp_path:
     )
     done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "studies" / "flaky.best.yaml").exists()
+    assert (tmp_path / "runs" / "flaky" / "best.yaml").exists()
     trials = _study(tmp_path, "flaky").get_trials()
     assert [t.user_attrs["outcome"] for t in trials] == ["ok", "error", "ok"], [t.user_attrs for t in trials]
     failed = trials[1].user_attrs

@@ -65,7 +65,7 @@ def _gpt_spec(
 
 
 def _study(folder: Path, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/studies/{name}.db")
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/runs/{name}/study.db")
 
 
 def _trials(folder: Path, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -132,7 +132,7 @@ def test_a_cuda_study_runs_every_precision_from_the_fork_server(precisions: Path
     for precision in ("bf16", "tf32"):
         expected = "ok" if capabilities[precision] else "unsupported"
         assert by_precision[precision].user_attrs["outcome"] == expected, _shown(by_precision[precision])
-    assert (precisions / "studies" / "precisions.best.yaml").exists()
+    assert (precisions / "runs" / "precisions" / "best.yaml").exists()
 
 
 def test_fp16_trains_through_the_grad_scaler_with_a_finite_drift(precisions: Path) -> None:
@@ -182,7 +182,7 @@ def test_energy_per_sample_can_be_the_third_objective(tmp_path: Path) -> None:
     assert ok
     for trial in ok:
         assert 0 < trial.values[2] < math.inf and trial.values[2] == trial.user_attrs["energy_j_per_sample"]
-    assert (tmp_path / "studies" / "energy.best.yaml").exists()
+    assert (tmp_path / "runs" / "energy" / "best.yaml").exists()
 
 
 def test_every_compile_mode_with_accumulation_ends_ok_or_unsupported(compile_modes: Path) -> None:
@@ -317,7 +317,7 @@ def test_search_with_one_job_runs_one_worker_on_the_first_gpu(tmp_path: Path) ->
     environment = _study(tmp_path, "one-job").user_attrs["environment"]
     assert environment["device"] == "cuda:0"
     assert all(t.user_attrs["outcome"] == "ok" for t in _trials(tmp_path, "one-job"))
-    export = yaml.safe_load((tmp_path / "studies" / "one-job.best.yaml").read_text())
+    export = yaml.safe_load((tmp_path / "runs" / "one-job" / "best.yaml").read_text())
     assert export["environment"]["device"] == "cuda:0"
     # one worker per GPU, and no more than there are
     count = int(environment["device_count"])

@@ -176,7 +176,7 @@ def _import_gpu_py() -> ModuleType:
 def test_apply_figures_are_read_as_a_gpu_prints_them() -> None:
     """On a GPU the baseline runs after the config, not in lockstep: the same lines, read alike."""
     gpu = _import_gpu_py()
-    output = """studies/gpu-gpt.best.yaml: precision=bf16 batch=64x1 workers=2 compile=default (trial #5 of gpu-gpt)
+    output = """runs/gpu-gpt/best.yaml: precision=bf16 batch=64x1 workers=2 compile=default (trial #5 of gpu-gpt)
 ran 120 optimizer steps of 64 samples (24 windows of 5, after 31.20 s of warm-up) on cuda:0 (NVIDIA H100 80GB HBM3)
 throughput: 612 samples/s here (spread 0.4%), 608 samples/s in the study (spread 0.3%): ratio 1.01
 speedup: 10.21x here (over the baseline precision=fp32 batch=8x8 workers=0 compile=none, 60 samples/s, \

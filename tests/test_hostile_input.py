@@ -1,5 +1,5 @@
 """Hostile input: whatever a spec, an argument or a storage URL holds, the CLI answers with exit
-code 2 and one line that names the problem (no traceback), and writes nothing: no studies/
+code 2 and one line that names the problem (no traceback), and writes nothing: no runs/
 folder, no database, no export.
 
 Generated specs (Hypothesis) go through the CLI's own `main()` in this process, which is fast;
@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from autotuner.backends import BACKENDS
 from autotuner.cli import main
-from autotuner.spec import MAX_CONFIGS, NAME, SAMPLERS
+from autotuner.spec import MAX_CONFIGS
+from autotuner.specfile import NAME, SAMPLERS
 from autotuner.workload import is_import_path
 from tests.conftest import run_cli
 from tests.helpers import FAULTY, SMALL_MLP
@@ -395,7 +396,7 @@ def test_a_directory_an_unreadable_file_and_a_missing_file_are_refused(tmp_path:
         assert_refused(code, out, err, str(locked), "cannot read the spec", "Permission denied")
     finally:
         locked.chmod(0o644)
-    assert not (tmp_path / "studies").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize(

@@ -115,7 +115,7 @@ def test_a_jax_spec_in_a_python_without_jax_is_one_line_and_exit_2(tmp_path: Pat
         f"autotuner: error: {spec}: backend: "
         "the jax backend needs jax, not installed here: pip install 'autotuner[jax]'\n"
     )
-    assert not (tmp_path / "studies").exists(), "nothing is stored"
+    assert not (tmp_path / "runs").exists(), "nothing is stored"
 
 
 # ---------------------------------------------------------------- the built-ins and the factory contract
@@ -226,7 +226,7 @@ def jax_study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dic
     spec = _write(workdir, JAX_SPEC)
     done = run_cli("search", "--spec", str(spec), cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
-    export = yaml.safe_load((workdir / "studies" / "small-jax.best.yaml").read_text())
+    export = yaml.safe_load((workdir / "runs" / "small-jax" / "best.yaml").read_text())
     return workdir, spec, export
 
 
@@ -240,7 +240,7 @@ def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
     assert export["params"]["jit"] == "on" and export["params"]["precision"] == "fp32"
     assert export["environment"]["backend"] == "jax" and "jax" in export["environment"]["versions"]
     assert export["metrics"]["drift"] < 1e-4  # jit against the eager reference: rounding only
-    study = optuna.load_study(study_name="small-jax", storage=f"sqlite:///{workdir}/studies/small-jax.db")
+    study = optuna.load_study(study_name="small-jax", storage=f"sqlite:///{workdir}/runs/small-jax/study.db")
     reference = study.user_attrs["reference"]
     assert reference["config"]["jit"] == "off" and reference["noise_floor"] == 0.0
     outcomes = sorted((t.params["precision"], t.user_attrs["outcome"]) for t in study.trials)
@@ -249,7 +249,7 @@ def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
 
 def test_autotuner_apply_runs_a_jax_export(jax_study: tuple[Path, Path, dict[str, Any]]) -> None:
     workdir, spec, export = jax_study
-    done = run_cli("apply", "studies/small-jax.best.yaml", "--spec", str(spec), "--steps", "6", cwd=workdir)
+    done = run_cli("apply", "runs/small-jax/best.yaml", "--spec", str(spec), "--steps", "6", cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{export['metrics']['throughput']:,.0f} samples/s in the study" in done.stdout
     assert "held-out loss after 2 steps" in done.stdout and "(identical)" in done.stdout  # CPU runs repeat bitwise
@@ -284,8 +284,8 @@ def test_the_guides_jax_factory_and_loop_run_against_an_exported_config(
         _first_python_block("apply.md", "## In your own training loop: JAX"),
     ]
     _, _, export = jax_study
-    (tmp_path / "studies").mkdir()
-    (tmp_path / "studies" / "quickstart-jax.best.yaml").write_text(yaml.safe_dump(export))
+    (tmp_path / "runs" / "quickstart-jax").mkdir(parents=True)
+    (tmp_path / "runs" / "quickstart-jax" / "best.yaml").write_text(yaml.safe_dump(export))
     factory = tmp_path / "jax_job.py"
     factory.write_text(blocks[0])
     (tmp_path / "train.py").write_text(blocks[1])

@@ -68,4 +68,4 @@ def test_the_energy_objective_on_a_device_without_an_energy_counter_is_refused(t
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "objective.energy" in done.stderr and "energy counter" in done.stderr
-    assert not (tmp_path / "studies" / "cpu-energy.db").exists()  # nothing stored
+    assert not (tmp_path / "runs" / "cpu-energy" / "study.db").exists()  # nothing stored

@@ -78,7 +78,7 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: tuple[Path, str]) -> None:
     workdir, stdout = split
     assert "in 4 groups of at most 2 processes (budget.remeasure_group)" in stdout  # 2 configs x 2 runs
-    study = optuna.load_study(study_name="small", storage=f"sqlite:///{workdir}/studies/small.db")
+    study = optuna.load_study(study_name="small", storage=f"sqlite:///{workdir}/runs/small/study.db")
     stored = remeasurements(study)
     configs = [n for n in stored if n != 0]
     assert configs and 0 in stored
@@ -88,7 +88,7 @@ def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: 
         assert claim.lockstep is True and claim.group == [0, number]
         assert [len(w) for w in claim.windows] == [3, 3] and len(claim.baseline_windows) == 6
     trials = {t.number: t for t in records(study)}
-    export = yaml.safe_load((workdir / "studies" / "small.best.yaml").read_text())
+    export = yaml.safe_load((workdir / "runs" / "small" / "best.yaml").read_text())
     winner = stored[export["study"]["trial"]]
     assert export["speedup"] == pytest.approx(
         statistics.median(itertools.chain(*winner.windows)) / statistics.median(winner.baseline_windows)

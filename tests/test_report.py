@@ -241,14 +241,14 @@ def test_report_command_on_a_real_study(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, budget={"trials": 2})
     done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/studies/small.db")
+    study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/runs/small/study.db")
     numbers = [t.number for t in study.trials]
     assert len(numbers) >= 2
 
     html_run = run_cli("report", "--spec", str(spec), cwd=tmp_path)
     assert html_run.returncode == 0, html_run.stderr
-    page_path = tmp_path / "studies" / "small.report.html"
-    assert html_run.stdout.strip() == str(Path("studies") / "small.report.html")
+    page_path = tmp_path / "runs" / "small" / "report.html"
+    assert html_run.stdout.strip() == str(Path("runs") / "small" / "report.html")
     page = page_path.read_text()
     assert "autotuner report: small" in page
     assert 'id="pareto"' in page and "Plotly.newPlot" in page
@@ -262,15 +262,15 @@ def test_report_command_on_a_real_study(tmp_path: Path) -> None:
 
     md_run = run_cli("report", "--spec", str(spec), "--format", "md", cwd=tmp_path)
     assert md_run.returncode == 0, md_run.stderr
-    markdown = (tmp_path / "studies" / "small.report.md").read_text()
+    markdown = (tmp_path / "runs" / "small" / "report.md").read_text()
     for heading in ("### Pareto front", "### Top 10 speedups", "### Throughput by knob value", "All trials"):
         assert heading in markdown
     assert "| trial | role | config | outcome | feasible |" in markdown
     assert "<script" not in markdown
 
-    missing = run_cli("report", "--study", "nope", "--storage", "sqlite:///studies/small.db", cwd=tmp_path)
+    missing = run_cli("report", "--study", "nope", "--storage", "sqlite:///runs/small/study.db", cwd=tmp_path)
     assert missing.returncode == 2
-    assert missing.stderr.strip() == "autotuner: error: name: no study 'nope' in sqlite:///studies/small.db"
+    assert missing.stderr.strip() == "autotuner: error: name: no study 'nope' in sqlite:///runs/small/study.db"
     bad = run_cli("report", "--study", "small", "--storage", "nonsense://", cwd=tmp_path)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 

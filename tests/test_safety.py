@@ -1,4 +1,4 @@
-"""Safety: YAML is only ever loaded safely, a study name can never name a file outside studies/,
+"""Safety: YAML is only ever loaded safely, a study name can never name a file outside its folder in runs/,
 the dashboard is served to this machine alone unless --host says otherwise, and what a study
 writes is git-ignored."""
 
@@ -19,7 +19,8 @@ from autotuner.apply import load_config
 from autotuner.errors import SpecError
 from autotuner.export import export_path
 from autotuner.report import report_path
-from autotuner.spec import NAME, load_spec
+from autotuner.spec import load_spec
+from autotuner.specfile import NAME
 from tests.conftest import ROOT, dashboard_server
 
 SOURCES = [
@@ -72,19 +73,22 @@ def test_a_study_name_that_is_a_path_is_refused(tmp_path: Path, name: str) -> No
 
 @settings(max_examples=200, deadline=None, database=None)
 @given(name=st.from_regex(NAME, fullmatch=True) | st.text(max_size=70))
-def test_every_name_a_spec_accepts_stays_inside_studies(name: str) -> None:
-    """The database, the export and the report of any name a spec accepts lie in studies/."""
+def test_every_name_a_spec_accepts_stays_inside_its_folder(name: str) -> None:
+    """The database, the export, the report and the compile cache of any name a spec accepts lie in
+    runs/<name>/, a folder of its own directly in runs/."""
     from autotuner.spec import parse_spec
 
     try:
         job = parse_spec({**MINIMAL, "name": name}, "inline")
     except SpecError:
         return
-    studies = Path("studies").resolve()
+    folder = job.output_dir().resolve()
+    assert folder.parent == Path("runs").resolve() and folder.name == name
     database = Path(job.storage_url().removeprefix("sqlite:///"))
-    for path in (database, export_path(job.name), export_path(job.name, "json"), report_path(job.name, "md")):
-        assert path.resolve().parent == studies, path
-        assert path.name.startswith(name) and "/" not in name and "\x00" not in name
+    written = (database, export_path(job.name), export_path(job.name, "json"), report_path(job.name, "md"))
+    for path in (*written, job.compile_cache_dir()):
+        assert path.resolve().parent == folder, path
+    assert "/" not in name and "\x00" not in name
 
 
 # ---------------------------------------------------------------- the dashboard
@@ -121,14 +125,15 @@ def test_the_dashboard_listens_on_this_machine_alone_by_default(tmp_path: Path) 
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout")
 def test_study_databases_exports_and_reports_are_git_ignored() -> None:
     written = [
-        "studies/job.db",
-        "studies/job.db-journal",
-        "studies/job.best.yaml",
-        "studies/job.best.json",
-        "studies/job.best.yaml.tmp",
-        "studies/job.report.html",
-        "studies/job.report.md",
-        "studies/job.report.html.tmp",
+        "runs/job/study.db",
+        "runs/job/study.db-journal",
+        "runs/job/best.yaml",
+        "runs/job/best.json",
+        "runs/job/best.yaml.123.tmp",
+        "runs/job/report.html",
+        "runs/job/report.md",
+        "runs/job/report.html.tmp",
+        "runs/job/compile-cache/fxgraph",
         "elsewhere/job.db",
     ]
     done = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT, capture_output=True, text=True)

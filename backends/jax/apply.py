@@ -6,7 +6,7 @@
     from autotuner.apply import load_config
     from autotuner.backends.jax.apply import TunedTraining
 
-    tuned = TunedTraining(load_config("studies/quickstart-jax.best.yaml"), loss_fn, optax.adamw(1e-3),
+    tuned = TunedTraining(load_config("runs/quickstart-jax/best.yaml"), loss_fn, optax.adamw(1e-3),
                           dataset, params=params)
     for batch in tuned.loader:
         batch = tuned.to_device(batch)

@@ -6,7 +6,7 @@
     from autotuner.apply import load_config
     from autotuner.backends.pytorch.apply import TunedTraining
 
-    tuned = TunedTraining(load_config("studies/quickstart.best.yaml"), model, optimizer, dataset)
+    tuned = TunedTraining(load_config("runs/quickstart/best.yaml"), model, optimizer, dataset)
     for inputs, target in tuned.loader:
         inputs, target = tuned.to_device((inputs, target))
         with tuned.autocast():

@@ -1,0 +1,249 @@
+"""The job spec file: its keys as strict pydantic models, and how YAML text becomes them.
+
+`read_text` and `parse_yaml` read a file with `yaml.safe_load` (no tags that build Python
+objects); `validate_spec` checks every key against the models below (unknown keys, wrong types,
+non-positive sizes), the data's size and the study's name. Any problem is one `SpecError` line
+naming the file, the key and what is allowed. What the keys mean for a backend (its knobs, the
+space, the baseline) is checked in `autotuner.spec`. The spec reference in the docs is generated
+from these models: each field's attribute docstring is its text.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autotuner.errors import SpecError, shown
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""A study name (matched whole): it names the study's folder, runs/<name>/, so it can never be a path."""
+NAME_RULE = "must be 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit"
+SAMPLERS = ("tpe", "random", "gp", "nsga2")
+MAX_VALUES = 100_000
+"""Most values (scalars, lists and mappings, aliases expanded) a spec may hold."""
+SHOWN_KEY_CHARS = 80
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class Objective(_Strict):
+    max_drift: float = Field(0.01, gt=0, le=1e6)
+    """Largest relative held-out loss drift from the fp32 reference that is still feasible."""
+    max_memory_mb: float | None = Field(None, gt=0, le=2**30)
+    """Limit of a trial's `peak_memory_mb`, in MiB. On a GPU: the most device memory the process
+    held after its warm-up, the larger of the caching allocator's reserved peak (fragmentation and
+    CUDA-graph pools included) and NVML's figure for the process (its CUDA context included); on
+    the CPU: the trial process's peak resident memory."""
+    energy: bool = False
+    """Also minimize energy per sample (J, from NVML's energy counter): a third objective of the
+    study, for its Pareto front. Needs a GPU with an energy counter."""
+
+
+class Budget(_Strict):
+    trials: int = Field(30, gt=0, le=100_000)
+    """Trials that are run (unsupported configs, which cost nothing, are not counted)."""
+    timeout: float | None = Field(None, gt=0)
+    """Seconds of trial wall time for the whole study, summed over every run and worker."""
+    remeasure_top: int = Field(3, ge=0, le=1000)
+    """Before the best is declared, this many of the fastest feasible configs, and the baseline,
+    are measured again in fresh trial processes, then up to as many more that came out within the
+    machine's noise of the best; 0: never. Not counted in `trials`."""
+    remeasure_runs: int = Field(2, gt=0, le=100)
+    """Re-measurement runs per config, each a trial process: the config's throughput is then the
+    median over every window of its processes."""
+    remeasure_windows: int = Field(30, gt=0, le=1000)
+    """Measured windows of each re-measurement run (a trial has `trial.windows`). The
+    re-measurement decides the best and its speedup; measured in lockstep, what is left between
+    two runs is the window-to-window noise, which more windows average out
+    (`benchmarks/fidelity.py` compares 5, 15 and 30 windows of the same processes)."""
+    remeasure_group: int | None = Field(None, gt=0, le=1000)
+    """The most trial processes a re-measurement keeps alive at once. In lockstep (on a CPU) every
+    process of a group holds its model, optimizer and data while it waits for its turn; by
+    default a group is as large as the memory available holds, judged from the configs' peak RSS
+    in their trials; a group too large is split, the baseline beside the configs in each part.
+    1: one process at a time (no lockstep)."""
+
+
+class TrialSettings(_Strict):
+    warmup_steps: int = Field(3, ge=0, le=10_000)
+    """Optimizer steps before anything is timed (compile or jit, allocator settling); their wall
+    time is kept as `warmup_s`."""
+    steps: int = Field(10, gt=0, le=100_000)
+    """Optimizer steps per measured window."""
+    windows: int = Field(3, gt=0, le=1000)
+    """Measured windows per trial: the throughput is their median, stored with their spread."""
+    min_window_s: float = Field(0.5, ge=0, le=3600)
+    """A window lasts at least this long: `steps` is raised once, from a calibration window."""
+    drift_steps: int = Field(5, gt=0, le=10_000)
+    """K: optimizer steps the trial and the reference take before the held-out loss is compared."""
+    timeout: float | None = Field(None, gt=0, le=7 * 86400)
+    """Seconds before a trial process is killed and recorded as `timeout`. None: `TRIAL_TIMEOUT_S`
+    times the backend's factor for the config (`Backend.timeout_factor`: compiling costs more)."""
+    max_memory_mb: float | None = Field(None, ge=64, le=2**30)
+    """Host memory each trial process may allocate (RLIMIT_DATA: heap and private mappings), in
+    MiB; past it an allocation fails and the trial is `oom`. None: no limit. CPU trials only: on
+    a GPU the driver's mappings of device and pinned memory count against RLIMIT_DATA, so a search
+    on a GPU refuses it (`check_trial_limits`); `objective.max_memory_mb` limits device memory."""
+    seed: int = Field(0, ge=0, lt=2**32)
+    """The seed every trial and the reference build the workload with."""
+
+
+class SamplerSettings(_Strict):
+    name: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
+    """`tpe`, `random`, `gp` or `nsga2`."""
+    seed: int | None = Field(None, ge=0, lt=2**32)
+    """The sampler's seed (none: a fresh one each run)."""
+
+
+class JobSpec(_Strict):
+    name: str
+    """The study's name: 1-64 letters, digits, `_`, `-` or `.`, starting with a letter or digit. It
+    names the study's folder, `runs/<name>/` (its database, export, report and compile cache), so
+    it is never a path."""
+    backend: str
+    """The framework backend: `pytorch` or `jax`."""
+    workload: str
+    """The training job: `package.module:function`, a factory returning the backend's workload
+    (imported and called in the trial processes: trusted code, like a pytest `conftest.py`), or a
+    built-in one (`builtin:mlp`, `builtin:cnn`, `builtin:gpt`)."""
+    global_batch: int = Field(gt=0, le=2**31)
+    """Samples per optimizer step, the same in every config: `batch_size` x `accumulation`."""
+    workload_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments the workload factory is called with."""
+    device: str = "auto"
+    """`auto` (`cuda:0` if there is a GPU, else the CPU), `cpu`, `cuda` or `cuda:N`."""
+    baseline: dict[str, Any] = Field(default_factory=dict)
+    """Your current config, knob -> value: always trial 0, and every speedup is over it. Knobs left
+    out take the strict value (fp32, no workers, no compile or jit) and `batch_size` defaults to
+    `global_batch`."""
+    space: str | dict[str, Any] | None = None
+    """The search space: a preset's name, or a mapping of knob -> list of choices with an optional
+    `preset` (choices given inline replace the preset's). Default: the backend's own preset."""
+    objective: Objective = Objective()
+    """What is feasible: drift tolerance, a memory limit, energy as a third objective."""
+    budget: Budget = Budget()
+    """How much the study runs, and how its best is measured again."""
+    trial: TrialSettings = TrialSettings()
+    """How each trial process measures a config."""
+    storage: str | None = None
+    """The study's storage, any SQLAlchemy URL. Default: `sqlite:///runs/<name>/study.db`."""
+    sampler: Literal["tpe", "random", "gp", "nsga2"] | SamplerSettings = SamplerSettings()
+    """The Optuna sampler: its name, or a mapping with `name` and `seed`. The default, `tpe`,
+    starts from a rule-of-thumb config and a local search around the best trial before TPE."""
+
+
+def validate_spec(data: Any, source: str) -> JobSpec:
+    """Already-loaded YAML data as a `JobSpec`: its keys, types, bounds, size and name checked."""
+    if data is None:
+        raise SpecError(
+            "the file is empty; a job spec needs at least name, backend, workload and global_batch", source=source
+        )
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"a job spec is a mapping of keys (name, backend, workload, global_batch, ...), not {type(data).__name__}",
+            source=source,
+        )
+    _check_size(data, source)
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        # For a union (e.g. sampler: name or mapping) the deepest error is the telling one.
+        errors: list[Any] = list(exc.errors())
+        key, message = _describe_pydantic(max(errors, key=lambda e: len(e["loc"])))
+        raise SpecError(message, source=source, key=key) from None
+    if not NAME.fullmatch(spec.name):
+        raise SpecError(NAME_RULE, source=source, key="name")
+    return spec
+
+
+def _describe_pydantic(error: dict[str, Any]) -> tuple[str, str]:
+    loc = [str(p) for p in error["loc"] if not str(p).startswith(("function-", "literal["))]
+    # Union members appear in the location (e.g. "str", "SamplerSettings"): drop them.
+    loc = [p for p in loc if not (p[:1].isupper() or p in ("str", "dict[str,any]", "none"))]
+    key = ".".join(loc)[:SHOWN_KEY_CHARS] or "(top level)"
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return key, f"unknown key; allowed here: {', '.join(_allowed_keys(loc[:-1]))}"
+    if kind == "missing":
+        return key, "required key is missing"
+    if loc == ["space"] and kind in ("string_type", "dict_type"):
+        return key, f"must be a preset name or a mapping of knob -> [choices] (got {shown(error.get('input'))})"
+    if kind == "literal_error":
+        return key, f"{shown(error['input'])} is not allowed; choose between {error['ctx']['expected']}"
+    return key, f"{error['msg'][0].lower()}{error['msg'][1:]} (got {shown(error.get('input'))})"
+
+
+def _allowed_keys(loc: list[str]) -> list[str]:
+    model: Any = JobSpec
+    for part in loc:
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        model = next(
+            (
+                a
+                for a in getattr(annotation, "__args__", (annotation,))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ),
+            annotation,
+        )
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return list(model.model_fields)
+
+
+def _check_size(data: Any, source: str) -> None:
+    """Refuse data that contains itself, or holds more than MAX_VALUES values once YAML aliases
+    are expanded: a few lines of anchors can stand for billions of values."""
+    count = 0
+
+    def walk(value: Any, ancestors: frozenset[int]) -> None:
+        nonlocal count
+        count += 1
+        if count > MAX_VALUES:
+            raise SpecError(f"too large: more than {MAX_VALUES:,} values once its aliases are expanded", source=source)
+        if isinstance(value, (dict, list)):
+            if id(value) in ancestors:
+                raise SpecError("a value contains itself (a YAML alias inside its own anchor)", source=source)
+            inner = ancestors | {id(value)}
+            for item in value.values() if isinstance(value, dict) else value:
+                walk(item, inner)
+
+    try:
+        walk(data, frozenset())
+    except RecursionError:
+        raise SpecError("not valid YAML (nested too deeply)", source=source) from None
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of `path`, or one SpecError line saying why it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("no such file", source=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(
+            f"cannot read the {what}: {exc.__class__.__name__}: {getattr(exc, 'strerror', None) or exc}",
+            source=str(path),
+        ) from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text as plain data, with `yaml.safe_load`: no tag builds a Python object. Any problem
+    is one SpecError line naming `source`."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{where}not valid YAML ({problem})", source=source) from None
+    except RecursionError:
+        raise SpecError("not valid YAML (nested too deeply)", source=source) from None
+    except (ValueError, OverflowError) as exc:  # a scalar the constructor refuses: 2024-13-45, a 5000-digit int
+        raise SpecError(f"not valid YAML ({' '.join(str(exc).split())[:100]})", source=source) from None
