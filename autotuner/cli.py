@@ -58,6 +58,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     from autotuner.spec import load_spec
 
     job = load_spec(args.spec)
+    earlier = job.earlier_default_storage(args.storage)
+    if earlier is not None:
+        print(
+            f"autotuner: note: this study was stored at {earlier.removeprefix('sqlite:///')} before results moved "
+            f"to {job.output_dir()}/; a new study starts there. To resume the stored one: --storage {earlier}",
+            file=sys.stderr,
+        )
     if args.jobs and args.jobs > 1:
         from autotuner.multi_gpu import search_on_gpus
 

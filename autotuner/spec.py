@@ -69,6 +69,15 @@ class Job:
     def storage_url(self, override: str | None = None) -> str:
         return override or self.spec.storage or f"sqlite:///{(self.output_dir() / 'study.db').as_posix()}"
 
+    def earlier_default_storage(self, override: str | None = None) -> str | None:
+        """The URL of this study's database where autotuner 0.1 kept it by default
+        (`studies/<name>.db`), when the default storage is used, has no database yet, and that one
+        exists: the search then says how to resume it rather than starting afresh in silence."""
+        if override or self.spec.storage or (self.output_dir() / "study.db").exists():
+            return None
+        earlier = Path("studies") / f"{self.name}.db"
+        return f"sqlite:///{earlier.as_posix()}" if earlier.is_file() else None
+
     def identity(self) -> str:
         """Hash of everything that changes what a trial measures; a study keeps one identity.
 

@@ -87,7 +87,7 @@ def open_storage(
         parsed.get_dialect()
     except sqlalchemy.exc.ArgumentError:
         raise SpecError(
-            f"{url!r} is not a SQLAlchemy database URL (e.g. sqlite:///studies/x.db, postgresql://host/db)",
+            f"{url!r} is not a SQLAlchemy database URL (e.g. sqlite:///runs/x/study.db, postgresql://host/db)",
             key="storage",
         ) from None
     except sqlalchemy.exc.NoSuchModuleError:

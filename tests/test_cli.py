@@ -389,3 +389,20 @@ def test_export_top_lists_the_best_feasible_configs_in_order(searched: tuple[Pat
     assert [entry["throughput"] for entry in top] == [t.throughput for t in feasible[:2]]
     assert [entry["rank"] for entry in top] == [1, 2]
     assert "1. #" in done.stdout
+
+
+def test_a_study_stored_where_0_1_kept_it_is_named_with_how_to_resume_it(tmp_path: Path) -> None:
+    """autotuner 0.1 kept a study's database at studies/<name>.db. A search of that study with the
+    default storage says where it is and how to resume it, instead of silently starting afresh
+    in runs/<name>/; with the new database present, or a storage named, it says nothing."""
+    spec = write_spec(tmp_path, name="moved")
+    (tmp_path / "studies").mkdir(exist_ok=True)
+    optuna.create_study(study_name="moved", storage=f"sqlite:///{tmp_path}/studies/moved.db")
+    # an unusable device stops the search before anything is stored: the note comes first
+    done = run_cli("search", "--spec", str(spec), "--device", "cuda:7", cwd=tmp_path)
+    assert done.returncode == 2
+    note = done.stderr.splitlines()[0]
+    assert "studies/moved.db" in note and "--storage sqlite:///studies/moved.db" in note, done.stderr
+    assert not (tmp_path / "runs" / "moved" / "study.db").exists()
+    named = run_cli("search", "--spec", str(spec), "--device", "cuda:7", "--storage", "sqlite:///x.db", cwd=tmp_path)
+    assert "studies/moved.db" not in named.stderr
