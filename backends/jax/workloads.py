@@ -163,7 +163,7 @@ def _markov_tokens(count: int, length: int, vocab: int, seed: int) -> np.ndarray
 
 
 def gpt(**size: Any) -> JaxWorkload:
-    """The built-in GPT (`autotuner.builtin_gpt.GptSize`: its `workload_args`), as the PyTorch
+    """The built-in GPT (`autotuner.builtin_sizes.GptSize`: its `workload_args`), as the PyTorch
     backend's: the same shapes, a tied head."""
     shape = GptSize(**size)
     tokens = _markov_tokens(shape.samples + HELDOUT, shape.length, shape.vocab, seed=4321)

@@ -191,7 +191,7 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def gpt(**size: Any) -> TorchWorkload:
-    """The built-in GPT (`autotuner.builtin_gpt.GptSize`: its `workload_args`)."""
+    """The built-in GPT (`autotuner.builtin_sizes.GptSize`: its `workload_args`)."""
     shape = GptSize(**size)
     tokens = _markov_tokens(shape.samples + HELDOUT, shape.length, shape.vocab, seed=4321)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
