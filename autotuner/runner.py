@@ -6,11 +6,11 @@ counts its FLOPs, restores the initial weights and runs the drift phase (K optim
 dataset's first items in order, then the loss on the held-out items). `probe` reports a device's
 environment. Both call into a `TrialBackend`: the framework's own steps and nothing else.
 
-Each backend's runner module (`Backend.runner`) holds its `TrialBackend` and exposes its `run`,
-`probe` and `classify_exception` as module attributes: the fork server preloads that module (and
-with it the framework), and `autotuner.trial.TrialLauncher` calls `runner.function(arg)` by name
-(in a lockstep group, `run(request, turns=...)`: `autotuner.lockstep`). This module imports no
-framework.
+Each backend's runner module (`Backend.runner`) holds its `TrialBackend` as `TRIAL`: the fork
+server preloads that module (and with it the framework), and a trial process started by
+`autotuner.trial.TrialLauncher` calls the entry point it is given by name on `TRIAL` (`run` or
+`probe`; in a lockstep group, `run(request, turns=...)`: `autotuner.lockstep`). This module imports
+no framework.
 """
 
 from __future__ import annotations
@@ -152,16 +152,16 @@ class TrialBackend(ABC):
     @abstractmethod
     def classify_exception(self, exc: BaseException) -> str | None:
         """`oom` when `exc` is the framework's out-of-memory error, else None. In a trial process,
-        on any exception the trial raised (the runner module exposes it by that name)."""
+        on any exception the entry point raised."""
 
     # ------------------------------------------------------------ entry points
 
     def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
-        """The runner module's `run`: one trial of `request`; with `turns`, measured in a lockstep group."""
+        """Entry point: one trial of `request`; with `turns`, measured in a lockstep group."""
         return run_trial(self, request, turns)
 
     def probe(self, arg: dict[str, Any]) -> dict[str, Any]:
-        """The runner module's `probe` (see `autotuner.backends._base`)."""
+        """Entry point: the probe (see `autotuner.backends._base`)."""
         return probe(self, arg)
 
 

@@ -109,20 +109,25 @@ def _trial_main(
     turns: multiprocessing.connection.Connection | None = None,
 ) -> None:
     """Entry point of a trial process: `runner.function(arg)`, its result (or the exception that
-    stopped it) sent on `conn`. With `turns` (the end of a lockstep group's turn pipe the launcher
-    sends down), the call is `runner.function(arg, turns=...)`: its measurement waits there for
-    its turns (`autotuner.messages.Turns`)."""
+    stopped it) sent on `conn`. A backend's runner module holds its `autotuner.runner.TrialBackend`
+    as `TRIAL`: then the function is that object's, and its `classify_exception` tells which
+    exceptions are out-of-memory errors; in any other module (a test's helper) it is the module's
+    own. With `turns` (the end of a lockstep group's turn pipe the launcher sends down), the call is
+    `runner.function(arg, turns=...)`: its measurement waits there for its turns
+    (`autotuner.messages.Turns`)."""
     os.setsid()  # own process group: the launcher kills it together with its workers
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     _limit_memory(memory_limit_mb)
     send_message(conn, Started(time.time()))
     extra = {} if turns is None else {"turns": Turns(lambda waiting: send_message(conn, waiting), turns.recv)}
-    is_oom = lambda exc: False  # noqa: E731 - replaced once the runner imports
+    is_oom = lambda exc: False  # noqa: E731 - replaced once a runner module imports
     try:
         module = importlib.import_module(runner)
-        is_oom = lambda exc: module.classify_exception(exc) == "oom"  # noqa: E731
-        message = {"status": "ok", "result": getattr(module, function)(arg, **extra)}
+        trial = getattr(module, "TRIAL", None)
+        if trial is not None:
+            is_oom = lambda exc: trial.classify_exception(exc) == "oom"  # noqa: E731
+        message = {"status": "ok", "result": getattr(module if trial is None else trial, function)(arg, **extra)}
     except BaseException as exc:  # everything the user's code raises is a trial outcome
         message = exception_message(exc, is_oom)
         if memory_limit_mb is not None and message["kind"] == Outcome.OOM.value:

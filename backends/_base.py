@@ -11,7 +11,10 @@ A backend has three parts:
 * a runner module (`Backend.runner`), imported only in trial processes (and preloaded by the
   fork server, so it must not touch the accelerator at import time). It holds the backend's
   `autotuner.runner.TrialBackend`, the framework's steps of the one trial algorithm
-  (`autotuner.runner`), and exposes the entry points the engine calls by name:
+  (`autotuner.runner`), as the module attribute ``TRIAL``: a trial process imports the module and
+  calls on ``TRIAL`` the entry point the engine names (`autotuner.trial`). `TrialBackend`
+  provides ``probe`` and ``run`` over the backend's steps; the backend writes
+  ``classify_exception``:
 
   ``probe(arg: dict) -> dict``
       Called once per search in a trial process, before anything is stored, with ``device``,
@@ -26,10 +29,8 @@ A backend has three parts:
       One trial: `autotuner.runner.run_trial`; with ``turns`` (`autotuner.messages.Turns`),
       measured in a lockstep group (`autotuner.lockstep`). A non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
   ``classify_exception(exc: BaseException) -> str | None``
-      ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None.
-
-  The module's last lines are ``TRIAL = <its TrialBackend>()``, ``run = TRIAL.run``,
-  ``probe = TRIAL.probe`` and ``classify_exception = TRIAL.classify_exception``.
+      ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None; the
+      trial process asks it about any exception the entry point raised.
 
 * an apply module (``backends/<name>/apply.py``): the one implementation of what a config means
   for a training loop. The runner trains through it, and users import it for their

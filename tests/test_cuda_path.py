@@ -20,10 +20,11 @@ import torch
 import yaml
 
 import autotuner.backends.pytorch.apply as torch_apply
+import autotuner.backends.pytorch.probe as torch_probe
 import autotuner.backends.pytorch.runner as torch_runner
 from autotuner import lockstep, search
 from autotuner.backends.pytorch.apply import TunedTraining
-from autotuner.backends.pytorch.runner import classify_exception
+from autotuner.backends.pytorch.runner import TRIAL
 from autotuner.errors import SpecError
 from autotuner.outcomes import Outcome
 from autotuner.recording import trial_metrics
@@ -186,8 +187,8 @@ def test_peak_gpu_memory_is_the_reserved_peak_reset_after_the_warmup(monkeypatch
     for name, function in fake.items():
         monkeypatch.setattr(torch.cuda, name, function)
     cuda = torch.device("cuda", 0)
-    assert torch_runner.TRIAL.peak_memory_mb(cuda) == 3 * 1024  # what the process took, not what tensors use
-    torch_runner.TRIAL.after_warmup(cuda, lambda: calls.append("step"))
+    assert TRIAL.peak_memory_mb(cuda) == 3 * 1024  # what the process took, not what tensors use
+    TRIAL.after_warmup(cuda, lambda: calls.append("step"))
     assert calls == ["synchronize", "empty_cache", "reset", "step", "synchronize"]
 
 
@@ -215,6 +216,7 @@ def test_ooms_are_oom_however_torch_wraps_them() -> None:
     from torch._dynamo.exc import BackendCompilerFailed
     from torch._inductor.exc import InductorError
 
+    classify = TRIAL.classify_exception
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     try:
         try:
@@ -222,14 +224,14 @@ def test_ooms_are_oom_however_torch_wraps_them() -> None:
         except torch.OutOfMemoryError as inner:
             raise RuntimeError("compiling failed") from inner
     except RuntimeError as chained:
-        assert classify_exception(chained) == "oom"
-    assert classify_exception(BackendCompilerFailed(None, oom, None)) == "oom"
-    assert classify_exception(InductorError(oom, None)) == "oom"
-    assert classify_exception(torch.AcceleratorError("CUDA error: out of memory")) == "oom"
-    assert classify_exception(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate")) == "oom"
-    assert classify_exception(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried")) == "oom"
-    assert classify_exception(BackendCompilerFailed(None, ValueError("a bug"), None)) is None
-    assert classify_exception(RuntimeError("CUDA error: an illegal memory access was encountered")) is None
+        assert classify(chained) == "oom"
+    assert classify(BackendCompilerFailed(None, oom, None)) == "oom"
+    assert classify(InductorError(oom, None)) == "oom"
+    assert classify(torch.AcceleratorError("CUDA error: out of memory")) == "oom"
+    assert classify(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate")) == "oom"
+    assert classify(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried")) == "oom"
+    assert classify(BackendCompilerFailed(None, ValueError("a bug"), None)) is None
+    assert classify(RuntimeError("CUDA error: an illegal memory access was encountered")) is None
 
 
 def test_oom_classification_works_on_a_torch_without_torch_out_of_memory_error(
@@ -237,8 +239,8 @@ def test_oom_classification_works_on_a_torch_without_torch_out_of_memory_error(
 ) -> None:
     """torch before 2.5 has only torch.cuda.OutOfMemoryError: any failure must not become a crash."""
     monkeypatch.delattr(torch, "OutOfMemoryError")
-    assert classify_exception(torch.cuda.OutOfMemoryError("CUDA out of memory")) == "oom"
-    assert classify_exception(ValueError("user code")) is None
+    assert TRIAL.classify_exception(torch.cuda.OutOfMemoryError("CUDA out of memory")) == "oom"
+    assert TRIAL.classify_exception(ValueError("user code")) is None
 
 
 # ---------------------------------------------------------------- 8. the fork server never starts CUDA
@@ -295,10 +297,10 @@ def test_bf16_and_tf32_are_decided_by_the_requested_devices_compute_capability(
     monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     for name in ("has_energy_counter", "cuda_uuid"):
-        monkeypatch.setattr(torch_runner, name, lambda *a, **k: None, raising=False)
-    monkeypatch.setattr(torch_runner, "nvml_driver", lambda: "test")
+        monkeypatch.setattr(torch_probe, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch_probe, "nvml_driver", lambda: "test")
     arg = {"device": "cuda:1", "workload": "autotuner.backends.pytorch.workloads:mlp", "workload_args": None}
-    probed = torch_runner.probe(arg)
+    probed = TRIAL.probe(arg)
     assert asked and all(device == torch.device("cuda", 1) for device in asked)
     assert probed["capabilities"]["bf16"] is bf16 and probed["capabilities"]["tf32"] is bf16
 

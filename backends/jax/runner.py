@@ -1,5 +1,5 @@
 """The JAX backend, trial-process side: JAX's steps of the one trial algorithm
-(`autotuner.runner`), and the runner module's `run`, `probe` and `classify_exception`.
+(`autotuner.runner`), exposed as the runner module's `TRIAL`.
 
 Imported by the fork server before any trial: importing jax initialises no device (that happens
 in the trial process, on first use), so each trial gets its own XLA client, which `probe` and `run`
@@ -188,6 +188,3 @@ class JaxTrial(TrialBackend):
 
 
 TRIAL = JaxTrial()
-run = TRIAL.run
-probe = TRIAL.probe
-classify_exception = TRIAL.classify_exception

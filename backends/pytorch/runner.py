@@ -1,5 +1,6 @@
 """The PyTorch backend, trial-process side: PyTorch's steps of the one trial algorithm
-(`autotuner.runner`), and the runner module's `run`, `probe` and `classify_exception`.
+(`autotuner.runner`), exposed as the runner module's `TRIAL`; what the probe reports of the device
+is `autotuner.backends.pytorch.probe`.
 
 Imported by the fork server before any trial, so importing it must not initialise CUDA.
 The config is applied by `autotuner.backends.pytorch.apply.TunedTraining`, the object users apply an
@@ -11,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import resource
-import shutil
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,11 +20,9 @@ import torch
 import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): let the fork server pay once
 
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
+from autotuner.backends.pytorch.probe import environment, gpu_uuid
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload
-from autotuner.environment import cpu_name
-from autotuner.hardware import peak_flops
 from autotuner.runner import TrialBackend
-from autotuner.telemetry import cuda_uuid, has_energy_counter, nvml_driver
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """c10's CPU allocator has no exception type of its own: when the host (or the trial's memory
@@ -52,31 +49,6 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         yield current
         inner = getattr(current, "inner_exception", None)  # dynamo's BackendCompilerFailed, InductorError
         current = current.__cause__ or (inner if isinstance(inner, BaseException) else None) or current.__context__
-
-
-# ---------------------------------------------------------------- environment
-
-
-def _cpu_autocast_works(dtype: torch.dtype) -> bool:
-    try:
-        with torch.autocast("cpu", dtype=dtype):
-            return torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == dtype
-    except Exception:
-        return False
-
-
-def _compile_works(device: torch.device) -> bool:
-    try:
-        import torch._inductor  # noqa: F401
-    except Exception:
-        return False
-    if device.type == "cuda":
-        try:
-            import triton  # noqa: F401
-        except Exception:
-            return False
-        return True
-    return shutil.which(os.environ.get("CXX", "g++")) is not None or shutil.which("c++") is not None
 
 
 FLOP_COUNT_SAMPLES = 2
@@ -116,44 +88,7 @@ class PyTorchTrial(TrialBackend):
             torch.cuda.set_device(device)
 
     def environment(self, device: torch.device) -> dict[str, Any]:
-        if device.type == "cuda":
-            props = torch.cuda.get_device_properties(device)
-            name = props.name
-            driver = nvml_driver()
-            ampere = props.major >= 8  # of this device: is_bf16_supported() asks about cuda:0, and counts emulation
-            capabilities = {"accelerator": True, "bf16": ampere, "fp16": True, "tf32": ampere, "cuda_graphs": True}
-            extra = {
-                "compute_capability": f"{props.major}.{props.minor}",
-                "memory_mb": props.total_memory // 2**20,
-                "energy_counter": has_energy_counter(self.gpu_uuid(device)),
-            }
-        else:
-            name = cpu_name()
-            driver = platform.release()
-            capabilities = {
-                "accelerator": False,
-                "bf16": _cpu_autocast_works(torch.bfloat16),
-                "fp16": _cpu_autocast_works(torch.float16),
-                "tf32": False,
-                "cuda_graphs": False,
-            }
-            extra = {}
-        capabilities["compile"] = _compile_works(device)
-        return {
-            "device": str(device),
-            "device_name": name,
-            "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-            "driver": driver,
-            "versions": {
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "cuda": torch.version.cuda,
-                "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            },
-            "capabilities": capabilities,
-            "peak_flops": peak_flops(name) if device.type == "cuda" else {},
-            **extra,
-        }
+        return environment(device)
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
@@ -222,7 +157,7 @@ class PyTorchTrial(TrialBackend):
         return float(workload.loss_fn(workload.model(inputs), target).double())
 
     def gpu_uuid(self, device: torch.device) -> str | None:
-        return cuda_uuid(device.index or 0) if device.type == "cuda" else None
+        return gpu_uuid(device)
 
     def after_warmup(self, device: torch.device, step: Callable[[], None]) -> None:
         """On a GPU, the peak is reset here, because compiling and max-autotune's benchmarking of
@@ -280,6 +215,3 @@ class PyTorchTrial(TrialBackend):
 
 
 TRIAL = PyTorchTrial()
-run = TRIAL.run
-probe = TRIAL.probe
-classify_exception = TRIAL.classify_exception
