@@ -6,9 +6,9 @@ counts its FLOPs, restores the initial weights and runs the drift phase (K optim
 dataset's first items in order, then the loss on the held-out items). `probe` reports a device's
 environment. Both call into a `TrialBackend`: the framework's own steps and nothing else.
 
-Each backend's runner module (`Backend.runner`) holds its `TrialBackend` as `TRIAL`: the fork
+Each backend's runner module (`Backend.runner`) holds its `TrialBackend` as `TRIAL_BACKEND`: the fork
 server preloads that module (and with it the framework), and a trial process started by
-`autotuner.trial.TrialLauncher` calls the entry point it is given by name on `TRIAL` (`run` or
+`autotuner.trial.TrialLauncher` calls the entry point it is given by name on `TRIAL_BACKEND` (`run` or
 `probe`; in a lockstep group, `run(request, turns=...)`: `autotuner.lockstep`). This module imports
 no framework.
 """

@@ -110,7 +110,7 @@ def _trial_main(
 ) -> None:
     """Entry point of a trial process: `runner.function(arg)`, its result (or the exception that
     stopped it) sent on `conn`. A backend's runner module holds its `autotuner.runner.TrialBackend`
-    as `TRIAL`: then the function is that object's, and its `classify_exception` tells which
+    as `TRIAL_BACKEND`: then the function is that object's, and its `classify_exception` tells which
     exceptions are out-of-memory errors; in any other module (a test's helper) it is the module's
     own. With `turns` (the end of a lockstep group's turn pipe the launcher sends down), the call is
     `runner.function(arg, turns=...)`: its measurement waits there for its turns
@@ -124,7 +124,7 @@ def _trial_main(
     is_oom = lambda exc: False  # noqa: E731 - replaced once a runner module imports
     try:
         module = importlib.import_module(runner)
-        trial = getattr(module, "TRIAL", None)
+        trial = getattr(module, "TRIAL_BACKEND", None)
         if trial is not None:
             is_oom = lambda exc: trial.classify_exception(exc) == "oom"  # noqa: E731
         message = {"status": "ok", "result": getattr(module if trial is None else trial, function)(arg, **extra)}

@@ -11,8 +11,8 @@ A backend has three parts:
 * a runner module (`Backend.runner`), imported only in trial processes (and preloaded by the
   fork server, so it must not touch the accelerator at import time). It holds the backend's
   `autotuner.runner.TrialBackend`, the framework's steps of the one trial algorithm
-  (`autotuner.runner`), as the module attribute ``TRIAL``: a trial process imports the module and
-  calls on ``TRIAL`` the entry point the engine names (`autotuner.trial`). `TrialBackend`
+  (`autotuner.runner`), as the module attribute ``TRIAL_BACKEND``: a trial process imports the module and
+  calls on ``TRIAL_BACKEND`` the entry point the engine names (`autotuner.trial`). `TrialBackend`
   provides ``probe`` and ``run`` over the backend's steps; the backend writes
   ``classify_exception``:
 

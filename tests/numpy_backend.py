@@ -3,7 +3,7 @@
 It shows what a backend is: an engine-side `Backend` registered with
 `autotuner.backends.register` (on import), a `TunedTraining` that applies a config to a loop,
 and a `TrialBackend` with the framework's steps of the one trial algorithm (`autotuner.runner`),
-exposed as this module's `TRIAL` (it is its own runner module).
+exposed as this module's `TRIAL_BACKEND` (it is its own runner module).
 Nothing under `autotuner/` knows about it. Its knobs: precision (fp32 only), batch_size,
 accumulation and workers (threads that gather a micro-batch's items). The tests run the backend
 contract suite (tests/test_backend_contract.py) against it; the misbehaving workloads the suite
@@ -280,4 +280,4 @@ class NumpyTrial(TrialBackend):
         return "oom" if isinstance(exc, MemoryError) else None
 
 
-TRIAL = NumpyTrial()
+TRIAL_BACKEND = NumpyTrial()

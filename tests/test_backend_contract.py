@@ -572,9 +572,9 @@ class TestBackendContract:
 
     def test_out_of_memory_is_oom_by_the_framework_error(self, harness: Harness, launcher: TrialLauncher) -> None:
         runner = importlib.import_module(harness.backend.runner)
-        assert runner.TRIAL.classify_exception(harness.real_oom()) == "oom"
-        assert runner.TRIAL.classify_exception(RuntimeError("RESOURCE_EXHAUSTED: CUDA out of memory")) is None
-        assert runner.TRIAL.classify_exception(ValueError("x")) is None
+        assert runner.TRIAL_BACKEND.classify_exception(harness.real_oom()) == "oom"
+        assert runner.TRIAL_BACKEND.classify_exception(RuntimeError("RESOURCE_EXHAUSTED: CUDA out of memory")) is None
+        assert runner.TRIAL_BACKEND.classify_exception(ValueError("x")) is None
         result = _run(launcher, harness, _request(harness, "oom", harness.quick))
         assert result.outcome is Outcome.OOM, result.reason
         assert result.reason and "\n" not in result.reason and result.traceback is None

@@ -24,7 +24,7 @@ import autotuner.backends.pytorch.probe as torch_probe
 import autotuner.backends.pytorch.runner as torch_runner
 from autotuner import lockstep, search
 from autotuner.backends.pytorch.apply import TunedTraining
-from autotuner.backends.pytorch.runner import TRIAL
+from autotuner.backends.pytorch.runner import TRIAL_BACKEND
 from autotuner.errors import SpecError
 from autotuner.outcomes import Outcome
 from autotuner.recording import trial_metrics
@@ -187,8 +187,8 @@ def test_peak_gpu_memory_is_the_reserved_peak_reset_after_the_warmup(monkeypatch
     for name, function in fake.items():
         monkeypatch.setattr(torch.cuda, name, function)
     cuda = torch.device("cuda", 0)
-    assert TRIAL.peak_memory_mb(cuda) == 3 * 1024  # what the process took, not what tensors use
-    TRIAL.after_warmup(cuda, lambda: calls.append("step"))
+    assert TRIAL_BACKEND.peak_memory_mb(cuda) == 3 * 1024  # what the process took, not what tensors use
+    TRIAL_BACKEND.after_warmup(cuda, lambda: calls.append("step"))
     assert calls == ["synchronize", "empty_cache", "reset", "step", "synchronize"]
 
 
@@ -216,7 +216,7 @@ def test_ooms_are_oom_however_torch_wraps_them() -> None:
     from torch._dynamo.exc import BackendCompilerFailed
     from torch._inductor.exc import InductorError
 
-    classify = TRIAL.classify_exception
+    classify = TRIAL_BACKEND.classify_exception
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     try:
         try:
@@ -239,8 +239,8 @@ def test_oom_classification_works_on_a_torch_without_torch_out_of_memory_error(
 ) -> None:
     """torch before 2.5 has only torch.cuda.OutOfMemoryError: any failure must not become a crash."""
     monkeypatch.delattr(torch, "OutOfMemoryError")
-    assert TRIAL.classify_exception(torch.cuda.OutOfMemoryError("CUDA out of memory")) == "oom"
-    assert TRIAL.classify_exception(ValueError("user code")) is None
+    assert TRIAL_BACKEND.classify_exception(torch.cuda.OutOfMemoryError("CUDA out of memory")) == "oom"
+    assert TRIAL_BACKEND.classify_exception(ValueError("user code")) is None
 
 
 # ---------------------------------------------------------------- 8. the fork server never starts CUDA
@@ -300,7 +300,7 @@ def test_bf16_and_tf32_are_decided_by_the_requested_devices_compute_capability(
         monkeypatch.setattr(torch_probe, name, lambda *a, **k: None)
     monkeypatch.setattr(torch_probe, "nvml_driver", lambda: "test")
     arg = {"device": "cuda:1", "workload": "autotuner.backends.pytorch.workloads:mlp", "workload_args": None}
-    probed = TRIAL.probe(arg)
+    probed = TRIAL_BACKEND.probe(arg)
     assert asked and all(device == torch.device("cuda", 1) for device in asked)
     assert probed["capabilities"]["bf16"] is bf16 and probed["capabilities"]["tf32"] is bf16
 

@@ -201,7 +201,7 @@ TRIAL_ON_THE_SECOND_DEVICE = """
     for jit in ("on", "off"):
         config = {"precision": "fp32", "batch_size": 4, "workers": 1, "jit": jit}
         request = small_request(f"{here.__name__}:recording_mlp", config, SMALL_MLP, heldout_batch=4)
-        results[jit] = runner.TRIAL.run(request).losses.heldout
+        results[jit] = runner.TRIAL_BACKEND.run(request).losses.heldout
     print(json.dumps({"second": str(second), "recorded": {k: sorted(v) for k, v in here.RECORDED.items()}}))
 """
 
@@ -252,7 +252,7 @@ def process_setup(arg: dict[str, Any]) -> dict[str, Any]:
     """Run in a trial process: a trial of `arg["request"]`, then what the process's JAX was set up with."""
     from autotuner.backends.jax import runner
 
-    runner.TRIAL.run(arg["request"])
+    runner.TRIAL_BACKEND.run(arg["request"])
     return {
         "platforms": jax.config.values["jax_platforms"],
         "preallocate": os.environ.get(PREALLOCATE),

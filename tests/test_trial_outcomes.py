@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotuner.backends.pytorch.runner import TRIAL
+from autotuner.backends.pytorch.runner import TRIAL_BACKEND
 from autotuner.outcomes import Outcome, ProcessEnd, classify_end, exception_message
 from autotuner.results import Losses, TrialOutput
 from autotuner.trial import TrialLauncher, TrialResult
@@ -349,8 +349,8 @@ def _raised(exc: BaseException) -> BaseException:
 
 def test_exception_message_for_a_real_torch_oom() -> None:
     exc = _raised(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has 1 GiB free"))
-    assert TRIAL.classify_exception(exc) == "oom"
-    message = exception_message(exc, lambda e: TRIAL.classify_exception(e) == "oom")
+    assert TRIAL_BACKEND.classify_exception(exc) == "oom"
+    message = exception_message(exc, lambda e: TRIAL_BACKEND.classify_exception(e) == "oom")
     assert message["status"] == "raised" and message["kind"] == "oom"
     assert_one_line(message["reason"])
     assert message["reason"].startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
@@ -360,16 +360,16 @@ def test_exception_message_for_a_real_torch_oom() -> None:
 
 def test_oom_is_decided_by_type_never_by_text() -> None:
     text_only = _raised(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert TRIAL.classify_exception(text_only) is None
-    message = exception_message(text_only, lambda e: TRIAL.classify_exception(e) == "oom")
+    assert TRIAL_BACKEND.classify_exception(text_only) is None
+    message = exception_message(text_only, lambda e: TRIAL_BACKEND.classify_exception(e) == "oom")
     assert message["kind"] == "error"
     assert "Traceback (most recent call last)" in message["traceback"]
 
 
 def test_classify_exception_other_types() -> None:
-    assert TRIAL.classify_exception(ValueError("x")) is None
-    assert TRIAL.classify_exception(MemoryError()) is None  # Python's own: autotuner.outcomes makes it oom
-    assert TRIAL.classify_exception(KeyboardInterrupt()) is None
+    assert TRIAL_BACKEND.classify_exception(ValueError("x")) is None
+    assert TRIAL_BACKEND.classify_exception(MemoryError()) is None  # Python's own: autotuner.outcomes makes it oom
+    assert TRIAL_BACKEND.classify_exception(KeyboardInterrupt()) is None
 
 
 def test_exception_message_non_finite_loss_is_nan() -> None:

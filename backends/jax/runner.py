@@ -1,5 +1,5 @@
 """The JAX backend, trial-process side: JAX's steps of the one trial algorithm
-(`autotuner.runner`), exposed as the runner module's `TRIAL`.
+(`autotuner.runner`), exposed as the runner module's `TRIAL_BACKEND`.
 
 Imported by the fork server before any trial: importing jax initialises no device (that happens
 in the trial process, on first use), so each trial gets its own XLA client, which `probe` and `run`
@@ -187,4 +187,4 @@ class JaxTrial(TrialBackend):
         return None
 
 
-TRIAL = JaxTrial()
+TRIAL_BACKEND = JaxTrial()

@@ -1,5 +1,5 @@
 """The PyTorch backend, trial-process side: PyTorch's steps of the one trial algorithm
-(`autotuner.runner`), exposed as the runner module's `TRIAL`; what the probe reports of the device
+(`autotuner.runner`), exposed as the runner module's `TRIAL_BACKEND`; what the probe reports of the device
 is `autotuner.backends.pytorch.probe`.
 
 Imported by the fork server before any trial, so importing it must not initialise CUDA.
@@ -214,4 +214,4 @@ class PyTorchTrial(TrialBackend):
         return None
 
 
-TRIAL = PyTorchTrial()
+TRIAL_BACKEND = PyTorchTrial()
