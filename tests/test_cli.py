@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from autotuner.knobs import config_key
+from autotuner.optuna_adapter import study_id, study_storage
 from autotuner.records import baseline, records, speedup
 from tests.conftest import ROOT, run_cli, write_hang_spec, write_spec
 
@@ -66,7 +67,9 @@ def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(se
     winner, base = export["metrics"], export["baseline"]
     assert f"re-measured #{export['study']['trial']}" in stdout and "re-measured #0 (baseline)" in stdout
     study = _study(workdir)
-    stored = {k: v for k, v in study._storage.get_study_system_attrs(study._study_id).items() if "remeasure:" in k}
+    stored = {
+        k: v for k, v in study_storage(study).get_study_system_attrs(study_id(study)).items() if "remeasure:" in k
+    }
     for number, measured in ((export["study"]["trial"], winner), (0, base)):  # the trial's process and two more
         assert measured["remeasured"] and len(measured["throughput_runs"]) == 3
         assert measured["trial_throughput"] == measured["throughput_runs"][0]

@@ -504,8 +504,8 @@ def test_a_trial_of_another_machine_is_failed_when_its_heartbeat_stops(tmp_path:
     study = optuna.create_study(study_name="heartbeat", storage=storage)
     trial = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
     elsewhere = {**SearchProcess.this().as_dict(), "host": "another-machine", "boot": "another-boot"}
-    storage.set_trial_system_attr(trial._trial_id, OWNER, elsewhere)
-    storage.record_heartbeat(trial._trial_id)
+    storage.set_trial_system_attr(trial_id(trial), OWNER, elsewhere)
+    storage.record_heartbeat(trial_id(trial))
     _recover(storage, study)
     assert study.trials[trial.number].state is TrialState.RUNNING  # its heartbeat is fresh
     time.sleep(2.5)

@@ -11,6 +11,7 @@ import optuna
 import pytest
 from optuna_dashboard import get_note
 
+from autotuner.optuna_adapter import study_id, study_storage
 from tests.conftest import ROOT, dashboard_server, run_cli, write_spec
 
 SCREENSHOT = ROOT / "test-output" / "dashboard.png"
@@ -45,7 +46,7 @@ def test_the_study_carries_a_note_and_charts_for_the_dashboard(study_dir: Path) 
     note = get_note(study)
     assert "## autotuner: board" in note and "**Best:**" in note and "x** the baseline" in note
     assert "drift tolerance | 1e-05%" in note and "reference noise floor" in note and "fingerprint" in note
-    keys = study._storage.get_study_system_attrs(study._study_id)
+    keys = study_storage(study).get_study_system_attrs(study_id(study))
     for chart in ("throughput-by-knob", "pareto-front"):
         assert any(k.startswith(f"dashboard:plot_data:{chart}:") for k in keys), chart
     infeasible = [t for t in study.get_trials() if any(c > 0 for c in t.system_attrs["constraints"])]
@@ -100,7 +101,7 @@ def test_dashboard_in_a_browser_shows_the_pareto_front_and_the_note(study_dir: P
     assert feasible and infeasible
     browser = _browser()
     try:
-        browser.get(f"{dashboard}/dashboard/studies/{study._study_id}")
+        browser.get(f"{dashboard}/dashboard/studies/{study_id(study)}")
         wait = WebDriverWait(browser, 60)
         pareto = wait.until(lambda b: b.find_element(By.ID, "graph-pareto-front"))
         wait.until(lambda b: pareto.find_elements(By.CSS_SELECTOR, "path.point"))
@@ -117,7 +118,7 @@ def test_dashboard_in_a_browser_shows_the_pareto_front_and_the_note(study_dir: P
             wait.until(lambda b, c=chart: b.find_elements(By.ID, f"user-defined-plot:{c}"))
         SCREENSHOT.parent.mkdir(exist_ok=True)
         browser.save_screenshot(str(SCREENSHOT))
-        browser.get(f"{dashboard}/dashboard/studies/{study._study_id}/note")
+        browser.get(f"{dashboard}/dashboard/studies/{study_id(study)}/note")
         wait.until(expected_conditions.text_to_be_present_in_element((By.TAG_NAME, "body"), "autotuner: board"))
         note = browser.find_element(By.TAG_NAME, "body").text
         assert "Best:" in note and "the baseline" in note and "reference noise floor" in note

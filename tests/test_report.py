@@ -20,6 +20,7 @@ from autotuner.dashboard import study_note
 from autotuner.errors import SpecError
 from autotuner.export import export_data
 from autotuner.knobs import format_config
+from autotuner.optuna_adapter import study_id
 from autotuner.outcomes import Outcome
 from autotuner.recording import record
 from autotuner.records import TrialRecord, baseline, best, records, speedup, to_remeasure
@@ -277,7 +278,7 @@ def test_report_command_on_a_real_study(tmp_path: Path) -> None:
 
 def _remeasure(url: str, study: optuna.Study, number: int, value: dict[str, Any]) -> None:
     """What a worker stores once it has re-measured trial `number` (`OncePerStudy.remeasure`)."""
-    Claims(open_storage(url), study._study_id).claim(f"remeasure:{number}", {"status": "done", **value})
+    Claims(open_storage(url), study_id(study)).claim(f"remeasure:{number}", {"status": "done", **value})
 
 
 def test_a_lucky_trial_does_not_win_once_the_top_is_remeasured(tmp_path: Path) -> None:

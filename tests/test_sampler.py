@@ -20,6 +20,7 @@ from autotuner.backends import Capabilities
 from autotuner.backends.pytorch import TorchCapabilities
 from autotuner.guided_start import rule_of_thumb
 from autotuner.knobs import config_key
+from autotuner.optuna_adapter import study_storage, trial_id
 from autotuner.sampler import ATTEMPTS, FreshConfigSampler, make_base_sampler, make_sampler
 from autotuner.tried_configs import oom_rules_out
 
@@ -46,7 +47,7 @@ def record(
 ) -> None:
     """What `autotuner.recording.record` stores, as far as a sampler can see it."""
     trial.set_user_attr("outcome", outcome)
-    trial.storage.set_trial_system_attr(trial._trial_id, "constraints", constraints)
+    trial.storage.set_trial_system_attr(trial_id(trial), "constraints", constraints)
     study.tell(trial, values)
 
 
@@ -554,6 +555,6 @@ def test_a_start_another_worker_runs_is_not_proposed_again() -> None:
     assert running.params == rule
     configs = all_configs(CPU_SPACE)
     other = make_sampler("tpe", 1, CPU_SPACE, lambda: configs)  # the other worker's own sampler
-    worker = optuna.load_study(study_name=study.study_name, storage=study._storage, sampler=other)
+    worker = optuna.load_study(study_name=study.study_name, storage=study_storage(study), sampler=other)
     assert worker.ask(other.space).params == {**rule, "precision": "fp32"}, "a neighbour of the running start"
     assert worker.ask(other.space).params == {**rule, "batch_size": 32}
