@@ -125,9 +125,9 @@ def apply_config(
     from autotuner.lockstep import in_lockstep, measure_together
     from autotuner.outcomes import Outcome
 
-    # autotuner.search imports Optuna: only here
-    from autotuner.search import make_launcher, probe_environment, trial_request
+    # autotuner.study imports Optuna: only here
     from autotuner.study import check_trial_limits
+    from autotuner.trial_requests import make_launcher, probe_environment, trial_request
 
     if tuned.backend != job.backend.name:
         raise SpecError(

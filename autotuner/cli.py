@@ -139,7 +139,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_env(args: argparse.Namespace) -> int:
     from autotuner.backends import BACKENDS
     from autotuner.environment import describe
-    from autotuner.search import make_launcher, probe_environment
+    from autotuner.trial_requests import make_launcher, probe_environment
 
     backend = BACKENDS[args.backend]
     missing = backend.missing_requirements()

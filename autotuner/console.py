@@ -12,39 +12,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from autotuner.formatting import percent, rate
 from autotuner.knobs import format_config
-from autotuner.records import TrialRecord, ranked, speedup
+from autotuner.records import SearchSummary, TrialRecord, ranked, speedup
 from autotuner.results import Reference
 
 if TYPE_CHECKING:
-    from autotuner.search import SearchSummary
     from autotuner.spec import Job
 
 TOP = 5
-
-
-def rate(value: float | None) -> str:
-    return "-" if not value else f"{value:,.0f}/s"
-
-
-def percent(value: Any, digits: int = 3) -> str:
-    """A share as a percentage with `digits` decimals; one too small for them (a bf16 drift of
-    6.5e-7) in two significant digits rather than as the 0.000% of an exact zero."""
-    if value is None:
-        return "-"
-    if value == "inf" or value == float("inf"):
-        return "inf"
-    share = float(value)
-    if share and abs(share) < 0.5 * 10 ** -(digits + 2):
-        return f"{share * 100:.2g}%"
-    return f"{share:.{digits}%}"
-
-
-def runs(t: TrialRecord, separator: str = ", ") -> str:
-    """Each process's median throughput for a config, and how far apart they came out once it was
-    re-measured: `2,000/s, 2,150/s, 2,200/s (9.3% apart)`."""
-    apart = f" ({t.run_spread:.1%} apart)" if t.run_spread is not None else ""
-    return separator.join(rate(value) for value in t.throughputs) + apart
 
 
 def processes(t: TrialRecord) -> str:
@@ -84,8 +60,8 @@ class SearchReporter:
         tail = f" [red]{escape(str(error))}[/]: not declared best" if error else f": median {rate(t.throughput)}"
         tag = " (baseline)" if t.role == "baseline" else ""
         group, lockstep = (t.remeasured.group, t.remeasured.lockstep) if t.remeasured else ([], False)
-        beside = ", ".join(f"#{n}" for n in group if n != t.number)
-        how = f" ({'in lockstep' if lockstep else 'interleaved'} with {beside})" if beside else ""
+        others = ", ".join(f"#{n}" for n in group if n != t.number)
+        how = f" ({'in lockstep' if lockstep else 'interleaved'} with {others})" if others else ""
         self.console.print(f"re-measured #{t.number}{tag} {format_config(t.config)}{how}: {runs}{tail}")
 
     def reference(self, reference: Reference, tolerance: float) -> None:

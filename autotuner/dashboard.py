@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import optuna
 
-from autotuner.console import percent, rate, runs
 from autotuner.environment import fingerprint
+from autotuner.formatting import percent, rate, runs
 from autotuner.knobs import format_config
 from autotuner.records import baseline, best, records, speedup, stored_reference
 

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from typing import IO
 
 from autotuner.errors import SpecError
-from autotuner.search import make_launcher, probe_environment
 from autotuner.spec import Job
 from autotuner.trial import die_with_parent
+from autotuner.trial_requests import make_launcher, probe_environment
 
 
 def visible_gpus(job: Job) -> int:

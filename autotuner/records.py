@@ -4,7 +4,8 @@
 only by `autotuner.recording`), with its config's re-measurement (`remeasure:<number>` claims,
 `remeasurements`); `stored_reference` reads the fp32 reference. The ranking is here too: a
 config's `speedup` over the baseline, the feasible ones `ranked`, the `best`, and which configs
-are measured again before it is declared (`to_remeasure`).
+are measured again before it is declared (`to_remeasure`). A search ends with them: its
+`SearchSummary`.
 """
 
 from __future__ import annotations
@@ -143,9 +144,9 @@ def speedup(trial: TrialRecord, base: TrialRecord | None) -> float | None:
     """The config's throughput over the baseline's. Once it is re-measured, over the baseline's
     windows measured in the same group, so that a change in the machine's speed between groups
     (in lockstep, between windows) falls on both; None without a baseline throughput."""
-    beside = (trial.remeasured.baseline_windows if trial.remeasured else None) or []
-    if trial.rerun_windows and beside:
-        return trial.throughput / float(statistics.median(beside))
+    baseline_windows = (trial.remeasured.baseline_windows if trial.remeasured else None) or []
+    if trial.rerun_windows and baseline_windows:
+        return trial.throughput / float(statistics.median(baseline_windows))
     return trial.throughput / base.throughput if base is not None and base.throughput > 0 else None
 
 
@@ -188,3 +189,22 @@ def baseline(trials: list[TrialRecord]) -> TrialRecord | None:
 
 def spent_seconds(trials: list[TrialRecord]) -> float:
     return sum(float(t.metrics.get("wall_s") or 0.0) for t in trials)
+
+
+@dataclass
+class SearchSummary:
+    """What a search ends with: the study's trials read back, the best and the baseline among
+    them, the export written (None without a best), and whether it was interrupted."""
+
+    trials: list[TrialRecord]
+    best: TrialRecord | None
+    baseline: TrialRecord | None
+    storage_url: str
+    export: str | None
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 0 if self.best is not None else 1

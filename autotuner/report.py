@@ -20,9 +20,9 @@ from typing import Any
 import optuna
 
 from autotuner import charts
-from autotuner.console import percent, rate, runs
 from autotuner.environment import describe, fingerprint
 from autotuner.errors import SpecError
+from autotuner.formatting import percent, rate, runs
 from autotuner.knobs import format_config
 from autotuner.records import TrialRecord, baseline, best, records, speedup, spent_seconds, stored_reference
 from autotuner.results import Reference

@@ -109,7 +109,7 @@ class TrialOutput:
 
 @dataclass(frozen=True)
 class Reference:
-    """The study's fp32 reference (`autotuner.search.run_reference`): the strictest config's drift
+    """The study's fp32 reference (`autotuner.reference.run_reference`): the strictest config's drift
     phase, run twice from the same seed. Drift is measured against the first run's losses; the gap
     between the two runs is the noise floor shown next to the tolerance."""
 
@@ -139,7 +139,7 @@ class Reference:
 
 @dataclass
 class Remeasurement:
-    """A config's re-measurement (`autotuner.search.Search._remeasure_runs`), built run by run."""
+    """A config's re-measurement (`autotuner.remeasure.Remeasurer`), built run by run."""
 
     throughputs: list[float] = field(default_factory=list)
     """The median throughput of each of its runs (a fresh trial process each)."""

@@ -34,11 +34,12 @@ from autotuner.knobs import Config
 from autotuner.outcomes import Outcome
 from autotuner.recording import record
 from autotuner.records import TrialRecord
+from autotuner.reference import run_reference
 from autotuner.results import Reference, TrialOutput
-from autotuner.search import make_launcher, probe_environment, run_reference, trial_request
 from autotuner.spec import Job
 from autotuner.study import DIRECTIONS
 from autotuner.trial import TrialRequest, TrialResult
+from autotuner.trial_requests import make_launcher, probe_environment, trial_request
 
 RESULTS = Path(__file__).parent / "results"
 TRIAL_SETTINGS = ("warmup_steps", "steps", "windows", "min_window_s", "drift_steps", "seed")

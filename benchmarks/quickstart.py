@@ -34,9 +34,9 @@ from autotuner.apply import TunedConfig
 from autotuner.lockstep import measure_together
 from autotuner.outcomes import Outcome
 from autotuner.records import baseline, best, records, speedup, stored_reference
-from autotuner.search import make_launcher, probe_environment, trial_request
 from autotuner.spec import Job
 from autotuner.trial import TrialLauncher
+from autotuner.trial_requests import make_launcher, probe_environment, trial_request
 
 
 def main() -> None:
@@ -171,7 +171,7 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
 
 def _speedup_now(tuned: TunedConfig, job: Job, launcher: TrialLauncher, device: str) -> float | None:
     """The tuned config's speedup over the export's baseline, measured as the study's
-    re-measurement measures it (`autotuner.search.Search._remeasure_runs`, `autotuner.records.speedup`):
+    re-measurement measures it (`autotuner.remeasure.Remeasurer`, `autotuner.records.speedup`):
     `remeasure_runs` processes of each, interleaved, `remeasure_windows` windows a process, all
     measured together; the median over the config's windows over the median over the baseline's."""
     if not tuned.baseline.get("params"):

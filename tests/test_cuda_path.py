@@ -22,7 +22,7 @@ import yaml
 import autotuner.backends.pytorch.apply as torch_apply
 import autotuner.backends.pytorch.probe as torch_probe
 import autotuner.backends.pytorch.runner as torch_runner
-from autotuner import lockstep, search
+from autotuner import lockstep, trial_requests
 from autotuner.backends.pytorch.apply import TunedTraining
 from autotuner.backends.pytorch.runner import TRIAL_BACKEND
 from autotuner.errors import SpecError
@@ -362,7 +362,7 @@ def test_measure_together_one_after_another_runs_each_round_shuffled_and_answers
             self.ran.append(arg.seed)
             return TrialResult(Outcome.OK, output={"seed": arg.seed})
 
-    base = search.trial_request(job, job.complete({}), "cuda:0")
+    base = trial_requests.trial_request(job, job.complete({}), "cuda:0")
     requests = [dataclasses.replace(base, seed=i) for i in range(9)]
     recording = Recording()
     results = lockstep.measure_together(recording, job, requests, "cuda:0", rounds=3)  # type: ignore[arg-type]
@@ -382,7 +382,7 @@ def _job(tmp_path: Path, **changes: Any) -> Any:
 def test_each_study_compiles_into_its_own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     job = _job(tmp_path)
-    request_ = search.trial_request(job, job.complete({}), "cpu")
+    request_ = trial_requests.trial_request(job, job.complete({}), "cpu")
     assert request_.compile_cache == str(tmp_path / "runs" / "small" / "compile-cache")
 
 

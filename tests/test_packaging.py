@@ -3,8 +3,12 @@ folders but import as `autotuner.backends` and `autotuner.search_spaces`."""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import pkgutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -65,3 +69,81 @@ def test_a_training_loop_that_applies_a_config_does_not_load_the_study_loop(tmp_
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _package_modules() -> dict[str, Path]:
+    """Every module of the installed `autotuner` package, `autotuner.backends...` included, by name:
+    the modules of each package that pyproject.toml installs, found where the install put them."""
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    modules: dict[str, Path] = {}
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.origin is not None and spec.submodule_search_locations, package
+        modules[package] = Path(spec.origin)
+        for info in pkgutil.iter_modules(spec.submodule_search_locations):
+            if not info.ispkg:
+                found = importlib.util.find_spec(f"{package}.{info.name}")
+                assert found is not None and found.origin is not None, info.name
+                modules[f"{package}.{info.name}"] = Path(found.origin)
+    return modules
+
+
+def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The `autotuner` modules that module `name` imports at module level (under `if TYPE_CHECKING:`
+    too): the import statements outside any function or class body."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's own package upwards
+                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{parent}.{base}" if base else parent
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)  # a submodule, when it is one
+            elif isinstance(node, ast.If | ast.Try | ast.With):  # still module level: `if TYPE_CHECKING:`
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                visit(getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text(), str(path)).body)
+    return {module for module in found if module in modules and module != name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as the modules along it (the first repeated at the end), or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        path.append(node)
+        for target in sorted(graph[node]):
+            if cycle := visit(target):
+                return cycle
+        path.pop()
+        done.add(node)
+        return None
+
+    return next((cycle for node in sorted(graph) if (cycle := visit(node))), None)
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """Module-level imports between the modules of `autotuner` (type-only ones included) form no
+    cycle; an import inside a function is deferred on purpose and not counted."""
+    modules = _package_modules()
+    assert {"autotuner.search", "autotuner.backends.pytorch.runner"} <= set(modules)
+    graph = {name: _imported(name, path, modules) for name, path in modules.items()}
+    assert "autotuner.backends.pytorch" in graph["autotuner.backends"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])

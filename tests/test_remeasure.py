@@ -13,7 +13,7 @@ import yaml
 
 from autotuner.lockstep import measure_together
 from autotuner.records import TrialRecord, records, remeasurements, speedup
-from autotuner.search import MEMORY_SHARE, processes_that_fit, remeasure_groups
+from autotuner.remeasure import MEMORY_SHARE, processes_that_fit, remeasure_groups
 from autotuner.spec import load_spec
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import TrialLauncher

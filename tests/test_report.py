@@ -15,10 +15,10 @@ from optuna.distributions import CategoricalDistribution
 
 from autotuner import charts
 from autotuner.claims import Claims
-from autotuner.console import percent
 from autotuner.dashboard import study_note
 from autotuner.errors import SpecError
 from autotuner.export import export_data
+from autotuner.formatting import percent
 from autotuner.knobs import format_config
 from autotuner.optuna_adapter import study_id
 from autotuner.outcomes import Outcome

@@ -1,0 +1,67 @@
+"""What the engine asks of trial processes for a job: the launcher with its backend's runner, the
+probe of the device and the workload, and the request that runs one config.
+
+The search, `autotuner apply`, `autotuner env` and the `--jobs` launcher all start their trial
+processes through these, so a config is measured the same way wherever it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotuner.backends import Backend
+from autotuner.errors import BackendError, SpecError
+from autotuner.knobs import Config
+from autotuner.outcomes import Outcome
+from autotuner.spec import Job
+from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
+
+PROBE_TIMEOUT_S = 300.0
+
+
+def make_launcher(backend: Backend, memory_limit_mb: float | None = None) -> TrialLauncher:
+    return TrialLauncher([backend.runner], memory_limit_mb=memory_limit_mb)
+
+
+def probe_environment(
+    launcher: TrialLauncher,
+    backend: Backend,
+    device: str,
+    workload: str,
+    source: str | None = None,
+    workload_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The device's environment and capabilities, from a trial process; checks that the workload
+    imports and, given its `workload_args`, that the factory builds a workload from them."""
+    arg = {"device": device, "workload": workload, "workload_args": workload_args}
+    probed: TrialResult[dict[str, Any]] = launcher.call(backend.runner, "probe", arg, PROBE_TIMEOUT_S)
+    if probed.outcome is not Outcome.OK:
+        if probed.outcome is Outcome.ERROR and probed.reason.startswith("ValueError: device"):
+            raise SpecError(probed.reason.removeprefix("ValueError: "), source=source)
+        raise BackendError(f"the {backend.name} backend could not start: {probed.outcome}: {probed.reason}")
+    environment = dict(probed.output or {})
+    problem = environment.pop("workload_error", None)
+    if problem:
+        raise SpecError(problem, source=source, key="workload")
+    environment["backend"] = backend.name
+    return environment
+
+
+def trial_request(job: Job, config: Config, device: str, *, measure: bool = True) -> TrialRequest:
+    settings = job.spec.trial
+    return TrialRequest(
+        workload=job.workload_path(),
+        workload_args=dict(job.spec.workload_args),
+        device=device,
+        config=dict(config),
+        global_batch=job.spec.global_batch,
+        seed=settings.seed,
+        warmup_steps=settings.warmup_steps,
+        steps=settings.steps,
+        windows=settings.windows,
+        drift_steps=settings.drift_steps,
+        heldout_batch=job.baseline["batch_size"],
+        measure=measure,
+        min_window_s=settings.min_window_s,
+        compile_cache=str(job.compile_cache_dir()),
+    )
