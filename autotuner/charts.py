@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import plotly.graph_objects as go
+from plotly.graph_objects import Bar, Box, Figure, Scatter
 from plotly.subplots import make_subplots
 
 from autotuner.backends import knob_named
@@ -97,14 +97,14 @@ def _left_out_note(trials: Sequence[TrialRecord], shown: Sequence[TrialRecord]) 
     return f"not plotted (no throughput measured): {what}"
 
 
-def _note(figure: go.Figure, text: str, y: float = -0.12) -> None:
+def _note(figure: Figure, text: str, y: float = -0.12) -> None:
     if text:
         figure.add_annotation(
             text=text, xref="paper", yref="paper", x=0, y=y, showarrow=False, xanchor="left", font={"size": 11}
         )
 
 
-def _level(figure: go.Figure, y: float, text: str, colour: str, dash: str, log: bool, side: str, x: int) -> None:
+def _level(figure: Figure, y: float, text: str, colour: str, dash: str, log: bool, side: str, x: int) -> None:
     """A labelled horizontal line at drift `y`, its label just above (`bottom`) or below (`top`) it."""
     figure.add_hline(y=y, line={"color": colour, "dash": dash, "width": 1})
     # Annotations on a log axis take log10 coordinates, unlike shapes (add_hline's own label misplaces).
@@ -120,7 +120,7 @@ def _level(figure: go.Figure, y: float, text: str, colour: str, dash: str, log: 
     )
 
 
-def pareto_figure(trials: Sequence[TrialRecord], tolerance: float) -> go.Figure:
+def pareto_figure(trials: Sequence[TrialRecord], tolerance: float) -> Figure:
     """Throughput against drift for every measured trial, the Pareto front of the feasible ones
     joined, and the drift tolerance as a horizontal line.
 
@@ -146,8 +146,8 @@ def pareto_figure(trials: Sequence[TrialRecord], tolerance: float) -> go.Figure:
     def at_edge(t: TrialRecord) -> bool:
         return math.isinf(t.drift) or (log and t.drift == 0)
 
-    def points(name: str, group: list[TrialRecord], colour: str | list[str], symbol: str) -> go.Scatter:
-        return go.Scatter(
+    def points(name: str, group: list[TrialRecord], colour: str | list[str], symbol: str) -> Scatter:
+        return Scatter(
             name=name,
             x=[t.throughput for t in group],
             y=[y(t) for t in group],
@@ -161,7 +161,7 @@ def pareto_figure(trials: Sequence[TrialRecord], tolerance: float) -> go.Figure:
     def colours(group: list[TrialRecord]) -> list[str]:
         return [FEASIBLE_COLOUR if t.feasible else INFEASIBLE_COLOUR for t in group]
 
-    figure = go.Figure()
+    figure = Figure()
     inside = [t for t in shown if not at_edge(t)]
     figure.add_trace(points("feasible", [t for t in inside if t.feasible], FEASIBLE_COLOUR, "circle"))
     figure.add_trace(points("infeasible", [t for t in inside if not t.feasible], INFEASIBLE_COLOUR, "x"))
@@ -174,7 +174,7 @@ def pareto_figure(trials: Sequence[TrialRecord], tolerance: float) -> go.Figure:
         figure.add_trace(points("drift inf (drawn at the top)", infinite, colours(infinite), "triangle-up"))
     front = pareto_front(trials)
     figure.add_trace(
-        go.Scatter(
+        Scatter(
             name="Pareto front (feasible)",
             x=[t.throughput for t in front],
             y=[y(t) for t in front],
@@ -189,7 +189,7 @@ def pareto_figure(trials: Sequence[TrialRecord], tolerance: float) -> go.Figure:
     base = next((t for t in shown if t.role == "baseline"), None)
     if base is not None:
         figure.add_trace(
-            go.Scatter(
+            Scatter(
                 name="baseline",
                 x=[base.throughput],
                 y=[y(base)],
@@ -220,10 +220,10 @@ def pareto_figure(trials: Sequence[TrialRecord], tolerance: float) -> go.Figure:
     return figure
 
 
-def speedup_figure(trials: Sequence[TrialRecord], baseline: TrialRecord | None, top: int = 10) -> go.Figure:
+def speedup_figure(trials: Sequence[TrialRecord], baseline: TrialRecord | None, top: int = 10) -> Figure:
     """The speedup over the baseline of the `top` fastest feasible configs, fastest at the top."""
     ranked = fastest_feasible(trials, top)
-    figure = go.Figure()
+    figure = Figure()
     if baseline is None or baseline.throughput <= 0:
         figure.update_layout(title="Speedup over the baseline", **LAYOUT)
         _note(figure, "the baseline has no measured throughput: no speedup to show", y=0.5)
@@ -231,7 +231,7 @@ def speedup_figure(trials: Sequence[TrialRecord], baseline: TrialRecord | None, 
     labels = [f"#{t.number} {format_config(t.config)}" for t in ranked]
     values = [speedup(t, baseline) for t in ranked]
     figure.add_trace(
-        go.Bar(
+        Bar(
             name="speedup",
             x=values,
             y=labels,
@@ -289,7 +289,7 @@ def knobs_of(trials: Sequence[TrialRecord]) -> list[str]:
     return list(names)
 
 
-def throughput_by_knob_figure(trials: Sequence[TrialRecord]) -> go.Figure:
+def throughput_by_knob_figure(trials: Sequence[TrialRecord]) -> Figure:
     """One panel per knob: the throughput of every ok trial by the knob's value (box + points)."""
     ok = ok_trials(trials)
     knobs = knobs_of(ok)
@@ -302,7 +302,7 @@ def throughput_by_knob_figure(trials: Sequence[TrialRecord]) -> go.Figure:
         having = [t for t in ok if knob in t.config]
         values = [knob_value(t.config, knob) for t in having]
         figure.add_trace(
-            go.Box(
+            Box(
                 name=knob,
                 x=values,
                 y=[t.throughput for t in having],
