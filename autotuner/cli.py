@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -96,10 +96,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
     from autotuner.export import export_data, export_path, write_export
+    from autotuner.integrations import FORMATS, require
     from autotuner.knobs import format_config
     from autotuner.spec import load_spec
     from autotuner.study import open_storage
 
+    if args.format in FORMATS:
+        require(args.format)  # before any storage is opened: say what to install at once
     if args.spec:
         job = load_spec(args.spec)
         name, url, default = job.name, job.storage_url(args.storage), args.storage is None and job.spec.storage is None
@@ -113,9 +116,24 @@ def cmd_export(args: argparse.Namespace) -> int:
     except KeyError:
         raise SpecError(f"no study {name!r} in {url}", key="name") from None
     data = export_data(study, url, top=args.top or 0)
+    if args.format in FORMATS:
+        return _export_code(data, name, args)
     path = write_export(data, Path(args.output) if args.output else export_path(name, args.format), args.format)
     for entry in data.get("top", []):
         print(f"{entry['rank']:>3}. #{entry['trial']} {format_config(entry['params'])}: {entry['throughput']:,.0f}/s")
+    print(path)
+    return 0
+
+
+def _export_code(data: dict[str, Any], name: str, args: argparse.Namespace) -> int:
+    """Print the best config as a trainer's arguments, in Python, and write it to a file."""
+    from autotuner.apply import parse_config
+    from autotuner.export import export_path, write_text
+    from autotuner.integrations import snippet
+
+    code = snippet(args.format, parse_config(data, f"study {name}"))
+    path = write_text(code, Path(args.output) if args.output else export_path(name, f"{args.format}.py"))
+    print(code, end="")
     print(path)
     return 0
 
@@ -174,6 +192,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from autotuner.backends import BACKENDS
+    from autotuner.integrations import FORMATS
 
     parser = _Parser(prog="autotuner", description="Find the fastest training config that keeps the job's numerics.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -217,9 +236,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--spec", help="the job spec (gives the study name and storage)")
     export.add_argument("--study", type=_study_name, help="study name, with --storage, when there is no spec at hand")
     export.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
-    export.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    export.add_argument(
+        "--format",
+        choices=("yaml", "json", *FORMATS),
+        default="yaml",
+        help="yaml, json; or a trainer's arguments as Python: hf-trainer, lightning, accelerate",
+    )
     export.add_argument("--top", type=_positive_int, help="also list the K best feasible configs (written as `top`)")
-    export.add_argument("-o", "--output", help="where to write (default: runs/<name>/best.<format>)")
+    export.add_argument(
+        "-o", "--output", help="where to write (default: runs/<name>/best.<format>, best.<format>.py for a trainer)"
+    )
     export.set_defaults(handler=cmd_export)
 
     report = commands.add_parser("report", help="write one self-contained page (HTML or markdown) of the study")

@@ -118,8 +118,13 @@ def export_path(name: str, fmt: str = "yaml") -> Path:
 
 
 def write_export(data: dict[str, Any], path: Path, fmt: str = "yaml") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, indent=2) + "\n" if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
+    return write_text(text, path)
+
+
+def write_text(text: str, path: Path) -> Path:
+    """Write `text` to `path` whole: through a temporary file beside it, renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # workers of one study may write it at once
     tmp.write_text(text)
     tmp.replace(path)  # a reader never sees half a file

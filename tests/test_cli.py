@@ -177,6 +177,37 @@ def test_export_command_writes_the_same_file_from_the_storage(searched: tuple[Pa
     assert yaml.safe_load((workdir / "x.yaml").read_text()) == written
 
 
+@pytest.mark.parametrize("fmt", ["hf-trainer", "lightning", "accelerate"])
+def test_export_for_a_trainer_prints_and_writes_its_arguments(searched: tuple[Path, str], fmt: str) -> None:
+    from autotuner.apply import load_config
+    from autotuner.integrations import accelerate, lightning, transformers
+    from tests.test_integrations import literals
+
+    workdir, _ = searched
+    done = run_cli("export", "--spec", str(workdir / "small.yaml"), "--format", fmt, cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    *code, path = done.stdout.splitlines()
+    assert path == f"runs/small/best.{fmt}.py"
+    written = (workdir / path).read_text()
+    assert written == "\n".join(code) + "\n"  # what it printed is what it wrote
+    compile(written, path, "exec")
+    config = load_config(workdir / "runs" / "small" / "best.yaml")
+    found = literals(written)
+    if fmt == "hf-trainer":
+        assert found == {"tuned": transformers.training_arguments(config)}
+        assert found["tuned"]["per_device_train_batch_size"] == config.params["batch_size"]
+        assert found["tuned"]["gradient_accumulation_steps"] == config.params["accumulation"]
+    else:
+        module = lightning if fmt == "lightning" else accelerate
+        assert found["loader_arguments"] == module.dataloader_arguments(config)
+        arguments = found["trainer_arguments" if fmt == "lightning" else "accelerator_arguments"]
+        accumulation = arguments["accumulate_grad_batches" if fmt == "lightning" else "gradient_accumulation_steps"]
+        assert accumulation * found["loader_arguments"]["batch_size"] == 64  # the spec's global batch
+    out = workdir / "mine.py"
+    again = run_cli("export", "--spec", str(workdir / "small.yaml"), "--format", fmt, "-o", str(out), cwd=workdir)
+    assert again.returncode == 0 and out.read_text() == written
+
+
 def test_diverging_fp16_config_is_infeasible(tmp_path: Path) -> None:
     spec = write_spec(
         tmp_path,
