@@ -81,6 +81,13 @@ class TrialBackend(ABC):
     def as_workload(self, built: Any, ref: str) -> Workload:
         """Check what factory `ref` returned (TypeError saying what is wrong) and return the workload."""
 
+    def first_batch_problem(self, workload: Any, count: int) -> str | None:
+        """Probe, after the build and the dataset's size are checked: what fails when the dataset's
+        first `count` items are batched as the loaders batch them and the model's loss is computed
+        on them, where the factory built the model, in a few words (e.g. `the collate function
+        cannot batch ...: <the exception>`); None when nothing does."""
+        return None
+
     def initial_state(self, workload: Any) -> Any:
         """Right after the build: the initial weights, as `restart` takes them back."""
         return None
@@ -178,9 +185,19 @@ class Subset:
         return self.dataset[self.indices[index]]
 
 
+class EmptyLoader(ValueError):
+    """A trial's loader yields no batch (its dataset holds fewer items than one micro-batch)."""
+
+
 def _forever(loader: Any) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch; `EmptyLoader` when an epoch yields none."""
     while True:
-        yield from loader
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise EmptyLoader("the data loader yields no batch: the dataset holds fewer items than one micro-batch")
 
 
 def _check_finite(loss: Any, where: str) -> float:
@@ -197,18 +214,43 @@ def _seed(backend: TrialBackend, seed: int) -> None:
 
 def probe(backend: TrialBackend, arg: dict[str, Any]) -> dict[str, Any]:
     """The environment of `arg["device"]`, and whether `arg["workload"]` imports; with
-    `arg["workload_args"]`, whether the factory builds a workload from them."""
+    `arg["workload_args"]`, whether the factory builds a workload from them, and with
+    `arg["global_batch"]` too, whether its data makes a global batch the model trains on."""
     backend.configure_process(arg["device"], None)
     device = backend.resolve_device(arg["device"])
+    built: list[Workload] = []
 
     def build(factory: Callable[..., Any]) -> None:
         _seed(backend, 0)
-        backend.as_workload(factory(**arg["workload_args"]), arg["workload"])
+        built.append(backend.as_workload(factory(**arg["workload_args"]), arg["workload"]))
 
     with backend.on_device(device):
         environment = backend.environment(device)
-        environment["workload_error"] = workload_problem(arg["workload"], arg.get("workload_args"), build)
+        problem = workload_problem(arg["workload"], arg.get("workload_args"), build)
+        if problem is None and built and arg.get("global_batch"):
+            problem = _data_problem(backend, built[0], arg["global_batch"])
+            problem = problem and " ".join(f"{arg['workload']}: {problem}".split())[:400]
+        environment["workload_error"] = problem
     return environment
+
+
+PROBE_ITEMS = 2
+"""Items of the batch the probe runs the model on (two, not one: batch norm cannot train on a
+single sample)."""
+
+
+def _data_problem(backend: TrialBackend, workload: Workload, global_batch: int) -> str | None:
+    """Why the workload's data cannot train with `global_batch` samples per optimizer step, or None:
+    an empty or too small dataset or held-out set, items the collate function cannot batch, a
+    model that fails on the first batch or whose loss cannot be found (`first_batch_problem`)."""
+    size = len(workload.dataset)
+    if size == 0:
+        return "the dataset is empty"
+    if size < global_batch:
+        return f"the dataset holds {size} items, fewer than one global batch ({global_batch}): no step can be taken"
+    if workload.heldout is not None and len(workload.heldout) == 0:
+        return "the held-out dataset is empty"
+    return backend.first_batch_problem(workload, min(PROBE_ITEMS, global_batch))
 
 
 def run_trial(backend: TrialBackend, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:

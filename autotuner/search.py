@@ -84,7 +84,13 @@ class Search:
         job = self.job
         launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
         environment = probe_environment(
-            launcher, job.backend, self.device, job.workload_path(), self.device_source, dict(job.spec.workload_args)
+            launcher,
+            job.backend,
+            self.device,
+            job.workload_path(),
+            self.device_source,
+            dict(job.spec.workload_args),
+            job.spec.global_batch,
         )
         capabilities = job.backend.capabilities(environment["capabilities"])
         check_objectives(job, environment)

@@ -30,10 +30,12 @@ def probe_environment(
     workload: str,
     source: str | None = None,
     workload_args: dict[str, Any] | None = None,
+    global_batch: int | None = None,
 ) -> dict[str, Any]:
     """The device's environment and capabilities, from a trial process; checks that the workload
-    imports and, given its `workload_args`, that the factory builds a workload from them."""
-    arg = {"device": device, "workload": workload, "workload_args": workload_args}
+    imports and, given its `workload_args`, that the factory builds a workload from them, and, given
+    the `global_batch` too, that its dataset holds a global batch the model computes a loss on."""
+    arg = {"device": device, "workload": workload, "workload_args": workload_args, "global_batch": global_batch}
     probed: TrialResult[dict[str, Any]] = launcher.call(backend.runner, "probe", arg, PROBE_TIMEOUT_S)
     if probed.outcome is not Outcome.OK:
         if probed.outcome is Outcome.ERROR and probed.reason.startswith("ValueError: device"):

@@ -18,16 +18,21 @@ A backend has three parts:
 
   ``probe(arg: dict) -> dict``
       Called once per search in a trial process, before anything is stored, with ``device``,
-      ``workload`` (an import path) and ``workload_args`` (None: only import the factory; else
-      also build a workload with them). Returns ``workload_error`` (why the factory cannot be
-      imported or does not build a workload from them; None when it does) and the
+      ``workload`` (an import path), ``workload_args`` (None: only import the factory; else
+      also build a workload with them) and ``global_batch`` (given with them by a search: also
+      check the workload's data). Returns ``workload_error``, one line (why the factory cannot
+      be imported or does not build a workload from them; why its data cannot train: an empty
+      dataset, one smaller than ``global_batch``, or what the backend's optional
+      ``first_batch_problem`` finds when it batches the first items and computes the loss on
+      them; None when nothing is wrong) and the
       environment: ``device`` (resolved, e.g. ``cuda:0``), ``device_name``, ``driver``,
       ``versions`` (framework and its toolchain), ``capabilities`` (a dict the
       `Capabilities` fields can be built from), ``peak_flops`` (per precision, or empty) and
       ``device_count`` (the GPUs this process sees: `search --jobs` starts one worker per GPU).
   ``run(request: autotuner.trial.TrialRequest, turns=None) -> autotuner.results.TrialOutput``
       One trial: `autotuner.runner.run_trial`; with ``turns`` (`autotuner.messages.Turns`),
-      measured in a lockstep group (`autotuner.lockstep`). A non-finite loss raises `autotuner.outcomes.NonFiniteLoss`.
+      measured in a lockstep group (`autotuner.lockstep`). A non-finite loss raises
+      `autotuner.outcomes.NonFiniteLoss`; a loader that yields no batch, `autotuner.runner.EmptyLoader`.
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None; the
       trial process asks it about any exception the entry point raised.
@@ -45,12 +50,15 @@ A backend has three parts:
       builds ``loader`` over ``dataset`` (None without one). Attributes: ``model``,
       ``optimizer``, ``device``, ``loader``, ``batch_size`` (micro-batch), ``accumulation``,
       ``global_batch``. Methods, called in this order each micro-step:
-      ``to_device(batch)``; ``autocast()``, a context for the forward pass and the loss;
+      ``to_device(batch)``, every tensor of a batch of any structure (nested mappings,
+      sequences, namedtuples, dataclasses) on the device, anything else left as it is;
+      ``autocast()``, a context for the forward pass and the loss;
       ``backward(loss)``, this micro-batch's gradients divided by ``accumulation`` (and scaled
       for fp16); ``step() -> bool``, which every ``accumulation``-th call steps the optimizer,
       clears the accumulated gradients and returns True, and otherwise returns False. And
       ``make_loader(dataset, *, shuffle=True, seed=None)``: a loader of micro-batches with the
-      config's workers, dropping the last partial one.
+      config's workers, dropping the last partial one. PyTorch's also takes ``collate_fn`` (a
+      keyword: what batches the items of every loader it makes), the workload's in the trials.
 
   A JAX backend fills in the same names for a functional loop, with the initial parameters as
   a keyword (``TunedTraining(config, loss_fn, optimizer, dataset=None, device=None, *,

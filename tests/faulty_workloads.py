@@ -92,6 +92,11 @@ def ok(samples: int = 64) -> TorchWorkload:
     return _workload(_Misbehaving(), samples)
 
 
+def wrong_features(samples: int = 64) -> TorchWorkload:
+    """A model that takes one feature more than the dataset's items hold: its first forward fails."""
+    return _workload(nn.Linear(FEATURES + 1, CLASSES), samples)
+
+
 def segfault(samples: int = 64) -> TorchWorkload:
     def act(x: torch.Tensor) -> None:
         _no_core_dump()
@@ -246,7 +251,9 @@ def by_config(
     meets every fault in turn: keys `<precision>/<micro-batch>` (the precision the forward runs
     in: fp32, bf16 or fp16), values from FAULTS (`allocate` asks for `allocate_mb` MiB). With
     `state_dir`, the factory counts its calls there and raises on call number `fail_call` (1 is
-    the first): a factory that fails once."""
+    the first): a factory that fails once. The faults strike in forwards that compute gradients,
+    the trials' training steps: not in the probe's check of the first two items, which is no
+    config's."""
     for kind in faults.values():
         if kind not in FAULTS:
             raise ValueError(f"unknown fault {kind!r}; choose from {', '.join(FAULTS)}")
@@ -258,6 +265,8 @@ def by_config(
             raise ValueError(f"the factory failed on call {count} (injected)")
 
     def act(x: torch.Tensor) -> torch.Tensor | None:
+        if not torch.is_grad_enabled():
+            return None
         kind = faults.get(f"{_precision_seen()}/{x.shape[0]}")
         return _fault(kind, x, allocate_mb) if kind else None
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -47,16 +48,17 @@ def memory_ceiling(ceiling: int = 32, samples: int = 512) -> TorchWorkload:
 
 
 class _TrainingLog:
-    """A forward pre-hook: the first forward pass of each process appends its pid to
-    `folder`/trained (one short O_APPEND write: concurrent processes never mix lines), so the file
-    counts the processes that trained (the probe builds a workload but never trains it). The
-    `hang_at`-th of them (from 1) writes `hang-<pid>` and hangs there."""
+    """A forward pre-hook: the first training forward pass (one that computes gradients) of each
+    process appends its pid to `folder`/trained (one short O_APPEND write: concurrent processes
+    never mix lines), so the file counts the processes that trained (the probe builds a workload
+    and computes its loss on two items without gradients, but never trains it). The `hang_at`-th
+    of them (from 1) writes `hang-<pid>` and hangs there."""
 
     def __init__(self, folder: str, hang_at: int | None = None):
         self.folder, self.hang_at, self.pid = Path(folder), hang_at, 0
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        if self.pid == os.getpid():
+        if self.pid == os.getpid() or not torch.is_grad_enabled():
             return
         self.pid = os.getpid()
         with open(self.folder / "trained", "a") as log:
@@ -102,5 +104,123 @@ def hang_once(folder: str, hang_at: int, samples: int = 256) -> TorchWorkload:
         model=model,
         dataset=_PidDataset(folder, samples),
         loss_fn=F.cross_entropy,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+    )
+
+
+# ---------------------------------------------------------------- batches as users write them
+
+VOCABULARY = 16
+
+
+@dataclass
+class KeywordOutput:
+    """What a Hugging Face model returns, reduced to two fields: the loss when the batch held labels."""
+
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+
+
+class KeywordClassifier(nn.Module):
+    """A model called with keyword arguments, as Hugging Face models are: token ids, their mask and
+    (for training) the labels; its output carries the loss. `source`, a string the batch also
+    holds, reaches it untouched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCABULARY, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        source: list[str] | None = None,
+    ) -> KeywordOutput:
+        assert source is not None and all(s == "synthetic" for s in source)
+        mask = attention_mask.unsqueeze(-1).to(torch.float32)
+        pooled = (self.embedding(input_ids) * mask).sum(1) / mask.sum(1)
+        logits = self.head(pooled)
+        return KeywordOutput(logits, F.cross_entropy(logits, labels) if labels is not None else None)
+
+
+class _Sentences(torch.utils.data.Dataset[dict[str, Any]]):
+    """Items of 2 to 6 token ids, a label and a string: `{"tokens", "labels", "source"}`."""
+
+    def __init__(self, samples: int, labels: bool):
+        generator = torch.Generator().manual_seed(0)
+        self.lengths = torch.randint(2, 7, (samples,), generator=generator)
+        self.lengths[:2] = torch.tensor([2, 5])  # the first batch is ragged
+        self.tokens = torch.randint(1, VOCABULARY, (samples, 6), generator=generator)
+        self.labels = torch.randint(3, (samples,), generator=generator) if labels else None
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item: dict[str, Any] = {"tokens": self.tokens[index, : int(self.lengths[index])], "source": "synthetic"}
+        if self.labels is not None:
+            item["labels"] = self.labels[index]
+        return item
+
+
+def pad(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The items' tokens padded into `input_ids` and `attention_mask` (the collate function of a
+    tokenizer's padding), the rest batched as torch batches it."""
+    width = max(len(item["tokens"]) for item in items)
+    input_ids = torch.zeros(len(items), width, dtype=torch.long)
+    attention_mask = torch.zeros(len(items), width, dtype=torch.long)
+    for row, item in enumerate(items):
+        input_ids[row, : len(item["tokens"])] = item["tokens"]
+        attention_mask[row, : len(item["tokens"])] = 1
+    rest = torch.utils.data.default_collate([{k: v for k, v in item.items() if k != "tokens"} for item in items])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, **rest}
+
+
+def keyword_batches(samples: int = 256, padded: bool = True, labels: bool = True) -> TorchWorkload:
+    """Dict items padded by the workload's collate function into keyword arguments of a model whose
+    output carries the loss: no `loss_fn`. Without `padded` (torch's collate cannot batch the
+    ragged items) or without `labels` (no loss), the probe refuses it."""
+    return TorchWorkload(
+        model=KeywordClassifier(),
+        dataset=_Sentences(samples, labels),
+        collate_fn=pad if padded else None,
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+    )
+
+
+class Sample(NamedTuple):
+    features: torch.Tensor
+    label: torch.Tensor
+    weight: torch.Tensor
+
+
+class _Weighted(torch.utils.data.Dataset[Sample]):
+    def __init__(self, samples: int):
+        generator = torch.Generator().manual_seed(0)
+        self.features = torch.randn(samples, 16, generator=generator)
+        self.labels = torch.randint(4, (samples,), generator=generator)
+        self.weights = torch.rand(samples, generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> Sample:
+        return Sample(self.features[index], self.labels[index], self.weights[index])
+
+
+def weighted_loss(model: nn.Module, batch: Sample) -> torch.Tensor:
+    """A step the model call and a `loss_fn` cannot express: a per-sample weighted loss."""
+    losses = F.cross_entropy(model(batch.features), batch.label, reduction="none")
+    return (losses * batch.weight).sum() / batch.weight.sum()
+
+
+def own_step(samples: int = 256) -> TorchWorkload:
+    """Namedtuple items of three fields and the workload's own `train_step`."""
+    return TorchWorkload(
+        model=nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)),
+        dataset=_Weighted(samples),
+        train_step=weighted_loss,
         optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
     )

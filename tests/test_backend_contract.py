@@ -535,6 +535,25 @@ class TestBackendContract:
         bad = launcher.call(harness.backend.runner, "probe", {**arg, "workload_args": {"depth": "two"}}, TIMEOUT_S)
         assert bad.outcome is Outcome.OK and "does not build a workload" in bad.output["workload_error"]
 
+    def test_the_probe_refuses_a_dataset_smaller_than_the_global_batch(
+        self, harness: Harness, launcher: TrialLauncher
+    ) -> None:
+        arg = {"device": "cpu", "workload": _mlp(harness), "workload_args": SMALL_MLP, "global_batch": 128}
+        fits = launcher.call(harness.backend.runner, "probe", arg, TIMEOUT_S)
+        assert fits.outcome is Outcome.OK and fits.output["workload_error"] is None, fits.reason
+        small = launcher.call(harness.backend.runner, "probe", {**arg, "global_batch": 129}, TIMEOUT_S)
+        assert small.outcome is Outcome.OK, small.reason
+        assert small.output["workload_error"] == (
+            f"{_mlp(harness)}: the dataset holds 128 items, fewer than one global batch (129): no step can be taken"
+        )
+
+    def test_a_trial_whose_loader_yields_nothing_is_an_error(self, harness: Harness, launcher: TrialLauncher) -> None:
+        result = _run(launcher, harness, _request(harness, "ok", {**harness.quick, "batch_size": 8}, samples=4))
+        assert result.outcome is Outcome.ERROR, result.reason
+        assert result.reason == (
+            "EmptyLoader: the data loader yields no batch: the dataset holds fewer items than one micro-batch"
+        )
+
     def test_a_trial_reports_throughput_memory_and_losses(self, harness: Harness, launcher: TrialLauncher) -> None:
         result = _run(launcher, harness, _request(harness, _mlp(harness), harness.quick, **SMALL_MLP))
         assert result.outcome is Outcome.OK, result.reason + (result.traceback or "")

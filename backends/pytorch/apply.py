@@ -15,6 +15,10 @@
         if tuned.step():
             ...  # an optimizer step was taken: schedulers, logging
 
+Batches of dicts, as Hugging Face models take them, go the same way, with the collate function
+the study's workload used: `TunedTraining(config, model, optimizer, dataset, collate_fn=collate)`,
+then `loss = tuned.model(**tuned.to_device(batch)).loss` under `tuned.autocast()`.
+
 Precision is decided once, in the constructor (TF32 flags, an autocast context or a null one, a
 GradScaler enabled only for fp16); the step itself has no branches on the config. Importing this
 module does not initialise CUDA (the fork server preloads it with the runner).
@@ -30,6 +34,7 @@ each micro-batch's gradients are added into them, and every forward starts a new
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import multiprocessing
 from collections.abc import Callable, Iterator, Mapping
@@ -117,6 +122,36 @@ def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
                 param.grad = torch.zeros_like(param)
 
 
+def to_device(value: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
+    """`value` with every tensor in it on `device` (see `TunedTraining.to_device`)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    if isinstance(value, Mapping):
+        moved = {k: to_device(v, device, non_blocking=non_blocking) for k, v in value.items()}
+        return moved if type(value) is dict else _rebuilt(value, moved)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(to_device(v, device, non_blocking=non_blocking) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device, non_blocking=non_blocking) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            f.name: to_device(getattr(value, f.name), device, non_blocking=non_blocking)
+            for f in dataclasses.fields(value)
+            if f.init
+        }
+        return dataclasses.replace(value, **changes)
+    return value
+
+
+def _rebuilt(mapping: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """A mapping of `mapping`'s type holding `items` (an OrderedDict, a Hugging Face `BatchEncoding`),
+    or a plain dict where that type cannot be built from a dict."""
+    try:
+        return type(mapping)(items)  # type: ignore[call-arg]
+    except TypeError:
+        return items
+
+
 class TunedTraining(TunedLoop):
     """One tuned config applied to a model, its optimizer and (optionally) its dataset.
 
@@ -124,6 +159,7 @@ class TunedTraining(TunedLoop):
     sets the TF32 flags (on for `tf32`, strict fp32 otherwise; process-wide), and compiles the
     model with the config's mode (`model` is then the `torch.compile` wrapper, sharing the
     parameters of the module passed in; a module `torch.compile` already wrapped is kept as it is).
+    `collate_fn` batches the items of every loader `make_loader` builds (None: torch's default).
     Under CUDA graphs with accumulation, the optimizer's parameters get their `.grad` allocated
     here and kept (see the module docstring). `config` is a `TunedConfig` from
     `autotuner.apply.load_config`, or a plain mapping of knob values (precision, batch_size,
@@ -140,6 +176,8 @@ class TunedTraining(TunedLoop):
         optimizer: torch.optim.Optimizer,
         dataset: torch.utils.data.Dataset[Any] | None = None,
         device: str | torch.device | None = None,
+        *,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
     ):
         super().__init__(PYTORCH, config)
         self.params = self.config
@@ -163,6 +201,8 @@ class TunedTraining(TunedLoop):
         )
         self._non_blocking = self.device.type == "cuda"
         self._micro_steps = 0
+        self.collate_fn = collate_fn
+        """What batches a list of items in `make_loader` (the workload's); None: torch's default."""
         self.loader = self.make_loader(dataset) if dataset is not None else None
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -195,29 +235,25 @@ class TunedTraining(TunedLoop):
         return True
 
     def to_device(self, value: Any) -> Any:
-        """A batch (tensor, or tuples, lists and dicts of them) on the device; non-blocking from the
-        pinned memory of a CUDA loader."""
-        if isinstance(value, torch.Tensor):
-            return value.to(self.device, non_blocking=self._non_blocking)
-        if isinstance(value, (list, tuple)):
-            return type(value)(self.to_device(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self.to_device(v) for k, v in value.items()}
-        return value
+        """A batch on the device: its tensors moved, in dicts (any mapping), lists, tuples, namedtuples
+        and dataclasses nested to any depth, each rebuilt as its own type; anything else is left as
+        it is. Non-blocking from the pinned memory of a CUDA loader."""
+        return to_device(value, self.device, non_blocking=self._non_blocking)
 
     def make_loader(
         self, dataset: torch.utils.data.Dataset[Any], *, shuffle: bool = True, seed: int | None = None
     ) -> torch.utils.data.DataLoader[Any]:
         """A DataLoader of micro-batches: `workers` worker processes (persistent, started with fork
         where the platform has it, as in the trials), pinned memory on CUDA, and the last partial
-        micro-batch dropped so every optimizer step sees `global_batch` samples. `seed` fixes the
-        shuffling and the workers' seeds."""
+        micro-batch dropped so every optimizer step sees `global_batch` samples, batched by
+        `collate_fn`. `seed` fixes the shuffling and the workers' seeds."""
         workers = self.workers
         fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=self.batch_size,
             shuffle=shuffle,
+            collate_fn=self.collate_fn,
             drop_last=True,
             num_workers=workers,
             pin_memory=self.device.type == "cuda",

@@ -21,7 +21,7 @@ import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): le
 
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
 from autotuner.backends.pytorch.probe import environment, gpu_uuid
-from autotuner.backends.pytorch.workload import TorchWorkload, as_workload
+from autotuner.backends.pytorch.workload import TorchWorkload, as_workload, first_batch_problem
 from autotuner.runner import TrialBackend
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
@@ -96,6 +96,9 @@ class PyTorchTrial(TrialBackend):
     def as_workload(self, built: Any, ref: str) -> TorchWorkload:
         return as_workload(built, ref)
 
+    def first_batch_problem(self, workload: TorchWorkload, count: int) -> str | None:
+        return first_batch_problem(workload, count)
+
     def initial_state(self, workload: TorchWorkload) -> dict[str, torch.Tensor]:
         return _host_copy(workload.model)
 
@@ -123,14 +126,15 @@ class PyTorchTrial(TrialBackend):
         workload: TorchWorkload, model: torch.nn.Module, config: dict[str, Any], device: torch.device
     ) -> TunedTraining:
         """The config applied to `model`, with a fresh optimizer (and so a fresh GradScaler)."""
-        return TunedTraining(config, model, workload.optimizer(workload.model.parameters()), device=device)
+        optimizer = workload.optimizer(workload.model.parameters())
+        return TunedTraining(config, model, optimizer, device=device, collate_fn=workload.collate_fn)
 
     def train_step(self, workload: TorchWorkload, training: TunedTraining, batches: Iterator[Any]) -> torch.Tensor:
         total = torch.zeros((), device=training.device)
         for _ in range(training.accumulation):
-            inputs, target = training.to_device(next(batches))
+            batch = training.to_device(next(batches))
             with training.autocast():
-                loss = workload.loss_fn(training.model(inputs), target)
+                loss = workload.loss(training.model, batch)
             training.backward(loss)
             total += loss.detach().float()
             training.step()
@@ -153,8 +157,8 @@ class PyTorchTrial(TrialBackend):
             workload.model.train()
 
     def batch_loss(self, workload: TorchWorkload, training: TunedTraining, dataset: Any, indices: range) -> float:
-        inputs, target = training.to_device(torch.utils.data.default_collate([dataset[i] for i in indices]))
-        return float(workload.loss_fn(workload.model(inputs), target).double())
+        batch = training.to_device(workload.collate([dataset[i] for i in indices]))
+        return float(workload.loss(workload.model, batch).double())
 
     def gpu_uuid(self, device: torch.device) -> str | None:
         return gpu_uuid(device)
@@ -189,9 +193,9 @@ class PyTorchTrial(TrialBackend):
         count = min(FLOP_COUNT_SAMPLES, len(workload.dataset))  # type: ignore[arg-type]
         try:
             items = [workload.dataset[i] for i in range(count)]
-            inputs, target = training.to_device(torch.utils.data.default_collate(items))
+            batch = training.to_device(workload.collate(items))
             with FlopCounterMode(display=False) as counter:
-                workload.loss_fn(workload.model(inputs), target).backward()
+                workload.loss(workload.model, batch).backward()
         finally:
             workload.model.zero_grad(set_to_none=True)
         flops = counter.get_total_flops()

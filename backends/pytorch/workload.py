@@ -1,4 +1,4 @@
-"""What a PyTorch workload factory returns.
+"""What a PyTorch workload factory returns, and how its batches reach the model.
 
 A factory is a function named in the spec by import path (`package.module:function`); it is
 called in every trial process with the spec's `workload_args` as keyword arguments, after the
@@ -14,28 +14,78 @@ random seeds are fixed, and returns a `TorchWorkload`:
             optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
         )
 
+Items and collated batches may be tensors or nested dicts, lists, tuples, namedtuples and
+dataclasses of tensors. A batch reaches the model by one rule (`call_model`):
+
+* a mapping (`{"input_ids": ..., "labels": ...}`) is passed as keyword arguments: `model(**batch)`;
+* a plain tuple or list of two, `(inputs, target)`, passes its inputs: `model(inputs)`;
+* anything else (a tensor, a namedtuple, a dataclass, a longer sequence) is passed whole: `model(batch)`.
+
+The loss (`TorchWorkload.loss`) is `loss_fn(output, target)` when the workload has a `loss_fn`,
+the target being the pair's second item, or the whole batch otherwise; without one, it is the
+output's `.loss` or `["loss"]`, where Hugging Face models put it when the batch holds `labels`.
+A workload whose step fits none of these gives `train_step(model, batch) -> loss` instead: it is
+called with the batch on the device, under the config's autocast, and the backend takes the
+backward pass and the optimizer step from there.
+
 The backend owns everything the knobs change: the device, autocast and the gradient scaler,
 torch.compile, the DataLoader (batch size, workers, pinning) and gradient accumulation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 
-@dataclass
+class NoLoss(ValueError):
+    """The model's output carries no loss, and the workload gives no `loss_fn` or `train_step`."""
+
+
+def call_model(model: Callable[..., Any], batch: Any) -> tuple[Any, Any]:
+    """The model's output on `batch`, and the target a `loss_fn` is given, by the rule of the
+    module docstring."""
+    if isinstance(batch, Mapping):
+        return model(**batch), batch
+    if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields") and len(batch) == 2:
+        inputs, target = batch
+        return model(inputs), target
+    return model(batch), batch
+
+
+def output_loss(output: Any) -> torch.Tensor:
+    """The loss a model's output carries: its `.loss`, or its `["loss"]` (Hugging Face's
+    `ModelOutput` has both; its `.loss` is None when the batch held no labels)."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, Mapping):
+        loss = output.get("loss")
+    if not isinstance(loss, torch.Tensor):
+        raise NoLoss(
+            f"the model's output ({type(output).__name__}) carries no loss (no .loss or ['loss'] tensor), "
+            "and the workload gives no loss_fn or train_step"
+        )
+    return loss
+
+
+@dataclass(kw_only=True)
 class TorchWorkload:
     model: torch.nn.Module
     dataset: torch.utils.data.Dataset[Any]
-    """Map-style, with a length; each item is `(inputs, target)`. Must give the same item for the
-    same index in every process (per-index randomness only), so drift compares like with like."""
-    loss_fn: Callable[[Any, Any], torch.Tensor]
+    """Map-style, with a length; each item is what `collate_fn` batches (see the module docstring).
+    Must give the same item for the same index in every process (per-index randomness only), so
+    drift compares like with like."""
     optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
     """A factory: the backend builds a fresh optimizer for each phase of a trial."""
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    """`loss_fn(output, target)`; None: the loss is the one the model's output carries."""
+    train_step: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None
+    """`train_step(model, batch) -> loss`, the forward and the loss of a micro-batch, for a step
+    the model call and `loss_fn` cannot express; `loss_fn` is then not used."""
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    """What batches a list of items, in every loader; None: torch's `default_collate`."""
     heldout: torch.utils.data.Dataset[Any] | None = None
     """The fixed batch drift is measured on; default: the dataset's last 256 items."""
     tokens_per_sample: int | None = None
@@ -43,17 +93,57 @@ class TorchWorkload:
     flops_per_sample: float | None = None
     """Training FLOPs (forward and backward) per sample; with it, MFU is reported on GPUs."""
 
+    def collate(self, items: list[Any]) -> Any:
+        """`items` batched as the workload's loaders batch them."""
+        return (self.collate_fn or torch.utils.data.default_collate)(items)
+
+    def loss(self, model: Callable[..., Any], batch: Any) -> torch.Tensor:
+        """The loss of `model` (the module, or what the config compiled of it) on `batch`, already on
+        its device (see the module docstring)."""
+        if self.train_step is not None:
+            return self.train_step(model, batch)  # type: ignore[arg-type]
+        output, target = call_model(model, batch)
+        if self.loss_fn is not None:
+            return self.loss_fn(output, target)
+        return output_loss(output)
+
 
 def as_workload(built: Any, ref: str) -> TorchWorkload:
     """Check what a factory returned; a 4-tuple (model, dataset, loss_fn, optimizer) is accepted."""
     if isinstance(built, tuple) and len(built) == 4:
-        built = TorchWorkload(*built)
+        model, dataset, loss_fn, optimizer = built
+        built = TorchWorkload(model=model, dataset=dataset, loss_fn=loss_fn, optimizer=optimizer)
     if not isinstance(built, TorchWorkload):
         raise TypeError(f"workload factory {ref} returned {type(built).__name__}, expected a TorchWorkload")
     if not isinstance(built.model, torch.nn.Module):
         raise TypeError(f"workload factory {ref}: model is {type(built.model).__name__}, not a torch.nn.Module")
     if not hasattr(built.dataset, "__getitem__") or not hasattr(built.dataset, "__len__"):
         raise TypeError(f"workload factory {ref}: dataset must be map-style (__getitem__ and __len__)")
-    if not callable(built.loss_fn) or not callable(built.optimizer):
-        raise TypeError(f"workload factory {ref}: loss_fn and optimizer must be callables")
+    if not callable(built.optimizer):
+        raise TypeError(f"workload factory {ref}: optimizer must be a callable")
+    for name in ("loss_fn", "train_step", "collate_fn"):
+        if getattr(built, name) is not None and not callable(getattr(built, name)):
+            raise TypeError(f"workload factory {ref}: {name} must be a callable or None")
     return built
+
+
+def first_batch_problem(workload: TorchWorkload, count: int) -> str | None:
+    """What fails, in a few words, when the dataset's first `count` items are read, batched by the
+    workload's collate function and the model's loss computed on them, without gradients, where
+    the model was built (the probe's check); None when nothing does."""
+    try:
+        items = [workload.dataset[i] for i in range(count)]
+    except Exception as exc:
+        return f"the dataset's first items cannot be read: {type(exc).__name__}: {exc}"
+    try:
+        batch = workload.collate(items)
+    except Exception as exc:
+        return f"the collate function cannot batch the dataset's first {count} items: {type(exc).__name__}: {exc}"
+    try:
+        with torch.no_grad():
+            workload.loss(workload.model, batch)
+    except NoLoss as exc:
+        return str(exc)
+    except Exception as exc:
+        return f"the model fails on the first batch: {type(exc).__name__}: {exc}"
+    return None
