@@ -210,3 +210,14 @@ def test_a_bad_shape_is_refused_by_the_probe_before_any_storage(
     assert "Traceback" not in done.stderr
     assert f"{workload}: {cause}" in done.stderr
     assert not (tmp_path / "runs" / "bad" / "study.db").exists()
+
+
+def test_apply_refuses_a_bad_shape_as_the_search_does(tmp_path: Path) -> None:
+    """`autotuner apply` probes the job's data as the search does: a job whose output has no loss
+    is refused in one line before anything runs."""
+    good = _spec(tmp_path, "own", "tests.study_workloads:keyword_batches")
+    assert run_cli("search", "--spec", str(good), cwd=tmp_path).returncode == 0
+    bad = _spec(tmp_path, "own", "tests.study_workloads:keyword_batches", workload_args={"labels": False})
+    done = run_cli("apply", "runs/own/best.yaml", "--spec", str(bad), "--force", cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "carries no loss" in done.stderr and "Traceback" not in done.stderr
