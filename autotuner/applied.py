@@ -127,7 +127,7 @@ def apply_config(
 
     # autotuner.study imports Optuna: only here
     from autotuner.study import check_trial_limits
-    from autotuner.trial_requests import make_launcher, probe_environment, trial_request
+    from autotuner.trial_requests import make_launcher, probe_job, trial_request
 
     if tuned.backend != job.backend.name:
         raise SpecError(
@@ -139,15 +139,7 @@ def apply_config(
     if other_job and not force:
         raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
     launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-    environment = probe_environment(  # as the search probes: the job's data refused before anything runs
-        launcher,
-        job.backend,
-        device or job.spec.device,
-        job.workload_path(),
-        job.source,
-        dict(job.spec.workload_args),
-        job.spec.global_batch,
-    )
+    environment = probe_job(launcher, job, device or job.spec.device)  # as the search probes it
     check_trial_limits(job, environment)
     other_machine = machine_mismatch(tuned, environment)
     if other_machine and not force:

@@ -38,7 +38,7 @@ from autotuner.sampler import FreshConfigSampler, make_sampler
 from autotuner.spec import Job
 from autotuner.study import check_objectives, check_trial_limits, open_storage, open_study, shown_url
 from autotuner.trial import TrialLauncher
-from autotuner.trial_requests import PROBE_TIMEOUT_S, make_launcher, probe_environment
+from autotuner.trial_requests import PROBE_TIMEOUT_S, make_launcher, probe_job
 
 
 def job_sampler(job: Job, capabilities: Capabilities) -> FreshConfigSampler:
@@ -83,15 +83,7 @@ class Search:
     def _search(self) -> SearchSummary:
         job = self.job
         launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-        environment = probe_environment(
-            launcher,
-            job.backend,
-            self.device,
-            job.workload_path(),
-            self.device_source,
-            dict(job.spec.workload_args),
-            job.spec.global_batch,
-        )
+        environment = probe_job(launcher, job, self.device, self.device_source)
         capabilities = job.backend.capabilities(environment["capabilities"])
         check_objectives(job, environment)
         check_trial_limits(job, environment)

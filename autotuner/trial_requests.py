@@ -49,6 +49,20 @@ def probe_environment(
     return environment
 
 
+def probe_job(launcher: TrialLauncher, job: Job, device: str, source: str | None = None) -> dict[str, Any]:
+    """`probe_environment` for `job` on `device`: its workload built from the spec's arguments and
+    its data checked against its global batch, before anything is stored or run."""
+    return probe_environment(
+        launcher,
+        job.backend,
+        device,
+        job.workload_path(),
+        source or job.source,
+        dict(job.spec.workload_args),
+        job.spec.global_batch,
+    )
+
+
 def trial_request(job: Job, config: Config, device: str, *, measure: bool = True) -> TrialRequest:
     settings = job.spec.trial
     return TrialRequest(

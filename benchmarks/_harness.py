@@ -39,7 +39,7 @@ from autotuner.results import Reference, TrialOutput
 from autotuner.spec import Job
 from autotuner.study import DIRECTIONS
 from autotuner.trial import TrialRequest, TrialResult
-from autotuner.trial_requests import make_launcher, probe_environment, trial_request
+from autotuner.trial_requests import make_launcher, probe_job, trial_request
 
 RESULTS = Path(__file__).parent / "results"
 TRIAL_SETTINGS = ("warmup_steps", "steps", "windows", "min_window_s", "drift_steps", "seed")
@@ -120,14 +120,7 @@ class Trials:
     def __init__(self, job: Job, device: str | None = None):
         self.job = job
         self.launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-        self.environment = probe_environment(
-            self.launcher,
-            job.backend,
-            device or job.spec.device,
-            job.workload_path(),
-            job.source,
-            dict(job.spec.workload_args),
-        )
+        self.environment = probe_job(self.launcher, job, device or job.spec.device)
         self.capabilities = job.backend.capabilities(self.environment["capabilities"])
 
     @property
