@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from autotuner.apply import TunedConfig, job_mismatch, machine_mismatch
+from autotuner.environment import thread_mismatch
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.knobs import Config, format_config
 from autotuner.results import Throughput
@@ -146,6 +147,9 @@ def apply_config(
         raise HardwareMismatch(f"{tuned.source}: {other_machine}. Use --force to run it anyway")
     for problem in filter(None, (other_job, other_machine)):
         warn(f"{tuned.source}: {problem} (--force)")
+    other_threads = thread_mismatch(tuned.environment, environment)
+    if other_threads:
+        warn(f"{tuned.source}: {other_threads}: on a CPU they change the throughput")
 
     batch = tuned.params["batch_size"]
     if job.spec.global_batch % batch:

@@ -11,6 +11,36 @@ from typing import Any
 from autotuner.backends import BACKENDS
 
 FINGERPRINT_KEYS = ("backend", "device_name", "driver", "versions")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "MKL_NUM_THREADS")
+"""The environment variables that change how the CPU's threads run a step: the thread counts, and
+whether a thread that waits at a barrier spins (OpenMP's default, for a while) or sleeps. On a
+CPU, a small batch's step can run at half the speed with `OMP_WAIT_POLICY=PASSIVE`, so a study's
+figures hold under the settings it was measured with (`thread_settings`)."""
+
+
+def thread_settings(*more: str) -> dict[str, str]:
+    """The `THREAD_VARIABLES` (and the variables `more` names) this process runs with, those set:
+    a trial inherits them from the search, which leaves them as the user's shell has them (as
+    their training run will)."""
+    return {name: os.environ[name] for name in (*THREAD_VARIABLES, *more) if name in os.environ}
+
+
+def thread_mismatch(measured: dict[str, Any], environment: dict[str, Any]) -> str | None:
+    """Why the thread settings `environment` was probed with differ from those of `measured`'s
+    environment (an export's), or None when they are the same (or `measured` predates them)."""
+    if "threads" not in measured:
+        return None
+    then, now = measured["threads"], environment.get("threads", {})
+    if then == now:
+        return None
+    return f"its figures were measured with threads {describe_threads(then)}; this run has {describe_threads(now)}"
+
+
+def describe_threads(threads: dict[str, Any]) -> str:
+    """`2 intra-op, OMP_WAIT_POLICY=PASSIVE`; `default` for nothing set."""
+    parts = [f"{threads['intra_op']} intra-op"] if "intra_op" in threads else []
+    parts += [f"{name}={value}" for name, value in threads.items() if name != "intra_op"]
+    return ", ".join(parts) or "default"
 
 
 def cpu_name() -> str:
@@ -40,6 +70,8 @@ def describe(environment: dict[str, Any]) -> list[tuple[str, str]]:
         ("driver", str(environment.get("driver"))),
     ]
     rows += [(name, str(version)) for name, version in versions.items() if version is not None]
+    if "threads" in environment:
+        rows.append(("threads", describe_threads(environment["threads"])))
     if "compute_capability" in environment:
         rows.append(("compute capability", str(environment["compute_capability"])))
     rows += [

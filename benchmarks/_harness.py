@@ -2,22 +2,16 @@
 `autotuner search` in a fresh folder, the machine's description and the result files.
 
 The benchmarks import this as a sibling module (`python benchmarks/<name>.py` puts
-`benchmarks/` first on the path).
+`benchmarks/` first on the path). They run under the thread settings of the shell that started
+them (`OMP_WAIT_POLICY`, `OMP_NUM_THREADS`, ...), as a search's trials do, and each result file
+records them: a benchmark measures what the search and the user's training run would.
 """
 
 from __future__ import annotations
 
-import os
-
-# The benchmarks ran on two cores shared with other people's jobs: there, OpenMP threads that
-# spin-wait at every barrier for a thread the OS has descheduled made small-batch steps many times
-# slower than on an idle machine, which measured the load, not the config. Waiting threads
-# sleep instead (set before torch is imported anywhere, so every trial process inherits it);
-# `OMP_WAIT_POLICY=active python benchmarks/...` measures with spinning threads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -30,6 +24,7 @@ from typing import Any
 import optuna
 
 from autotuner.backends import Capabilities
+from autotuner.environment import thread_settings
 from autotuner.knobs import Config
 from autotuner.outcomes import Outcome
 from autotuner.recording import record
@@ -41,6 +36,7 @@ from autotuner.study import DIRECTIONS
 from autotuner.trial import TrialRequest, TrialResult
 from autotuner.trial_requests import make_launcher, probe_job, trial_request
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
 TRIAL_SETTINGS = ("warmup_steps", "steps", "windows", "min_window_s", "drift_steps", "seed")
 """The spec's trial settings that change what a trial measures."""
@@ -97,7 +93,7 @@ def measured_job(job: Job) -> dict[str, Any]:
 
 def write_results(filename: str, data: dict[str, Any], folder: Path | None = None) -> Path:
     """`data` as JSON under benchmarks/results/ (or `folder`), with the conditions it was measured in."""
-    conditions = {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "load_avg_when_written": os.getloadavg()}
+    conditions = {"threads": thread_settings(), "load_avg_when_written": os.getloadavg()}
     folder = folder or RESULTS
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / filename
@@ -187,13 +183,15 @@ class SearchRun:
 
 def run_search(spec: Path, name: str, folder: Path, *args: str) -> SearchRun:
     """`autotuner search --spec SPEC` with `folder` as the working directory (so a fresh study in
-    folder/runs/<name>/), timed from the command's start to its exit."""
+    folder/runs/<name>/) and the repository on the path (for the workloads of its examples), timed
+    from the command's start to its exit."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     started = datetime.now()
     clock = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "autotuner", "search", "--spec", str(spec.resolve()), *args],
         cwd=folder,
-        env={**os.environ, "COLUMNS": "160"},
+        env={**os.environ, "COLUMNS": "160", "PYTHONPATH": path},
     )
     wall_s = time.perf_counter() - clock
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/runs/{name}/study.db")

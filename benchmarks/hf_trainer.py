@@ -1,13 +1,16 @@
 """The promise through the Hugging Face `Trainer`: the speedup the Trainer delivers with the
 exported `TrainingArguments`, next to the study's.
 
-    python benchmarks/hf_trainer.py [--export runs/hf-gpt2/best.yaml] [--steps 60] [--rounds 3]
+    python benchmarks/hf_trainer.py [--export runs/hf-gpt2/best.yaml] [--steps 60] [--rounds 5]
 
-Without the export it first runs the example study (`autotuner search --spec
-examples/huggingface/gpt2.yaml`: GPT-2 built from a config, a dataset of dicts). Then, in one run,
-it trains the same model with `transformers.Trainer` under the baseline's arguments and under the
-tuned ones (`autotuner.integrations.transformers.training_arguments` of each config), alternating
-baseline and tuned `--rounds` times. A run's throughput is taken by a callback over its optimizer
+It first runs the example study (`autotuner search --spec examples/huggingface/gpt2.yaml`: GPT-2
+built from a config, a dataset of dicts) in a fresh folder, so that the study and the Trainer run
+under the same conditions; `--export` takes an export instead, refused when its trials ran under
+other thread settings (on 2 cores, `OMP_WAIT_POLICY=PASSIVE` alone halves the Trainer's baseline:
+the comparison would measure that). Then, in the same run, it trains the same model with
+`transformers.Trainer` under the baseline's arguments and under the tuned ones
+(`autotuner.integrations.transformers.training_arguments` of each config), alternating baseline
+and tuned `--rounds` times. A run's throughput is taken by a callback over its optimizer
 steps after the first `WARMUP_STEPS` (the Trainer's own `train_samples_per_second` counts the
 loader's start and the first steps too); the speedup delivered is the median over the rounds of
 tuned over baseline, each round's pair measured back to back.
@@ -18,22 +21,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _harness import machine, write_results
+from _harness import ROOT, machine, run_search, write_results
 
 from autotuner.apply import TunedConfig, load_config
+from autotuner.environment import describe_threads, thread_settings
 from autotuner.integrations.transformers import training_arguments
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the example's factory imports as examples.huggingface.gpt2, as the spec names it
-SPEC = "examples/huggingface/gpt2.yaml"
-EXPORT = ROOT / "runs" / "hf-gpt2" / "best.yaml"
+SPEC = ROOT / "examples" / "huggingface" / "gpt2.yaml"
 WARMUP_STEPS = 5
 
 
@@ -74,41 +75,62 @@ def trainer_throughput(config: TunedConfig, steps: int, folder: str) -> dict[str
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--export", type=Path, default=EXPORT)
+    parser.add_argument("--export", type=Path, help="an export of the example study (default: run the study)")
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps per Trainer run")
-    parser.add_argument("--rounds", type=int, default=3, help="baseline/tuned pairs")
+    parser.add_argument("--rounds", type=int, default=5, help="baseline/tuned pairs")
     args = parser.parse_args()
-    if not args.export.exists():
-        autotuner = Path(sys.executable).with_name("autotuner")
-        subprocess.run([str(autotuner), "search", "--spec", SPEC], cwd=ROOT, check=True)
-    tuned = load_config(args.export)
-    baseline = dataclasses.replace(tuned, params=dict(tuned.baseline["params"]))
-    rounds = []
     with tempfile.TemporaryDirectory() as folder:
-        for number in range(args.rounds):
-            base = trainer_throughput(baseline, args.steps, folder)
-            best = trainer_throughput(tuned, args.steps, folder)
-            rounds.append({"baseline": base, "tuned": best, "speedup": best["samples_per_s"] / base["samples_per_s"]})
+        if args.export is None:
+            search = run_search(SPEC, "hf-gpt2", Path(folder))
+            if search.exit_code:
+                return search.exit_code
+            args.export = Path(folder) / "runs" / "hf-gpt2" / "best.yaml"
+            source = f"{SPEC.relative_to(ROOT)}, searched in this run ({search.wall_s:.0f} s)"
+        else:
+            source = str(args.export)
+        tuned = load_config(args.export)
+        studied, here = tuned.environment.get("threads", {}), thread_settings()
+        if {k: v for k, v in studied.items() if k != "intra_op"} != here:
             print(
-                f"round {number + 1}: baseline {base['samples_per_s']:,.0f}/s, tuned {best['samples_per_s']:,.0f}/s: "
-                f"{rounds[-1]['speedup']:.2f}x"
+                f"hf_trainer.py: error: {args.export} was measured with threads {describe_threads(studied)}, "
+                f"this run has {describe_threads(here)}: run it with the study's settings, or without --export",
+                file=sys.stderr,
             )
-    delivered = statistics.median(r["speedup"] for r in rounds)
-    promised = float(tuned.speedup or 0.0)
-    print(
-        f"the Trainer delivered {delivered:.2f}x (median of {args.rounds}); the study's export says {promised:.2f}x: "
-        f"ratio {delivered / promised:.3f}"
-    )
+            return 2
+        return _compare(tuned, source, args.steps, args.rounds, folder)
+
+
+def _compare(tuned: TunedConfig, source: str, steps: int, count: int, folder: str) -> int:
+    """The Trainer under the baseline's and the tuned arguments, `count` pairs back to back."""
     import transformers
 
+    baseline = dataclasses.replace(tuned, params=dict(tuned.baseline["params"]))
+    rounds, speedups = [], []
+    for number in range(count):
+        base = trainer_throughput(baseline, steps, folder)
+        best = trainer_throughput(tuned, steps, folder)
+        speedups.append(best["samples_per_s"] / base["samples_per_s"])
+        rounds.append({"baseline": base, "tuned": best, "speedup": speedups[-1]})
+        print(
+            f"round {number + 1}: baseline {base['samples_per_s']:,.0f}/s, tuned {best['samples_per_s']:,.0f}/s: "
+            f"{speedups[-1]:.2f}x"
+        )
+    delivered = statistics.median(speedups)
+    promised = float(tuned.speedup or 0.0)
+    print(
+        f"the Trainer delivered {delivered:.2f}x (median of {count}); the study's export says {promised:.2f}x: "
+        f"ratio {delivered / promised:.3f}"
+    )
     write_results(
         "hf_trainer.json",
         {
             "machine": machine(tuned.environment) + f", transformers {transformers.__version__}",
-            "export": str(args.export.relative_to(ROOT) if args.export.is_absolute() else args.export),
+            "export": source,
+            "study_baseline_per_s": tuned.baseline.get("throughput"),
+            "study_tuned_per_s": tuned.metrics.get("throughput"),
             "tuned": tuned.params,
             "baseline": baseline.params,
-            "steps": args.steps,
+            "steps": steps,
             "warmup_steps": WARMUP_STEPS,
             "rounds": rounds,
             "speedup_delivered": delivered,

@@ -72,6 +72,24 @@ def nan(samples: int = 64) -> JaxWorkload:
     return _workload(loss_fn, samples)
 
 
+def wrong_features(samples: int = 64) -> JaxWorkload:
+    """Its first layer expects one feature more than the items have: the loss fails on any batch."""
+    workload = _workload(samples=samples)
+    workload.params["w1"] = np.zeros((FEATURES + 1, 16), np.float32)
+    return workload
+
+
+def per_sample_loss(samples: int = 64) -> JaxWorkload:
+    """Its loss_fn forgets the mean: a loss per sample, not a scalar."""
+
+    def loss_fn(params: dict[str, jax.Array], batch: tuple[jax.Array, jax.Array]) -> jax.Array:
+        inputs, labels = batch
+        logits = jax.nn.relu(inputs @ params["w1"] + params["b1"]) @ params["w2"] + params["b2"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+    return _workload(loss_fn, samples)
+
+
 def raises_in_factory(samples: int = 64) -> JaxWorkload:
     raise ValueError(f"the factory refuses to build (samples={samples})")
 

@@ -341,6 +341,22 @@ def test_apply_refuses_a_config_from_other_hardware_unless_forced(study: tuple[P
     assert "warning" in forced.stderr and "0123456789abcdef" in forced.stderr
 
 
+def test_apply_warns_when_its_thread_settings_are_not_the_studys(
+    study: tuple[Path, Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The export records the thread settings its trials ran with; a run under others is told."""
+    workdir, spec, export = study
+    threads = export["environment"]["threads"]
+    assert threads["intra_op"] >= 1
+    other = "ACTIVE" if threads.get("OMP_WAIT_POLICY") == "PASSIVE" else "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", other)
+    done = run_cli("apply", "runs/applied/best.yaml", "--spec", str(spec), "--steps", "6", "--no-baseline", cwd=workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    warning = next(line for line in done.stderr.splitlines() if "thread" in line)
+    assert f"this run has {threads['intra_op']} intra-op, OMP_WAIT_POLICY={other}" in warning
+    assert "on a CPU they change the throughput" in warning
+
+
 def test_apply_refuses_a_config_tuned_for_another_job(study: tuple[Path, Path, dict[str, Any]]) -> None:
     workdir, spec, export = study
     changed = yaml.safe_load(spec.read_text())

@@ -156,8 +156,8 @@ def test_tables_render_the_gpu_results(dry_run: tuple[Path, Any], tmp_path: Path
 
 
 def _import_gpu_py() -> ModuleType:
-    """benchmarks/gpu.py as a module (its harness sets OMP_WAIT_POLICY: put back as it was)."""
-    before, path = os.environ.get("OMP_WAIT_POLICY"), list(sys.path)
+    """benchmarks/gpu.py as a module (its folder on the path while it imports its harness)."""
+    path = list(sys.path)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         spec = importlib.util.spec_from_file_location("benchmarks_gpu", GPU_PY)
@@ -167,10 +167,6 @@ def _import_gpu_py() -> ModuleType:
         return module
     finally:
         sys.path[:] = path
-        if before is None:
-            os.environ.pop("OMP_WAIT_POLICY", None)
-        else:
-            os.environ["OMP_WAIT_POLICY"] = before
 
 
 def test_apply_figures_are_read_as_a_gpu_prints_them() -> None:

@@ -116,3 +116,19 @@ def test_every_entry_has_every_precision_and_a_name_that_reaches_it() -> None:
 def test_the_table_handed_out_is_a_copy() -> None:
     hardware.peak_flops("NVIDIA L4")["bf16"] = 0.0
     assert hardware.peak_flops("NVIDIA L4")["bf16"] == 121 * T
+
+
+def test_thread_settings_are_described_and_compared(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autotuner.environment import describe_threads, thread_mismatch, thread_settings
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert thread_settings()["OMP_WAIT_POLICY"] == "PASSIVE" and "OMP_NUM_THREADS" not in thread_settings()
+    assert describe_threads({"intra_op": 2, "OMP_WAIT_POLICY": "PASSIVE"}) == "2 intra-op, OMP_WAIT_POLICY=PASSIVE"
+    assert describe_threads({}) == "default"
+    same = {"threads": {"intra_op": 2}}
+    assert thread_mismatch(same, same) is None
+    assert thread_mismatch({}, same) is None  # an export from before they were recorded
+    assert thread_mismatch({"threads": {"intra_op": 2, "OMP_WAIT_POLICY": "PASSIVE"}}, same) == (
+        "its figures were measured with threads 2 intra-op, OMP_WAIT_POLICY=PASSIVE; this run has 2 intra-op"
+    )

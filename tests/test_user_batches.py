@@ -212,6 +212,32 @@ def test_a_bad_shape_is_refused_by_the_probe_before_any_storage(
     assert not (tmp_path / "runs" / "bad" / "study.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("workload", "cause"),
+    [
+        ("wrong_features", "loss_fn fails on the first batch: TypeError: dot_general requires contracting dimensions"),
+        ("per_sample_loss", "loss_fn returned ArrayImpl of shape (2,), not a scalar loss"),
+    ],
+)
+def test_a_jax_job_whose_loss_fails_is_refused_by_the_probe(tmp_path: Path, workload: str, cause: str) -> None:
+    spec = write_spec(
+        tmp_path,
+        name="bad",
+        backend="jax",
+        workload=f"tests.faulty_jax_workloads:{workload}",
+        workload_args={},
+        global_batch=16,
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "jit": "on"},
+        space={"precision": ["fp32"], "batch_size": [8, 16], "workers": [0], "jit": ["on"]},
+        budget={"trials": 2},
+    )
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"tests.faulty_jax_workloads:{workload}: {cause}" in done.stderr
+    assert not (tmp_path / "runs" / "bad" / "study.db").exists()
+
+
 def test_apply_refuses_a_bad_shape_as_the_search_does(tmp_path: Path) -> None:
     """`autotuner apply` probes the job's data as the search does: a job whose output has no loss
     is refused in one line before anything runs."""

@@ -34,8 +34,8 @@ from autotuner.backends.jax.apply import (
     gpus,
     resolve_device,
 )
-from autotuner.backends.jax.workload import JaxWorkload, as_workload
-from autotuner.environment import cpu_name
+from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem
+from autotuner.environment import cpu_name, thread_settings
 from autotuner.hardware import peak_flops
 from autotuner.runner import TrialBackend
 from autotuner.telemetry import cuda_uuid, has_energy_counter, nvml_driver
@@ -117,6 +117,7 @@ class JaxTrial(TrialBackend):
                 "optax": optax.__version__,
             },
             "capabilities": capabilities,
+            "threads": thread_settings("XLA_FLAGS"),  # XLA's CPU threads are its own (Eigen's), not OpenMP's
             "peak_flops": peak_flops(name) if device.platform == "gpu" else {},
             **extra,
         }
@@ -154,6 +155,9 @@ class JaxTrial(TrialBackend):
     def evaluation(self, workload: JaxWorkload, training: TunedTraining) -> contextlib.AbstractContextManager[Any]:
         """Eager, fp32 parameters, strict fp32 matmuls."""
         return jax.default_matmul_precision(STRICT_MATMULS)
+
+    def first_batch_problem(self, workload: JaxWorkload, count: int) -> str | None:
+        return first_batch_problem(workload, count)
 
     def batch_loss(self, workload: JaxWorkload, training: TunedTraining, dataset: Any, indices: range) -> float:
         batch = training.to_device(collate(dataset, np.asarray(indices)))

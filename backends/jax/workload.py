@@ -38,6 +38,7 @@ reduction from `logits.astype(jnp.float32)`, as above, so that the loss itself s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -112,3 +113,23 @@ def as_workload(built: Any, ref: str) -> JaxWorkload:
         if data is not None and (not hasattr(data, "__getitem__") or not hasattr(data, "__len__")):
             raise TypeError(f"workload factory {ref}: {name} must be map-style (__getitem__ and __len__)")
     return built
+
+
+def first_batch_problem(workload: JaxWorkload, count: int) -> str | None:
+    """What fails, in a few words, when the dataset's first `count` items are read, stacked into
+    a batch as the loaders stack them and `loss_fn` is computed on them with the initial
+    parameters, as JAX arrays on the default device (the probe's check); None when nothing does."""
+    from autotuner.backends.jax.apply import collate
+
+    try:
+        batch = collate(workload.dataset, np.arange(count))
+    except Exception as exc:
+        return f"the dataset's first {count} items cannot be read and stacked: {type(exc).__name__}: {exc}"
+    as_arrays = functools.partial(jax.tree.map, jax.numpy.asarray)
+    try:
+        loss = workload.loss_fn(as_arrays(workload.params), as_arrays(batch))
+    except Exception as exc:
+        return f"loss_fn fails on the first batch: {type(exc).__name__}: {exc}"
+    if getattr(loss, "shape", None) != ():
+        return f"loss_fn returned {type(loss).__name__} of shape {getattr(loss, 'shape', None)}, not a scalar loss"
+    return None

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from autotuner.environment import cpu_name
+from autotuner.environment import cpu_name, thread_settings
 from autotuner.hardware import peak_flops
 from autotuner.telemetry import cuda_uuid, has_energy_counter, nvml_driver
 
@@ -59,6 +59,7 @@ def environment(device: torch.device) -> dict[str, Any]:
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         },
         "capabilities": capabilities,
+        "threads": {"intra_op": torch.get_num_threads(), **thread_settings()},
         "peak_flops": peak_flops(name) if device.type == "cuda" else {},
         **extra,
     }

@@ -21,8 +21,8 @@ def make_workload(
     config = GPT2Config(
         vocab_size=vocab, n_positions=length, n_embd=width, n_layer=layers, n_head=heads, bos_token_id=0, eos_token_id=0
     )
-    config.loss_type = "ForCausalLM"  # what the model computes anyway; said, so transformers does not warn
     model = GPT2LMHeadModel(config)
+    model.loss_type = "ForCausalLM"  # what it computes anyway (its class name does not say): said, so no warning
     tokens = _tokens(samples + 256, length, vocab)
     items = [{"input_ids": row, "labels": row} for row in tokens]  # the model shifts the labels itself
     return TorchWorkload(
