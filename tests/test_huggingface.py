@@ -8,8 +8,10 @@ import runpy
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
+from autotuner.backends.pytorch.apply import TunedTraining
 from tests.conftest import ROOT, run_cli
 
 pytest.importorskip("transformers")
@@ -42,3 +44,28 @@ def test_the_example_spec_tunes_a_transformers_model_on_dict_batches(tmp_path: P
     args = built["args"]
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 8
     assert args.bf16 == (export["params"]["precision"] == "bf16"), code
+
+
+def test_gradient_checkpointing_the_factory_turns_on_trains_as_without_it() -> None:
+    """A model the factory left with gradient checkpointing on is trained that way by
+    `TunedTraining` (as a trial trains it), to the same weights: it recomputes, it changes nothing."""
+    from examples.huggingface.gpt2 import make_workload
+
+    weights = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        workload = make_workload(
+            layers=2, width=32, heads=2, vocab=64, length=16, samples=32, checkpointing=checkpointing
+        )
+        config = {"precision": "fp32", "batch_size": 8, "accumulation": 2, "workers": 0, "compile": "none"}
+        training = TunedTraining(
+            config, workload.model, workload.optimizer(workload.model.parameters()), workload.dataset
+        )
+        workload.model.train()
+        for batch in training.loader:
+            loss = workload.model(**training.to_device(batch)).loss
+            training.backward(loss)
+            training.step()
+        assert workload.model.is_activation_checkpointing == checkpointing
+        weights.append(torch.cat([p.detach().flatten() for p in workload.model.parameters()]))
+    torch.testing.assert_close(weights[1], weights[0])

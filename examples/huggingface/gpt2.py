@@ -16,13 +16,23 @@ from autotuner.backends.pytorch.workload import TorchWorkload
 
 
 def make_workload(
-    layers: int = 2, width: int = 128, heads: int = 4, vocab: int = 512, length: int = 64, samples: int = 1024
+    layers: int = 2,
+    width: int = 128,
+    heads: int = 4,
+    vocab: int = 512,
+    length: int = 64,
+    samples: int = 1024,
+    checkpointing: bool = False,
 ) -> TorchWorkload:
+    """`checkpointing`: activation (gradient) checkpointing, turned on as transformers does it (the
+    trials train the model as the factory leaves it)."""
     config = GPT2Config(
         vocab_size=vocab, n_positions=length, n_embd=width, n_layer=layers, n_head=heads, bos_token_id=0, eos_token_id=0
     )
     model = GPT2LMHeadModel(config)
     model.loss_type = "ForCausalLM"  # what it computes anyway (its class name does not say): said, so no warning
+    if checkpointing:  # transformers 5 renamed it; 4.x has the old name only
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     tokens = _tokens(samples + 256, length, vocab)
     items = [{"input_ids": row, "labels": row} for row in tokens]  # the model shifts the labels itself
     return TorchWorkload(
