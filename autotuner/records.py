@@ -160,14 +160,21 @@ def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
     return sorted(feasible, key=lambda t: (-(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number))
 
 
+TRIAL_NOISE = 0.15
+"""How far below the best a config's trial may come out and still be re-measured: two trials of one
+config, measured one after another as a search runs them, came out up to 12.8% apart in
+`benchmarks/fidelity.py`. A config further behind cannot win."""
+
+
 def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:
-    """The configs to measure again before the best is declared: the `top` fastest feasible ones
-    and the baseline; then, once some are re-measured, up to `top` more whose one trial came out
-    below the best by less than the machine's noise (the median spread between the processes of
-    the re-measured configs), since an unlucky process can hide the best as a lucky one can
-    crown another. The ones already re-measured are included: the caller skips them."""
+    """The configs to measure again before the best is declared: of the `top` fastest feasible
+    ones, those within `TRIAL_NOISE` of the best, and the baseline; then, once some are
+    re-measured, up to `top` more whose one trial came out below the best by less than the
+    machine's noise (the median spread between the processes of the re-measured configs), since
+    an unlucky process can hide the best as a lucky one can crown another. The ones already
+    re-measured are included: the caller skips them."""
     order = ranked(trials)
-    chosen = order[:top]
+    chosen = [t for t in order[:top] if t.throughput >= order[0].throughput * (1 - TRIAL_NOISE)]
     base = baseline(trials)
     if base is not None and base.outcome == Outcome.OK.value and base not in chosen:
         chosen.append(base)

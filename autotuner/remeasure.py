@@ -1,16 +1,22 @@
 """Re-measurement: the fastest feasible configs and the baseline measured again, together, before
 the best is declared, so that one lucky window or process cannot win.
 
-`autotuner.records.to_remeasure` picks the configs, `remeasure_groups` splits their processes into
-groups the memory holds (`processes_that_fit`), `autotuner.lockstep.measure_together` runs each
-group, and each config's `autotuner.results.Remeasurement` is stored in its claim
-(`autotuner.coordination.OncePerStudy.remeasure`), where `autotuner.records.records` reads it back.
+`autotuner.records.to_remeasure` picks the configs. They are measured in rounds: in each, every
+config still in contention and the baseline run one fresh trial process each, measured together
+(`autotuner.lockstep.measure_together`; split into groups the memory holds, `remeasure_groups`
+and `processes_that_fit`). After a round, a config whose speedup is below the leader's by more
+than the noise of the two (`contenders`) is out; the rounds stop when only the leader is left, or
+after `budget.remeasure_runs` rounds. Each config's `autotuner.results.Remeasurement` is stored in
+its claim (`autotuner.coordination.OncePerStudy.remeasure`), where `autotuner.records.records`
+reads it back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import statistics
 from dataclasses import dataclass
 
 import optuna
@@ -30,20 +36,52 @@ MEMORY_SHARE = 0.8
 """The share of the memory available that a re-measurement group's processes may take."""
 
 
+NOISE_FLOOR = 0.03
+"""The smallest lead that settles a re-measurement: two lockstep processes of one config came out up
+to about 3% apart in `benchmarks/fidelity.py`, whatever their windows said."""
+ERROR_MULTIPLE = 2.0
+"""How many standard errors of the difference between two speedups settle which is faster."""
+
+
+def median_error(windows: list[float]) -> float:
+    """The relative standard error of the median of `windows` (1.2533 sigma / sqrt(n), over the
+    median); infinite with fewer than two windows."""
+    if len(windows) < 2:
+        return math.inf
+    middle = statistics.median(windows)
+    return 1.2533 * statistics.stdev(windows) / math.sqrt(len(windows)) / middle if middle > 0 else math.inf
+
+
+def contenders(estimates: dict[int, tuple[float, float]]) -> list[int]:
+    """The configs that can still win, leader first: `estimates` maps a trial number to its speedup
+    and that speedup's relative standard error (`median_error`). A config is out when its speedup
+    is below the leader's by more than `ERROR_MULTIPLE` standard errors of the difference
+    (sqrt(e_leader^2 + e_config^2)) and by more than `NOISE_FLOOR`."""
+    if not estimates:
+        return []
+    leader = max(estimates, key=lambda n: (estimates[n][0], -n))
+    lead, lead_error = estimates[leader]
+    kept = [leader]
+    for number, (value, error) in sorted(estimates.items(), key=lambda item: -item[1][0]):
+        margin = max(NOISE_FLOOR, ERROR_MULTIPLE * math.hypot(lead_error, error))
+        if number != leader and value >= lead * (1 - margin):
+            kept.append(number)
+    return kept
+
+
 def remeasure_groups(
-    configs: list[TrialRecord], baseline: TrialRecord | None, runs: int, most: int | None
+    configs: list[TrialRecord], baseline: TrialRecord | None, most: int | None
 ) -> list[list[TrialRecord]]:
-    """The groups of processes a re-measurement measures together, one after another: every
-    config `runs` times and the baseline beside them. One group, interleaved (run 1 of each, then
-    run 2, ...), when it has at most `most` processes (None: no limit); else a group per run, the
-    configs of a run split into parts of `most - 1` with the baseline in each, so that every
-    config's speedup is over the baseline's windows measured beside it."""
+    """The groups of processes one round of a re-measurement measures together, one after
+    another: a process of every config and of the baseline. One group when it has at most `most`
+    processes (None: no limit); else the configs in parts of `most - 1` with the baseline in each,
+    so that every config's speedup is over the baseline's windows measured beside it."""
     in_every_group = [baseline] if baseline is not None else []
     everyone = [*configs, *in_every_group]
-    if most is None or runs * len(everyone) <= most:
-        return [[t for _ in range(runs) for t in everyone]]
+    if most is None or len(everyone) <= most:
+        return [everyone]
     size = max(1, most - len(in_every_group))
-    return [[*configs[k : k + size], *in_every_group] for _ in range(runs) for k in range(0, len(configs), size)]
+    return [[*configs[k : k + size], *in_every_group] for k in range(0, len(configs), size)]
 
 
 def processes_that_fit(trials: list[TrialRecord]) -> int | None:
@@ -55,6 +93,10 @@ def processes_that_fit(trials: list[TrialRecord]) -> int | None:
     if available is None or peak <= 0:
         return None
     return max(1, int(MEMORY_SHARE * available / peak))
+
+
+def _why_split(remeasure_group: int | None) -> str:
+    return "budget.remeasure_group" if remeasure_group else "what the memory available holds"
 
 
 @dataclass
@@ -71,13 +113,14 @@ class Remeasurer:
     reporter: SearchReporter
 
     def run(self) -> None:
-        """Measure the fastest feasible configs and the baseline again: each in
-        `budget.remeasure_runs` more trial processes, measured together (`measure_together`). A
-        config's throughput is then the median over every window of those processes, and its
-        speedup is over the baseline's windows measured with them; when that reorders the top, the
-        newcomers are re-measured too, and so are the configs within the machine's noise of the
-        best (`autotuner.records.to_remeasure`): at most twice `budget.remeasure_top` configs and
-        the baseline in all."""
+        """Measure the fastest feasible configs and the baseline again, in rounds of one more trial
+        process each, measured together (`measure_together`), until the leader's lead is beyond the
+        noise (`contenders`) or after `budget.remeasure_runs` rounds. A config's throughput is then
+        the median over every window of its processes, and its speedup is over the baseline's
+        windows measured with them; when that reorders the top, the newcomers are re-measured too,
+        and so are the configs within the machine's noise of the best
+        (`autotuner.records.to_remeasure`): at most twice `budget.remeasure_top` configs and the
+        baseline in all."""
         settings = self.job.spec.budget
         if not settings.remeasure_top:
             return
@@ -103,50 +146,95 @@ class Remeasurer:
     def _measure(
         self, candidates: dict[int, TrialRecord], baseline: TrialRecord | None, numbers: list[int]
     ) -> dict[int, Remeasurement]:
-        """Re-measure the configs of trials `numbers`, each in `budget.remeasure_runs` processes,
-        with as many of the baseline beside them, measured together: in one group when the memory
-        holds it, else in several (`remeasure_groups`)."""
-        job, budget, device = self.job, self.job.spec.budget, self.device
-        runs, windows = budget.remeasure_runs, budget.remeasure_windows
+        """Re-measure the configs of trials `numbers` in rounds: in each, a process of every config
+        still in `contenders` and one of the baseline, measured together (in groups the memory
+        holds, `remeasure_groups`), until only the leader is left or after `budget.remeasure_runs`
+        rounds."""
+        budget = self.job.spec.budget
         trials = [candidates[n] for n in numbers]
         configs = [t for t in trials if baseline is None or t.number != baseline.number]
         everyone = [*configs, *([baseline] if baseline is not None else [])]
-        by_number = {t.number: t for t in everyone}
         # in lockstep every process of a group is alive at once (on a GPU, one at a time)
-        on_cpu = in_lockstep(device)
+        on_cpu = in_lockstep(self.device)
         most = budget.remeasure_group or (processes_that_fit(everyone) if on_cpu else None)
         lockstep = on_cpu and most != 1
-        groups = [[t.number for t in group] for group in remeasure_groups(configs, baseline, runs, most)]
-        shown = ", ".join(f"#{t.number}" for t in everyone)
-        if len(groups) > 1:
-            why = "budget.remeasure_group" if budget.remeasure_group else "what the memory available holds"
-            how = f"in {len(groups)} groups of at most {most} processes" if lockstep else "one process at a time"
-            self.reporter.note(f"re-measuring {shown} {how} ({why}), the baseline beside the configs in each")
         found = {t.number: Remeasurement() for t in everyone}
-        # each trial's share of the baseline's windows: those measured in its groups
-        baseline_windows_by_trial: dict[int, list[float]] = {t.number: [] for t in everyone}
-        with self.reporter.running(f"re-measuring {shown}, {runs} runs of {windows} windows each"):
-            for group in groups:
-                requests = [
-                    dataclasses.replace(trial_request(job, by_number[n].config, device), windows=windows) for n in group
-                ]
-                rounds = runs if len(groups) == 1 else 1  # one group: the runs interleaved, a round each
-                results = measure_together(self.launcher, job, requests, device, lockstep=lockstep, rounds=rounds)
-                for number, result in zip(group, results, strict=True):
-                    self._add_run(found[number], result)
-                if baseline is not None and not found[baseline.number].error:
-                    measured = found[baseline.number].windows[-group.count(baseline.number) :]
-                    for number in set(group):  # its windows in this group (the baseline's: its own)
-                        baseline_windows_by_trial[number].extend(rate for run in measured for rate in run)
+        # each config's share of the baseline's windows: those measured in its groups
+        beside: dict[int, list[float]] = {t.number: [] for t in everyone}
+        groups: dict[int, set[int]] = {t.number: set() for t in everyone}
+        if len(remeasure_groups(configs, baseline, most)) > 1:
+            self.reporter.note(
+                f"re-measuring {', '.join(f'#{t.number}' for t in everyone)} in groups of at most {most} processes "
+                f"({_why_split(budget.remeasure_group)}), the baseline beside the configs in each"
+            )
+        alive, still = configs, [t.number for t in everyone]
+        for round_number in range(1, budget.remeasure_runs + 1):
+            parts = remeasure_groups(alive, baseline, most)
+            what = ", ".join(f"#{t.number}" for t in alive) + (" beside the baseline" if alive and baseline else "")
+            how = f" in {len(parts)} groups" if len(parts) > 1 else ""
+            with self.reporter.running(
+                f"re-measuring {what or 'the baseline'}{how}: round {round_number} of at most "
+                f"{budget.remeasure_runs}, {budget.remeasure_windows} windows a process"
+            ):
+                for part in parts:
+                    self._measure_group(part, baseline, found, beside, groups, lockstep)
+            alive = [t for t in alive if not found[t.number].error]
+            estimates = {t.number: self._estimate(found[t.number], beside[t.number]) for t in alive}
+            if baseline is not None and not found[baseline.number].error:
+                estimates[baseline.number] = (1.0, median_error(found[baseline.number].rerun_windows))
+            still = contenders(estimates)
+            alive = [t for t in alive if t.number in still]
+            if len(still) <= 1:
+                break
+        if len(still) > 1:
+            self.reporter.note(
+                f"after {budget.remeasure_runs} rounds (budget.remeasure_runs) "
+                f"{', '.join(f'#{n}' for n in still)} are within the noise of each other"
+            )
         baseline_failed = baseline is None or found[baseline.number].error
         for t in trials:
-            found[t.number].group = sorted({n for g in groups if t.number in g for n in g})
+            found[t.number].group = sorted(groups[t.number])
             found[t.number].lockstep = lockstep
             if not baseline_failed:
-                found[t.number].baseline_windows = baseline_windows_by_trial[t.number]
+                found[t.number].baseline_windows = beside[t.number]
         for t in trials:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
         return {t.number: found[t.number] for t in trials}
+
+    def _measure_group(
+        self,
+        part: list[TrialRecord],
+        baseline: TrialRecord | None,
+        found: dict[int, Remeasurement],
+        beside: dict[int, list[float]],
+        groups: dict[int, set[int]],
+        lockstep: bool,
+    ) -> None:
+        """One process of each of `part`'s configs, measured together; their runs added to `found`,
+        the baseline's windows to `beside` of each config measured with it."""
+        job, device = self.job, self.device
+        requests = [
+            dataclasses.replace(trial_request(job, t.config, device), windows=job.spec.budget.remeasure_windows)
+            for t in part
+        ]
+        results = measure_together(self.launcher, job, requests, device, lockstep=lockstep)
+        for t, result in zip(part, results, strict=True):
+            self._add_run(found[t.number], result)
+            groups[t.number].update(other.number for other in part)
+        if baseline is not None and not found[baseline.number].error:
+            measured = found[baseline.number].windows[-1]
+            for t in part:  # its windows in this group (the baseline's: its own)
+                beside[t.number].extend(measured)
+
+    @staticmethod
+    def _estimate(remeasurement: Remeasurement, baseline_windows: list[float]) -> tuple[float, float]:
+        """A config's speedup so far (over the baseline's windows beside it; without them, its
+        throughput) and the relative standard error of its windows' median."""
+        windows = remeasurement.rerun_windows
+        value = statistics.median(windows)
+        if baseline_windows:
+            value /= statistics.median(baseline_windows)
+        return value, median_error(windows)
 
     def _add_run(self, remeasurement: Remeasurement, result: TrialResult[TrialOutput]) -> None:
         """Add one re-measurement process's result to its config's `remeasurement`, or its error."""

@@ -54,14 +54,17 @@ class Budget(_Strict):
     """Before the best is declared, this many of the fastest feasible configs, and the baseline,
     are measured again in fresh trial processes, then up to as many more that came out within the
     machine's noise of the best; 0: never. Not counted in `trials`."""
-    remeasure_runs: int = Field(2, gt=0, le=100)
-    """Re-measurement runs per config, each a trial process: the config's throughput is then the
-    median over every window of its processes."""
-    remeasure_windows: int = Field(30, gt=0, le=1000)
-    """Measured windows of each re-measurement run (a trial has `trial.windows`). The
-    re-measurement decides the best and its speedup; measured in lockstep, what is left between
-    two runs is the window-to-window noise, which more windows average out
-    (`benchmarks/fidelity.py` compares 5, 15 and 30 windows of the same processes)."""
+    remeasure_runs: int = Field(3, gt=0, le=100)
+    """The most rounds of re-measurement: in each, every config still in contention and the
+    baseline run one more trial process, measured together. A config whose speedup falls behind the
+    leader's by more than the noise is out (`autotuner.remeasure.contenders`), and the rounds stop
+    once only the leader is left. A config's throughput is the median over every window of its
+    processes."""
+    remeasure_windows: int = Field(10, gt=0, le=1000)
+    """Measured windows of each re-measurement process (a trial has `trial.windows`). Measured in
+    lockstep, what is left between two processes is the window-to-window noise, which more windows
+    average out (`benchmarks/fidelity.py` compares 5, 15 and 30 windows of the same processes);
+    a round that does not settle the leader adds processes, and so windows."""
     remeasure_group: int | None = Field(None, gt=0, le=1000)
     """The most trial processes a re-measurement keeps alive at once. In lockstep (on a CPU) every
     process of a group holds its model, optimizer and data while it waits for its turn; by

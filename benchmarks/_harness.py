@@ -181,18 +181,47 @@ class SearchRun:
     study: optuna.Study
 
 
-def run_search(spec: Path, name: str, folder: Path, *args: str) -> SearchRun:
+def run_search(
+    spec: Path, name: str, folder: Path, *args: str, python: str = sys.executable, path: Path | None = None
+) -> SearchRun:
     """`autotuner search --spec SPEC` with `folder` as the working directory (so a fresh study in
-    folder/runs/<name>/) and the repository on the path (for the workloads of its examples), timed
-    from the command's start to its exit."""
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    folder/runs/<name>/), timed from the command's start to its exit; `python`: the interpreter
+    whose autotuner runs it; `path`: a folder put first on PYTHONPATH (the repository, for the
+    workloads of its examples)."""
+    pythonpath = os.pathsep.join(filter(None, [str(path or ""), os.environ.get("PYTHONPATH")]))
     started = datetime.now()
     clock = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "autotuner", "search", "--spec", str(spec.resolve()), *args],
+        [python, "-m", "autotuner", "search", "--spec", str(spec.resolve()), *args],
         cwd=folder,
-        env={**os.environ, "COLUMNS": "160", "PYTHONPATH": path},
+        env={**os.environ, "COLUMNS": "160", "PYTHONPATH": pythonpath},
     )
     wall_s = time.perf_counter() - clock
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/runs/{name}/study.db")
     return SearchRun(wall_s, done.returncode, started, datetime.now(), study)
+
+
+def install_revision(revision: str, folder: Path) -> str:
+    """autotuner as it was at git `revision`, installed (not editable) into a virtualenv in
+    `folder` that uses this one's packages for everything else; its interpreter's path."""
+    tree, venv = folder / "tree", folder / "venv"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), revision], check=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        python = venv / "bin" / "python"
+        found = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        site = Path(found.stdout.strip())
+        ours = [p for p in sys.path if p.endswith("site-packages")]
+        (site / "autotuner-benchmark-base.pth").write_text("\n".join(ours) + "\n")
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", str(tree)],
+            check=True,
+        )
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+    return str(python)

@@ -81,7 +81,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         if args.export is None:
-            search = run_search(SPEC, "hf-gpt2", Path(folder))
+            search = run_search(SPEC, "hf-gpt2", Path(folder), path=ROOT)
             if search.exit_code:
                 return search.exit_code
             args.export = Path(folder) / "runs" / "hf-gpt2" / "best.yaml"

@@ -1,6 +1,7 @@
 """What the tuner costs beyond the training it measures.
 
     python benchmarks/overhead.py [--spec studies/quickstart.yaml] [--grid-spec studies/bench-mlp.yaml] [--runs 20]
+                                  [--before REVISION [--pairs N]]
 
 1. Trial process start-up: the fork server against a fresh interpreter (`trial_overhead.py`, run
    in its own interpreter), and the start-up the real study's trials stored.
@@ -32,7 +33,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from _harness import RESULTS, machine, measured_job, quartiles, result_from_json, run_search, write_results
+from _harness import (
+    RESULTS,
+    install_revision,
+    machine,
+    measured_job,
+    quartiles,
+    result_from_json,
+    run_search,
+    write_results,
+)
 
 from autotuner.knobs import config_key
 from autotuner.recording import record
@@ -53,9 +63,10 @@ def startup(runs: int, folder: Path) -> dict[str, Any]:
     return dict(json.loads(out.read_text()))
 
 
-def study_overhead(spec: str, folder: Path) -> dict[str, Any]:
+def study_overhead(spec: str, folder: Path, python: str = sys.executable) -> dict[str, Any]:
     job = load_spec(spec)
-    search = run_search(Path(spec), job.name, folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    search = run_search(Path(spec), job.name, folder, python=python)
     study = search.study
     trials = records(study)
     frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
@@ -142,6 +153,10 @@ def main() -> None:
     parser.add_argument("--spec", default="studies/quickstart.yaml", help="the study whose overhead is measured")
     parser.add_argument("--grid-spec", default="studies/bench-mlp.yaml", help="whose grid the micro-benchmark uses")
     parser.add_argument("--runs", type=int, default=20, help="trial processes started for the start-up figure")
+    parser.add_argument(
+        "--before", metavar="REVISION", help="also run the study with autotuner as of this git revision, alternately"
+    )
+    parser.add_argument("--pairs", type=int, default=1, help="with --before: before/now pairs of studies")
     args = parser.parse_args()
     job = load_spec(args.grid_spec)
     grid_path = RESULTS / f"grid-{job.name}.json"
@@ -152,7 +167,23 @@ def main() -> None:
         raise SystemExit(f"{grid_path} was recorded for another version of {args.grid_spec}: record it again")
     with tempfile.TemporaryDirectory() as folder:
         results: dict[str, Any] = {"startup": startup(args.runs, Path(folder))}
-        results["study"] = study_overhead(args.spec, Path(folder))
+        if args.before:
+            before = install_revision(args.before, Path(folder) / "before")
+            pairs = [
+                (
+                    study_overhead(args.spec, Path(folder) / f"b{n}", before),
+                    study_overhead(args.spec, Path(folder) / f"a{n}"),
+                )
+                for n in range(args.pairs)
+            ]
+            results["before"] = {"revision": args.before, "studies": [b for b, _ in pairs]}
+            results["studies"] = [a for _, a in pairs]
+            results["search_wall_now_over_before"] = statistics.median(
+                a["search_wall_s"] / b["search_wall_s"] for b, a in pairs
+            )
+            results["study"] = pairs[-1][1]
+        else:
+            results["study"] = study_overhead(args.spec, Path(folder))
         results["bookkeeping"] = bookkeeping(job, grid, Path(folder))
     results["machine"] = results["study"]["machine"]
     print(json.dumps(results, indent=2))

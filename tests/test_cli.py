@@ -70,8 +70,11 @@ def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(se
     stored = {
         k: v for k, v in study_storage(study).get_study_system_attrs(study_id(study)).items() if "remeasure:" in k
     }
-    for number, measured in ((export["study"]["trial"], winner), (0, base)):  # the trial's process and two more
-        assert measured["remeasured"] and len(measured["throughput_runs"]) == 3
+    for number, measured in ((export["study"]["trial"], winner), (0, base)):
+        # the trial's process, then one more a round: one round, or two when the first left the
+        # winner within the noise of the baseline (budget.remeasure_runs 2)
+        rounds = len(stored[f"autotuner:remeasure:{number}"]["throughputs"])
+        assert measured["remeasured"] and 1 <= rounds <= 2 and len(measured["throughput_runs"]) == 1 + rounds
         assert measured["trial_throughput"] == measured["throughput_runs"][0]
         runs = measured["throughput_runs"]
         middle = statistics.median(runs)
@@ -79,12 +82,12 @@ def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(se
         # Each re-run measures budget.remeasure_windows (3, where a trial measures 2); the throughput
         # is the median of the re-runs' windows (the trial that got the config chosen is left out).
         rerun_windows = stored[f"autotuner:remeasure:{number}"]["windows"]
-        assert [len(w) for w in rerun_windows] == [3, 3]
+        assert [len(w) for w in rerun_windows] == [3] * rounds
         assert measured["throughput"] == statistics.median(sum(rerun_windows, []))
-        # Measured in lockstep (a CPU) with the baseline's two re-runs beside it: the baseline's
-        # own, or where it came in a later round (a newcomer to the top), two more of the baseline.
+        # Measured in lockstep (a CPU) with a process of the baseline beside it every round: the
+        # baseline's own, or where it came in a later pass (a newcomer to the top), more of it.
         claim = stored[f"autotuner:remeasure:{number}"]
-        assert claim["lockstep"] is True and 0 in claim["group"] and len(claim["baseline_windows"]) == 6
+        assert claim["lockstep"] is True and 0 in claim["group"] and len(claim["baseline_windows"]) == 3 * rounds
         if claim["group"] == stored["autotuner:remeasure:0"]["group"]:
             assert claim["baseline_windows"] == sum(stored["autotuner:remeasure:0"]["windows"], [])
     beside = stored[f"autotuner:remeasure:{export['study']['trial']}"]["baseline_windows"]
@@ -92,7 +95,7 @@ def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(se
     assert "in lockstep with" in stdout
     # The winner and the baseline at least (a config that led before its re-measurement too).
     assert {f"autotuner:remeasure:{export['study']['trial']}", "autotuner:remeasure:0"} <= set(stored)
-    assert all(v["status"] == "done" and len(v["throughputs"]) == 2 for v in stored.values())
+    assert all(v["status"] == "done" and 1 <= len(v["throughputs"]) <= 2 for v in stored.values())
     assert study.trials[export["study"]["trial"]].values[0] == winner["trial_throughput"]  # the trial keeps its own
 
 

@@ -4,6 +4,7 @@ memory cannot hold is split, the baseline beside the configs in every part."""
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import yaml
 
 from autotuner.lockstep import measure_together
 from autotuner.records import TrialRecord, records, remeasurements, speedup
-from autotuner.remeasure import MEMORY_SHARE, processes_that_fit, remeasure_groups
+from autotuner.remeasure import MEMORY_SHARE, contenders, median_error, processes_that_fit, remeasure_groups
 from autotuner.spec import load_spec
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import TrialLauncher
@@ -30,16 +31,38 @@ def _numbers(groups: list[list[TrialRecord]]) -> list[list[int]]:
     return [[t.number for t in group] for group in groups]
 
 
-def test_one_interleaved_group_when_it_fits_else_a_group_per_run_with_the_baseline_in_each_part() -> None:
+def test_one_group_a_round_when_it_fits_else_parts_with_the_baseline_in_each() -> None:
     a, b, c, base = _trial(3), _trial(5), _trial(7), _trial(0)
-    everyone = [[3, 5, 7, 0, 3, 5, 7, 0]]  # run 1 of each, then run 2
-    assert _numbers(remeasure_groups([a, b, c], base, 2, None)) == everyone
-    assert _numbers(remeasure_groups([a, b, c], base, 2, 8)) == everyone
-    assert _numbers(remeasure_groups([a, b, c], base, 2, 4)) == [[3, 5, 7, 0], [3, 5, 7, 0]]
-    assert _numbers(remeasure_groups([a, b, c], base, 2, 3)) == [[3, 5, 0], [7, 0], [3, 5, 0], [7, 0]]
+    assert _numbers(remeasure_groups([a, b, c], base, None)) == [[3, 5, 7, 0]]
+    assert _numbers(remeasure_groups([a, b, c], base, 4)) == [[3, 5, 7, 0]]
+    assert _numbers(remeasure_groups([a, b, c], base, 3)) == [[3, 5, 0], [7, 0]]
     # one process at a time still pairs each config with the baseline (measured one after another)
-    assert _numbers(remeasure_groups([a, b], base, 1, 1)) == [[3, 0], [5, 0]]
-    assert _numbers(remeasure_groups([a, b], None, 2, 1)) == [[3], [5], [3], [5]]
+    assert _numbers(remeasure_groups([a, b], base, 1)) == [[3, 0], [5, 0]]
+    assert _numbers(remeasure_groups([a, b], None, 1)) == [[3], [5]]
+    assert _numbers(remeasure_groups([], base, 2)) == [[0]]
+
+
+def test_the_median_error_is_the_relative_standard_error_of_the_median() -> None:
+    assert median_error([100.0]) == math.inf
+    windows = [90.0, 100.0, 110.0, 100.0]
+    assert median_error(windows) == pytest.approx(1.2533 * statistics.stdev(windows) / 2 / 100)
+    assert median_error([5.0] * 10) == 0.0
+
+
+def test_a_config_is_out_once_the_leader_is_ahead_by_more_than_the_noise_of_both() -> None:
+    # the leader first, then the others by speedup
+    assert contenders({0: (1.0, 0.01), 4: (2.0, 0.01), 5: (1.99, 0.01)}) == [4, 5]
+    # 10% behind: out with errors of 1% (margin 3%, the floor) ...
+    assert contenders({0: (1.0, 0.01), 4: (2.0, 0.01), 5: (1.8, 0.01)}) == [4]
+    # ... in with errors of 5% (margin 2 x sqrt(2) x 5% = 14%)
+    assert contenders({0: (1.0, 0.05), 4: (2.0, 0.05), 5: (1.8, 0.05)}) == [4, 5]
+    # never less than the floor, whatever the windows say; a tie goes to the lower number
+    assert contenders({4: (2.0, 0.0), 5: (1.95, 0.0)}) == [4, 5]
+    assert contenders({4: (2.0, 0.0), 5: (2.0, 0.0)}) == [4, 5]
+    assert contenders({4: (2.0, 0.0), 5: (1.9, 0.0)}) == [4]
+    # with one window a speedup settles nothing
+    assert contenders({4: (2.0, math.inf), 5: (1.0, 0.0)}) == [4, 5]
+    assert contenders({}) == []
 
 
 def test_the_memory_available_decides_how_many_processes_fit() -> None:
@@ -77,16 +100,17 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: tuple[Path, str]) -> None:
     workdir, stdout = split
-    assert "in 4 groups of at most 2 processes (budget.remeasure_group)" in stdout  # 2 configs x 2 runs
+    assert "in groups of at most 2 processes (budget.remeasure_group)" in stdout
     study = optuna.load_study(study_name="small", storage=f"sqlite:///{workdir}/runs/small/study.db")
     stored = remeasurements(study)
     configs = [n for n in stored if n != 0]
     assert configs and 0 in stored
     for number in configs:
         claim = stored[number]
-        # in lockstep with the baseline alone, twice: its 2 runs and 2 of the baseline's beside it
-        assert claim.lockstep is True and claim.group == [0, number]
-        assert [len(w) for w in claim.windows] == [3, 3] and len(claim.baseline_windows) == 6
+        # in lockstep with the baseline alone, once a round: its runs, and as many of the baseline's beside it
+        rounds = len(claim.windows)
+        assert claim.lockstep is True and claim.group == [0, number] and 1 <= rounds <= 2
+        assert [len(w) for w in claim.windows] == [3] * rounds and len(claim.baseline_windows) == 3 * rounds
     trials = {t.number: t for t in records(study)}
     export = yaml.safe_load((workdir / "runs" / "small" / "best.yaml").read_text())
     winner = stored[export["study"]["trial"]]

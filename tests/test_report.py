@@ -313,6 +313,9 @@ def test_a_config_within_the_machines_noise_of_the_best_is_remeasured_too(tmp_pa
     study = _store(url, "unlucky", TRIALS)
     # First the fastest (#1 at 3,000/s in its trial) and the baseline: nothing measured twice yet.
     assert [t.number for t in to_remeasure(records(study), 1)] == [1, 0]
+    # Of the top 3, #4 (2,000/s) and #5 (1,500/s) are further behind than two trials of one config
+    # come out (TRIAL_NOISE): they cannot win, and are not re-measured yet.
+    assert [t.number for t in to_remeasure(records(study), 3)] == [1, 0]
     # #1's processes come out 3,000 / 2,150 / 2,250/s, the baseline's 1,000 / 900 / 1,100/s: the
     # machine's processes differ by about 29% (38% and 20%). #4's one trial at 2,000/s is within
     # that of #1's 2,200/s (its re-runs' median): the best, maybe, in an unlucky process. #5 (1,500/s) is not.
