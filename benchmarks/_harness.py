@@ -201,6 +201,13 @@ def run_search(
     return SearchRun(wall_s, done.returncode, started, datetime.now(), study)
 
 
+def revision() -> str:
+    """The repository's commit, `-dirty` appended when the work tree has changes: what ran."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True)
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def install_revision(revision: str, folder: Path) -> str:
     """autotuner as it was at git `revision`, installed (not editable) into a virtualenv in
     `folder` that uses this one's packages for everything else; its interpreter's path."""

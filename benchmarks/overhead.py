@@ -40,6 +40,7 @@ from _harness import (
     measured_job,
     quartiles,
     result_from_json,
+    revision,
     run_search,
     write_results,
 )
@@ -186,6 +187,7 @@ def main() -> None:
             results["study"] = study_overhead(args.spec, Path(folder))
         results["bookkeeping"] = bookkeeping(job, grid, Path(folder))
     results["machine"] = results["study"]["machine"]
+    results["revision"] = revision()
     print(json.dumps(results, indent=2))
     print(write_results("overhead.json", results))
 

@@ -202,6 +202,36 @@ def overhead(data: dict[str, Any]) -> list[str]:
         "| --- | --- |",
         *(f"| {what} | {value} |" for what, value in rows),
         "",
+        *_overhead_before(data),
+    ]
+
+
+def _overhead_before(data: dict[str, Any]) -> list[str]:
+    """With `--before REVISION`: the same study by that revision's autotuner and by this one, side by side."""
+    if "before" not in data:
+        return []
+    pairs = list(zip(data["before"]["studies"], data["studies"], strict=True))
+    figures = [
+        ("search wall time", lambda s: _seconds(s["search_wall_s"])),
+        ("sum of the trials' wall time", lambda s: _seconds(s["trials_wall_s"])),
+        ("sum of their measured windows", lambda s: _seconds(s["measured_windows_s"])),
+        ("search wall time over the measured windows", lambda s: _ratio(s["wall_over_measured_windows"])),
+        (
+            "before the first trial / after the last",
+            lambda s: f"{_seconds(s['before_first_trial_s'])} / {_seconds(s['after_last_trial_s'])}",
+        ),
+    ]
+    header = " | ".join(f"{data['before']['revision']} (run {n + 1}) | now (run {n + 1})" for n in range(len(pairs)))
+    return [
+        f"The same study by autotuner as of `{data['before']['revision']}` and as of "
+        f"`{data.get('revision', 'the commit of the file')}`, alternately "
+        f"(`--before {data['before']['revision']}`): the search's wall time now is "
+        f"{data['search_wall_now_over_before']:.2f}x what it was (median over the pairs).",
+        "",
+        f"| figure | {header} |",
+        "| --- |" + " --- |" * (2 * len(pairs)),
+        *(f"| {what} | " + " | ".join(f"{show(b)} | {show(a)}" for b, a in pairs) + " |" for what, show in figures),
+        "",
     ]
 
 
