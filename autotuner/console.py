@@ -54,6 +54,10 @@ class SearchReporter:
     def note(self, text: str) -> None:
         self.console.print(text)
 
+    def warn(self, text: str) -> None:
+        """One line on stderr, as every warning of the command line."""
+        print(f"autotuner: warning: {text}", file=sys.stderr, flush=True)
+
     def remeasured(self, t: TrialRecord) -> None:
         runs = ", ".join(rate(value) for value in t.throughputs)
         error = t.remeasure_error

@@ -14,11 +14,13 @@ from optuna.trial import TrialState
 
 from autotuner.backends import Capabilities
 from autotuner.console import SearchReporter
+from autotuner.contention import CONTENDED_SHARE, contention, wait_until_quiet
 from autotuner.coordination import BudgetSlots, ConfigClaims
-from autotuner.knobs import format_config
+from autotuner.knobs import Config, format_config
+from autotuner.outcomes import Outcome
 from autotuner.recording import give_up, record
 from autotuner.records import TrialRecord
-from autotuner.results import Reference
+from autotuner.results import Reference, TrialOutput
 from autotuner.spec import Job
 from autotuner.trial import TrialLauncher, TrialResult
 from autotuner.trial_requests import trial_request
@@ -64,11 +66,20 @@ class TrialDispatch:
                 if slot is None:
                     give_up(study, trial, "the budget was spent by other workers")
                     return None
-                with self.reporter.running(f"trial {slot + 1}/{self.max_trials}: {format_config(config)}"):
-                    request = trial_request(job, config, self.environment["device"])
-                    result = self.launcher.call(job.backend.runner, "run", request, job.trial_timeout(config))
+                shown = f"trial {slot + 1}/{self.max_trials}: {format_config(config)}"
+                with self.reporter.running(shown):
+                    result = self._run(config)
+                result, extra = self._when_contended(trial.number, config, result, shown)
             return record(
-                study, trial, job, config, result, role=role, reference=self.reference, environment=self.environment
+                study,
+                trial,
+                job,
+                config,
+                result,
+                role=role,
+                reference=self.reference,
+                environment=self.environment,
+                extra=extra,
             )
         except KeyboardInterrupt:
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # it was recorded already
@@ -78,3 +89,36 @@ class TrialDispatch:
         except optuna.exceptions.UpdateFinishedTrialError:
             self.reporter.note(f"trial {trial.number} was failed as stale by another worker; it is retried")
             return None
+
+    def _run(self, config: Config) -> TrialResult[TrialOutput]:
+        request = trial_request(self.job, config, self.environment["device"])
+        return self.launcher.call(self.job.backend.runner, "run", request, self.job.trial_timeout(config))
+
+    def _when_contended(
+        self, number: int, config: Config, result: TrialResult[TrialOutput], shown: str
+    ) -> tuple[TrialResult[TrialOutput], dict[str, Any]]:
+        """`result`, or when other work took the CPU during its windows (`autotuner.contention`), a
+        second run once the machine is quiet (at most `trial.quiet_wait` seconds later); and the
+        metrics to record beside it (the first run's contention). One warning line says which."""
+        first = contention(result.output.telemetry or {}) if result.output is not None else None
+        if result.outcome is not Outcome.OK or first is None or first <= CONTENDED_SHARE:
+            return result, {}
+        wait = self.job.spec.trial.quiet_wait
+        with self.reporter.running(f"{shown}: other work took {first:.0%} of the CPU; waiting for it to stop"):
+            load = wait_until_quiet(wait)
+        quiet = load is None or load <= CONTENDED_SHARE
+        with self.reporter.running(f"{shown}: again, the machine {'quiet' if quiet else 'still busy'}"):
+            second = self._run(config)
+        again = contention(second.output.telemetry or {}) if second.output is not None else None
+        if second.outcome is Outcome.OK and again is not None and again <= CONTENDED_SHARE:
+            outcome = f"ran it again on a quiet machine ({again:.0%}): that run is recorded"
+        elif second.outcome is Outcome.OK:
+            share = f"{again:.0%}" if again is not None else "unmeasured"
+            outcome = (
+                f"ran it again ({share}{'' if quiet else f' after waiting {wait:.0f} s'}): recorded, flagged contended"
+            )
+        else:
+            outcome = f"its run again ended {second.outcome.value}: the first run is recorded, flagged contended"
+            second = result
+        self.reporter.warn(f"trial {number}: other work took {first:.0%} of the CPU during its windows; {outcome}")
+        return second, {"contention_first_run": first}

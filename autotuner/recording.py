@@ -13,6 +13,7 @@ from typing import Any
 
 import optuna
 
+from autotuner.contention import CONTENDED_SHARE, contention
 from autotuner.knobs import Config
 from autotuner.optuna_adapter import trial_id
 from autotuner.outcomes import Outcome
@@ -66,6 +67,9 @@ def _measured(output: TrialOutput, config: Config, environment: dict[str, Any]) 
             peak = (environment.get("peak_flops") or {}).get(config.get("precision", "fp32"))
             if peak:  # the device's datasheet figure for this precision (autotuner/hardware.py)
                 metrics["mfu"] = rate * output.flops_per_sample / peak
+    share = contention(output.telemetry or {})
+    if share is not None:
+        metrics.update(contention=share, contended=share > CONTENDED_SHARE)
     if output.peak_memory_mb is not None:
         metrics["peak_memory_mb"] = output.peak_memory_mb
     if output.compile_cache:  # cold or warm: what warmup_s paid for compiling
@@ -88,9 +92,11 @@ def record(
     role: str,
     reference: Reference | None,
     environment: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> TrialRecord:
-    """Store one finished trial: metrics, outcome, feasibility, constraints, objective values."""
-    metrics = trial_metrics(result, reference, config, environment)
+    """Store one finished trial: metrics (and `extra`), outcome, feasibility, constraints,
+    objective values."""
+    metrics = {**trial_metrics(result, reference, config, environment), **(extra or {})}
     objective = job.spec.objective
     drift = metrics.get("drift")
     memory = metrics.get("peak_memory_mb")

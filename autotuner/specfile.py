@@ -88,6 +88,10 @@ class TrialSettings(_Strict):
     timeout: float | None = Field(None, gt=0, le=7 * 86400)
     """Seconds before a trial process is killed and recorded as `timeout`. None: `TRIAL_TIMEOUT_S`
     times the backend's factor for the config (`Backend.timeout_factor`: compiling costs more)."""
+    quiet_wait: float = Field(60.0, ge=0, le=86400)
+    """Seconds a search waits for a busy machine to be quiet before it runs a contended trial again
+    (one whose windows other work took more than 10% of the CPU in: `autotuner.contention`); the
+    second run is recorded, flagged `contended` if the machine was still busy."""
     max_memory_mb: float | None = Field(None, ge=64, le=2**30)
     """Host memory each trial process may allocate (RLIMIT_DATA: heap and private mappings), in
     MiB; past it an allocation fails and the trial is `oom`. None: no limit. CPU trials only: on

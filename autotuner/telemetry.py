@@ -5,7 +5,10 @@ around the timed windows only (not the warm-up or the calibration window).
 
 * CPU (`CpuSampler`): the CPU time of the trial's process group (the trial process leads its
   own group, so its data-loader workers are counted) over the windows' wall time, as a share of
-  the cores the process may run on; and the peak resident memory of the group's processes.
+  the cores the process may run on; the peak resident memory of the group's processes; and the
+  CPU time everything else took on those cores meanwhile (other processes, interrupts, a
+  hypervisor's steal: `/proc/stat` less the group's), what `autotuner.contention` judges a
+  busy machine by.
 * GPU (`GpuSampler`, NVML from the nvidia-ml-py package): a background thread samples
   utilisation and the memory in use; energy and mean power come from the board's energy counter
   (its increase over the measured spans, over their wall time) where it has one, and only without
@@ -62,6 +65,33 @@ def groups_cpu_seconds(groups: Collection[int]) -> float:
     return _cpu_seconds(_groups_stats(groups))
 
 
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+"""The fields of a `cpuN` line of /proc/stat that are work: user, nice, system, irq, softirq and
+steal (idle and iowait are not)."""
+
+
+def usable_cpus() -> set[int]:
+    """The CPUs this process may run on."""
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def cpus_busy_seconds(cpus: Collection[int]) -> float | None:
+    """CPU time spent working on `cpus` by anything (every process, interrupts, and the steal of a
+    hypervisor serving other machines) since boot, from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as stat:
+            lines = stat.readlines()
+    except OSError:
+        return None
+    ticks = 0
+    for line in lines:
+        label, _, rest = line.partition(" ")
+        if label.startswith("cpu") and label[3:].isdigit() and int(label[3:]) in cpus:
+            fields = rest.split()
+            ticks += sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields))
+    return ticks / _TICKS
+
+
 def _peak_rss_mb(pids: list[str]) -> float:
     total_kb = 0
     for pid in pids:
@@ -94,36 +124,49 @@ class CpuSampler:
     entered more than once (a lockstep trial's windows), over all the spans together."""
 
     def __init__(self) -> None:
-        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        self._start: tuple[float, float] | None = None
+        self._cpus = usable_cpus()
+        self.cores = len(self._cpus)
+        self._start: tuple[float, float, float | None] | None = None
         self._wall = self._busy = self._peak_rss_mb = 0.0
+        self._others: float | None = 0.0
         self._processes = 0
 
     def __enter__(self) -> CpuSampler:
-        self._start = (time.perf_counter(), groups_cpu_seconds([os.getpgrp()]))
+        self._start = (time.perf_counter(), groups_cpu_seconds([os.getpgrp()]), cpus_busy_seconds(self._cpus))
         return self
 
     def __exit__(self, *exc: object) -> None:
         stats = _groups_stats([os.getpgrp()])  # one pass over /proc
+        machine = cpus_busy_seconds(self._cpus)
         pids = [pid for pid, _ in stats]
         if self._start is None or not pids:  # no /proc: nothing to tell
             return
-        self._wall += time.perf_counter() - self._start[0]
-        self._busy += _cpu_seconds(stats) - self._start[1]
+        started, group_before, machine_before = self._start
+        self._wall += time.perf_counter() - started
+        busy = _cpu_seconds(stats) - group_before
+        self._busy += busy
+        if machine is None or machine_before is None or self._others is None:
+            self._others = None
+        else:  # the group's own time on other CPUs (none: they inherit the affinity) would count against it
+            self._others += max(0.0, machine - machine_before - busy)
         self._peak_rss_mb = max(self._peak_rss_mb, _peak_rss_mb(pids))
         self._processes = max(self._processes, len(pids))
 
     def summary(self) -> dict[str, float]:
-        """`cpu_util_mean` (% of the `cpu_cores` available), `processes` and `peak_rss_mb`
-        (the sum of each process's own peak: an upper bound of the group's)."""
+        """`cpu_util_mean` (% of the `cpu_cores` available), `processes`, `peak_rss_mb` (the sum of
+        each process's own peak: an upper bound of the group's) and `cpu_others_cores`, the cores
+        everything outside the group kept busy on average (absent without /proc/stat)."""
         if self._wall <= 0:
             return {}
-        return {
+        out = {
             "cpu_util_mean": 100.0 * self._busy / (self._wall * self.cores),
             "cpu_cores": float(self.cores),
             "processes": float(self._processes),
             "peak_rss_mb": self._peak_rss_mb,
         }
+        if self._others is not None:
+            out["cpu_others_cores"] = self._others / self._wall
+        return out
 
 
 def nvml_driver() -> str:

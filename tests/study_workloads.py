@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +74,40 @@ def counted_mlp(folder: str, **mlp_args: Any) -> TorchWorkload:
     """The built-in MLP; every process that trains it is logged in `folder`/trained."""
     workload = mlp(**mlp_args)
     workload.model.register_forward_pre_hook(_TrainingLog(folder))
+    return workload
+
+
+class _StartsOtherWork:
+    """A forward pre-hook: the `at`-th process to train (counted as `_TrainingLog` counts, in
+    `folder`/trained) starts, in its first training forward pass, a CPU-bound process of its own
+    session (so not of the trial's process group) that spins for `seconds`; its pid goes to
+    `folder`/other-work."""
+
+    def __init__(self, folder: str, at: int, seconds: float):
+        self.folder, self.at, self.seconds, self.pid = Path(folder), at, seconds, 0
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        if self.pid == os.getpid() or not torch.is_grad_enabled():
+            return
+        self.pid = os.getpid()
+        with open(self.folder / "trained", "a") as log:
+            log.write(f"{self.pid}\n")
+        if len((self.folder / "trained").read_text().splitlines()) == self.at:
+            spin = f"import time\nend = time.monotonic() + {self.seconds}\nwhile time.monotonic() < end: pass"
+            other = subprocess.Popen(  # not on the trial's pipes: the search's caller would wait for it
+                [sys.executable, "-c", spin],
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            (self.folder / "other-work").write_text(str(other.pid))
+
+
+def busy_machine(folder: str, at: int, seconds: float, **mlp_args: Any) -> TorchWorkload:
+    """The built-in MLP, whose `at`-th training process starts other work beside itself for
+    `seconds` (`_StartsOtherWork`): a machine someone else is using."""
+    workload = mlp(**mlp_args)
+    workload.model.register_forward_pre_hook(_StartsOtherWork(folder, at, seconds))
     return workload
 
 

@@ -1,0 +1,73 @@
+"""A busy machine, noticed: a trial measured while other work took the CPU is run again once the
+machine is quiet, or kept with the flag `contended`, and the search says so in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotuner.contention import CONTENDED_SHARE, contention, machine_load, wait_until_quiet
+from autotuner.telemetry import CpuSampler
+from tests.conftest import SMALL_SPEC, run_cli, write_spec
+
+
+def test_contention_is_the_share_of_the_trials_cores_other_work_took() -> None:
+    assert contention({"cpu_others_cores": 0.5, "cpu_cores": 2.0}) == 0.25
+    assert contention({"cpu_cores": 2.0}) is None  # not measured (no /proc/stat)
+    assert contention({}) is None
+
+
+def test_the_cpu_sampler_counts_the_work_outside_its_process_group() -> None:
+    """This process's own work is the group's; on an idle machine the others' share is small."""
+    with CpuSampler() as sampler:
+        end = sum(range(3_000_000))  # some work of our own
+    assert end > 0
+    summary = sampler.summary()
+    assert summary["cpu_others_cores"] >= 0.0
+    load = machine_load(0.2)
+    assert load is not None and 0.0 <= load <= 1.0
+    assert wait_until_quiet(0.0, interval_s=0.05) is not None
+
+
+def _stop_other_work(folder: Path) -> None:
+    pid_file = folder / "other-work"
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "quiet_wait", "flagged"), [(4.0, 60, False), (120.0, 0, True)], ids=["quiet-again", "busy-throughout"]
+)
+def test_a_trial_measured_beside_other_work_is_run_again_or_flagged(
+    tmp_path: Path, seconds: float, quiet_wait: float, flagged: bool
+) -> None:
+    # The second process to train (after the fp32 reference: the baseline trial) starts a CPU-bound
+    # process of its own session in its warm-up, for `seconds`.
+    spec = write_spec(
+        tmp_path,
+        workload="tests.study_workloads:busy_machine",
+        workload_args={"folder": str(tmp_path), "at": 2, "seconds": seconds, **SMALL_SPEC["workload_args"]},
+        budget={"trials": 1},
+        trial={**SMALL_SPEC["trial"], "windows": 3, "min_window_s": 0.3, "quiet_wait": quiet_wait},
+    )
+    try:
+        done = run_cli("search", "--spec", str(spec), cwd=tmp_path, timeout=240)
+    finally:
+        _stop_other_work(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "other-work").exists()
+    warnings = [line for line in done.stderr.splitlines() if "other work took" in line]
+    assert len(warnings) == 1, done.stderr
+    assert warnings[0].startswith("autotuner: warning: trial 0: other work took ")
+    assert ("flagged contended" in warnings[0]) is flagged, warnings[0]
+    print(warnings[0])  # pytest -rP shows it
+    study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/runs/small/study.db")
+    baseline = study.trials[0].user_attrs
+    assert baseline["contention_first_run"] > CONTENDED_SHARE  # about one core of two
+    assert baseline["contended"] is flagged and (baseline["contention"] > CONTENDED_SHARE) is flagged
