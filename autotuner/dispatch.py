@@ -59,6 +59,7 @@ class TrialDispatch:
             config = job.complete(trial.params)
             role = trial.user_attrs.get("role", "search")
             reason = job.backend.unsupported_reason(config, self.capabilities)
+            extra: dict[str, Any] = {}
             if reason:
                 result = TrialResult.unsupported(reason)
             else:

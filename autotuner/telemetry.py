@@ -65,6 +65,10 @@ def groups_cpu_seconds(groups: Collection[int]) -> float:
     return _cpu_seconds(_groups_stats(groups))
 
 
+MIN_OTHERS_WALL_S = 1.0
+"""The shortest windows (in all) whose other work is told: the kernel counts CPU time in ticks of
+10 ms, per CPU and per process, so over a tenth of a second a tick or two either way would read as
+10% of a core."""
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 """The fields of a `cpuN` line of /proc/stat that are work: user, nice, system, irq, softirq and
 steal (idle and iowait are not)."""
@@ -155,7 +159,8 @@ class CpuSampler:
     def summary(self) -> dict[str, float]:
         """`cpu_util_mean` (% of the `cpu_cores` available), `processes`, `peak_rss_mb` (the sum of
         each process's own peak: an upper bound of the group's) and `cpu_others_cores`, the cores
-        everything outside the group kept busy on average (absent without /proc/stat)."""
+        everything outside the group kept busy on average (absent without /proc/stat, and over
+        less than `MIN_OTHERS_WALL_S`)."""
         if self._wall <= 0:
             return {}
         out = {
@@ -164,7 +169,7 @@ class CpuSampler:
             "processes": float(self._processes),
             "peak_rss_mb": self._peak_rss_mb,
         }
-        if self._others is not None:
+        if self._others is not None and self._wall >= MIN_OTHERS_WALL_S:
             out["cpu_others_cores"] = self._others / self._wall
         return out
 
