@@ -133,7 +133,9 @@ def test_four_workers_share_one_study_without_running_anything_twice(
     # Each config of the top 2 and the baseline re-measured once for the study, by one worker.
     stored = study_storage(study).get_study_system_attrs(study_id(study))
     remeasured = {k: v for k, v in stored.items() if "remeasure:" in k}
-    assert 2 <= len(remeasured) <= 2 * 2 + 1  # the top may change as re-measured figures come in
+    # the best at least (the baseline beside it, unless it is the best); configs further behind than
+    # records.TRIAL_NOISE are not; the top may change as re-measured figures come in
+    assert 1 <= len(remeasured) <= 2 * 2 + 1
     assert all(v["status"] == "done" and len(v["throughputs"]) == 1 for v in remeasured.values()), remeasured
     # The processes that trained: the reference's two runs, once for the study, the trials, and
     # the re-measurement runs: one per config of each group a worker measured together, the

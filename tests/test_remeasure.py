@@ -100,11 +100,13 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: tuple[Path, str]) -> None:
     workdir, stdout = split
-    assert "in groups of at most 2 processes (budget.remeasure_group)" in stdout
     study = optuna.load_study(study_name="small", storage=f"sqlite:///{workdir}/runs/small/study.db")
     stored = remeasurements(study)
     configs = [n for n in stored if n != 0]
     assert configs and 0 in stored
+    # two configs and the baseline do not fit in 2 processes (configs behind by more than
+    # records.TRIAL_NOISE are not re-measured: there may be one)
+    assert ("in groups of at most 2 processes (budget.remeasure_group)" in stdout) is (len(configs) > 1), stdout
     for number in configs:
         claim = stored[number]
         # in lockstep with the baseline alone, once a round: its runs, and as many of the baseline's beside it
