@@ -51,9 +51,10 @@ class Budget(_Strict):
     timeout: float | None = Field(None, gt=0)
     """Seconds of trial wall time for the whole study, summed over every run and worker."""
     remeasure_top: int = Field(3, ge=0, le=1000)
-    """Before the best is declared, this many of the fastest feasible configs, and the baseline,
-    are measured again in fresh trial processes, then up to as many more that came out within the
-    machine's noise of the best; 0: never. Not counted in `trials`."""
+    """Before the best is declared, this many of the fastest feasible configs (those within 15% of
+    the best in their trials: one further behind cannot win), and the baseline, are measured again
+    in fresh trial processes, then up to as many more that came out within the machine's noise of
+    the best; 0: never. Not counted in `trials`."""
     remeasure_runs: int = Field(3, gt=0, le=100)
     """The most rounds of re-measurement: in each, every config still in contention and the
     baseline run one more trial process, measured together. A config whose speedup falls behind the
