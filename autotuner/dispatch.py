@@ -101,7 +101,7 @@ class TrialDispatch:
         """`result`, or when other work took the CPU during its windows (`autotuner.contention`), a
         second run once the machine is quiet (at most `trial.quiet_wait` seconds later); and the
         metrics to record beside it (the first run's contention). One warning line says which."""
-        first = contention(result.output.telemetry or {}) if result.output is not None else None
+        first = _contention(result)
         if result.outcome is not Outcome.OK or first is None or first <= CONTENDED_SHARE:
             return result, {}
         wait = self.job.spec.trial.quiet_wait
@@ -110,7 +110,7 @@ class TrialDispatch:
         quiet = load is None or load <= CONTENDED_SHARE
         with self.reporter.running(f"{shown}: again, the machine {'quiet' if quiet else 'still busy'}"):
             second = self._run(config)
-        again = contention(second.output.telemetry or {}) if second.output is not None else None
+        again = _contention(second)
         if second.outcome is Outcome.OK and again is not None and again <= CONTENDED_SHARE:
             outcome = f"ran it again on a quiet machine ({again:.0%}): that run is recorded"
         elif second.outcome is Outcome.OK:
@@ -123,3 +123,7 @@ class TrialDispatch:
             second = result
         self.reporter.warn(f"trial {number}: other work took {first:.0%} of the CPU during its windows; {outcome}")
         return second, {"contention_first_run": first}
+
+
+def _contention(result: TrialResult[TrialOutput]) -> float | None:
+    return contention(result.output.telemetry or {}) if result.output is not None else None

@@ -57,7 +57,7 @@ class _TrainingLog:
     of them (from 1) writes `hang-<pid>` and hangs there."""
 
     def __init__(self, folder: str, hang_at: int | None = None):
-        self.folder, self.hang_at, self.pid = Path(folder), hang_at, 0
+        self.folder, self.at, self.pid = Path(folder), hang_at, 0
 
     def __call__(self, module: nn.Module, args: Any) -> None:
         if self.pid == os.getpid() or not torch.is_grad_enabled():
@@ -65,9 +65,13 @@ class _TrainingLog:
         self.pid = os.getpid()
         with open(self.folder / "trained", "a") as log:
             log.write(f"{self.pid}\n")
-        if len((self.folder / "trained").read_text().splitlines()) == self.hang_at:
-            (self.folder / f"hang-{self.pid}").touch()
-            time.sleep(3600)
+        if len((self.folder / "trained").read_text().splitlines()) == self.at:
+            self.reached()
+
+    def reached(self) -> None:
+        """What the `at`-th process to train does, in its first training forward pass."""
+        (self.folder / f"hang-{self.pid}").touch()
+        time.sleep(3600)
 
 
 def counted_mlp(folder: str, **mlp_args: Any) -> TorchWorkload:
@@ -77,30 +81,22 @@ def counted_mlp(folder: str, **mlp_args: Any) -> TorchWorkload:
     return workload
 
 
-class _StartsOtherWork:
+class _StartsOtherWork(_TrainingLog):
     """A forward pre-hook: the `at`-th process to train (counted as `_TrainingLog` counts, in
     `folder`/trained) starts, in its first training forward pass, a CPU-bound process of its own
     session (so not of the trial's process group) that spins for `seconds`; its pid goes to
     `folder`/other-work."""
 
     def __init__(self, folder: str, at: int, seconds: float):
-        self.folder, self.at, self.seconds, self.pid = Path(folder), at, seconds, 0
+        super().__init__(folder, at)
+        self.seconds = seconds
 
-    def __call__(self, module: nn.Module, args: Any) -> None:
-        if self.pid == os.getpid() or not torch.is_grad_enabled():
-            return
-        self.pid = os.getpid()
-        with open(self.folder / "trained", "a") as log:
-            log.write(f"{self.pid}\n")
-        if len((self.folder / "trained").read_text().splitlines()) == self.at:
-            spin = f"import time\nend = time.monotonic() + {self.seconds}\nwhile time.monotonic() < end: pass"
-            other = subprocess.Popen(  # not on the trial's pipes: the search's caller would wait for it
-                [sys.executable, "-c", spin],
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            (self.folder / "other-work").write_text(str(other.pid))
+    def reached(self) -> None:
+        spin = f"import time\nend = time.monotonic() + {self.seconds}\nwhile time.monotonic() < end: pass"
+        other = subprocess.Popen(  # not on the trial's pipes: the search's caller would wait for it
+            [sys.executable, "-c", spin], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        (self.folder / "other-work").write_text(str(other.pid))
 
 
 def busy_machine(folder: str, at: int, seconds: float, **mlp_args: Any) -> TorchWorkload:
