@@ -88,9 +88,15 @@ def measure_throughput(
 
     calibration_s = 0.0
     if min_window_s > 0:
-        calibration_s = window(steps)
-        if calibration_s < min_window_s:
-            steps = math.ceil(steps * min_window_s / max(calibration_s, 1e-9))
+        # Doubled until it lasts a quarter of a window at least: one hiccup in a window of a few
+        # milliseconds would otherwise shorten every window after it many times over.
+        last = calibration_s = window(steps)
+        while last < min_window_s / 4:
+            steps *= 2
+            last = window(steps)
+            calibration_s += last
+        if last < min_window_s:
+            steps = math.ceil(steps * min_window_s / max(last, 1e-9))
     if isinstance(setup, SetupTurn) and setup.match_steps > 0:
         match_steps = setup.match_steps
     if match_steps > 0:

@@ -37,7 +37,7 @@ class Throughput:
     windows: int
     samples_per_step: int
     calibration_s: float = 0.0
-    """Wall time of the calibration window (0 without a minimum window duration)."""
+    """Wall time of the calibration windows (0 without a minimum window duration)."""
     window_spans: list[tuple[float, float]] = field(default_factory=list)
     """When each window began and ended, by `time.monotonic` (one clock for every process of the
     machine: lockstep processes' windows can be set side by side)."""
