@@ -90,6 +90,9 @@ class SearchReporter:
             if skipped := int(done.metrics.get("drift_skipped_steps") or 0):
                 status += f" ({skipped} drift steps skipped by fp16 loss scaling)"
             status += "" if done.feasible else f" [yellow]infeasible: {reason}[/]"
+        elif done.outcome == "pruned":  # the reason, with the rule's figures, is on the trial
+            windows = done.metrics.get("throughput_windows") or [0.0]
+            status = f"[yellow]pruned[/] after {len(windows)} windows, {rate(max(windows))} at most"
         else:
             status = f"[red]{done.outcome}[/]: {reason}"
         best_text = ""

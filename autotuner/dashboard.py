@@ -70,7 +70,8 @@ def study_note(study: optuna.Study) -> str:
         f"| fingerprint | `{attrs.get('fingerprint') or fingerprint(environment)}` |",
         "",
         "Each trial's metrics, outcome and reason are its user attributes; infeasible trials "
-        "(failed, or drift or memory over the limit) are marked infeasible in the plots.",
+        "(failed, or drift or memory over the limit) are marked infeasible in the plots. A pruned "
+        "trial stopped after its first windows, which are its intermediate values; its drift was not measured.",
     ]
     return "\n".join(lines)
 

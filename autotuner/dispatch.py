@@ -24,7 +24,7 @@ from autotuner.results import Reference, TrialOutput
 from autotuner.spec import Job
 from autotuner.trial import TrialLauncher, TrialResult
 from autotuner.trial_requests import trial_request
-from autotuner.tried_configs import oom_rules_out
+from autotuner.tried_configs import best_feasible, oom_rules_out
 
 
 @dataclass
@@ -68,9 +68,10 @@ class TrialDispatch:
                     give_up(study, trial, "the budget was spent by other workers")
                     return None
                 shown = f"trial {slot + 1}/{self.max_trials}: {format_config(config)}"
+                best = best_feasible(study.get_trials(deepcopy=False)) if role == "search" else None
                 with self.reporter.running(shown):
-                    result = self._run(config)
-                result, extra = self._when_contended(trial.number, config, result, shown)
+                    result = self._run(config, best)
+                result, extra = self._when_contended(trial.number, config, result, shown, best)
             return record(
                 study,
                 trial,
@@ -91,12 +92,13 @@ class TrialDispatch:
             self.reporter.note(f"trial {trial.number} was failed as stale by another worker; it is retried")
             return None
 
-    def _run(self, config: Config) -> TrialResult[TrialOutput]:
-        request = trial_request(self.job, config, self.environment["device"])
+    def _run(self, config: Config, best: float | None) -> TrialResult[TrialOutput]:
+        """Run `config` in a trial process; with `best`, stopped early if it cannot reach it."""
+        request = trial_request(self.job, config, self.environment["device"], prune_best=best)
         return self.launcher.call(self.job.backend.runner, "run", request, self.job.trial_timeout(config))
 
     def _when_contended(
-        self, number: int, config: Config, result: TrialResult[TrialOutput], shown: str
+        self, number: int, config: Config, result: TrialResult[TrialOutput], shown: str, best: float | None
     ) -> tuple[TrialResult[TrialOutput], dict[str, Any]]:
         """`result`, or when other work took the CPU during its windows (`autotuner.contention`), a
         second run once the machine is quiet (at most `trial.quiet_wait` seconds later); and the
@@ -109,7 +111,7 @@ class TrialDispatch:
             load = wait_until_quiet(wait)
         quiet = load is None or load <= CONTENDED_SHARE
         with self.reporter.running(f"{shown}: again, the machine {'quiet' if quiet else 'still busy'}"):
-            second = self._run(config)
+            second = self._run(config, best)
         again = _contention(second)
         if second.outcome is Outcome.OK and again is not None and again <= CONTENDED_SHARE:
             outcome = f"ran it again on a quiet machine ({again:.0%}): that run is recorded"

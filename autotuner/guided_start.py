@@ -187,7 +187,7 @@ class GuidedStart:
     def step(self, rule: dict[str, Any], trials: Sequence[FrozenTrial], tried: TriedConfigs) -> StartStep:
         """The rule-of-thumb config; smaller batches of it while it does not fit in memory; at
         the strict precision when its numerics fail (drift over the tolerance, NaN)."""
-        done = {config_key(t.params): t for t in trials if t.state is TrialState.COMPLETE}
+        done = {config_key(t.params): t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
         last = None
         for start in self.starts(rule):
             if tried.fresh(start):

@@ -50,6 +50,7 @@ def measure_throughput(
     after_warmup: Callable[[], None] | None = None,
     telemetry: contextlib.AbstractContextManager[Any] | None = None,
     turns: Turns | None = None,
+    stop: Callable[[list[float]], str | None] | None = None,
 ) -> Throughput:
     """Time `step` (one optimizer step of `samples_per_step` samples).
 
@@ -60,7 +61,8 @@ def measure_throughput(
     `autotuner.telemetry.Telemetry`) is entered around the timed windows only (in lockstep,
     around each one). With `turns`, the setup turn may carry the optimizer steps to match (another
     process's), and every later turn how many windows to measure in it; each turn of windows
-    begins with one untimed step.
+    begins with one untimed step. `stop` (not in lockstep) is asked after each window, with the
+    windows' rates so far, whether to stop there; the reason it gives is kept as `stopped`.
     """
     setup = turns.wait(Waiting(measuring=True)) if turns is not None else None
     start = time.perf_counter()
@@ -102,11 +104,15 @@ def measure_throughput(
     if match_steps > 0:
         windows = math.ceil(match_steps / steps)
     telemetry = telemetry or contextlib.nullcontext()
+    stopped = None
+    durations: list[float] = []
     if turns is None:
         with telemetry:
-            durations = [window(steps) for _ in range(windows)]
+            while len(durations) < windows and stopped is None:
+                durations.append(window(steps))
+                if stop is not None:
+                    stopped = stop([steps * samples_per_step / d for d in durations])
     else:
-        durations = []
         while len(durations) < windows:
             turn = turns.wait(Waiting(measuring=True, steps=steps, windows=windows, measured=len(durations)))
             run = max(1, turn.windows) if isinstance(turn, WindowsTurn) else 1
@@ -128,8 +134,9 @@ def measure_throughput(
         warmup_s=warmup_s,
         measured_s=sum(durations),
         steps=steps,
-        windows=windows,
+        windows=len(durations),
         samples_per_step=samples_per_step,
         calibration_s=calibration_s,
-        window_spans=spans[-windows:],
+        window_spans=spans[-len(durations) :],
+        stopped=stopped,
     )

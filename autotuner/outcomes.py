@@ -26,6 +26,8 @@ class Outcome(str, Enum):
     TIMEOUT = "timeout"
     CRASH = "crash"
     ERROR = "error"
+    PRUNED = "pruned"
+    """Stored only: the trial process ran to its end, stopping early (`autotuner.pruning`)."""
 
     def __str__(self) -> str:
         return self.value

@@ -37,13 +37,19 @@ def trial_metrics(
         metrics.update(_measured(output, config, environment))
     if result.outcome is Outcome.NAN:  # the loss diverged: no finite drift
         metrics["drift"] = math.inf
-    elif output is not None and reference is not None:
+    elif output is not None and reference is not None and not pruned(result):
         losses = output.losses
         drift = reference.drift(losses)
         metrics.update(drift=drift.heldout, drift_trajectory_max=drift.trajectory_max, heldout_loss=losses.heldout)
         if losses.skipped_steps is not None:  # fp16's GradScaler skipped these drift steps
             metrics["drift_skipped_steps"] = int(losses.skipped_steps)
     return metrics
+
+
+def pruned(result: TrialResult[TrialOutput]) -> str | None:
+    """Why the trial stopped after its first windows (`autotuner.pruning`), or None."""
+    throughput = result.output.throughput if result.output is not None else None
+    return throughput.stopped if result.outcome is Outcome.OK and throughput is not None else None
 
 
 def _measured(output: TrialOutput, config: Config, environment: dict[str, Any]) -> dict[str, Any]:
@@ -95,8 +101,10 @@ def record(
     extra: dict[str, Any] | None = None,
 ) -> TrialRecord:
     """Store one finished trial: metrics (and `extra`), outcome, feasibility, constraints,
-    objective values."""
+    objective values; a pruned one as Optuna PRUNED (`record_pruned`)."""
     metrics = {**trial_metrics(result, reference, config, environment), **(extra or {})}
+    if (why := pruned(result)) is not None:
+        return record_pruned(study, trial, config, why, metrics, role=role)
     objective = job.spec.objective
     drift = metrics.get("drift")
     memory = metrics.get("peak_memory_mb")
@@ -130,6 +138,23 @@ def record(
         values.append(float(metrics.get(ENERGY) or math.inf))
     frozen = study.tell(trial, values)
     return TrialRecord.from_frozen(frozen)
+
+
+def record_pruned(
+    study: optuna.Study, trial: optuna.Trial, config: Config, reason: str, metrics: dict[str, Any], *, role: str
+) -> TrialRecord:
+    """Store a trial stopped after its first windows: its windows' rates as Optuna intermediate
+    values (one per window; `Trial.report` refuses a study of two objectives, the storage does
+    not), its metrics, and the state PRUNED, with no objective values and no constraints: no
+    drift was measured. The samplers rank it with their worse group, by its last window."""
+    for key, value in {"config": config, "role": role, "outcome": Outcome.PRUNED.value, "reason": reason}.items():
+        trial.set_user_attr(key, value)
+    trial.set_user_attr("feasible", False)
+    for key, value in metrics.items():
+        trial.set_user_attr(key, value)
+    for window, value in enumerate(metrics.get("throughput_windows") or []):
+        trial.storage.set_trial_intermediate_value(trial_id(trial), window, float(value))
+    return TrialRecord.from_frozen(study.tell(trial, state=optuna.trial.TrialState.PRUNED))
 
 
 def give_up(study: optuna.Study, trial: optuna.Trial, reason: str, **attrs: Any) -> None:

@@ -22,6 +22,7 @@ from autotuner.claims import PREFIX
 from autotuner.knobs import Config
 from autotuner.optuna_adapter import study_id, study_storage
 from autotuner.outcomes import Outcome
+from autotuner.pruning import TRIAL_NOISE
 from autotuner.results import Reference, Remeasurement
 
 REMEASURE_PREFIX = PREFIX + "remeasure:"
@@ -92,8 +93,9 @@ class TrialRecord:
 
     @property
     def ran(self) -> bool:
-        """It cost a trial process (unsupported configs are decided without one)."""
-        return self.state == "COMPLETE" and self.outcome != Outcome.UNSUPPORTED.value
+        """It cost a trial process (unsupported configs are decided without one; a pruned trial's
+        process stopped early)."""
+        return self.state == "PRUNED" or (self.state == "COMPLETE" and self.outcome != Outcome.UNSUPPORTED.value)
 
     @classmethod
     def from_frozen(cls, t: FrozenTrial, remeasured: Remeasurement | None = None) -> TrialRecord:
@@ -160,15 +162,9 @@ def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
     return sorted(feasible, key=lambda t: (-(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number))
 
 
-TRIAL_NOISE = 0.15
-"""How far below the best a config's trial may come out and still be re-measured: two trials of one
-config, measured one after another as a search runs them, came out up to 12.8% apart in
-`benchmarks/fidelity.py`. A config further behind cannot win."""
-
-
 def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:
     """The configs to measure again before the best is declared: of the `top` fastest feasible
-    ones, those within `TRIAL_NOISE` of the best, and the baseline; then, once some are
+    ones, those within `autotuner.pruning.TRIAL_NOISE` of the best, and the baseline; then, once some are
     re-measured, up to `top` more whose one trial came out below the best by less than the
     machine's noise (the median spread between the processes of the re-measured configs), since
     an unlucky process can hide the best as a lucky one can crown another. The ones already

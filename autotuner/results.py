@@ -35,12 +35,16 @@ class Throughput:
     steps: int
     """Optimizer steps per window: the requested steps, raised to fill the minimum duration."""
     windows: int
+    """Windows measured."""
     samples_per_step: int
     calibration_s: float = 0.0
     """Wall time of the calibration windows (0 without a minimum window duration)."""
     window_spans: list[tuple[float, float]] = field(default_factory=list)
     """When each window began and ended, by `time.monotonic` (one clock for every process of the
     machine: lockstep processes' windows can be set side by side)."""
+    stopped: str | None = None
+    """Why the windows stopped before all were measured (`autotuner.pruning`: the trial is pruned,
+    its drift phase not run), or None."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,9 +22,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from autotuner.contention import CONTENDED_SHARE
 from autotuner.measure import measure_throughput
 from autotuner.messages import Turns
 from autotuner.outcomes import NonFiniteLoss
+from autotuner.pruning import behind
 from autotuner.results import Losses, TrialOutput
 from autotuner.telemetry import Telemetry
 from autotuner.trial import TrialRequest
@@ -277,6 +279,8 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
     if request.measure:
         _measure(backend, workload, training, request, device, output, turns)
         output.compile_cache = backend.compile_cache(lookups)
+        if output.throughput is not None and output.throughput.stopped:  # pruned: no drift to measure
+            return output
         if workload.flops_per_sample is None:
             output.flops_per_sample = _count_flops(backend, workload, training)
         training = backend.restart(workload, training, initial)
@@ -313,6 +317,12 @@ def _measure(
         _check_finite(running, "the measured steps")
 
     telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device))
+
+    def stop(rates: list[float]) -> str | None:
+        if request.prune_best is None or telemetry.cpu.others_share() > CONTENDED_SHARE:
+            return None  # slowed by other work, a trial would look a loser
+        return behind(rates, request.prune_best, request.prune_after)
+
     throughput = measure_throughput(
         step,
         lambda: backend.synchronize(training, running),
@@ -326,6 +336,7 @@ def _measure(
         after_warmup=lambda: backend.after_warmup(device, step),
         telemetry=telemetry,
         turns=turns,
+        stop=stop,
     )
     measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
     output.throughput = throughput

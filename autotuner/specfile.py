@@ -83,7 +83,12 @@ class TrialSettings(_Strict):
     windows: int = Field(3, gt=0, le=1000)
     """Measured windows per trial: the throughput is their median, stored with their spread."""
     min_window_s: float = Field(0.5, ge=0, le=3600)
-    """A window lasts at least this long: `steps` is raised once, from calibration windows (doubled until one lasts a quarter of it)."""
+    """A window lasts at least this long: `steps` is raised once, from calibration windows (doubled
+    until one lasts a quarter of it)."""
+    prune_after: int = Field(2, ge=0, le=1000)
+    """Windows after which a search trial that cannot reach the best feasible throughput so far is
+    stopped and stored as pruned, its drift not measured: when even its fastest window is more than
+    15% behind (`autotuner.pruning`). 0: no trial is pruned. The baseline never is."""
     drift_steps: int = Field(5, gt=0, le=10_000)
     """K: optimizer steps the trial and the reference take before the held-out loss is compared."""
     timeout: float | None = Field(None, gt=0, le=7 * 86400)

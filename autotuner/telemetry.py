@@ -156,6 +156,19 @@ class CpuSampler:
         self._peak_rss_mb = max(self._peak_rss_mb, _peak_rss_mb(pids))
         self._processes = max(self._processes, len(pids))
 
+    def others_share(self) -> float:
+        """The share of the cores that everything outside the group took so far, read while the
+        sampler is entered (over its spans before, too); 0 where it cannot be told."""
+        if self._start is None or self._others is None:
+            return 0.0
+        started, group_before, machine_before = self._start
+        machine, group = cpus_busy_seconds(self._cpus), groups_cpu_seconds([os.getpgrp()])
+        wall = self._wall + time.perf_counter() - started
+        if machine is None or machine_before is None or wall <= 0:
+            return 0.0
+        others = self._others + max(0.0, machine - machine_before - (group - group_before))
+        return others / (wall * self.cores)
+
     def summary(self) -> dict[str, float]:
         """`cpu_util_mean` (% of the `cpu_cores` available), `processes`, `peak_rss_mb` (the sum of
         each process's own peak: an upper bound of the group's) and `cpu_others_cores`, the cores

@@ -54,6 +54,11 @@ class TrialRequest:
     match_steps: int = 0
     """When set, as many windows (of the calibrated length) are measured as it takes to match this
     many optimizer steps (another trial's), not `windows`."""
+    prune_best: float | None = None
+    """The best feasible throughput of the study so far: with `prune_after`, the trial stops early
+    when its first windows cannot reach it (`autotuner.pruning`)."""
+    prune_after: int = 0
+    """Windows measured before the trial may be pruned; 0 never prunes it."""
     compile_cache: str | None = None
     """The folder of the study's compile caches (torch.compile's `TORCHINDUCTOR_CACHE_DIR`), so a
     trial's compile is warm or cold by this study's trials alone; None: the framework's default."""

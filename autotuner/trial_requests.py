@@ -63,7 +63,11 @@ def probe_job(launcher: TrialLauncher, job: Job, device: str, source: str | None
     )
 
 
-def trial_request(job: Job, config: Config, device: str, *, measure: bool = True) -> TrialRequest:
+def trial_request(
+    job: Job, config: Config, device: str, *, measure: bool = True, prune_best: float | None = None
+) -> TrialRequest:
+    """The request that runs `config`; with `prune_best` (a search trial: the best feasible
+    throughput so far), one stopped early when it cannot reach it (`trial.prune_after`)."""
     settings = job.spec.trial
     return TrialRequest(
         workload=job.workload_path(),
@@ -79,5 +83,7 @@ def trial_request(job: Job, config: Config, device: str, *, measure: bool = True
         heldout_batch=job.baseline["batch_size"],
         measure=measure,
         min_window_s=settings.min_window_s,
+        prune_best=prune_best,
+        prune_after=settings.prune_after if prune_best is not None else 0,
         compile_cache=str(job.compile_cache_dir()),
     )

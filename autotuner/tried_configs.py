@@ -16,7 +16,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.knobs import DERIVED, config_key
 
-LIVE = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 """The states of a trial whose config is taken."""
 BATCH = "batch_size"
 
@@ -51,6 +51,13 @@ def feasible(trial: FrozenTrial) -> bool:
         and bool(trial.values)
         and all(v <= 0 for v in trial.system_attrs.get("constraints") or ())
     )
+
+
+def best_feasible(trials: Sequence[FrozenTrial]) -> float | None:
+    """The highest throughput a feasible trial measured (the bound a search trial is pruned
+    against, `autotuner.pruning`), or None before any."""
+    rates = [float(t.values[0]) for t in trials if feasible(t)]
+    return max(rates, default=None)
 
 
 class TriedConfigs:

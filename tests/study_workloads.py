@@ -256,3 +256,16 @@ def own_step(samples: int = 256) -> TorchWorkload:
         train_step=weighted_loss,
         optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
     )
+
+
+def _slow_under_autocast(module: nn.Module, args: Any) -> None:
+    """A forward pre-hook that takes 20 ms more per forward pass under CPU autocast (bf16)."""
+    if torch.is_autocast_enabled("cpu"):
+        time.sleep(0.02)
+
+
+def slow_bf16(**mlp_args: Any) -> TorchWorkload:
+    """The built-in MLP, many times slower at bf16 than at fp32: a config that cannot win."""
+    workload = mlp(**mlp_args)
+    workload.model.register_forward_pre_hook(_slow_under_autocast)
+    return workload

@@ -134,7 +134,7 @@ def test_four_workers_share_one_study_without_running_anything_twice(
     stored = study_storage(study).get_study_system_attrs(study_id(study))
     remeasured = {k: v for k, v in stored.items() if "remeasure:" in k}
     # the best at least (the baseline beside it, unless it is the best); configs further behind than
-    # records.TRIAL_NOISE are not; the top may change as re-measured figures come in
+    # pruning.TRIAL_NOISE are not; the top may change as re-measured figures come in
     assert 1 <= len(remeasured) <= 2 * 2 + 1
     assert all(v["status"] == "done" and len(v["throughputs"]) == 1 for v in remeasured.values()), remeasured
     # The processes that trained: the reference's two runs, once for the study, the trials, and

@@ -105,7 +105,7 @@ def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: 
     configs = [n for n in stored if n != 0]
     assert configs and 0 in stored
     # two configs and the baseline do not fit in 2 processes (configs behind by more than
-    # records.TRIAL_NOISE are not re-measured: there may be one)
+    # pruning.TRIAL_NOISE are not re-measured: there may be one)
     assert ("in groups of at most 2 processes (budget.remeasure_group)" in stdout) is (len(configs) > 1), stdout
     for number in configs:
         claim = stored[number]

@@ -21,6 +21,7 @@ from autotuner.backends.pytorch import TorchCapabilities
 from autotuner.guided_start import rule_of_thumb
 from autotuner.knobs import config_key
 from autotuner.optuna_adapter import study_storage, trial_id
+from autotuner.recording import record_pruned
 from autotuner.sampler import ATTEMPTS, FreshConfigSampler, make_base_sampler, make_sampler
 from autotuner.tried_configs import oom_rules_out
 
@@ -267,6 +268,30 @@ def test_the_search_sampler_learns_from_infeasible_trials() -> None:
     assert sum(later) <= UNIFORM_LATER / 2, (
         f"infeasible value in the later halves: {later} (uniform: {UNIFORM_LATER:g} in all)"
     )
+
+
+def test_the_search_sampler_learns_from_pruned_trials() -> None:
+    """A precision far behind the others is pruned after two windows (`record_pruned`: PRUNED, its
+    windows as intermediate values, no objective values): the sampler proposes it less and less."""
+    problem = {"precision": ["a", "b", "c", "e"], "batch_size": list(range(1, 17))}
+    later = []
+    for seed in SEEDS:
+        study, sampler = make_study(problem, "tpe", seed)
+        proposed = []
+        for _ in range(TRIALS):
+            trial = study.ask(sampler.space)
+            precision = trial.params["precision"]
+            proposed.append(precision)
+            if precision == "e":  # a tenth of "a"'s throughput
+                windows = [10.0 * math.log2(1 + trial.params["batch_size"])] * 2
+                record_pruned(
+                    study, trial, dict(trial.params), "behind", {"throughput_windows": windows}, role="search"
+                )
+            else:
+                record(study, trial, *measure(trial.params))
+        later.append(proposed[TRIALS // 2 :].count("e"))
+    assert all(t.intermediate_values for t in study.trials if t.state is TrialState.PRUNED)
+    assert sum(later) <= UNIFORM_LATER / 2, f"pruned value in the later halves: {later} (uniform: {UNIFORM_LATER:g})"
 
 
 # ---------------------------------------------------------------- what `record` stores is what the samplers read

@@ -1,0 +1,77 @@
+"""Losing trials stop early: after its first windows a search trial that cannot reach the best
+feasible throughput so far is stopped, stored as Optuna PRUNED with the reason and its windows,
+and its drift is not measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotuner.measure import measure_throughput
+from autotuner.pruning import TRIAL_NOISE, behind
+from tests.conftest import SMALL_SPEC, run_cli, write_spec
+
+
+def test_a_trial_is_behind_when_even_its_fastest_window_is_further_than_the_trial_noise() -> None:
+    best = 1000.0
+    slow = best * (1 - TRIAL_NOISE) * 0.9
+    assert behind([slow, slow * 0.95], best, after=2) is not None
+    assert behind([slow], best, after=2) is None  # not enough windows yet
+    assert behind([slow, best * (1 - TRIAL_NOISE) * 1.01], best, after=2) is None  # one window within reach
+    assert behind([slow, slow], best, after=0) is None  # pruning off
+    reason = behind([500.0, 450.0], best, after=2)
+    assert reason == (
+        "its fastest of 2 windows, 500/s, is 50% behind the best so far, 1,000/s: "
+        "more than the 15% two trials of one config differ by"
+    )
+
+
+def test_windows_stop_when_asked_and_count_what_was_measured() -> None:
+    asked: list[list[float]] = []
+
+    def stop(rates: list[float]) -> str | None:
+        asked.append(list(rates))
+        return "enough" if len(rates) == 2 else None
+
+    result = measure_throughput(
+        lambda: None, lambda: None, warmup_steps=0, steps=2, windows=5, samples_per_step=1, stop=stop
+    )
+    assert [len(r) for r in asked] == [1, 2]
+    assert (result.windows, len(result.window_samples_per_s), len(result.window_spans)) == (2, 2, 2)
+    assert result.stopped == "enough"
+
+
+@pytest.mark.parametrize("prune_after", [2, 0])
+def test_a_config_that_cannot_win_is_pruned_in_the_search(tmp_path: Path, prune_after: int) -> None:
+    # bf16 takes 20 ms more per forward pass (tests.study_workloads:slow_bf16): far behind fp32.
+    spec = write_spec(
+        tmp_path,
+        workload="tests.study_workloads:slow_bf16",
+        space={"precision": ["fp32", "bf16"], "batch_size": [16, 64], "workers": [0], "compile": ["none"]},
+        budget={"trials": 4},
+        trial={**SMALL_SPEC["trial"], "windows": 4, "prune_after": prune_after},
+    )
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/runs/small/study.db")
+    bf16 = [t for t in study.trials if t.params.get("precision") == "bf16"]
+    assert len(bf16) == 2 and all(t.user_attrs["role"] == "search" for t in bf16)
+    if not prune_after:
+        assert all(t.state is TrialState.COMPLETE and "drift" in t.user_attrs for t in bf16)
+        assert "pruned" not in done.stdout
+        return
+    for t in bf16:
+        assert t.state is TrialState.PRUNED and t.values is None  # what optuna-dashboard shows
+        assert t.user_attrs["outcome"] == "pruned" and "behind the best so far" in t.user_attrs["reason"]
+        assert list(t.intermediate_values.values()) == t.user_attrs["throughput_windows"]
+        assert len(t.intermediate_values) == 2 and "drift" not in t.user_attrs
+        assert f"#{t.number} " in done.stdout and "pruned after 2 windows" in done.stdout
+    fp32 = [t for t in study.trials if t.params.get("precision") == "fp32"]
+    assert all(t.state is TrialState.COMPLETE for t in fp32)  # the baseline is never pruned
+    report = run_cli("report", "--spec", str(spec), cwd=tmp_path)
+    assert report.returncode == 0, report.stdout + report.stderr
+    html = (tmp_path / "runs" / "small" / "report.html").read_text()
+    assert "4 (4 ran a process)" in html and "ok 2, pruned 2" in html
