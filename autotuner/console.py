@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -14,6 +16,7 @@ from rich.table import Table
 
 from autotuner.formatting import percent, rate
 from autotuner.knobs import format_config
+from autotuner.progress import duration, phase_path, read_phase, time_left
 from autotuner.records import SearchSummary, TrialRecord, ranked, speedup
 from autotuner.results import Reference
 
@@ -35,21 +38,66 @@ def dashboard_command(storage_url: str) -> str:
     return f"optuna-dashboard {storage_url}"
 
 
+PHASE_POLL_S = 0.25
+"""How often the status line reads the running trial's phase."""
+
+
 class SearchReporter:
     def __init__(self, console: Console | None = None):
         # Logs and pipes get 120 columns rather than rich's 80, so the result table stays whole.
         self.console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+        self.phase_file: Path | None = None
+        """Where the running trial writes its phase (`autotuner.progress`): on a terminal only,
+        where the status line shows it."""
+        self.left_s: float | None = None
+        """The trials' time left, as the last trial's line estimated it; None outside the trials."""
 
     def start(self, job: Job, storage_url: str, environment: dict[str, Any], budget: int) -> None:
+        if self.console.is_terminal:
+            self.phase_file = phase_path(job.output_dir())
         self.console.print(
             f"[bold]{job.name}[/]: {job.spec.workload} on {environment['device']} ({environment['device_name']}), "
             f"global batch {job.spec.global_batch}, {budget} trials, storage {escape(storage_url)}"
         )
 
+    def close(self) -> None:
+        """Remove the phase file (and its folder, once no other worker's file is in it)."""
+        if self.phase_file is not None:
+            self.phase_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.phase_file.parent.rmdir()
+            self.phase_file = None
+
+    @property
+    def progress(self) -> str | None:
+        """The phase file a trial request names, or None."""
+        return str(self.phase_file) if self.phase_file is not None else None
+
     @contextlib.contextmanager
     def running(self, what: str) -> Iterator[None]:
-        with self.console.status(what):
-            yield
+        """A status line while `what` runs: with the phase its trial process writes, and during
+        the trials the time they have left."""
+        if self.left_s is not None:
+            what += f" (trials: about {duration(self.left_s)} left)"
+        with self.console.status(what) as status:
+            if self.phase_file is None:
+                yield
+                return
+            self.phase_file.unlink(missing_ok=True)
+            done = threading.Event()
+
+            def watch(path: Path) -> None:
+                while not done.wait(PHASE_POLL_S):
+                    if (phase := read_phase(path)) is not None:
+                        status.update(f"{what}: {phase}")
+
+            watcher = threading.Thread(target=watch, args=(self.phase_file,), daemon=True)
+            watcher.start()
+            try:
+                yield
+            finally:
+                done.set()
+                watcher.join()
 
     def note(self, text: str) -> None:
         self.console.print(text)
@@ -100,7 +148,11 @@ class SearchReporter:
             ratio = speedup(best, baseline)
             best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({ratio:.2f}x)" if ratio else "")
         tag = " (baseline)" if done.role == "baseline" else ""
-        self.console.print(f"[{ran}/{budget}] {elapsed_s:5.0f}s #{done.number}{tag} {config}: {status}{best_text}")
+        self.left_s = time_left(elapsed_s, ran, budget)
+        left = f" ({duration(self.left_s)} left)" if self.left_s else ""
+        self.console.print(
+            f"[{ran}/{budget}] {elapsed_s:5.0f}s{left} #{done.number}{tag} {config}: {status}{best_text}"
+        )
 
     def finish(self, summary: SearchSummary) -> None:
         base = summary.baseline

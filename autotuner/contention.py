@@ -1,9 +1,10 @@
-"""A busy machine, noticed: a trial measured while other work took a share of its CPU is not
-ranked by that figure silently.
+"""A busy machine, noticed: a trial measured while other work took a share of its CPU (or its
+GPU) is not ranked by that figure silently.
 
 During a trial's timed windows its `autotuner.telemetry.CpuSampler` measures the cores that
 everything outside the trial's process group kept busy (`cpu_others_cores`: other processes,
-interrupts, a hypervisor's steal). Beyond `CONTENDED_SHARE` of the trial's cores the trial is
+interrupts, a hypervisor's steal), and on a GPU its `GpuSampler` the SM utilisation NVML gives
+other processes on the device (`gpu_others_sm_util_mean`). Beyond `CONTENDED_SHARE` of the trial's cores the trial is
 contended: the search says so in one line, waits until the machine is quiet (`wait_until_quiet`,
 at most `trial.quiet_wait` seconds) and runs it once more. The second run is recorded, flagged
 `contended` if the machine never got quiet or got busy again.
@@ -29,12 +30,16 @@ QUIET_INTERVAL_S = 1.0
 
 
 def contention(metrics: Mapping[str, Any]) -> float | None:
-    """The share of its cores that other work took during a trial's windows, from the trial's
-    metrics; None where it was not measured (no /proc/stat)."""
+    """The share of the trial's resources that other work took during its windows, from the
+    trial's metrics: of its cores, and on a GPU of the device's SMs (NVML's per-process
+    utilisation of other processes), the larger; None where neither was measured."""
+    shares = []
     others, cores = metrics.get("cpu_others_cores"), metrics.get("cpu_cores")
-    if others is None or not cores:
-        return None
-    return float(others) / float(cores)
+    if others is not None and cores:
+        shares.append(float(others) / float(cores))
+    if (sm := metrics.get("gpu_others_sm_util_mean")) is not None:
+        shares.append(float(sm) / 100.0)
+    return max(shares, default=None)
 
 
 def machine_load(interval_s: float = QUIET_INTERVAL_S) -> float | None:

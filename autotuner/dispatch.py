@@ -94,7 +94,8 @@ class TrialDispatch:
 
     def _run(self, config: Config, best: float | None) -> TrialResult[TrialOutput]:
         """Run `config` in a trial process; with `best`, stopped early if it cannot reach it."""
-        request = trial_request(self.job, config, self.environment["device"], prune_best=best)
+        device = self.environment["device"]
+        request = trial_request(self.job, config, device, prune_best=best, progress=self.reporter.progress)
         return self.launcher.call(self.job.backend.runner, "run", request, self.job.trial_timeout(config))
 
     def _when_contended(

@@ -51,6 +51,7 @@ def measure_throughput(
     telemetry: contextlib.AbstractContextManager[Any] | None = None,
     turns: Turns | None = None,
     stop: Callable[[list[float]], str | None] | None = None,
+    phase: Callable[[str], None] = lambda text: None,
 ) -> Throughput:
     """Time `step` (one optimizer step of `samples_per_step` samples).
 
@@ -63,8 +64,10 @@ def measure_throughput(
     process's), and every later turn how many windows to measure in it; each turn of windows
     begins with one untimed step. `stop` (not in lockstep) is asked after each window, with the
     windows' rates so far, whether to stop there; the reason it gives is kept as `stopped`.
+    `phase` is told each phase as it begins, outside the timed spans (`autotuner.progress`).
     """
     setup = turns.wait(Waiting(measuring=True)) if turns is not None else None
+    phase(f"warm-up, {warmup_steps} steps")
     start = time.perf_counter()
     for _ in range(warmup_steps):
         step()
@@ -90,6 +93,7 @@ def measure_throughput(
 
     calibration_s = 0.0
     if min_window_s > 0:
+        phase("calibration")
         # Doubled until it lasts a quarter of a window at least: one hiccup in a window of a few
         # milliseconds would otherwise shorten every window after it many times over.
         last = calibration_s = window(steps)
@@ -109,6 +113,7 @@ def measure_throughput(
     if turns is None:
         with telemetry:
             while len(durations) < windows and stopped is None:
+                phase(f"window {len(durations) + 1} of {windows}")
                 durations.append(window(steps))
                 if stop is not None:
                     stopped = stop([steps * samples_per_step / d for d in durations])
@@ -123,6 +128,7 @@ def measure_throughput(
             step()
             synchronize()
             for _ in range(min(run, windows - len(durations))):
+                phase(f"window {len(durations) + 1} of {windows}")
                 with telemetry:
                     durations.append(window(steps))
         turns.wait(Waiting(measuring=False))

@@ -20,10 +20,11 @@ REFERENCE_LEASE_TRIALS = 3
 the probe's; past that, another worker takes it over."""
 
 
-def run_reference(launcher: TrialLauncher, job: Job, device: str) -> Reference:
-    """Run the fp32 eager reference twice; the gap between the two runs is its noise floor."""
+def run_reference(launcher: TrialLauncher, job: Job, device: str, progress: str | None = None) -> Reference:
+    """Run the fp32 eager reference twice; the gap between the two runs is its noise floor.
+    `progress`: the phase file of the search's console (`autotuner.progress`)."""
     config = job.reference_config()
-    request = trial_request(job, config, device, measure=False)
+    request = trial_request(job, config, device, measure=False, progress=progress)
     runs: list[Losses] = []
     wall_s = 0.0
     for _ in range(2):

@@ -214,7 +214,10 @@ class Remeasurer:
         the baseline's windows to `beside` of each config measured with it."""
         job, device = self.job, self.device
         requests = [
-            dataclasses.replace(trial_request(job, t.config, device), windows=job.spec.budget.remeasure_windows)
+            dataclasses.replace(
+                trial_request(job, t.config, device, progress=self.reporter.progress),
+                windows=job.spec.budget.remeasure_windows,
+            )
             for t in part
         ]
         results = measure_together(self.launcher, job, requests, device, lockstep=lockstep)

@@ -26,6 +26,7 @@ from autotuner.contention import CONTENDED_SHARE
 from autotuner.measure import measure_throughput
 from autotuner.messages import Turns
 from autotuner.outcomes import NonFiniteLoss
+from autotuner.progress import PhaseFile
 from autotuner.pruning import behind
 from autotuner.results import Losses, TrialOutput
 from autotuner.telemetry import Telemetry
@@ -266,6 +267,8 @@ def run_trial(backend: TrialBackend, request: TrialRequest, turns: Turns | None 
 
 
 def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns | None) -> TrialOutput:
+    phase = PhaseFile(request.progress)
+    phase("building the workload")
     _seed(backend, request.seed)
     workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
     initial = backend.initial_state(workload)
@@ -282,10 +285,11 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
         if output.throughput is not None and output.throughput.stopped:  # pruned: no drift to measure
             return output
         if workload.flops_per_sample is None:
+            phase("counting FLOPs")
             output.flops_per_sample = _count_flops(backend, workload, training)
         training = backend.restart(workload, training, initial)
     _seed(backend, request.seed)
-    output.losses = _drift_phase(backend, workload, training, request)
+    output.losses = _drift_phase(backend, workload, training, request, phase)
     return output
 
 
@@ -337,6 +341,7 @@ def _measure(
         telemetry=telemetry,
         turns=turns,
         stop=stop,
+        phase=PhaseFile(request.progress),
     )
     measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
     output.throughput = throughput
@@ -345,7 +350,9 @@ def _measure(
     output.telemetry = measured
 
 
-def _drift_phase(backend: TrialBackend, workload: Any, training: Any, request: TrialRequest) -> Losses:
+def _drift_phase(
+    backend: TrialBackend, workload: Any, training: Any, request: TrialRequest, phase: PhaseFile
+) -> Losses:
     """K optimizer steps on the dataset's first K*global_batch items in order, then the loss on
     the held-out items."""
     needed = request.drift_steps * request.global_batch
@@ -354,12 +361,14 @@ def _drift_phase(backend: TrialBackend, workload: Any, training: Any, request: T
     batches = iter(training.make_loader(ordered, shuffle=False, seed=request.seed))
     trajectory: list[float] = []
     for _ in range(request.drift_steps):
+        phase(f"drift step {len(trajectory) + 1} of {request.drift_steps}")
         loss = backend.train_step(workload, training, batches)
         trajectory.append(_check_finite(loss, f"drift step {len(trajectory) + 1}"))
     heldout = workload.heldout
     if heldout is None:
         heldout = backend.subset(workload.dataset, list(range(max(0, size - HELDOUT_DEFAULT), size)))
     count = len(heldout)
+    phase(f"held-out loss, {count} items")
     chunk = request.heldout_batch  # the same for every trial of a study, so the sums add up alike
     total = 0.0  # summed on the host in float64
     with backend.evaluation(workload, training):

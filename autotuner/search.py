@@ -79,6 +79,8 @@ class Search:
                 f"the storage {shown_url(self.storage_url)} failed: {reason}; every finished trial is kept "
                 "there, and running the same command again resumes the study"
             ) from None
+        finally:
+            self.reporter.close()
 
     def _search(self) -> SearchSummary:
         job = self.job
@@ -156,6 +158,7 @@ class Search:
                         best(trials),
                         baseline(trials),
                     )
+            self.reporter.left_s = None  # the trials are over
             Remeasurer(job, study, once, launcher, environment["device"], reference, self.reporter).run()
         except KeyboardInterrupt:
             interrupted = True
@@ -175,4 +178,4 @@ class Search:
 
     def _run_reference(self, launcher: TrialLauncher, device: str) -> Reference:
         with self.reporter.running("fp32 reference (2 runs)"):
-            return run_reference(launcher, self.job, device)
+            return run_reference(launcher, self.job, device, self.reporter.progress)

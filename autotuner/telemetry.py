@@ -187,6 +187,15 @@ class CpuSampler:
         return out
 
 
+def _in_this_group(pid: int) -> bool:
+    """Whether process `pid` is of this process's group (a trial's loader workers are); one this
+    process cannot see (another PID namespace, or gone) is not."""
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except OSError:
+        return False
+
+
 def nvml_driver() -> str:
     """The NVIDIA driver version NVML reports, or `unknown`."""
     try:
@@ -297,12 +306,16 @@ class GpuSampler:
         self._power_w: list[float] = []
         self._memory_mb: list[float] = []
         self._process_memory_mb: list[float] = []
+        self._other_processes: list[float] = []
+        self._others_sm: list[float] = []
+        """Per span, the SM utilisation (%) NVML gives the processes of other process groups."""
+        self._others_sm_ok = True
         self._energy_mj: int | None = 0
         """Energy used over the spans so far; None once the counter failed to read."""
         self._energy_start = -1
         self._wall_s = 0.0
         """Wall time of the spans so far, between the counter's readings."""
-        self._span_start = 0.0
+        self._span_start = self._span_wall_start = 0.0
         self._spans = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -321,6 +334,7 @@ class GpuSampler:
         self._thread.start()
         self._energy_start = self._energy()
         self._span_start = self._clock()
+        self._span_wall_start = time.time()
         return self
 
     def _energy(self) -> int:
@@ -335,6 +349,7 @@ class GpuSampler:
             "power": (self._power_w, lambda: self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0),
             "memory": (self._memory_mb, lambda: self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20),
             "process memory": (self._process_memory_mb, self._process_memory_mb_now),
+            "other processes": (self._other_processes, self._other_processes_now),
         }
         while readings and not self._stop.wait(self.interval_s):
             for name, (values, read) in list(readings.items()):
@@ -352,9 +367,44 @@ class GpuSampler:
                 return float(process.usedGpuMemory) / 2**20
         raise LookupError(f"NVML lists no process {pid} on this device")
 
+    def _other_processes_now(self) -> float:
+        """How many processes of other process groups than the trial's NVML lists on the device;
+        raises where NVML does not list this process (another PID namespace: it cannot tell)."""
+        pids = self._device_pids()
+        if os.getpid() not in pids:
+            raise LookupError(f"NVML lists no process {os.getpid()} on this device")
+        return float(sum(not _in_this_group(pid) for pid in pids))
+
+    def _device_pids(self) -> set[int]:
+        listed = list(self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle))
+        with contextlib.suppress(Exception):  # graphics processes: a desktop's, on a workstation
+            listed += list(self._nvml.nvmlDeviceGetGraphicsRunningProcesses(self._handle))
+        return {int(process.pid) for process in listed}
+
+    def _others_sm_since(self, since_s: float) -> float | None:
+        """The SM utilisation (%, summed over processes) that NVML's per-process samples since
+        `since_s` (`time.time()`) give the processes of other process groups; None where NVML does
+        not say (no per-process samples on this device or driver)."""
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(self._handle, int(since_s * 1e6))
+        except Exception as error:
+            if "NOT_FOUND" in str(error).upper():  # no process ran a kernel since then
+                return 0.0
+            return None
+        by_pid: dict[int, list[float]] = {}
+        for sample in samples:
+            if not _in_this_group(int(sample.pid)) and 0 <= sample.smUtil <= 100:  # drivers send junk samples
+                by_pid.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+        return min(100.0, sum(statistics.fmean(values) for values in by_pid.values()))
+
     def __exit__(self, *exc: object) -> None:
         if self._thread is None:
             return
+        if self._others_sm_ok:
+            others = self._others_sm_since(self._span_wall_start)
+            self._others_sm_ok = others is not None
+            if others is not None:
+                self._others_sm.append(others)
         end = self._energy()
         self._wall_s += self._clock() - self._span_start
         self._stop.set()
@@ -371,7 +421,10 @@ class GpuSampler:
         with a working energy counter, the mean power (W) and the energy per sample
         (J) over the spans, from the counter (`power_w_mean`, `energy_j_per_sample`); without one,
         the mean of NVML's sampled power readings instead (`power_w_sampled_mean`: about 1 s
-        averages, a coarse figure)."""
+        averages, a coarse figure). Other work on the device: the most processes of other process
+        groups listed on it at once (`gpu_other_processes_max`) and the SM utilisation NVML's
+        per-process samples give them over the spans (`gpu_others_sm_util_mean`, %), each where
+        NVML tells it."""
         out: dict[str, float] = {}
         if self._util:
             out["gpu_util_mean"] = statistics.fmean(self._util)
@@ -380,6 +433,10 @@ class GpuSampler:
             out["gpu_memory_used_mb_max"] = max(self._memory_mb)
         if self._process_memory_mb:
             out["gpu_process_memory_mb_max"] = max(self._process_memory_mb)
+        if self._other_processes:
+            out["gpu_other_processes_max"] = max(self._other_processes)
+        if self._others_sm and self._others_sm_ok:
+            out["gpu_others_sm_util_mean"] = statistics.fmean(self._others_sm)
         if self._energy_mj is not None and self._spans and self._wall_s > 0:
             out["power_w_mean"] = self._energy_mj / 1000.0 / self._wall_s
             if samples > 0:

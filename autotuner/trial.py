@@ -59,6 +59,8 @@ class TrialRequest:
     when its first windows cannot reach it (`autotuner.pruning`)."""
     prune_after: int = 0
     """Windows measured before the trial may be pruned; 0 never prunes it."""
+    progress: str | None = None
+    """The file the trial writes its phase to for the search's console (`autotuner.progress`)."""
     compile_cache: str | None = None
     """The folder of the study's compile caches (torch.compile's `TORCHINDUCTOR_CACHE_DIR`), so a
     trial's compile is warm or cold by this study's trials alone; None: the framework's default."""

@@ -64,10 +64,17 @@ def probe_job(launcher: TrialLauncher, job: Job, device: str, source: str | None
 
 
 def trial_request(
-    job: Job, config: Config, device: str, *, measure: bool = True, prune_best: float | None = None
+    job: Job,
+    config: Config,
+    device: str,
+    *,
+    measure: bool = True,
+    prune_best: float | None = None,
+    progress: str | None = None,
 ) -> TrialRequest:
     """The request that runs `config`; with `prune_best` (a search trial: the best feasible
-    throughput so far), one stopped early when it cannot reach it (`trial.prune_after`)."""
+    throughput so far), one stopped early when it cannot reach it (`trial.prune_after`); with
+    `progress`, one that writes its phase there (`autotuner.progress`)."""
     settings = job.spec.trial
     return TrialRequest(
         workload=job.workload_path(),
@@ -85,5 +92,6 @@ def trial_request(
         min_window_s=settings.min_window_s,
         prune_best=prune_best,
         prune_after=settings.prune_after if prune_best is not None else 0,
+        progress=progress,
         compile_cache=str(job.compile_cache_dir()),
     )

@@ -44,6 +44,8 @@ class FakeGpu:
     reads: list[str] = field(default_factory=list)
     processes: dict[int, int | None] = field(default_factory=dict)
     """pid -> device memory NVML counts for it (bytes; None where the driver does not say)."""
+    sm: dict[int, list[int]] | None = None
+    """pid -> the SM utilisation samples NVML keeps for it (%); None: per-process samples not supported."""
 
 
 class FakeNVMLError(Exception):
@@ -86,6 +88,16 @@ def fake_pynvml(gpus: list[FakeGpu], clock: Callable[[], float]) -> types.Module
     module.nvmlDeviceGetComputeRunningProcesses = lambda gpu: [  # type: ignore[attr-defined]
         types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes.items()
     ]
+
+    def process_utilisation(gpu: FakeGpu, since_us: int) -> list[Any]:
+        if gpu.sm is None:
+            raise FakeNVMLError("NVML_ERROR_NOT_SUPPORTED")
+        samples = [types.SimpleNamespace(pid=pid, smUtil=u) for pid, values in gpu.sm.items() for u in values]
+        if not samples:
+            raise FakeNVMLError("NVML_ERROR_NOT_FOUND")  # what NVML says when no process ran since then
+        return samples
+
+    module.nvmlDeviceGetProcessUtilization = process_utilisation  # type: ignore[attr-defined]
     return module
 
 
@@ -303,3 +315,34 @@ def test_the_memory_nvml_counts_for_this_process_is_its_own(machine: tuple[FakeG
     with sampler:
         time.sleep(0.03)
     assert "gpu_process_memory_mb_max" not in sampler.summary(samples=1)
+
+
+def test_other_processes_on_the_device_are_counted_and_their_sm_share_is_contention(
+    machine: tuple[FakeGpu, FakeGpu], clock: FakeClock
+) -> None:
+    """Process 1 (init: another process group) on the trial's GPU beside this one; its SM samples
+    are its share of the device, this process's own are not counted (nor junk over 100%)."""
+    import os
+
+    from autotuner.contention import contention
+
+    _, fast = machine
+    fast.processes = {os.getpid(): 2**30, 1: 2**30}
+    fast.sm = {os.getpid(): [90, 95], 1: [30, 50, 255]}
+    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    with sampler:
+        time.sleep(0.03)
+    summary = sampler.summary(samples=1)
+    assert summary["gpu_other_processes_max"] == 1 and summary["gpu_others_sm_util_mean"] == 40.0
+    assert contention({**summary, "cpu_others_cores": 0.1, "cpu_cores": 2.0}) == 0.4  # the larger share
+    fast.sm = {}  # no process ran a kernel in the span
+    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    with sampler:
+        time.sleep(0.03)
+    assert sampler.summary(samples=1)["gpu_others_sm_util_mean"] == 0.0
+    fast.sm, fast.processes = None, {1: 2**30}  # no per-process samples; this process not listed
+    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    with sampler:
+        time.sleep(0.03)
+    summary = sampler.summary(samples=1)
+    assert "gpu_others_sm_util_mean" not in summary and "gpu_other_processes_max" not in summary
