@@ -51,6 +51,8 @@ class SearchReporter:
         where the status line shows it."""
         self.left_s: float | None = None
         """The trials' time left, as the last trial's line estimated it; None outside the trials."""
+        self._trials_began: float | None = None
+        """When the first trial this process reported began, in the search's elapsed seconds."""
 
     def start(self, job: Job, storage_url: str, environment: dict[str, Any], budget: int) -> None:
         if self.console.is_terminal:
@@ -148,7 +150,9 @@ class SearchReporter:
             ratio = speedup(best, baseline)
             best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({ratio:.2f}x)" if ratio else "")
         tag = " (baseline)" if done.role == "baseline" else ""
-        self.left_s = time_left(elapsed_s, ran, budget)
+        if self._trials_began is None:  # the pace leaves out the start-up and the reference
+            self._trials_began = max(0.0, elapsed_s - float(done.metrics.get("wall_s") or 0.0))
+        self.left_s = time_left(elapsed_s - self._trials_began, ran, budget)
         left = f" ({duration(self.left_s)} left)" if self.left_s else ""
         self.console.print(
             f"[{ran}/{budget}] {elapsed_s:5.0f}s{left} #{done.number}{tag} {config}: {status}{best_text}"

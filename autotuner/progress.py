@@ -50,8 +50,8 @@ def phase_path(folder: Path) -> Path:
 
 
 def time_left(elapsed_s: float, ran: int, budget: int) -> float | None:
-    """The seconds the trials still in the budget should take at the pace of those that ran
-    (startup, the reference and waits included); None before one ran."""
+    """The seconds the trials still in the budget should take at the pace of the `ran` that took
+    `elapsed_s` (the search's own time between them included); None before one ran."""
     if ran <= 0:
         return None
     return elapsed_s / ran * max(0, budget - ran)

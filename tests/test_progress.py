@@ -47,9 +47,13 @@ def test_the_status_line_shows_the_trials_phase_and_the_time_left(tmp_path: Path
     out = io.StringIO()
     reporter = SearchReporter(Console(file=out, force_terminal=True, width=200, highlight=False, color_system=None))
     reporter.phase_file = phase_path(tmp_path)  # runs/<name>/progress/<pid>.txt
-    done = TrialRecord(3, "COMPLETE", {"precision": "fp32"}, {}, "search", "ok", "", True, {"throughput": 10.0})
-    reporter.trial(done, ran=4, budget=14, elapsed_s=20.0, best=None, baseline=None)
-    assert "(50s left)" in out.getvalue()
+    # The first trial began 10 s into the search (start-up, the reference) and took 5 s.
+    first = TrialRecord(0, "COMPLETE", {"precision": "fp32"}, {}, "baseline", "ok", "", True, {"wall_s": 5.0})
+    reporter.trial(first, ran=1, budget=14, elapsed_s=15.0, best=None, baseline=None)
+    assert "(1m05s left)" in out.getvalue()  # 13 more trials at 5 s each
+    done = TrialRecord(3, "COMPLETE", {"precision": "fp32"}, {}, "search", "ok", "", True, {"wall_s": 4.0})
+    reporter.trial(done, ran=4, budget=14, elapsed_s=30.0, best=None, baseline=None)
+    assert "(50s left)" in out.getvalue()  # 20 s for 4 trials: 10 more at 5 s
     with reporter.running("trial 5/14: precision=bf16"):
         PhaseFile(str(reporter.phase_file))("window 2 of 5")
         time.sleep(PHASE_POLL_S * 6)
