@@ -127,7 +127,10 @@ class TrialDispatch:
             outcome = f"its run again ended {second.outcome.value}: the first run is recorded, flagged contended"
             second = result
         self.reporter.warn(f"trial {number}: other work took {first:.0%} of the CPU during its windows; {outcome}")
-        return second, {"contention_first_run": first}
+        extra: dict[str, Any] = {"contention_first_run": first}
+        if outcome.endswith("flagged contended"):  # whether or not the run kept could tell its own
+            extra["contended"] = True
+        return second, extra
 
 
 def _contention(result: TrialResult[TrialOutput]) -> float | None:

@@ -280,7 +280,7 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
         flops_per_sample=workload.flops_per_sample,
     )
     if request.measure:
-        _measure(backend, workload, training, request, device, output, turns)
+        _measure(backend, workload, training, request, device, output, turns, phase)
         output.compile_cache = backend.compile_cache(lookups)
         if output.throughput is not None and output.throughput.stopped:  # pruned: no drift to measure
             return output
@@ -309,6 +309,7 @@ def _measure(
     device: Any,
     output: TrialOutput,
     turns: Turns | None,
+    phase: PhaseFile,
 ) -> None:
     batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
     running: Any = 0.0
@@ -323,9 +324,10 @@ def _measure(
     telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device))
 
     def stop(rates: list[float]) -> str | None:
-        if request.prune_best is None or telemetry.cpu.others_share() > CONTENDED_SHARE:
-            return None  # slowed by other work, a trial would look a loser
-        return behind(rates, request.prune_best, request.prune_after)
+        reason = behind(rates, request.prune_best, request.prune_after) if request.prune_best is not None else None
+        if reason is not None and telemetry.cpu.others_share() > CONTENDED_SHARE:
+            return None  # slowed by other work, a trial would look a loser: run to its end, and again
+        return reason
 
     throughput = measure_throughput(
         step,
@@ -341,7 +343,7 @@ def _measure(
         telemetry=telemetry,
         turns=turns,
         stop=stop,
-        phase=PhaseFile(request.progress),
+        phase=phase,
     )
     measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
     output.throughput = throughput

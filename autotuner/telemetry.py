@@ -65,10 +65,12 @@ def groups_cpu_seconds(groups: Collection[int]) -> float:
     return _cpu_seconds(_groups_stats(groups))
 
 
-MIN_OTHERS_WALL_S = 1.0
+MIN_OTHERS_WALL_S = 0.5
 """The shortest windows (in all) whose other work is told: the kernel counts CPU time in ticks of
 10 ms, per CPU and per process, so over a tenth of a second a tick or two either way would read as
-10% of a core."""
+10% of a core; over half a second, as 2-4% (under the 10% a trial is contended by). Windows
+that another process slowed unevenly can come out shorter than `trial.min_window_s` (calibrated
+while it took more of the CPU than it did later), so a trial's windows may last under a second."""
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 """The fields of a `cpuN` line of /proc/stat that are work: user, nice, system, irq, softirq and
 steal (idle and iowait are not)."""

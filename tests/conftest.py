@@ -34,9 +34,12 @@ SMALL_SPEC: dict[str, Any] = {
 
 def write_spec(folder: Path, **changes: Any) -> Path:
     """SMALL_SPEC with `changes`; its best is not re-measured unless `budget` asks for it (the
-    tests of re-measurement do), so that trial counts stay those of the search loop."""
+    tests of re-measurement do), so that trial counts stay those of the search loop, and no trial
+    is pruned unless `trial` asks for it (the tests of pruning do), so that every trial that ran
+    is COMPLETE, whatever the machine's timings."""
     spec = {**SMALL_SPEC, **changes}
     spec["budget"] = {"remeasure_top": 0, **spec["budget"]}
+    spec["trial"] = {"prune_after": 0, **spec["trial"]}
     path = folder / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path

@@ -91,7 +91,11 @@ def start_cli(*args: str, cwd: Path) -> subprocess.Popen[str]:
 
 def ran(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
     """The trials that ran a process."""
-    return [t for t in trials if t.state is TrialState.COMPLETE and t.user_attrs["outcome"] != "unsupported"]
+    return [
+        t
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs["outcome"] != "unsupported"
+    ]
 
 
 # ---------------------------------------------------------------- four workers at once

@@ -32,7 +32,9 @@ def test_the_example_spec_tunes_a_transformers_model_on_dict_batches(tmp_path: P
     path.write_text(yaml.safe_dump(spec))
     done = run_cli("search", "--spec", str(path), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "outcomes: ok 3" in done.stdout, done.stdout
+    (counts,) = [line.removeprefix("outcomes: ") for line in done.stdout.splitlines() if line.startswith("outcomes: ")]
+    outcomes = {kind: int(n) for kind, n in (part.split() for part in counts.split(", "))}
+    assert set(outcomes) <= {"ok", "pruned"} and sum(outcomes.values()) == 3, done.stdout  # a slow config may be pruned
     export = yaml.safe_load((tmp_path / "runs" / "hf-gpt2" / "best.yaml").read_text())
     assert export["metrics"]["drift"] < spec.get("objective", {}).get("max_drift", 0.01)
     assert export["metrics"]["tokens_per_s"] > 0  # the factory's tokens_per_sample carried through
