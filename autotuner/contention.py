@@ -4,10 +4,11 @@ GPU) is not ranked by that figure silently.
 During a trial's timed windows its `autotuner.telemetry.CpuSampler` measures the cores that
 everything outside the trial's process group kept busy (`cpu_others_cores`: other processes,
 interrupts, a hypervisor's steal), and on a GPU its `GpuSampler` the SM utilisation NVML gives
-other processes on the device (`gpu_others_sm_util_mean`). Beyond `CONTENDED_SHARE` of the trial's cores the trial is
-contended: the search says so in one line, waits until the machine is quiet (`wait_until_quiet`,
-at most `trial.quiet_wait` seconds) and runs it once more. The second run is recorded, flagged
-`contended` if the machine never got quiet or got busy again.
+other processes on the device (`gpu_others_sm_util_mean`). Beyond `CONTENDED_SHARE` of the
+trial's cores (or of the device) the trial is contended: the search says so in one line, waits
+until the machine is quiet (`wait_until_quiet`, at most `trial.quiet_wait` seconds) and runs it
+once more. The second run is recorded, flagged `contended` if the machine never got quiet or got
+busy again.
 
 Why a threshold on other work rather than on the figure: a step that another process slows down
 looks like a slow config, and only the machine can tell the two apart. On 2 cores, one

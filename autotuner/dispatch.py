@@ -52,7 +52,8 @@ class TrialDispatch:
             if holder is not None:
                 give_up(study, trial, f"trial {holder} has this config", duplicate_of=holder)
                 return None
-            ruled_out = oom_rules_out(trial.params, study.get_trials(deepcopy=False))
+            tried = study.get_trials(deepcopy=False)
+            ruled_out = oom_rules_out(trial.params, tried)
             if ruled_out is not None:
                 give_up(study, trial, f"trial {ruled_out.number} ran out of memory", ruled_out_by=ruled_out.number)
                 return None
@@ -68,7 +69,7 @@ class TrialDispatch:
                     give_up(study, trial, "the budget was spent by other workers")
                     return None
                 shown = f"trial {slot + 1}/{self.max_trials}: {format_config(config)}"
-                best = best_feasible(study.get_trials(deepcopy=False)) if role == "search" else None
+                best = best_feasible(tried) if role == "search" else None
                 with self.reporter.running(shown):
                     result = self._run(config, best)
                 result, extra = self._when_contended(trial.number, config, result, shown, best)
@@ -114,23 +115,23 @@ class TrialDispatch:
         with self.reporter.running(f"{shown}: again, the machine {'quiet' if quiet else 'still busy'}"):
             second = self._run(config, best)
         again = _contention(second)
-        if second.outcome is Outcome.OK and again is not None and again <= CONTENDED_SHARE:
-            outcome = f"ran it again on a quiet machine ({again:.0%}): that run is recorded"
-        elif second.outcome is Outcome.OK and again is None and quiet:  # windows too short to tell: the wait told
-            outcome = "ran it again on a quiet machine: that run is recorded"
-        elif second.outcome is Outcome.OK:
-            share = f"{again:.0%}" if again is not None else "unmeasured"
+        # windows too short to tell their own contention: the wait before them told
+        flagged = second.outcome is not Outcome.OK or (again > CONTENDED_SHARE if again is not None else not quiet)
+        if second.outcome is not Outcome.OK:
+            outcome, second = f"its run again ended {second.outcome.value}: the first run is recorded", result
+        elif not flagged:
             outcome = (
-                f"ran it again ({share}{'' if quiet else f' after waiting {wait:.0f} s'}): recorded, flagged contended"
+                f"ran it again on a quiet machine{f' ({again:.0%})' if again is not None else ''}: that run is recorded"
             )
         else:
-            outcome = f"its run again ended {second.outcome.value}: the first run is recorded, flagged contended"
-            second = result
-        self.reporter.warn(f"trial {number}: other work took {first:.0%} of the CPU during its windows; {outcome}")
-        extra: dict[str, Any] = {"contention_first_run": first}
-        if outcome.endswith("flagged contended"):  # whether or not the run kept could tell its own
-            extra["contended"] = True
-        return second, extra
+            share = f"{again:.0%}" if again is not None else "unmeasured"
+            outcome = f"ran it again ({share}{'' if quiet else f' after waiting {wait:.0f} s'}): recorded"
+        self.reporter.warn(
+            f"trial {number}: other work took {first:.0%} of the CPU during its windows; {outcome}"
+            + (", flagged contended" if flagged else "")
+        )
+        # flagged whether or not the run kept could tell its own contention
+        return second, {"contention_first_run": first, **({"contended": True} if flagged else {})}
 
 
 def _contention(result: TrialResult[TrialOutput]) -> float | None:

@@ -147,10 +147,8 @@ def record_pruned(
     values (one per window; `Trial.report` refuses a study of two objectives, the storage does
     not), its metrics, and the state PRUNED, with no objective values and no constraints: no
     drift was measured. The samplers rank it with their worse group, by its last window."""
-    for key, value in {"config": config, "role": role, "outcome": Outcome.PRUNED.value, "reason": reason}.items():
-        trial.set_user_attr(key, value)
-    trial.set_user_attr("feasible", False)
-    for key, value in metrics.items():
+    attrs = {"config": config, "role": role, "outcome": Outcome.PRUNED.value, "reason": reason, "feasible": False}
+    for key, value in {**attrs, **metrics}.items():
         trial.set_user_attr(key, value)
     for window, value in enumerate(metrics.get("throughput_windows") or []):
         trial.storage.set_trial_intermediate_value(trial_id(trial), window, float(value))

@@ -147,29 +147,32 @@ class CpuSampler:
         pids = [pid for pid, _ in stats]
         if self._start is None or not pids:  # no /proc: nothing to tell
             return
-        started, group_before, machine_before = self._start
-        self._wall += time.perf_counter() - started
-        busy = _cpu_seconds(stats) - group_before
-        self._busy += busy
-        if machine is None or machine_before is None or self._others is None:
-            self._others = None
-        else:  # the group's own time on other CPUs (none: they inherit the affinity) would count against it
-            self._others += max(0.0, machine - machine_before - busy)
+        group = _cpu_seconds(stats)
+        self._wall += time.perf_counter() - self._start[0]
+        self._busy += group - self._start[1]
+        others = self._others_in_span(machine, group)
+        self._others = None if others is None or self._others is None else self._others + others
         self._peak_rss_mb = max(self._peak_rss_mb, _peak_rss_mb(pids))
         self._processes = max(self._processes, len(pids))
+
+    def _others_in_span(self, machine: float | None, group: float) -> float | None:
+        """The CPU time everything outside the group took on the cores since the span began, given
+        the machine's and the group's CPU time now; None without /proc/stat. (The group's own time
+        on other CPUs would count against it: it has none, its processes inherit the affinity.)"""
+        assert self._start is not None
+        _, group_before, machine_before = self._start
+        if machine is None or machine_before is None:
+            return None
+        return max(0.0, machine - machine_before - (group - group_before))
 
     def others_share(self) -> float:
         """The share of the cores that everything outside the group took so far, read while the
         sampler is entered (over its spans before, too); 0 where it cannot be told."""
         if self._start is None or self._others is None:
             return 0.0
-        started, group_before, machine_before = self._start
-        machine, group = cpus_busy_seconds(self._cpus), groups_cpu_seconds([os.getpgrp()])
-        wall = self._wall + time.perf_counter() - started
-        if machine is None or machine_before is None or wall <= 0:
-            return 0.0
-        others = self._others + max(0.0, machine - machine_before - (group - group_before))
-        return others / (wall * self.cores)
+        others = self._others_in_span(cpus_busy_seconds(self._cpus), groups_cpu_seconds([os.getpgrp()]))
+        wall = self._wall + time.perf_counter() - self._start[0]
+        return (self._others + others) / (wall * self.cores) if others is not None and wall > 0 else 0.0
 
     def summary(self) -> dict[str, float]:
         """`cpu_util_mean` (% of the `cpu_cores` available), `processes`, `peak_rss_mb` (the sum of
