@@ -1,13 +1,15 @@
 """Timing a training step honestly, the same way for every backend.
 
 Warm-up steps run first (compilation, jit, allocator settling) and their wall time is kept as
-`warmup_s`. With a minimum window duration, one calibration window of `steps` steps follows
-(kept as `calibration_s`): when it was shorter than the minimum, every window gets
+`warmup_s`. With a minimum window duration, calibration windows follow (their wall time kept as
+`calibration_s`), from one step until one (the second at least) lasts a quarter of the minimum:
+when `steps` steps at that pace would last less than the minimum, every window gets
 proportionally more steps, so a fast config is not timed over a few milliseconds of scheduler
-noise. Then `windows` windows of that many optimizer steps each are timed, with the device
-synchronized at both edges of every window; whatever the step does (data loading included) is
-inside the window. Throughput is the median over windows; the spread (max - min over median) is
-kept with it so a noisy measurement is visible.
+noise. Then `windows` windows of
+that many optimizer steps each are timed, with the device synchronized at both edges of every
+window; whatever the step does (data loading included) is inside the window. Throughput is the
+median over windows; the spread (max - min over median) is kept with it so a noisy measurement
+is visible.
 
 With `match_steps`, the windows (still of the calibrated length) are as many as it takes to match
 that many optimizer steps, instead of `windows`: two configs of different speeds can be run over
@@ -94,15 +96,19 @@ def measure_throughput(
     calibration_s = 0.0
     if min_window_s > 0:
         phase("calibration")
-        # Doubled until it lasts a quarter of a window at least: one hiccup in a window of a few
-        # milliseconds would otherwise shorten every window after it many times over.
-        last = calibration_s = window(steps)
-        while last < min_window_s / 4:
-            steps *= 2
-            last = window(steps)
+        # From one step, then windows sized at the last one's pace to last a quarter of the minimum,
+        # until one does, two at least: a slow config learns its pace from a step or two, not from
+        # a whole window, and a hiccup in the first step or in a window of a few milliseconds
+        # cannot shorten every window after it many times over.
+        quarter, count, timed = min_window_s / 4, 1, 1
+        last = calibration_s = window(count)
+        while timed < 2 or last < quarter:
+            at_least = 2 * count if last < quarter else 1
+            count = max(at_least, math.ceil(count * quarter / max(last, 1e-9)))
+            last = window(count)
             calibration_s += last
-        if last < min_window_s:
-            steps = math.ceil(steps * min_window_s / max(last, 1e-9))
+            timed += 1
+        steps = max(steps, math.ceil(count * min_window_s / last))
     if isinstance(setup, SetupTurn) and setup.match_steps > 0:
         match_steps = setup.match_steps
     if match_steps > 0:

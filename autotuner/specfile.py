@@ -83,8 +83,8 @@ class TrialSettings(_Strict):
     windows: int = Field(3, gt=0, le=1000)
     """Measured windows per trial: the throughput is their median, stored with their spread."""
     min_window_s: float = Field(0.5, ge=0, le=3600)
-    """A window lasts at least this long: `steps` is raised once, from calibration windows (doubled
-    until one lasts a quarter of it)."""
+    """A window lasts at least this long: `steps` is raised once, from calibration windows (from one
+    step until one lasts a quarter of it)."""
     prune_after: int = Field(2, ge=0, le=1000)
     """Windows after which a search trial that cannot reach the best feasible throughput so far is
     stopped and stored as pruned, its drift not measured: when even its fastest window is more than
