@@ -147,7 +147,7 @@ FIELDS: dict[tuple[str, ...], Callable[[Any], bool]] = {
     ("trial", "windows"): _wrong_int(1, 1000),
     ("trial", "min_window_s"): _wrong_number(0, 3600, low_open=False),
     ("trial", "drift_steps"): _wrong_int(1, 10_000),
-    ("trial", "timeout"): _wrong_number(0, 7 * 86400),
+    ("trial", "timeout"): _wrong_number(0, 7 * 86400, optional=True),  # null: the backend's default
     ("trial", "max_memory_mb"): _wrong_number(64, 2**30, low_open=False, optional=True),
     ("trial", "seed"): _wrong_int(0, 2**32 - 1),
     ("storage",): lambda v: not isinstance(v, str) and v is not None,
