@@ -6,7 +6,9 @@ config still in contention and the baseline run one fresh trial process each, me
 (`autotuner.lockstep.measure_together`; split into groups the memory holds, `remeasure_groups`
 and `processes_that_fit`). After a round, a config whose speedup is below the leader's by more
 than the noise of the two (`contenders`) is out; the rounds stop when only the leader is left, or
-after `budget.remeasure_runs` rounds. Each config's `autotuner.results.Remeasurement` is stored in
+after `budget.remeasure_runs` rounds. Configs that come in later (a re-measurement reordered the
+top) are judged against those re-measured before them too (`earlier_estimates`), so a newcomer
+that cannot beat the leader is out after one round. Each config's `autotuner.results.Remeasurement` is stored in
 its claim (`autotuner.coordination.OncePerStudy.remeasure`), where `autotuner.records.records`
 reads it back.
 """
@@ -67,6 +69,33 @@ def contenders(estimates: dict[int, tuple[float, float]]) -> list[int]:
         if number != leader and value >= lead * (1 - margin):
             kept.append(number)
     return kept
+
+
+def speedup_estimate(remeasurement: Remeasurement, baseline_windows: list[float]) -> tuple[float, float]:
+    """A config's speedup so far (over the baseline's windows beside it; without them, its
+    throughput) and the relative standard error of its windows' median (`median_error`)."""
+    windows = remeasurement.rerun_windows
+    value = statistics.median(windows)
+    if baseline_windows:
+        value /= statistics.median(baseline_windows)
+    return value, median_error(windows)
+
+
+def earlier_estimates(
+    trials: list[TrialRecord], batch: list[int], baseline_number: int | None
+) -> dict[int, tuple[float, float]]:
+    """The `speedup_estimate` of every config re-measured before this batch (trial numbers
+    `batch`), the baseline and failed re-measurements aside: a newcomer is judged against them
+    too, so one that cannot beat a leader settled earlier is out after its first round."""
+    return {
+        t.number: speedup_estimate(t.remeasured, t.remeasured.baseline_windows or [])
+        for t in trials
+        if t.remeasured is not None
+        and not t.remeasured.error
+        and t.remeasured.rerun_windows
+        and t.number not in batch
+        and t.number != baseline_number
+    }
 
 
 def remeasure_groups(
@@ -167,6 +196,8 @@ class Remeasurer:
                 f"re-measuring {', '.join(f'#{t.number}' for t in everyone)} in groups of at most {most} processes "
                 f"({_why_split(budget.remeasure_group)}), the baseline beside the configs in each"
             )
+        # configs re-measured in an earlier batch: the newcomers must beat them too
+        earlier = earlier_estimates(records(self.study), numbers, baseline.number if baseline is not None else None)
         alive, still = configs, [t.number for t in everyone]
         for round_number in range(1, budget.remeasure_runs + 1):
             parts = remeasure_groups(alive, baseline, most)
@@ -179,14 +210,15 @@ class Remeasurer:
                 for part in parts:
                     self._measure_group(part, baseline, found, beside, groups, lockstep)
             alive = [t for t in alive if not found[t.number].error]
-            estimates = {t.number: self._estimate(found[t.number], beside[t.number]) for t in alive}
+            estimates = dict(earlier)
+            estimates.update({t.number: speedup_estimate(found[t.number], beside[t.number]) for t in alive})
             if baseline is not None and not found[baseline.number].error:
                 estimates[baseline.number] = (1.0, median_error(found[baseline.number].rerun_windows))
             still = contenders(estimates)
             alive = [t for t in alive if t.number in still]
-            if len(still) <= 1:
+            if len(still) <= 1 or not alive:
                 break
-        if len(still) > 1:
+        if alive and len(still) > 1:
             self.reporter.note(
                 f"after {budget.remeasure_runs} rounds (budget.remeasure_runs) "
                 f"{', '.join(f'#{n}' for n in still)} are within the noise of each other"
@@ -229,16 +261,6 @@ class Remeasurer:
             for t in part:  # its windows in this group (the baseline's: its own)
                 beside[t.number].extend(measured)
 
-    @staticmethod
-    def _estimate(remeasurement: Remeasurement, baseline_windows: list[float]) -> tuple[float, float]:
-        """A config's speedup so far (over the baseline's windows beside it; without them, its
-        throughput) and the relative standard error of its windows' median."""
-        windows = remeasurement.rerun_windows
-        value = statistics.median(windows)
-        if baseline_windows:
-            value /= statistics.median(baseline_windows)
-        return value, median_error(windows)
-
     def _add_run(self, remeasurement: Remeasurement, result: TrialResult[TrialOutput]) -> None:
         """Add one re-measurement process's result to its config's `remeasurement`, or its error."""
         if remeasurement.error:
@@ -255,3 +277,4 @@ class Remeasurer:
             return
         remeasurement.throughputs.append(output.throughput.samples_per_s)
         remeasurement.windows.append(output.throughput.window_samples_per_s)
+        remeasurement.measured_s.append(output.throughput.measured_s)

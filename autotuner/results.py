@@ -149,6 +149,8 @@ class Remeasurement:
     """The median throughput of each of its runs (a fresh trial process each)."""
     windows: list[list[float]] = field(default_factory=list)
     """The rates of each run's windows."""
+    measured_s: list[float] = field(default_factory=list)
+    """The wall time of each run's timed windows, in seconds (what the search spent measuring)."""
     baseline_windows: list[float] | None = None
     """The rates of the baseline's windows measured in the same group (in lockstep, between its
     own); None when the baseline was not measured beside it, or failed."""
@@ -169,6 +171,7 @@ class Remeasurement:
         data: dict[str, Any] = {
             "throughputs": self.throughputs,
             "windows": self.windows,
+            "measured_s": self.measured_s,
             "group": self.group,
             "lockstep": self.lockstep,
         }
@@ -185,6 +188,7 @@ class Remeasurement:
         return cls(
             throughputs=list(data.get("throughputs") or []),
             windows=[list(run) for run in data.get("windows") or []],
+            measured_s=list(data.get("measured_s") or []),
             baseline_windows=data.get("baseline_windows"),
             group=list(data.get("group") or []),
             lockstep=bool(data.get("lockstep", False)),

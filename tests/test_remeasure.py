@@ -3,6 +3,7 @@ memory cannot hold is split, the baseline beside the configs in every part."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -14,7 +15,15 @@ import yaml
 
 from autotuner.lockstep import measure_together
 from autotuner.records import TrialRecord, records, remeasurements, speedup
-from autotuner.remeasure import MEMORY_SHARE, contenders, median_error, processes_that_fit, remeasure_groups
+from autotuner.remeasure import (
+    MEMORY_SHARE,
+    contenders,
+    earlier_estimates,
+    median_error,
+    processes_that_fit,
+    remeasure_groups,
+)
+from autotuner.results import Remeasurement
 from autotuner.spec import load_spec
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import TrialLauncher
@@ -63,6 +72,25 @@ def test_a_config_is_out_once_the_leader_is_ahead_by_more_than_the_noise_of_both
     # with one window a speedup settles nothing
     assert contenders({4: (2.0, math.inf), 5: (1.0, 0.0)}) == [4, 5]
     assert contenders({}) == []
+
+
+def test_a_newcomer_is_judged_against_the_leader_re_measured_before_it() -> None:
+    # #4 re-measured first, at 4.8x the baseline beside it; #5 and #1 came in after it
+    leader = dataclasses.replace(
+        _trial(4),
+        remeasured=Remeasurement(
+            [13_000.0], [[12_900.0, 13_000.0, 13_100.0]], baseline_windows=[2_700.0, 2_710.0, 2_720.0]
+        ),
+    )
+    failed = dataclasses.replace(_trial(7), remeasured=Remeasurement(error="re-run 1: crash: signal 9"))
+    base = dataclasses.replace(_trial(0), remeasured=Remeasurement([2_710.0], [[2_700.0, 2_710.0, 2_720.0]]))
+    earlier = earlier_estimates([leader, failed, base, _trial(5), _trial(1)], [5, 1], baseline_number=0)
+    assert list(earlier) == [4]  # neither the baseline, nor a failed one, nor the batch's own
+    assert earlier[4][0] == pytest.approx(13_000 / 2_710)
+    # the newcomers' first round: 4.2x and 4.1x, within the noise of each other, but not of #4
+    this_round = {0: (1.0, 0.01), 5: (4.2, 0.01), 1: (4.1, 0.01)}
+    assert contenders(this_round) == [5, 1]  # alone, they would go on for every round
+    assert contenders({**earlier, **this_round}) == [4]  # beside the leader, both are out
 
 
 def test_the_memory_available_decides_how_many_processes_fit() -> None:
