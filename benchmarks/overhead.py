@@ -7,7 +7,8 @@
    in its own interpreter), and the start-up the real study's trials stored.
 2. A real study: `autotuner search` on the spec in a fresh folder, timed from the command's
    start to its exit. From the storage: the sum of the trials' wall time and of their measured
-   windows, the reference's wall time, and the trials' start and end times, from which the
+   windows (and of re-measurement's, which its claims store; older revisions stored none), the
+   reference's wall time, and the trials' start and end times, from which the
    search process's own time per trial (asking the sampler, claiming, recording, reading the
    study back, printing) is the gap between one trial's start and the next one's, less the trial
    process's wall time. Also the share of the search's wall time that the measured windows are.
@@ -47,7 +48,7 @@ from _harness import (
 
 from autotuner.knobs import config_key
 from autotuner.recording import record
-from autotuner.records import records, stored_reference
+from autotuner.records import records, remeasurements, stored_reference
 from autotuner.results import Reference
 from autotuner.search import job_sampler
 from autotuner.spec import Job, load_spec
@@ -86,6 +87,9 @@ def study_overhead(spec: str, folder: Path, python: str = sys.executable) -> dic
     ]
     loop = [gap - float(t.metrics["wall_s"]) for gap, t in zip(gaps, ran, strict=True)]
     outside = search.wall_s - trial_wall - reference.wall_s
+    # re-measurement's timed windows: None where its claims do not store them (older revisions)
+    stored = [r.measured_s for r in remeasurements(study).values() if r.measured_s]
+    remeasured = sum(map(sum, stored)) if stored else None
     return {
         "spec": spec,
         "machine": machine(study.user_attrs["environment"]),
@@ -97,6 +101,8 @@ def study_overhead(spec: str, folder: Path, python: str = sys.executable) -> dic
         "warmup_s": warmup,
         "reference_wall_s": reference.wall_s,
         "wall_over_measured_windows": search.wall_s / measured,
+        "remeasured_windows_s": remeasured,
+        "wall_over_all_measured_windows": search.wall_s / (measured + remeasured) if remeasured is not None else None,
         "measured_share_of_wall": measured / search.wall_s,
         "outside_trials_per_trial_s": outside / len(ran),
         "loop_per_trial_s": quartiles(loop),

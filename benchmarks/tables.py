@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,17 @@ def overhead(data: dict[str, Any]) -> list[str]:
             "search wall time over the trials' measured windows (re-measurement runs in the wall time only)",
             _ratio(study["wall_over_measured_windows"]),
         ),
+        *(
+            [
+                (
+                    "re-measurement's measured windows / the search wall time over every measured window "
+                    "(the trials' and re-measurement's)",
+                    f"{_seconds(study['remeasured_windows_s'])} / {_ratio(study['wall_over_all_measured_windows'])}",
+                )
+            ]
+            if study.get("remeasured_windows_s") is not None
+            else []
+        ),
         (
             "search process's own time per trial (median: sampling, claims, record, read-back, output)",
             (_seconds(study["loop_per_trial_s"]["median"])),
@@ -215,7 +227,12 @@ def _overhead_before(data: dict[str, Any]) -> list[str]:
         ("search wall time", lambda s: _seconds(s["search_wall_s"])),
         ("sum of the trials' wall time", lambda s: _seconds(s["trials_wall_s"])),
         ("sum of their measured windows", lambda s: _seconds(s["measured_windows_s"])),
-        ("search wall time over the measured windows", lambda s: _ratio(s["wall_over_measured_windows"])),
+        ("search wall time over the trials' measured windows", lambda s: _ratio(s["wall_over_measured_windows"])),
+        ("re-measurement's measured windows", lambda s: _unless_none(_seconds, s.get("remeasured_windows_s"))),
+        (
+            "search wall time over every measured window (trials' and re-measurement's)",
+            lambda s: _unless_none(_ratio, s.get("wall_over_all_measured_windows")),
+        ),
         (
             "before the first trial / after the last",
             lambda s: f"{_seconds(s['before_first_trial_s'])} / {_seconds(s['after_last_trial_s'])}",
@@ -233,6 +250,10 @@ def _overhead_before(data: dict[str, Any]) -> list[str]:
         *(f"| {what} | " + " | ".join(f"{show(b)} | {show(a)}" for b, a in pairs) + " |" for what, show in figures),
         "",
     ]
+
+
+def _unless_none(show: Callable[[float], str], value: float | None) -> str:
+    return "not stored" if value is None else show(value)
 
 
 def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[str]:
