@@ -19,6 +19,7 @@ from autotuner.knobs import format_config
 from autotuner.progress import duration, phase_path, read_phase, time_left
 from autotuner.records import SearchSummary, TrialRecord, ranked, speedup
 from autotuner.results import Reference
+from autotuner.run_time import RunPlan, money, verdict
 
 if TYPE_CHECKING:
     from autotuner.spec import Job
@@ -40,6 +41,12 @@ def dashboard_command(storage_url: str) -> str:
 
 PHASE_POLL_S = 0.25
 """How often the status line reads the running trial's phase."""
+
+
+def _run_column(column: str, estimate: dict[str, Any]) -> str:
+    if column == "run":
+        return duration(estimate["run_s"]) if "run_s" in estimate else "-"
+    return money(estimate["run_cost"], estimate["currency"]) if "run_cost" in estimate else "-"
 
 
 class SearchReporter:
@@ -158,14 +165,19 @@ class SearchReporter:
             f"[{ran}/{budget}] {elapsed_s:5.0f}s{left} #{done.number}{tag} {config}: {status}{best_text}"
         )
 
-    def finish(self, summary: SearchSummary) -> None:
+    def finish(self, summary: SearchSummary, plan: RunPlan | None = None) -> None:
+        """The final table and verdict; with `plan`, ranked by the run and priced."""
         base = summary.baseline
+        order = "shortest run first" if plan is not None and plan.has_length else "fastest first"
         table = Table(
-            title="Top configs (feasible, fastest first; re-measured configs by their re-measurement)",
+            title=f"Top configs (feasible, {order}; re-measured configs by their re-measurement)",
             box=box.SIMPLE_HEAD,
         )
-        feasible = ranked(summary.trials)
+        feasible = ranked(summary.trials, plan)
         shown = feasible[:TOP] + ([base] if base is not None and base not in feasible[:TOP] else [])
+        steps = plan.optimizer_steps(summary.trials) if plan is not None else None
+        estimates = {t.number: plan.estimate(t, steps) for t in shown} if plan is not None else {}
+        extra = [c for c, key in (("run", "run_s"), ("cost", "run_cost")) if any(key in e for e in estimates.values())]
         knobs = [k for k in (shown[0].config if shown else {}) if k != "accumulation"]
         for column in (
             "trial",
@@ -176,6 +188,7 @@ class SearchReporter:
             "spread",
             "processes",
             "warm-up",
+            *extra,
         ):
             table.add_column(column, no_wrap=True)
         for t in shown:
@@ -194,6 +207,7 @@ class SearchReporter:
                 percent(t.metrics.get("throughput_spread"), 1),
                 processes(t),
                 f"{t.metrics.get('warmup_s', 0):.2f}s",
+                *(_run_column(column, estimates.get(t.number, {})) for column in extra),
             )
         self.console.print(table)
         counts: dict[str, int] = {}
@@ -211,5 +225,7 @@ class SearchReporter:
             self.console.print(
                 f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{versus}"
             )
+            if plan is not None and (line := verdict(plan, summary.trials, b, base)):
+                self.console.print(f"run: {line}")
             self.console.print(f"exported: {summary.export}")
         self.console.print(f"dashboard: {escape(dashboard_command(summary.storage_url))}")

@@ -14,6 +14,7 @@ from autotuner.environment import fingerprint
 from autotuner.formatting import percent, rate, runs
 from autotuner.knobs import format_config
 from autotuner.records import baseline, best, records, speedup, stored_reference
+from autotuner.run_time import run_plan, verdict
 
 CHARTS = ("throughput-by-knob", "pareto-front")
 
@@ -21,8 +22,9 @@ CHARTS = ("throughput-by-knob", "pareto-front")
 def study_note(study: optuna.Study) -> str:
     """The markdown summary shown as the study's note."""
     trials = records(study)
-    winner, base = best(trials), baseline(trials)
     attrs = study.user_attrs
+    plan = run_plan(attrs)
+    winner, base = best(trials, plan), baseline(trials)
     settings, environment = attrs.get("autotuner", {}), attrs.get("environment", {})
     reference = stored_reference(study)
     lines = [f"## autotuner: {study.study_name}", ""]
@@ -35,6 +37,8 @@ def study_note(study: optuna.Study) -> str:
             f"**Best:** trial #{winner.number}, `{format_config(winner.config)}`: "
             f"{rate(winner.throughput)}{versus}, drift {percent(winner.metrics.get('drift'))}"
         )
+        if plan is not None and (line := verdict(plan, trials, winner, base)):
+            lines.append(f"\n**The run:** {line}")
     if base is not None:
         lines.append(
             f"\n**Baseline:** trial #{base.number}, `{format_config(base.config)}`: "

@@ -21,6 +21,7 @@ from autotuner.outcomes import Outcome
 from autotuner.recording import give_up, record
 from autotuner.records import TrialRecord
 from autotuner.results import Reference, TrialOutput
+from autotuner.run_time import RunPlan
 from autotuner.spec import Job
 from autotuner.trial import TrialLauncher, TrialResult
 from autotuner.trial_requests import trial_request
@@ -43,6 +44,8 @@ class TrialDispatch:
     reference: Reference
     reporter: SearchReporter
     max_trials: int
+    plan: RunPlan | None = None
+    """The real run the configs are ranked for: with its length, the pruning bound is its pace."""
 
     def run(self, trial: optuna.Trial) -> TrialRecord | None:
         """Run and record one asked-for trial; None when it is given up without running."""
@@ -69,7 +72,7 @@ class TrialDispatch:
                     give_up(study, trial, "the budget was spent by other workers")
                     return None
                 shown = f"trial {slot + 1}/{self.max_trials}: {format_config(config)}"
-                best = best_feasible(tried) if role == "search" else None
+                best = self._prune_bound(tried) if role == "search" else None
                 with self.reporter.running(shown):
                     result = self._run(config, best)
                 result, extra = self._when_contended(trial.number, config, result, shown, best)
@@ -92,6 +95,18 @@ class TrialDispatch:
         except optuna.exceptions.UpdateFinishedTrialError:
             self.reporter.note(f"trial {trial.number} was failed as stale by another worker; it is retried")
             return None
+
+    def _prune_bound(self, tried: list[optuna.trial.FrozenTrial]) -> float | None:
+        """The throughput a search trial is pruned against (`autotuner.pruning`): the best feasible
+        one so far; with a run length, the pace at which the run's steps alone would take as long
+        as the best config's whole predicted run (its set-up and compilation are not the pace, and
+        a slower config that compiles nothing can win a short run)."""
+        best = best_feasible(tried)
+        if best is None or self.plan is None or not self.plan.has_length:
+            return best
+        done = [TrialRecord.from_frozen(t) for t in tried if t.state == TrialState.COMPLETE]
+        pace = self.plan.pace_to_win(done, self.job.spec.trial.warmup_steps)
+        return best if pace is None else min(best, pace)
 
     def _run(self, config: Config, best: float | None) -> TrialResult[TrialOutput]:
         """Run `config` in a trial process; with `best`, stopped early if it cannot reach it."""

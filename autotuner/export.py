@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import yaml
 
 from autotuner.errors import AutotunerError
 from autotuner.records import TrialRecord, baseline, best, ranked, records, speedup, stored_reference
+from autotuner.run_time import RunPlan, run_plan
 from autotuner.spec import output_dir
 from autotuner.study import shown_url
 
@@ -39,7 +41,8 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
     """Everything `best.yaml` holds, read from the study; with `top`, the `top` best feasible
     configs too (rank 1 is the best)."""
     trials = records(study)
-    winner = best(trials)
+    plan = run_plan(study.user_attrs)
+    winner = best(trials, plan)
     if winner is None:
         ran = sum(t.ran for t in trials)
         raise NoFeasibleConfig(f"study {study.study_name!r} has no feasible config yet ({ran} trials ran)")
@@ -47,7 +50,11 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
     attrs = study.user_attrs
     settings = attrs.get("autotuner", {})
     reference = stored_reference(study)
-    metrics = {**winner.metrics, **_measurements(winner)}
+    steps = plan.optimizer_steps(trials) if plan is not None else None
+    estimate: Callable[[TrialRecord], dict[str, Any]] = (
+        (lambda t: plan.estimate(t, steps)) if plan is not None else (lambda t: {})
+    )
+    metrics = {**winner.metrics, **_measurements(winner), **estimate(winner)}
     return _plain(
         {
             "version": EXPORT_VERSION,
@@ -57,6 +64,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
                 "params": base.config if base else None,
                 "outcome": base.outcome if base else None,
                 **(_measurements(base) if base else {"throughput": None}),
+                **(estimate(base) if base else {}),
             },
             "speedup": speedup(winner, base),
             "drift": {
@@ -77,7 +85,8 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
                 "trial": winner.number,
                 "trials_ran": sum(t.ran for t in trials),
             },
-            **({"top": _top(trials, base, top)} if top else {}),
+            **({"run": {**plan.as_dict(), "description": plan.describe(), "optimizer_steps": steps}} if plan else {}),
+            **({"top": _top(trials, base, top, plan, estimate)} if top else {}),
         }
     )
 
@@ -95,7 +104,13 @@ def _measurements(t: TrialRecord) -> dict[str, Any]:
     }
 
 
-def _top(trials: list[TrialRecord], base: TrialRecord | None, count: int) -> list[dict[str, Any]]:
+def _top(
+    trials: list[TrialRecord],
+    base: TrialRecord | None,
+    count: int,
+    plan: RunPlan | None,
+    estimate: Callable[[TrialRecord], dict[str, Any]],
+) -> list[dict[str, Any]]:
     return [
         {
             "rank": rank,
@@ -107,8 +122,9 @@ def _top(trials: list[TrialRecord], base: TrialRecord | None, count: int) -> lis
             "throughput_spread": t.metrics.get("throughput_spread"),
             "throughput_runs": t.throughputs,
             "throughput_run_spread": t.run_spread,
+            **estimate(t),
         }
-        for rank, t in enumerate(ranked(trials)[:count], start=1)
+        for rank, t in enumerate(ranked(trials, plan)[:count], start=1)
     ]
 
 

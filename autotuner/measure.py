@@ -144,6 +144,7 @@ def measure_throughput(
         spread=relative_spread(rates),
         window_samples_per_s=rates,
         warmup_s=warmup_s,
+        warmup_steps=warmup_steps,
         measured_s=sum(durations),
         steps=steps,
         windows=len(durations),

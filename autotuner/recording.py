@@ -63,8 +63,11 @@ def _measured(output: TrialOutput, config: Config, environment: dict[str, Any]) 
             throughput_spread=throughput.spread,
             throughput_windows=throughput.window_samples_per_s,
             warmup_s=throughput.warmup_s,
+            warmup_steps=throughput.warmup_steps,
             measured_s=throughput.measured_s,
         )
+        if output.setup_s is not None:
+            metrics["setup_s"] = output.setup_s
         if output.tokens_per_sample:
             metrics["tokens_per_s"] = rate * output.tokens_per_sample
         if output.flops_per_sample:
@@ -78,6 +81,8 @@ def _measured(output: TrialOutput, config: Config, environment: dict[str, Any]) 
         metrics.update(contention=share, contended=share > CONTENDED_SHARE)
     if output.peak_memory_mb is not None:
         metrics["peak_memory_mb"] = output.peak_memory_mb
+    if output.dataset_items is not None:
+        metrics["dataset_items"] = output.dataset_items
     if output.compile_cache:  # cold or warm: what warmup_s paid for compiling
         metrics["compile_cache"] = output.compile_cache
     metrics.update(output.telemetry or {})

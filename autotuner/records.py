@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -152,14 +152,34 @@ def speedup(trial: TrialRecord, base: TrialRecord | None) -> float | None:
     return trial.throughput / base.throughput if base is not None and base.throughput > 0 else None
 
 
-def ranked(trials: list[TrialRecord]) -> list[TrialRecord]:
-    """The feasible trials, fastest first: by `speedup` over the baseline (re-measured configs by
-    their re-measurement beside the baseline), by `TrialRecord.throughput` without a baseline. A
-    config whose re-measurement failed is left out: it is not reliable."""
+class RunLength(Protocol):
+    """What ranking by a real run's length reads of its plan (`autotuner.run_time.RunPlan`)."""
+
+    @property
+    def has_length(self) -> bool: ...
+
+    def optimizer_steps(self, trials: list[TrialRecord]) -> float | None: ...
+
+    def run_s(self, t: TrialRecord, steps: float | None) -> float | None: ...
+
+
+def ranked(trials: list[TrialRecord], plan: RunLength | None = None) -> list[TrialRecord]:
+    """The feasible trials, fastest first: with a `plan` that says how long the real run is, by
+    its predicted wall time (`autotuner.run_time`); else by `speedup` over the baseline
+    (re-measured configs by their re-measurement beside the baseline), by
+    `TrialRecord.throughput` without a baseline. A config whose re-measurement failed is left
+    out: it is not reliable."""
+    feasible = [t for t in trials if t.feasible and not t.remeasure_error]
+    steps = plan.optimizer_steps(trials) if plan is not None and plan.has_length else None
+    if plan is not None and steps is not None:
+        return sorted(feasible, key=lambda t: (_or_inf(plan.run_s(t, steps)), t.number))
     base = baseline(trials)
     by_speedup = base is not None and base.throughput > 0  # else there are no speedups
-    feasible = [t for t in trials if t.feasible and not t.remeasure_error]
     return sorted(feasible, key=lambda t: (-(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number))
+
+
+def _or_inf(value: float | None) -> float:
+    return math.inf if value is None else value
 
 
 def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:
@@ -181,9 +201,9 @@ def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:
     return chosen
 
 
-def best(trials: list[TrialRecord]) -> TrialRecord | None:
+def best(trials: list[TrialRecord], plan: RunLength | None = None) -> TrialRecord | None:
     """The best config: the first of `ranked`."""
-    return next(iter(ranked(trials)), None)
+    return next(iter(ranked(trials, plan)), None)
 
 
 def baseline(trials: list[TrialRecord]) -> TrialRecord | None:

@@ -24,8 +24,10 @@ from autotuner.environment import describe, fingerprint
 from autotuner.errors import SpecError
 from autotuner.formatting import percent, rate, runs
 from autotuner.knobs import format_config
-from autotuner.records import TrialRecord, baseline, best, records, speedup, spent_seconds, stored_reference
+from autotuner.progress import duration
+from autotuner.records import TrialRecord, baseline, best, ranked, records, speedup, spent_seconds, stored_reference
 from autotuner.results import Reference
+from autotuner.run_time import RunPlan, money, run_plan, verdict
 from autotuner.spec import output_dir
 from autotuner.study import open_storage, shown_url
 
@@ -48,10 +50,18 @@ class Report:
     """None before the study's reference has run."""
     environment: dict[str, Any]
     fingerprint: str
+    plan: RunPlan | None = None
+    """The real run the configs are ranked for (`autotuner.run_time`), or None."""
 
     @cached_property
     def best(self) -> TrialRecord | None:
-        return best(self.trials)
+        return best(self.trials, self.plan)
+
+    def estimate(self, trial: TrialRecord) -> dict[str, Any]:
+        """`trial`'s predicted run time and cost (`RunPlan.estimate`); empty without a plan."""
+        if self.plan is None:
+            return {}
+        return self.plan.estimate(trial, self.plan.optimizer_steps(self.trials))
 
     @cached_property
     def baseline(self) -> TrialRecord | None:
@@ -90,6 +100,7 @@ def load_report(storage_url: str, name: str, *, default: bool = False) -> Report
         reference=stored_reference(study),
         environment=environment,
         fingerprint=attrs.get("fingerprint") or fingerprint(environment),
+        plan=run_plan(attrs),
     )
 
 
@@ -132,12 +143,15 @@ def summary_table(report: Report) -> Table:
     settings, reference = report.settings, report.reference
     counts = Counter(t.outcome for t in report.trials)
     limit = settings.get("max_memory_mb")
+    plan = report.plan
+    run_line = verdict(plan, report.trials, winner, base) if plan is not None and winner is not None else None
     rows = [
         ["study", f"{report.name} ({shown_url(report.storage_url)})"],
         ["workload", f"{settings.get('workload')}, global batch {settings.get('global_batch')}"],
         ["best config", f"#{winner.number} {format_config(winner.config)}" if winner else "none feasible"],
         ["best throughput", rate(winner.throughput) if winner else "-"],
         ["speedup over baseline", report.speedup(winner) if winner else "-"],
+        *([["the run", run_line]] if run_line else []),
         ["baseline config", f"#{base.number} {format_config(base.config)}" if base else "not run yet"],
         ["baseline throughput", f"{rate(base.throughput)} ({base.outcome})" if base else "-"],
         ["drift tolerance", percent(settings.get("max_drift"), 2)],
@@ -165,7 +179,18 @@ def front_table(report: Report) -> Table:
     return ["trial", "config", "throughput", "speedup", "drift"], rows
 
 
+ESTIMATE_COLUMNS = (
+    ("run time", "run_s"),
+    ("run cost", "run_cost"),
+    ("per million samples", "cost_per_million_samples"),
+)
+"""The top table's columns of `RunPlan.estimate`, shown where any config has the figure."""
+
+
 def top_table(report: Report, top: int = TOP) -> Table:
+    leaders = ranked(report.trials, report.plan)[:top]
+    estimates = [report.estimate(t) for t in leaders]
+    shown = [(column, key) for column, key in ESTIMATE_COLUMNS if any(key in e for e in estimates)]
     rows = [
         [
             str(rank),
@@ -175,10 +200,18 @@ def top_table(report: Report, top: int = TOP) -> Table:
             _processes(t),
             report.speedup(t),
             charts.trial_drift_text(t),
+            *(_estimate_text(key, estimate) for _, key in shown),
         ]
-        for rank, t in enumerate(charts.fastest_feasible(report.trials, top), start=1)
+        for rank, (t, estimate) in enumerate(zip(leaders, estimates, strict=True), start=1)
     ]
-    return ["rank", "trial", "config", "throughput", "processes", "speedup", "drift"], rows
+    headers = ["rank", "trial", "config", "throughput", "processes", "speedup", "drift"]
+    return [*headers, *(column for column, _ in shown)], rows
+
+
+def _estimate_text(key: str, estimate: dict[str, Any]) -> str:
+    if key not in estimate:
+        return "-"
+    return duration(estimate[key]) if key == "run_s" else money(estimate[key], estimate["currency"])
 
 
 def _processes(t: TrialRecord) -> str:
@@ -255,7 +288,20 @@ tr.infeasible td { color: #8a1f1f; background: #fff6f6; }
 code { font-size: 0.95em; }
 """
 
-_NUMERIC = {"throughput", "speedup", "drift", "spread", "warm-up", "peak memory", "best", "median", "ok trials"}
+_NUMERIC = {
+    "throughput",
+    "speedup",
+    "drift",
+    "spread",
+    "warm-up",
+    "peak memory",
+    "best",
+    "median",
+    "ok trials",
+    "run time",
+    "run cost",
+    "per million samples",
+}
 
 
 def html_table(table: Table, row_classes: Sequence[str] | None = None) -> str:

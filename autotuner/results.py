@@ -45,6 +45,8 @@ class Throughput:
     stopped: str | None = None
     """Why the windows stopped before all were measured (`autotuner.pruning`: the trial is pruned,
     its drift phase not run), or None."""
+    warmup_steps: int = 0
+    """Optimizer steps of the warm-up, whose wall time is `warmup_s`."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +81,10 @@ class TrialOutput:
     telemetry: dict[str, float] | None = None
     """`autotuner.telemetry.Telemetry.summary` over the windows."""
     compile_cache: str | None = None
+    setup_s: float | None = None
+    """Wall time from the trial's start to its warm-up: the workload built, the config applied."""
+    dataset_items: int | None = None
+    """Items of the workload's training dataset (an epoch, for `run: {epochs: E}`)."""
 
     def as_dict(self) -> dict[str, Any]:
         """As plain data (the benchmarks keep trial outputs in JSON): what the measured phase
@@ -87,6 +93,7 @@ class TrialOutput:
             "tokens_per_sample": self.tokens_per_sample,
             "flops_per_sample": self.flops_per_sample,
             "losses": asdict(self.losses),
+            "dataset_items": self.dataset_items,
         }
         if self.throughput is not None:
             data.update(
@@ -94,6 +101,7 @@ class TrialOutput:
                 peak_memory_mb=self.peak_memory_mb,
                 telemetry=self.telemetry,
                 compile_cache=self.compile_cache,
+                setup_s=self.setup_s,
             )
         return data
 
@@ -108,6 +116,8 @@ class TrialOutput:
             peak_memory_mb=data.get("peak_memory_mb"),
             telemetry=data.get("telemetry"),
             compile_cache=data.get("compile_cache"),
+            setup_s=data.get("setup_s"),
+            dataset_items=data.get("dataset_items"),
         )
 
 

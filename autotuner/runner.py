@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -267,6 +268,7 @@ def run_trial(backend: TrialBackend, request: TrialRequest, turns: Turns | None 
 
 
 def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns | None) -> TrialOutput:
+    started = time.perf_counter()
     phase = PhaseFile(request.progress)
     phase("building the workload")
     _seed(backend, request.seed)
@@ -278,8 +280,10 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
         losses=Losses(math.nan, []),
         tokens_per_sample=workload.tokens_per_sample,
         flops_per_sample=workload.flops_per_sample,
+        dataset_items=len(workload.dataset),
     )
     if request.measure:
+        output.setup_s = time.perf_counter() - started  # a real run builds the same before its first step
         _measure(backend, workload, training, request, device, output, turns, phase)
         output.compile_cache = backend.compile_cache(lookups)
         if output.throughput is not None and output.throughput.stopped:  # pruned: no drift to measure

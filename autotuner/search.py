@@ -34,6 +34,7 @@ from autotuner.records import SearchSummary, baseline, best, records, spent_seco
 from autotuner.reference import REFERENCE_LEASE_TRIALS, run_reference
 from autotuner.remeasure import Remeasurer
 from autotuner.results import Reference
+from autotuner.run_time import RUN_ATTR, RunPlan
 from autotuner.sampler import FreshConfigSampler, make_sampler
 from autotuner.spec import Job
 from autotuner.study import check_objectives, check_trial_limits, open_storage, open_study, shown_url
@@ -69,6 +70,8 @@ class Search:
         self.device = device or job.spec.device
         self.device_source = "--device" if device else job.source
         self.reporter = reporter or SearchReporter()
+        self.plan: RunPlan | None = None
+        """The real run the study's configs are ranked for (`run:`, `cost:`), set as the search starts."""
 
     def run(self) -> SearchSummary:
         try:
@@ -91,6 +94,8 @@ class Search:
         check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
         study = open_study(storage, job, environment)
+        self.plan = RunPlan.from_job(job)
+        study.set_user_attr(RUN_ATTR, self.plan.as_dict() if self.plan else None)  # the export ranks by it
         process, claims = SearchProcess.this(), Claims(storage, study_id(study))
         recovery = Recovery(study, storage, claims, process)
         once = OncePerStudy(study, claims, process)
@@ -123,6 +128,7 @@ class Search:
                 reference,
                 self.reporter,
                 self.max_trials,
+                self.plan,
             )
             waiting_noted = False
             while True:
@@ -155,7 +161,7 @@ class Search:
                         sum(t.ran for t in trials),
                         self.max_trials,
                         time.monotonic() - started,
-                        best(trials),
+                        best(trials, self.plan),
                         baseline(trials),
                     )
             self.reporter.left_s = None  # the trials are over
@@ -168,12 +174,12 @@ class Search:
         """The summary of the study as it stands, with its export (when it has a best) and the
         dashboard's note and charts written, and printed."""
         trials = records(study)
-        summary = SearchSummary(trials, best(trials), baseline(trials), self.storage_url, None, interrupted)
+        summary = SearchSummary(trials, best(trials, self.plan), baseline(trials), self.storage_url, None, interrupted)
         if summary.best is not None:
             path = write_export(export_data(study, self.storage_url), export_path(self.job.name))
             summary.export = str(path)
         publish(study)
-        self.reporter.finish(summary)
+        self.reporter.finish(summary, self.plan)
         return summary
 
     def _run_reference(self, launcher: TrialLauncher, device: str) -> Reference:

@@ -82,14 +82,16 @@ class Job:
         """Hash of everything that changes what a trial measures; a study keeps one identity.
 
         The device is not part of it (workers of one study use different GPUs; the hardware
-        fingerprint guards what matters), nor the budget, storage, sampler or the trial's timeout
-        and memory limit."""
+        fingerprint guards what matters), nor the budget, storage, sampler, the run and its cost,
+        or the trial's timeout and memory limit."""
         data = self.spec.model_dump(
             exclude={
                 "budget": True,
                 "storage": True,
                 "sampler": True,
                 "device": True,
+                "run": True,  # a study is ranked for any run: its trials measure the same
+                "cost": True,
                 "trial": {"timeout", "max_memory_mb"},
             }
         )

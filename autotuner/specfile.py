@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotuner.errors import SpecError, shown
 
@@ -107,6 +107,31 @@ class TrialSettings(_Strict):
     """The seed every trial and the reference build the workload with."""
 
 
+class RunSettings(_Strict):
+    steps: int | None = Field(None, gt=0, le=10**12)
+    """Optimizer steps of the real training run."""
+    epochs: float | None = Field(None, gt=0, le=10**6)
+    """Epochs of the real training run: each is the workload's dataset once, `global_batch`
+    samples an optimizer step."""
+    hours: float | None = Field(None, gt=0, le=10**6)
+    """Hours your current config (the baseline) trains for: the run is the optimizer steps it
+    takes in that time, at the baseline's measured pace."""
+
+    @model_validator(mode="after")
+    def _one_length(self) -> RunSettings:
+        given = [name for name in ("steps", "epochs", "hours") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of steps, epochs or hours (got {', '.join(given) or 'none'})")
+        return self
+
+
+class CostSettings(_Strict):
+    per_hour: float = Field(gt=0, le=10**7)
+    """What an hour of the machine costs."""
+    currency: str = Field("USD", min_length=1, max_length=8, pattern=r"^[A-Za-z$€£¥]+$")
+    """The currency `per_hour` is in, as it is shown: `USD`, `EUR`, ..."""
+
+
 class SamplerSettings(_Strict):
     name: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
     """`tpe`, `random`, `gp` or `nsga2`."""
@@ -144,6 +169,13 @@ class JobSpec(_Strict):
     """How much the study runs, and how its best is measured again."""
     trial: TrialSettings = TrialSettings()
     """How each trial process measures a config."""
+    run: RunSettings | None = None
+    """The real training run (`steps`, `epochs` or `hours`): with it, each trial's predicted wall
+    time for that run, warm-up and compilation included (`run_s`), ranks the feasible configs
+    instead of their throughput. It changes no measurement: a study can be ranked for any run."""
+    cost: CostSettings | None = None
+    """What the machine costs (`per_hour`, `currency`): each trial and the export get the run's
+    cost (with `run`) and the cost per million samples (and tokens)."""
     storage: str | None = None
     """The study's storage, any SQLAlchemy URL. Default: `sqlite:///runs/<name>/study.db`."""
     sampler: Literal["tpe", "random", "gp", "nsga2"] | SamplerSettings = SamplerSettings()
@@ -187,6 +219,8 @@ def _describe_pydantic(error: dict[str, Any]) -> tuple[str, str]:
         return key, "required key is missing"
     if loc == ["space"] and kind in ("string_type", "dict_type"):
         return key, f"must be a preset name or a mapping of knob -> [choices] (got {shown(error.get('input'))})"
+    if kind == "value_error":  # a model's own check: its message says it all
+        return key, str(error["ctx"]["error"])
     if kind == "literal_error":
         return key, f"{shown(error['input'])} is not allowed; choose between {error['ctx']['expected']}"
     return key, f"{error['msg'][0].lower()}{error['msg'][1:]} (got {shown(error.get('input'))})"

@@ -13,6 +13,7 @@ import contextlib
 import io
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ VALID: dict[str, Any] = {
     "budget": {"trials": 1},
     "trial": {"warmup_steps": 1, "steps": 2, "windows": 1, "min_window_s": 0, "drift_steps": 1, "timeout": 60},
     "sampler": {"name": "random", "seed": 0},
+    "run": {"steps": 100},
+    "cost": {"per_hour": 2.5, "currency": "USD"},
 }
 """A spec that is valid, and cheap should it ever run: every test below breaks one thing in it."""
 
@@ -150,6 +153,11 @@ FIELDS: dict[tuple[str, ...], Callable[[Any], bool]] = {
     ("trial", "timeout"): _wrong_number(0, 7 * 86400, optional=True),  # null: the backend's default
     ("trial", "max_memory_mb"): _wrong_number(64, 2**30, low_open=False, optional=True),
     ("trial", "seed"): _wrong_int(0, 2**32 - 1),
+    ("run", "steps"): lambda v: v is not None and _wrong_int(1, 10**12)(v),
+    ("run", "epochs"): _wrong_number(0, 10**6, optional=True),
+    ("run", "hours"): _wrong_number(0, 10**6, optional=True),
+    ("cost", "per_hour"): _wrong_number(0, 10**7),
+    ("cost", "currency"): lambda v: not (isinstance(v, str) and re.fullmatch(r"[A-Za-z$€£¥]{1,8}", v)),
     ("storage",): lambda v: not isinstance(v, str) and v is not None,
     ("sampler",): lambda v: not isinstance(v, dict) and v not in SAMPLERS,
     ("sampler", "name"): lambda v: v not in SAMPLERS,
@@ -158,7 +166,7 @@ FIELDS: dict[tuple[str, ...], Callable[[Any], bool]] = {
 """Each key a spec may hold, and a test for the values that are never valid there (the storage
 URL and the device are checked later, by the probe and the storage: any string passes here)."""
 
-SECTIONS = {"objective", "budget", "trial", "sampler"}
+SECTIONS = {"objective", "budget", "trial", "sampler", "run", "cost"}
 KNOB_VALUES = {
     "precision": ["fp32", "tf32", "bf16", "fp16"],
     "batch_size": [1, 2, 4, 8],
