@@ -57,11 +57,14 @@ class Report:
     def best(self) -> TrialRecord | None:
         return best(self.trials, self.plan)
 
+    @cached_property
+    def run_steps(self) -> float | None:
+        """The real run's optimizer steps (`RunPlan.optimizer_steps`), read once for every trial."""
+        return self.plan.optimizer_steps(self.trials) if self.plan is not None else None
+
     def estimate(self, trial: TrialRecord) -> dict[str, Any]:
         """`trial`'s predicted run time and cost (`RunPlan.estimate`); empty without a plan."""
-        if self.plan is None:
-            return {}
-        return self.plan.estimate(trial, self.plan.optimizer_steps(self.trials))
+        return self.plan.estimate(trial, self.run_steps) if self.plan is not None else {}
 
     @cached_property
     def baseline(self) -> TrialRecord | None:
