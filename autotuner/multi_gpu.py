@@ -8,6 +8,11 @@ comes from the backend's probe, in a trial process, so the engine never imports 
 On a machine without a GPU, `--jobs` above 1 is refused: search processes on the CPU would share
 the same cores, and each trial's throughput would measure the contention rather than its config.
 One search process per machine (`--storage postgresql://...`) is how a CPU study goes wider.
+
+Each process gets its own share of the cores (`core_shares`: contiguous, as even as they go, set
+as its CPU affinity, which its trial processes inherit). Otherwise one worker's trials would take
+CPU time on the cores of another's, and each trial would be measured as contended by its siblings
+(`autotuner.contention`) and run again.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import IO
 
 from autotuner.errors import SpecError
 from autotuner.spec import Job
+from autotuner.telemetry import usable_cpus
 from autotuner.trial import die_with_parent
 from autotuner.trial_requests import make_launcher, probe_environment
 
@@ -58,7 +64,7 @@ def search_on_devices(job: Job, devices: Sequence[str], passthrough: Sequence[st
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "autotuner", "search", "--spec", job.source, *passthrough]
     processes = []
-    for device in devices:
+    for device, cores in zip(devices, core_shares(usable_cpus(), len(devices)), strict=True):
         processes.append(
             subprocess.Popen(
                 [*command, "--device", device],
@@ -67,7 +73,7 @@ def search_on_devices(job: Job, devices: Sequence[str], passthrough: Sequence[st
                 text=True,
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches this process only; it passes it on once
-                preexec_fn=lambda: die_with_parent(signal.SIGINT),  # kill -9 of this one stops them cleanly
+                preexec_fn=lambda cores=cores: _in_child(cores),
             )
         )
     lock = threading.Lock()
@@ -96,6 +102,21 @@ def search_on_devices(job: Job, devices: Sequence[str], passthrough: Sequence[st
     if 2 in codes:
         return 2
     return 1 if any(codes) else 0
+
+
+def core_shares(cpus: Collection[int], workers: int) -> list[set[int]]:
+    """`cpus` split into `workers` contiguous shares, as even as they go (neighbouring cores, as a
+    socket's are numbered); with fewer cores than workers, every worker shares them all."""
+    ordered = sorted(cpus)
+    if len(ordered) < workers:
+        return [set(ordered) for _ in range(workers)]
+    return [set(ordered[i * len(ordered) // workers : (i + 1) * len(ordered) // workers]) for i in range(workers)]
+
+
+def _in_child(cores: set[int]) -> None:
+    die_with_parent(signal.SIGINT)  # kill -9 of this one stops them cleanly
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
 
 
 def _relay(stream: IO[str] | None, prefix: str, lock: threading.Lock) -> None:
