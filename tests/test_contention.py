@@ -46,17 +46,18 @@ def _stop_other_work(folder: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("seconds", "quiet_wait", "flagged"), [(4.0, 60, False), (120.0, 0, True)], ids=["quiet-again", "busy-throughout"]
+    ("seconds", "quiet_wait", "flagged"), [(8.0, 60, False), (120.0, 0, True)], ids=["quiet-again", "busy-throughout"]
 )
 def test_a_trial_measured_beside_other_work_is_run_again_or_flagged(
     tmp_path: Path, seconds: float, quiet_wait: float, flagged: bool
 ) -> None:
-    # The second process to train (after the fp32 reference: the baseline trial) starts a CPU-bound
-    # process of its own session in its warm-up, for `seconds`.
+    # The third process to train (after the fp32 reference's two: the baseline trial) starts a
+    # CPU-bound process of its own session in its warm-up, for `seconds`: through its calibration and
+    # windows, which other work slows many times over on 2 cores.
     spec = write_spec(
         tmp_path,
         workload="tests.study_workloads:busy_machine",
-        workload_args={"folder": str(tmp_path), "at": 2, "seconds": seconds, **SMALL_SPEC["workload_args"]},
+        workload_args={"folder": str(tmp_path), "at": 3, "seconds": seconds, **SMALL_SPEC["workload_args"]},
         budget={"trials": 1},
         trial={**SMALL_SPEC["trial"], "windows": 3, "min_window_s": 0.5, "quiet_wait": quiet_wait},
     )

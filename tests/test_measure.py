@@ -105,6 +105,29 @@ def test_a_hiccup_in_the_first_calibration_step_does_not_shorten_the_windows() -
     assert result.measured_s / 3 >= 0.1 * 0.75
 
 
+def test_windows_far_shorter_than_the_minimum_are_measured_again_at_their_pace() -> None:
+    """Other work slowed the whole calibration (20x), then stopped: the windows sized at that
+    pace would last a twentieth of the minimum, too short to time or to tell contention in."""
+
+    class SlowCalibration(Recorder):
+        windows_began = False
+
+        def step(self) -> None:
+            super().step()
+            if not self.windows_began:  # the warm-up and the calibration's steps
+                time.sleep(0.02)
+
+        def phase(self, text: str) -> None:
+            self.windows_began = self.windows_began or text.startswith("window")
+
+    rec = SlowCalibration(sleep_s=0.001)
+    result = measure_throughput(
+        rec.step, rec.sync, warmup_steps=1, steps=1, windows=3, samples_per_step=1, min_window_s=0.1, phase=rec.phase
+    )
+    assert result.windows == 3 and len(result.window_spans) == 3
+    assert result.measured_s / 3 >= 0.1 * 0.75
+
+
 def test_spread_is_range_over_median() -> None:
     assert relative_spread([90.0, 100.0, 110.0]) == 0.2
     assert relative_spread([5.0]) == 0.0
