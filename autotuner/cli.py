@@ -72,9 +72,17 @@ def cmd_search(args: argparse.Namespace) -> int:
             *(["--storage", args.storage] if args.storage else []),
             *(["--trials", str(args.trials)] if args.trials else []),
             *(["--timeout", str(args.timeout)] if args.timeout else []),
+            *(["--no-profile"] if args.no_profile else []),
         ]
         return search_on_gpus(job, args.jobs, passthrough)
-    search = Search(job, storage=args.storage, trials=args.trials, timeout=args.timeout, device=args.device)
+    search = Search(
+        job,
+        storage=args.storage,
+        trials=args.trials,
+        timeout=args.timeout,
+        device=args.device,
+        profile=not args.no_profile,
+    )
     return search.run().exit_code
 
 
@@ -207,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.add_argument(
         "--timeout", type=_positive_float, help="seconds of trials for the whole study (overrides budget.timeout)"
+    )
+    search.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="skip the profile of the best config and the baseline after the search (profile.steps: 0)",
     )
     placement = search.add_mutually_exclusive_group()
     placement.add_argument("--device", help="auto, cpu, cuda or cuda:N for this worker (overrides the spec's device)")

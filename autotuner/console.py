@@ -35,8 +35,8 @@ def processes(t: TrialRecord) -> str:
     return f"{len(t.throughputs)}, {t.run_spread:.1%} apart{failed}"
 
 
-def dashboard_command(storage_url: str) -> str:
-    return f"optuna-dashboard {storage_url}"
+def dashboard_command(storage_url: str, artifacts: str | None = None) -> str:
+    return f"optuna-dashboard {storage_url}" + (f" --artifact-dir {artifacts}" if artifacts else "")
 
 
 PHASE_POLL_S = 0.25
@@ -228,4 +228,4 @@ class SearchReporter:
             if plan is not None and (line := verdict(plan, summary.trials, b, base)):
                 self.console.print(f"run: {line}")
             self.console.print(f"exported: {summary.export}")
-        self.console.print(f"dashboard: {escape(dashboard_command(summary.storage_url))}")
+        self.console.print(f"dashboard: {escape(dashboard_command(summary.storage_url, summary.artifacts))}")

@@ -17,6 +17,7 @@ CPU time on the cores of another's, and each trial would be measured as contende
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -73,7 +74,7 @@ def search_on_devices(job: Job, devices: Sequence[str], passthrough: Sequence[st
                 text=True,
                 env=env,
                 start_new_session=True,  # Ctrl-C reaches this process only; it passes it on once
-                preexec_fn=lambda cores=cores: _in_child(cores),
+                preexec_fn=functools.partial(_in_child, cores),
             )
         )
     lock = threading.Lock()

@@ -225,6 +225,8 @@ class SearchSummary:
     storage_url: str
     export: str | None
     interrupted: bool = False
+    artifacts: str | None = None
+    """The study's artifact store's folder, where it has one (the profiles' traces)."""
 
     @property
     def exit_code(self) -> int:

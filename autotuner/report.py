@@ -12,7 +12,7 @@ import html
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from autotuner.environment import describe, fingerprint
 from autotuner.errors import SpecError
 from autotuner.formatting import percent, rate, runs
 from autotuner.knobs import format_config
+from autotuner.profiling import Profile, stored_profiles
 from autotuner.progress import duration
 from autotuner.records import TrialRecord, baseline, best, ranked, records, speedup, spent_seconds, stored_reference
 from autotuner.results import Reference
@@ -52,6 +53,8 @@ class Report:
     fingerprint: str
     plan: RunPlan | None = None
     """The real run the configs are ranked for (`autotuner.run_time`), or None."""
+    profiles: dict[int, Profile] = field(default_factory=dict)
+    """The profiles stored with the study (`autotuner.profiling`), by trial number."""
 
     @cached_property
     def best(self) -> TrialRecord | None:
@@ -104,6 +107,7 @@ def load_report(storage_url: str, name: str, *, default: bool = False) -> Report
         environment=environment,
         fingerprint=attrs.get("fingerprint") or fingerprint(environment),
         plan=run_plan(attrs),
+        profiles=stored_profiles(study),
     )
 
 
@@ -268,6 +272,50 @@ def trial_table(report: Report) -> Table:
     return [*headers, "warm-up", "peak memory"], rows
 
 
+def profile_pair(report: Report) -> tuple[Profile | None, Profile | None]:
+    """The stored profiles of the baseline and of the best, where they were profiled."""
+    base, winner = report.baseline, report.best
+    return (
+        report.profiles.get(base.number) if base is not None else None,
+        report.profiles.get(winner.number) if winner is not None else None,
+    )
+
+
+def profile_table(report: Report, top: int = TOP) -> Table | None:
+    """Self time per step of the operators on top in either profile, the baseline's against the
+    best's; None before anything was profiled."""
+    pair = [p for p in profile_pair(report) if p is not None]
+    if not pair:
+        return None
+    names: list[str] = []
+    for op in sorted((op for p in pair for op in p.operators), key=lambda op: -op.self_ms):
+        if op.name not in names:
+            names.append(op.name)
+    headers = ["operator (self time a step)", *[f"{p.role} #{p.trial} ({p.where})" for p in pair]]
+
+    def cell(p: Profile, name: str) -> str:
+        op = next((op for op in p.operators if op.name == name), None)
+        return "-" if op is None else f"{op.self_ms:.3g} ms ({op.share:.0%})"
+
+    rows = [["total", *[f"{p.total_ms:.3g} ms" for p in pair]]]
+    rows += [[name, *[cell(p, name) for p in pair]] for name in names[:top]]
+    return headers, rows
+
+
+def profile_note(report: Report) -> str:
+    """What was profiled, what it took, where the traces are."""
+    pair = [p for p in profile_pair(report) if p is not None]
+    traces = "; ".join(
+        f"{p.role} #{p.trial}: {p.steps} steps after its warm-up, {p.seconds:.1f} s, trace {p.artifact_name} "
+        f"(artifact {p.artifact})"
+        for p in pair
+    )
+    return (
+        f"{traces}. The traces are in the study's artifact store; optuna-dashboard lists them on the study's "
+        "page (with --artifact-dir), and Perfetto (ui.perfetto.dev) or chrome://tracing opens them."
+    )
+
+
 def environment_table(report: Report) -> Table:
     rows = [[what, value] for what, value in describe(report.environment) if what != "fingerprint"]
     return ["", ""], [*rows, ["fingerprint", report.fingerprint]]
@@ -359,6 +407,15 @@ def render_html(report: Report) -> str:
         _figure_html(charts.throughput_by_knob_figure(trials), "knobs"),
         f"<h2>All trials ({len(trials)})</h2>",
         html_table(table, ["" if t.feasible else "infeasible" for t in sorted(trials, key=lambda t: t.number)]),
+        *(
+            [
+                "<h2>Profile: where a step's time goes</h2>",
+                f"<p>{html.escape(profile_note(report))}</p>",
+                html_table(profiled),
+            ]
+            if (profiled := profile_table(report))
+            else []
+        ),
         "<h2>Environment</h2>",
         html_table(environment_table(report)),
     ]
@@ -410,6 +467,8 @@ def render_markdown(report: Report) -> str:
     ]
     knobs = knob_tables(report)
     parts += [f"**{_md_cell(title)}**\n\n{md_table(table)}" for title, table in knobs] or ["No ok trial."]
+    if (profiled := profile_table(report)) is not None:
+        parts += ["### Profile: where a step's time goes", _md_cell(profile_note(report)), md_table(profiled)]
     parts += [
         _md_details(f"All trials ({len(report.trials)})", md_table(trial_table(report))),
         _md_details("Environment", md_table(environment_table(report))),

@@ -21,6 +21,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import Any, Protocol
 
 from autotuner.contention import CONTENDED_SHARE
@@ -31,6 +32,7 @@ from autotuner.progress import PhaseFile
 from autotuner.pruning import behind
 from autotuner.results import Losses, TrialOutput
 from autotuner.telemetry import Telemetry
+from autotuner.traces import read_trace, top_operators
 from autotuner.trial import TrialRequest
 from autotuner.workload import load_factory, workload_problem
 
@@ -160,6 +162,11 @@ class TrialBackend(ABC):
         """After the drift phase: the optimizer steps the config skipped (fp16 overflow), or None."""
         return None
 
+    def profiling(self, device: Any, folder: str) -> contextlib.AbstractContextManager[list[str]]:
+        """The framework's profiler around the steps run inside it; after the context, the list it
+        gave holds the path of the Chrome trace it wrote into `folder` (`autotuner.traces`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no profiler")
+
     @abstractmethod
     def classify_exception(self, exc: BaseException) -> str | None:
         """`oom` when `exc` is the framework's out-of-memory error, else None. In a trial process,
@@ -174,6 +181,10 @@ class TrialBackend(ABC):
     def probe(self, arg: dict[str, Any]) -> dict[str, Any]:
         """Entry point: the probe (see `autotuner.backends._base`)."""
         return probe(self, arg)
+
+    def profile(self, arg: dict[str, Any]) -> dict[str, Any]:
+        """Entry point: `arg["steps"]` steps of `arg["request"]`'s config under the profiler (`run_profile`)."""
+        return run_profile(self, arg["request"], arg["steps"], arg["folder"])
 
 
 class Subset:
@@ -295,6 +306,40 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
     _seed(backend, request.seed)
     output.losses = _drift_phase(backend, workload, training, request, phase)
     return output
+
+
+def run_profile(backend: TrialBackend, request: TrialRequest, steps: int, folder: str) -> dict[str, Any]:
+    """`steps` optimizer steps of `request`'s config under the framework's profiler, after its
+    warm-up steps (compilation is not what a step costs), its trace written into `folder`: the
+    trace's path and its operators by self time (`autotuner.traces.top_operators`)."""
+    backend.configure_process(request.device, request.compile_cache)
+    device = backend.resolve_device(request.device)
+    backend.use_device(device)
+    with backend.on_device(device):
+        phase = PhaseFile(request.progress)
+        phase("building the workload")
+        _seed(backend, request.seed)
+        workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+        training = backend.training(workload, request.config, device)
+        batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
+        phase(f"warm-up, {request.warmup_steps} steps")
+        loss: Any = None
+        for _ in range(max(1, request.warmup_steps)):
+            loss = backend.train_step(workload, training, batches)
+        backend.synchronize(training, loss)
+        phase(f"profiling {steps} steps")
+        with backend.profiling(device, folder) as written:
+            for _ in range(steps):
+                loss = backend.train_step(workload, training, batches)
+            backend.synchronize(training, loss)
+        _check_finite(loss, "the profiled steps")
+    where, total_ms, operators = top_operators(read_trace(written[0]), steps)
+    return {
+        "trace": written[0],
+        "where": where,
+        "total_ms": total_ms,
+        "operators": [asdict(op) for op in operators],
+    }
 
 
 def _count_flops(backend: TrialBackend, workload: Any, training: Any) -> float | None:

@@ -30,6 +30,7 @@ from autotuner.errors import StorageError
 from autotuner.export import export_data, export_path, write_export
 from autotuner.optuna_adapter import study_id
 from autotuner.ownership import Recovery, SearchProcess, TrialOwnership
+from autotuner.profiling import artifact_dir, describe, run_profiles
 from autotuner.records import SearchSummary, baseline, best, records, spent_seconds
 from autotuner.reference import REFERENCE_LEASE_TRIALS, run_reference
 from autotuner.remeasure import Remeasurer
@@ -61,6 +62,7 @@ class Search:
         timeout: float | None = None,
         device: str | None = None,
         reporter: SearchReporter | None = None,
+        profile: bool = True,
     ):
         self.job = job
         self.storage_url = job.storage_url(storage)
@@ -70,6 +72,7 @@ class Search:
         self.device = device or job.spec.device
         self.device_source = "--device" if device else job.source
         self.reporter = reporter or SearchReporter()
+        self.profile = profile and job.spec.profile.steps > 0
         self.plan: RunPlan | None = None
         """The real run the study's configs are ranked for (`run:`, `cost:`), set as the search starts."""
 
@@ -166,6 +169,9 @@ class Search:
                     )
             self.reporter.left_s = None  # the trials are over
             Remeasurer(job, study, once, launcher, environment["device"], reference, self.reporter).run()
+            if self.profile:
+                for profile in run_profiles(job, study, launcher, environment["device"], self.reporter, self.plan):
+                    self.reporter.note(f"profile: {describe(profile)}")
         except KeyboardInterrupt:
             interrupted = True
         return self._finish(study, interrupted)
@@ -175,6 +181,8 @@ class Search:
         dashboard's note and charts written, and printed."""
         trials = records(study)
         summary = SearchSummary(trials, best(trials, self.plan), baseline(trials), self.storage_url, None, interrupted)
+        if (artifacts := artifact_dir(self.job)).is_dir():
+            summary.artifacts = str(artifacts)
         if summary.best is not None:
             path = write_export(export_data(study, self.storage_url), export_path(self.job.name))
             summary.export = str(path)

@@ -83,7 +83,7 @@ class Job:
 
         The device is not part of it (workers of one study use different GPUs; the hardware
         fingerprint guards what matters), nor the budget, storage, sampler, the run and its cost,
-        or the trial's timeout and memory limit."""
+        the profile, or the trial's timeout and memory limit."""
         data = self.spec.model_dump(
             exclude={
                 "budget": True,
@@ -92,6 +92,7 @@ class Job:
                 "device": True,
                 "run": True,  # a study is ranked for any run: its trials measure the same
                 "cost": True,
+                "profile": True,  # what runs after the search, not what a trial measures
                 "trial": {"timeout", "max_memory_mb"},
             }
         )

@@ -132,6 +132,15 @@ class CostSettings(_Strict):
     """The currency `per_hour` is in, as it is shown: `USD`, `EUR`, ..."""
 
 
+class ProfileSettings(_Strict):
+    steps: int = Field(3, ge=0, le=10_000)
+    """Optimizer steps the best config and the baseline each run under the framework's profiler
+    after the search, after their warm-up (`autotuner.profiling`). 0: no profile (as `--no-profile`)."""
+    artifacts: str | None = None
+    """The folder of the study's Optuna artifact store, where the traces go. Default:
+    `runs/<name>/artifacts/`."""
+
+
 class SamplerSettings(_Strict):
     name: Literal["tpe", "random", "gp", "nsga2"] = "tpe"
     """`tpe`, `random`, `gp` or `nsga2`."""
@@ -176,6 +185,9 @@ class JobSpec(_Strict):
     cost: CostSettings | None = None
     """What the machine costs (`per_hour`, `currency`): each trial and the export get the run's
     cost (with `run`) and the cost per million samples (and tokens)."""
+    profile: ProfileSettings = ProfileSettings()
+    """The profile of the winner against the baseline, after the search: steps, and where the
+    traces are stored."""
     storage: str | None = None
     """The study's storage, any SQLAlchemy URL. Default: `sqlite:///runs/<name>/study.db`."""
     sampler: Literal["tpe", "random", "gp", "nsga2"] | SamplerSettings = SamplerSettings()

@@ -36,10 +36,13 @@ def write_spec(folder: Path, **changes: Any) -> Path:
     """SMALL_SPEC with `changes`; its best is not re-measured unless `budget` asks for it (the
     tests of re-measurement do), so that trial counts stay those of the search loop, and no trial
     is pruned unless `trial` asks for it (the tests of pruning do), so that every trial that ran
-    is COMPLETE, whatever the machine's timings."""
+    is COMPLETE, whatever the machine's timings, and no profile runs after the search unless
+    `profile` asks for it (the tests of profiling do), so that the processes that trained are the
+    search's."""
     spec = {**SMALL_SPEC, **changes}
     spec["budget"] = {"remeasure_top": 0, **spec["budget"]}
     spec["trial"] = {"prune_after": 0, **spec["trial"]}
+    spec.setdefault("profile", {"steps": 0})
     path = folder / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path

@@ -46,6 +46,7 @@ VALID: dict[str, Any] = {
     "sampler": {"name": "random", "seed": 0},
     "run": {"steps": 100},
     "cost": {"per_hour": 2.5, "currency": "USD"},
+    "profile": {"steps": 0, "artifacts": "artifacts"},
 }
 """A spec that is valid, and cheap should it ever run: every test below breaks one thing in it."""
 
@@ -158,6 +159,8 @@ FIELDS: dict[tuple[str, ...], Callable[[Any], bool]] = {
     ("run", "hours"): _wrong_number(0, 10**6, optional=True),
     ("cost", "per_hour"): _wrong_number(0, 10**7),
     ("cost", "currency"): lambda v: not (isinstance(v, str) and re.fullmatch(r"[A-Za-z$€£¥]{1,8}", v)),
+    ("profile", "steps"): _wrong_int(0, 10_000),
+    ("profile", "artifacts"): lambda v: not isinstance(v, str) and v is not None,
     ("storage",): lambda v: not isinstance(v, str) and v is not None,
     ("sampler",): lambda v: not isinstance(v, dict) and v not in SAMPLERS,
     ("sampler", "name"): lambda v: v not in SAMPLERS,
@@ -166,7 +169,7 @@ FIELDS: dict[tuple[str, ...], Callable[[Any], bool]] = {
 """Each key a spec may hold, and a test for the values that are never valid there (the storage
 URL and the device are checked later, by the probe and the storage: any string passes here)."""
 
-SECTIONS = {"objective", "budget", "trial", "sampler", "run", "cost"}
+SECTIONS = {"objective", "budget", "trial", "sampler", "run", "cost", "profile"}
 KNOB_VALUES = {
     "precision": ["fp32", "tf32", "bf16", "fp16"],
     "batch_size": [1, 2, 4, 8],

@@ -12,6 +12,7 @@ import yaml
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload
 from autotuner.console import dashboard_command
 from autotuner.export import export_path
+from autotuner.profiling import artifact_dir
 from autotuner.spec import load_spec, parse_spec
 from tests.conftest import ROOT
 
@@ -70,7 +71,7 @@ def test_readme_quickstart_output_ends_as_the_search_prints_it() -> None:
     job = load_spec(ROOT / "studies" / "quickstart.yaml")
     assert re.search(r"^\[1/14\] .* #0 \(baseline\) precision=fp32 batch=16x16 workers=0 compile=none", output, re.M)
     assert f"exported: {export_path(job.name)}" in output
-    assert f"dashboard: {dashboard_command(job.storage_url())}" in output
+    assert f"dashboard: {dashboard_command(job.storage_url(), str(artifact_dir(job)))}" in output
     best = re.search(r"^best: trial #(\d+) (.*): ([\d,]+)/s, ([\d.]+)x the baseline$", output, re.M)
     assert best is not None
     assert re.search(rf"^\s+#{best.group(1)}\s.*\s{best.group(3)}/s\s+{best.group(4)}x", output, re.M)

@@ -16,6 +16,7 @@ import contextlib
 import platform
 import resource
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -172,6 +173,18 @@ class JaxTrial(TrialBackend):
         if stats and "peak_bytes_in_use" in stats:
             return float(stats["peak_bytes_in_use"]) / 2**20
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+    @contextlib.contextmanager
+    def profiling(self, device: jax.Device, folder: str) -> Iterator[list[str]]:
+        """`jax.profiler.trace` with its Perfetto trace (gzipped Chrome trace JSON); the TensorBoard
+        profile it writes beside it stays in the trial's folder."""
+        written: list[str] = []
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            yield written
+        traces = sorted(Path(folder).glob("plugins/profile/*/perfetto_trace.json.gz"))
+        if not traces:
+            raise RuntimeError(f"jax.profiler wrote no Perfetto trace into {folder}")
+        written.append(str(traces[-1]))
 
     def flops_per_sample(self, workload: JaxWorkload, training: TunedTraining) -> float | None:
         """XLA's cost analysis of the differentiated loss (forward and backward, no optimizer) on

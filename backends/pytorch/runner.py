@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -184,6 +185,21 @@ class PyTorchTrial(TrialBackend):
             return torch.cuda.max_memory_reserved(device) / 2**20
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
+    @contextlib.contextmanager
+    def profiling(self, device: torch.device, folder: str) -> Iterator[list[str]]:
+        """`torch.profiler` with CPU activities, and CUDA ones on a GPU; its Chrome trace."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if device.type == "cuda" else [])]
+        written: list[str] = []
+        # Kineto writes a line to stderr as it starts and stops (USDT logger messages): into a log
+        # beside the trace, not onto the search's console.
+        with _stderr_to(os.path.join(folder, "profiler.log")), profile(activities=activities) as profiler:
+            yield written
+        path = os.path.join(folder, "trace.json")
+        profiler.export_chrome_trace(path)
+        written.append(path)
+
     def flops_per_sample(self, workload: TorchWorkload, training: TunedTraining) -> float | None:
         """One forward and backward of `FLOP_COUNT_SAMPLES` samples under `torch.utils.flop_counter`
         (matmuls and convolutions), eager; the gradients are dropped and no optimizer step is taken
@@ -216,6 +232,22 @@ class PyTorchTrial(TrialBackend):
                 if HOST_ALLOCATION_FAILED in text or any(marker in text for marker in CUDA_ALLOCATION_FAILED):
                     return "oom"
         return None
+
+
+@contextlib.contextmanager
+def _stderr_to(path: str) -> Iterator[None]:
+    """File descriptor 2 (C++ code writes there too, not only `sys.stderr`) appends to `path`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 2)
+    os.close(log)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 TRIAL_BACKEND = PyTorchTrial()
