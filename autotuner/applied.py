@@ -21,6 +21,7 @@ from autotuner.environment import thread_mismatch
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.knobs import Config, format_config
 from autotuner.results import Throughput
+from autotuner.run_time import predicted_run_s
 
 if TYPE_CHECKING:
     from autotuner.spec import Job
@@ -54,6 +55,25 @@ class AppliedRun:
     machine now."""
     lockstep: bool = False
     """The baseline was measured in lockstep with the config (else after it)."""
+    setup_s: float = 0.0
+    """The config's trial process from its start to its warm-up: the workload built, the config applied."""
+    compile_cache: str | None = None
+    """`cold`, `warm` or `partial`: the compile cache as the config's warm-up found it (None: nothing compiled)."""
+
+    @property
+    def run_s(self) -> float:
+        """What the config's optimizer steps here (`throughput.steps_taken`) took, set-up and
+        warm-up included, waits for the baseline's turns left out: a run of that many steps."""
+        return self.setup_s + self.throughput.trained_s
+
+    @property
+    def predicted_run_s(self) -> float | None:
+        """What the study predicts for a run of as many steps (`autotuner.run_time`), from the
+        export's set-up, warm-up and throughput."""
+        if self.tuned.throughput <= 0 or self.throughput.steps_taken <= 0:
+            return None
+        steps = self.throughput.steps_taken
+        return predicted_run_s(self.tuned.metrics, self.tuned.throughput, self.throughput.samples_per_step, steps)
 
     @property
     def samples_per_s(self) -> float:
@@ -200,6 +220,8 @@ def apply_config(
         wall_s=result.wall_s,
         baseline=base.throughput if base is not None else None,
         lockstep=base is not None and in_lockstep(environment["device"]),
+        setup_s=output.setup_s or 0.0,
+        compile_cache=output.compile_cache,
     )
 
 
@@ -232,6 +254,13 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             f"{run.baseline.steps * run.baseline.windows} optimizer steps in {run.baseline.windows} "
             f"windows of {run.baseline.steps}, {'in lockstep with' if run.lockstep else 'after'} it), "
             f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
+            file=out,
+        )
+    if (predicted := run.predicted_run_s) is not None:
+        print(
+            f"run time: {run.throughput.steps_taken:,} optimizer steps took {run.run_s:.1f} s here, build and "
+            f"warm-up included (compile cache {run.compile_cache or 'unused'}); the study predicts "
+            f"{predicted:.1f} s for as many: ratio {run.run_s / predicted:.2f}",
             file=out,
         )
     study_loss = tuned.metrics.get("heldout_loss")

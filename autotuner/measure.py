@@ -49,7 +49,7 @@ def measure_throughput(
     min_window_s: float = 0.0,
     match_steps: int = 0,
     after_window: Callable[[], None] | None = None,
-    after_warmup: Callable[[], None] | None = None,
+    after_warmup: Callable[[Callable[[], None]], None] | None = None,
     telemetry: contextlib.AbstractContextManager[Any] | None = None,
     turns: Turns | None = None,
     stop: Callable[[list[float]], str | None] | None = None,
@@ -59,8 +59,8 @@ def measure_throughput(
 
     `after_window` runs after each window's closing synchronization, outside the timed span
     (a backend checks there that the loss stayed finite); `after_warmup` once after the warm-up
-    steps (a backend resets its peak-memory counters there, so compiling and autotuning are not
-    counted). `telemetry` (an
+    steps, given the step to take any it needs (a backend resets its peak-memory counters there,
+    so compiling and autotuning are not counted). `telemetry` (an
     `autotuner.telemetry.Telemetry`) is entered around the timed windows only (in lockstep,
     around each one). With `turns`, the setup turn may carry the optimizer steps to match (another
     process's), and every later turn how many windows to measure in it; each turn of windows
@@ -69,14 +69,33 @@ def measure_throughput(
     `phase` is told each phase as it begins, outside the timed spans (`autotuner.progress`).
     """
     setup = turns.wait(Waiting(measuring=True)) if turns is not None else None
+    taken, waited = 0, 0.0
+    user_step = step
+
+    def counted() -> None:
+        nonlocal taken
+        user_step()
+        taken += 1
+
+    step = counted  # every step below is counted in `steps_taken`
+
+    def wait(waiting: Waiting) -> Any:
+        nonlocal waited
+        began = time.perf_counter()
+        try:
+            assert turns is not None
+            return turns.wait(waiting)
+        finally:
+            waited += time.perf_counter() - began
+
     phase(f"warm-up, {warmup_steps} steps")
-    start = time.perf_counter()
+    start = trained_from = time.perf_counter()
     for _ in range(warmup_steps):
         step()
     synchronize()
     warmup_s = time.perf_counter() - start
     if after_warmup is not None:
-        after_warmup()
+        after_warmup(step)  # given the step, so that one it takes is counted
 
     spans: list[tuple[float, float]] = []
 
@@ -138,7 +157,7 @@ def measure_throughput(
             measure_windows()
     else:
         while len(durations) < windows:
-            turn = turns.wait(Waiting(measuring=True, steps=steps, windows=windows, measured=len(durations)))
+            turn = wait(Waiting(measuring=True, steps=steps, windows=windows, measured=len(durations)))
             run = max(1, turn.windows) if isinstance(turn, WindowsTurn) else 1
             # The first step after the wait runs cold (the others' windows emptied the caches,
             # the CPU idled while the group settled): timed, windows that open a turn (every one,
@@ -150,7 +169,10 @@ def measure_throughput(
                 phase(f"window {len(durations) + 1} of {windows}")
                 with telemetry:
                     durations.append(window(steps))
+        trained_s = time.perf_counter() - trained_from - waited
         turns.wait(Waiting(measuring=False))
+    if turns is None:
+        trained_s = time.perf_counter() - trained_from
     rates = [steps * samples_per_step / d for d in durations]
     return Throughput(
         samples_per_s=statistics.median(rates),
@@ -165,4 +187,6 @@ def measure_throughput(
         calibration_s=calibration_s,
         window_spans=spans[-len(durations) :],
         stopped=stopped,
+        steps_taken=taken,
+        trained_s=trained_s,
     )

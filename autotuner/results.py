@@ -47,6 +47,12 @@ class Throughput:
     its drift phase not run), or None."""
     warmup_steps: int = 0
     """Optimizer steps of the warm-up, whose wall time is `warmup_s`."""
+    steps_taken: int = 0
+    """Every optimizer step the measured phase took: warm-up, calibration, the untimed step that
+    opens each lockstep turn, the windows."""
+    trained_s: float = 0.0
+    """Wall time from the warm-up's first step to the last window's end, less the waits for other
+    processes' turns in lockstep: the time those `steps_taken` steps took to train."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

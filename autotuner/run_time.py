@@ -22,6 +22,7 @@ Where NVML gave energy per sample, the run's energy is that over the run's sampl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -108,7 +109,7 @@ class RunPlan:
         without steps or a throughput."""
         if steps is None or t.throughput <= 0:
             return None
-        return _before_steps_s(t) + max(0.0, steps - _warmup_steps(t)) * self.global_batch / t.throughput
+        return predicted_run_s(t.metrics, t.throughput, self.global_batch, steps)
 
     def pace_to_win(self, trials: list[TrialRecord], warmup_steps: int) -> float | None:
         """The throughput at which the run's timed steps alone (its steps less `warmup_steps`) take
@@ -144,6 +145,13 @@ class RunPlan:
         if steps is not None and isinstance(energy, (int, float)):
             out["run_energy_kwh"] = float(energy) * steps * self.global_batch / 3.6e6
         return out
+
+
+def predicted_run_s(metrics: Mapping[str, Any], throughput: float, global_batch: int, steps: float) -> float:
+    """The formula of the module: a config's measured `setup_s` and `warmup_s` (its metrics, as a
+    trial or an export holds them), then the steps after its `warmup_steps` at `throughput`."""
+    before = float(metrics.get("setup_s") or 0.0) + float(metrics.get("warmup_s") or 0.0)
+    return before + max(0.0, steps - int(metrics.get("warmup_steps") or 0)) * global_batch / throughput
 
 
 def _before_steps_s(t: TrialRecord) -> float:

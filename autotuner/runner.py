@@ -388,7 +388,7 @@ def _measure(
         min_window_s=request.min_window_s,
         match_steps=request.match_steps,
         after_window=after_window,
-        after_warmup=lambda: backend.after_warmup(device, step),
+        after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
         telemetry=telemetry,
         turns=turns,
         stop=stop,

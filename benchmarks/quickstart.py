@@ -12,7 +12,11 @@ before each apply, the export's two configs are measured again the way the study
 re-measurement measured them (`budget.remeasure_runs` processes each, `remeasure_windows`
 windows, together): the speedup now. Where apply misses the export, that tells whether apply
 measured something else than the study did (apply against now) or the machine moved the speedup
-itself since the study (now against the export). Writes benchmarks/results/<name>.json.
+itself since the study (now against the export). Last, the run-time check (`--run-s`, default
+60): `autotuner apply --steps N --no-baseline` of the winner in a fresh interpreter, N the steps
+the study's throughput says take that long; its "run time:" line (the steps it took, set-up and
+warm-up included, against the study's `run_s` for as many) and its whole process's wall time.
+Writes benchmarks/results/<name>.json.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="studies/quickstart.yaml")
     parser.add_argument("--apply-runs", type=int, default=3)
+    parser.add_argument("--run-s", type=float, default=60.0, help="the run-time check's length (0: none)")
     args = parser.parse_args()
     spec = Path(args.spec).resolve()
     with tempfile.TemporaryDirectory() as folder:
@@ -120,6 +127,8 @@ def main() -> None:
         export = Path(folder) / "runs" / name / "best.yaml"
         if winner and export.exists() and args.apply_runs:
             results["apply"] = _apply(export, spec, args.apply_runs)
+        if winner and export.exists() and args.run_s:
+            results["run_time"] = _run_time(export, spec, args.run_s)
     out = Path(__file__).parent / "results" / f"{name}.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
@@ -166,6 +175,46 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
         "speedups_now": now,
         "apply_over_now": [d / n if d and n else None for d, n in zip(delivered, now, strict=True)],
         "now_over_export": [n / tuned.speedup if n and tuned.speedup else None for n in now],
+    }
+
+
+def _run_time(export: Path, spec: Path, seconds: float) -> dict[str, object]:
+    """`autotuner apply --steps N --no-baseline` from a cold start (a fresh interpreter, as a real
+    run starts), N the steps that take `seconds` at the export's throughput: the run's time as
+    apply measures it (its steps, set-up and warm-up included) against the study's prediction for
+    as many steps, and the process's wall time (interpreter, imports, probe, drift check too)."""
+    from autotuner.apply import load_config
+    from autotuner.run_time import predicted_run_s
+    from autotuner.spec import load_spec
+
+    tuned, job = load_config(export), load_spec(spec)
+    steps = math.ceil(seconds * tuned.throughput / job.spec.global_batch)
+    command = [sys.executable, "-m", "autotuner", "apply", str(export), "--spec", str(spec)]
+    started = time.perf_counter()
+    done = subprocess.run(
+        [*command, "--steps", str(steps), "--no-baseline"], capture_output=True, text=True, cwd=export.parents[2]
+    )
+    wall_s = time.perf_counter() - started
+    print(done.stdout, done.stderr, sep="")
+    line = re.search(
+        r"run time: ([\d,]+) optimizer steps took ([\d.]+) s here.*?\(compile cache (\w+)\); the study predicts "
+        r"([\d.]+) s for as many: ratio ([\d.]+)",
+        done.stdout,
+    )
+    if done.returncode != 0 or line is None:
+        return {"steps": steps, "error": (done.stdout + done.stderr)[-800:]}
+    taken = int(line[1].replace(",", ""))
+    return {
+        "steps": steps,
+        "steps_taken": taken,
+        "run_s_here": float(line[2]),
+        "compile_cache": line[3],
+        "run_s_predicted": float(line[4]),
+        "ratio": float(line[2]) / float(line[4]),
+        "within_10_percent": abs(float(line[2]) / float(line[4]) - 1) <= 0.10,
+        # the whole command, interpreter start to exit, against the study's run_s for the steps asked
+        "process_wall_s": wall_s,
+        "run_s_predicted_for_steps": predicted_run_s(tuned.metrics, tuned.throughput, job.spec.global_batch, steps),
     }
 
 

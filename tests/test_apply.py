@@ -3,6 +3,7 @@ reading the export, the README's example, and `autotuner apply` end to end. CPU 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -319,6 +320,12 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert int(covered[1]) == int(covered[2]) * int(covered[3])
     assert int(covered[1]) - int(covered[3]) < int(ran[1]) <= int(covered[1])
     assert "batch=16x4" in delivered[2] and f"{export['speedup']:.2f}x in the export: ratio" in out
+    # the run's time here against the study's prediction for as many optimizer steps: warm-up,
+    # calibration and the untimed step of each lockstep turn are steps too
+    timed = re.search(r"run time: ([\d,]+) optimizer steps took ([\d.]+) s here, build and warm-up included", out)
+    assert timed is not None, out
+    assert int(timed[1].replace(",", "")) > int(ran[1]) + 1  # the warm-up's steps (2) and calibration's
+    assert re.search(r"the study predicts [\d.]+ s for as many: ratio \d+\.\d\d", out)
     assert "Traceback" not in done.stderr
     skipped = run_cli(
         "apply", "runs/applied/best.yaml", "--spec", str(spec), "--steps", "6", "--no-baseline", cwd=workdir
@@ -425,6 +432,29 @@ def test_apply_warns_when_the_speedup_it_delivers_is_not_the_exports(
     assert ("the speedup here is" in err.getvalue()) is bool(warned), err.getvalue()
     assert warned is None or f"the speedup here is {warned} the export's (more than 5%)" in err.getvalue()
     assert run.keeps_promise is (not warned)
+
+
+def test_apply_compares_its_run_time_with_the_studys_prediction_for_as_many_steps() -> None:
+    run = _applied(1234.5, None)
+    run = dataclasses.replace(
+        run,
+        tuned=dataclasses.replace(
+            run.tuned, metrics={**run.tuned.metrics, "setup_s": 0.5, "warmup_s": 2.0, "warmup_steps": 3}
+        ),
+        throughput=dataclasses.replace(run.throughput, steps_taken=103, trained_s=4.0),
+        setup_s=0.4,
+    )
+    # here: set-up 0.4 s + 4.0 s of steps; the study: 0.5 s + 2.0 s + (103 - 3) steps x 16 samples / 1234.5 per s
+    assert run.run_s == pytest.approx(4.4)
+    assert run.predicted_run_s == pytest.approx(0.5 + 2.0 + 100 * 16 / 1234.5)
+    out = io.StringIO()
+    print_applied(run, out, io.StringIO())
+    assert "run time: 103 optimizer steps took 4.4 s here, build and warm-up included (compile cache unused); " in (
+        out.getvalue()
+    )
+    assert f"the study predicts {run.predicted_run_s:.1f} s for as many: ratio {4.4 / run.predicted_run_s:.2f}" in (
+        out.getvalue()
+    )
 
 
 def test_apply_without_the_baseline_says_nothing_of_the_speedup() -> None:

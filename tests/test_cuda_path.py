@@ -203,7 +203,7 @@ def test_measure_throughput_calls_after_warmup_between_the_warmup_and_the_first_
         steps=1,
         windows=2,
         samples_per_step=1,
-        after_warmup=lambda: events.append("after_warmup"),
+        after_warmup=lambda step: events.append("after_warmup"),
         after_window=lambda: events.append("window"),
     )
     assert events == ["step", "step", "after_warmup", "step", "window", "step", "window"]

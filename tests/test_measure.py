@@ -128,6 +128,17 @@ def test_windows_far_shorter_than_the_minimum_are_measured_again_at_their_pace()
     assert result.measured_s / 3 >= 0.1 * 0.75
 
 
+def test_every_step_is_counted_and_the_training_timed_from_the_warmup_on() -> None:
+    rec = Recorder(sleep_s=0.002)
+    result = measure_throughput(
+        rec.step, rec.sync, warmup_steps=2, steps=3, windows=2, samples_per_step=1, min_window_s=0.02
+    )
+    assert result.steps_taken == rec.events.count("step")  # warm-up, calibration and windows
+    assert result.steps_taken > 2 + result.steps * result.windows  # calibration took some
+    spent = result.warmup_s + result.calibration_s + result.measured_s
+    assert spent <= result.trained_s <= spent + 0.05
+
+
 def test_spread_is_range_over_median() -> None:
     assert relative_spread([90.0, 100.0, 110.0]) == 0.2
     assert relative_spread([5.0]) == 0.0
