@@ -218,6 +218,42 @@ def overhead(data: dict[str, Any]) -> list[str]:
     ]
 
 
+def run_length(data: dict[str, Any]) -> list[str]:
+    trials, mode = data["trials"], data["mode"]
+    eager, compiled = trials["none"], trials[mode]
+    args = ", ".join(f"{k} {v}" for k, v in data["workload_args"].items())
+    lines = [
+        "### The run length decides whether compiling pays: `python benchmarks/run_length.py`",
+        "",
+        f"On {data['machine']}{_load_note(data)} (`results/run_length.json`): one study of the built-in GPT "
+        f"({args}; global batch {data['global_batch']}, fp32) with `compile: none` (the baseline) and "
+        f"`compile: {mode}`, both re-measured in lockstep, ranked for runs of each length as `run: {{steps: N}}` "
+        f"ranks them. Compiled steps are {_ratio(data['compiled_speedup_per_step'])} as fast; the compile costs "
+        f"{_seconds(data['extra_warmup_s'])} more warm-up (cold cache), so the break-even run is "
+        f"{data['break_even_steps']:,.0f} optimizer steps.",
+        "",
+        "| config | step | set-up + warm-up | compile cache |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, t in (("none", eager), (mode, compiled)):
+        before = float(t["setup_s"] or 0.0) + float(t["warmup_s"] or 0.0)
+        lines.append(
+            f"| compile {name} | {t['step_s'] * 1000:.2f} ms | {_seconds(before)} ({t['warmup_steps']} steps) | "
+            f"{t['compile_cache'] or '-'} |"
+        )
+    lines += [
+        "",
+        "| run (optimizer steps) | predicted: none | predicted: " + mode + " | picks |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in data["ranked"]:
+        run_s = row["run_s"]
+        lines.append(
+            f"| {row['steps']:,} | {_seconds(run_s['none'])} | {_seconds(run_s[mode])} | `compile: {row['picks']}` |"
+        )
+    return [*lines, ""]
+
+
 def _overhead_before(data: dict[str, Any]) -> list[str]:
     """With `--before REVISION`: the same study by that revision's autotuner and by this one, side by side."""
     if "before" not in data:
@@ -543,6 +579,8 @@ def main(argv: list[str] | None = None) -> None:
         sections += alternatives(data)
     if data := _load("overhead.json", folder):
         sections += overhead(data)
+    if data := _load("run_length.json", folder):
+        sections += run_length(data)
     if gpu_results := {part: data for part in GPU_PARTS if (data := _load(f"gpu-{part}.json", folder))}:
         sections += gpu(gpu_results)
     text = readme.read_text()
