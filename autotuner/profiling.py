@@ -3,8 +3,8 @@
 After re-measurement, the study's best config and its baseline each run `profile.steps` optimizer
 steps under the framework's profiler in a trial process of their own (`run_profile`, after the
 trial's warm-up steps, so compilation is not in it): `torch.profiler` with CPU activities, and CUDA
-ones on a GPU; `jax.profiler` for JAX. Each trace (Chrome trace JSON, which Perfetto,
-chrome://tracing and TensorBoard open) is stored in the study's Optuna artifact store
+ones on a GPU; `jax.profiler` for JAX. Each trace (Chrome trace JSON, which Perfetto and
+chrome://tracing open) is stored in the study's Optuna artifact store
 (`optuna.artifacts.FileSystemArtifactStore`, `runs/<name>/artifacts/` unless `profile.artifacts`
 names another folder), as an artifact of the study: Optuna refuses to change a finished trial, the
 trials being finished by then, so the artifact's name says whose trace it is
