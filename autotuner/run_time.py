@@ -100,8 +100,8 @@ class RunPlan:
             if base is None or base.throughput <= 0:
                 return None
             # the baseline's run lasts `hours`: its set-up and warm-up, then steps at its pace
-            left_s = self.hours * 3600 - _before_steps_s(base)
-            return _warmup_steps(base) + max(0.0, left_s) * base.throughput / self.global_batch
+            left_s = self.hours * 3600 - _before_steps_s(base.metrics)
+            return _warmup_steps(base.metrics) + max(0.0, left_s) * base.throughput / self.global_batch
         return None
 
     def run_s(self, t: TrialRecord, steps: float | None) -> float | None:
@@ -150,16 +150,15 @@ class RunPlan:
 def predicted_run_s(metrics: Mapping[str, Any], throughput: float, global_batch: int, steps: float) -> float:
     """The formula of the module: a config's measured `setup_s` and `warmup_s` (its metrics, as a
     trial or an export holds them), then the steps after its `warmup_steps` at `throughput`."""
-    before = float(metrics.get("setup_s") or 0.0) + float(metrics.get("warmup_s") or 0.0)
-    return before + max(0.0, steps - int(metrics.get("warmup_steps") or 0)) * global_batch / throughput
+    return _before_steps_s(metrics) + max(0.0, steps - _warmup_steps(metrics)) * global_batch / throughput
 
 
-def _before_steps_s(t: TrialRecord) -> float:
-    return float(t.metrics.get("setup_s") or 0.0) + float(t.metrics.get("warmup_s") or 0.0)
+def _before_steps_s(metrics: Mapping[str, Any]) -> float:
+    return float(metrics.get("setup_s") or 0.0) + float(metrics.get("warmup_s") or 0.0)
 
 
-def _warmup_steps(t: TrialRecord) -> int:
-    return int(t.metrics.get("warmup_steps") or 0)
+def _warmup_steps(metrics: Mapping[str, Any]) -> int:
+    return int(metrics.get("warmup_steps") or 0)
 
 
 def run_plan(study_attrs: dict[str, Any]) -> RunPlan | None:
