@@ -12,6 +12,7 @@ import dataclasses
 import math
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
@@ -57,23 +58,29 @@ class AppliedRun:
     """The baseline was measured in lockstep with the config (else after it)."""
     setup_s: float = 0.0
     """The config's trial process from its start to its warm-up: the workload built, the config applied."""
+    start_s: float = 0.0
+    """The framework's start here (the environment's `framework_start_s`, `autotuner.run_time`)."""
     compile_cache: str | None = None
     """`cold`, `warm` or `partial`: the compile cache as the config's warm-up found it (None: nothing compiled)."""
 
     @property
     def run_s(self) -> float:
-        """What the config's optimizer steps here (`throughput.steps_taken`) took, set-up and
-        warm-up included, waits for the baseline's turns left out: a run of that many steps."""
-        return self.setup_s + self.throughput.trained_s
+        """What the config's optimizer steps here (`throughput.steps_taken`) took, the framework's
+        start, set-up and warm-up included, waits for the baseline's turns left out: a run of
+        that many steps."""
+        return self.start_s + self.setup_s + self.throughput.trained_s
 
     @property
     def predicted_run_s(self) -> float | None:
         """What the study predicts for a run of as many steps (`autotuner.run_time`), from the
-        export's set-up, warm-up and throughput."""
+        export's framework start, set-up, warm-up and throughput."""
         if self.tuned.throughput <= 0 or self.throughput.steps_taken <= 0:
             return None
         steps = self.throughput.steps_taken
-        return predicted_run_s(self.tuned.metrics, self.tuned.throughput, self.throughput.samples_per_step, steps)
+        start_s = float(self.tuned.environment.get("framework_start_s") or 0.0)
+        return predicted_run_s(
+            self.tuned.metrics, self.tuned.throughput, self.throughput.samples_per_step, steps, start_s
+        )
 
     @property
     def samples_per_s(self) -> float:
@@ -136,9 +143,10 @@ def apply_config(
     baseline: bool = True,
     warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
 ) -> AppliedRun:
-    """Run `job` with `tuned` for at least `steps` optimizer steps (default `default_steps`) in a
-    trial process, measured as a trial is: warm-up, then windows as long as the study's (each
-    lengthened to `trial.min_window_s` by the same calibration), their median and spread. With
+    """Run `job` with `tuned` for `steps` optimizer steps (default `default_steps`) in a trial
+    process, from a cold compile cache as a real run starts, measured as a trial is: warm-up, then
+    windows as long as the study's (each lengthened to `trial.min_window_s` by the same
+    calibration), as many as cover `steps`, their median and spread. With
     `baseline`, the export's baseline config runs over as many optimizer steps, so the speedup
     delivered can be set beside the export's: on a CPU in lockstep with the config (turn by turn,
     `autotuner.lockstep.measure_together`), elsewhere after it. A config tuned for another job or
@@ -188,7 +196,12 @@ def apply_config(
     per_window = min(settings.steps, total)
     windows = math.ceil(total / per_window)
 
-    request = dataclasses.replace(trial_request(job, config, environment["device"]), steps=per_window, windows=windows)
+    request = dataclasses.replace(
+        trial_request(job, config, environment["device"]),
+        steps=per_window,
+        windows=windows,
+        match_steps=total,
+    )
     requests = [request]
     base_params = tuned.baseline.get("params")
     if baseline and base_params and tuned.speedup:
@@ -202,7 +215,10 @@ def apply_config(
     timeout = job.trial_timeout(*(r.config for r in requests)) * max(
         1.0, per_window * windows / (settings.steps * settings.windows)
     )
-    results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, match_first=True)
+    # A compile cache of their own, empty: the warm-up is a real run's, whatever the study compiled.
+    with tempfile.TemporaryDirectory(prefix="autotuner-apply-") as cold_cache:
+        requests = [dataclasses.replace(r, compile_cache=cold_cache) for r in requests]
+        results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, match_first=True)
     for what, result in zip(("config", "baseline config"), results, strict=False):
         if result.outcome is not Outcome.OK:
             raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
@@ -221,6 +237,7 @@ def apply_config(
         baseline=base.throughput if base is not None else None,
         lockstep=base is not None and in_lockstep(environment["device"]),
         setup_s=output.setup_s or 0.0,
+        start_s=float(environment.get("framework_start_s") or 0.0),
         compile_cache=output.compile_cache,
     )
 
@@ -258,8 +275,8 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         )
     if (predicted := run.predicted_run_s) is not None:
         print(
-            f"run time: {run.throughput.steps_taken:,} optimizer steps took {run.run_s:.1f} s here, build and "
-            f"warm-up included (compile cache {run.compile_cache or 'unused'}); the study predicts "
+            f"run time: {run.throughput.steps_taken:,} optimizer steps took {run.run_s:.1f} s here, start, build "
+            f"and warm-up included (compile cache {run.compile_cache or 'unused'}); the study predicts "
             f"{predicted:.1f} s for as many: ratio {run.run_s / predicted:.2f}",
             file=out,
         )

@@ -72,6 +72,8 @@ def describe(environment: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [(name, str(version)) for name, version in versions.items() if version is not None]
     if "threads" in environment:
         rows.append(("threads", describe_threads(environment["threads"])))
+    if isinstance(environment.get("framework_start_s"), (int, float)):
+        rows.append(("framework start", f"{environment['framework_start_s']:.1f} s (interpreter and framework import)"))
     if "compute_capability" in environment:
         rows.append(("compute capability", str(environment["compute_capability"])))
     rows += [

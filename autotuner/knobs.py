@@ -34,6 +34,9 @@ class Knob:
     recommended: tuple[Any, ...] = ()
     """Values the optimisation guides recommend, most recommended first: the guided start tries
     them before the knob's other values (`autotuner.sampler.rule_of_thumb`)."""
+    compiled: bool = True
+    """Whether its value changes what the framework compiles: two configs that differ only in
+    knobs that do not share their compiled graphs (`autotuner.records.with_cold_warmups`)."""
 
     def check(self, value: Any) -> str | None:
         """Return why `value` is not allowed for this knob, or None when it is."""
@@ -68,7 +71,7 @@ PRECISION = Knob(
 )
 BATCH_SIZE = Knob("batch_size", "micro-batch per forward/backward", None, None)
 ACCUMULATION = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
-WORKERS = Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024)
+WORKERS = Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024, compiled=False)
 COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
 """The knobs every backend has (a backend may restrict their values). A knob only one framework
 has (torch.compile's mode, XLA jit) is defined by its backend (`Backend.knobs`)."""

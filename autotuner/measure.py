@@ -153,6 +153,8 @@ def measure_throughput(
         # pace asks for.
         if min_window_s > 0 and stopped is None and statistics.median(durations) < min_window_s / 4:
             steps = math.ceil(steps * min_window_s / statistics.median(durations))
+            if match_steps > 0:
+                windows = math.ceil(match_steps / steps)
             durations.clear()
             measure_windows()
     else:

@@ -10,6 +10,7 @@ are measured again before it is declared (`to_remeasure`). A search ends with th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -118,12 +119,46 @@ class TrialRecord:
 
 def records(study: optuna.Study) -> list[TrialRecord]:
     """Every trial of the study, but those given up without running (`GIVEN_UP`), with their
-    re-measurements."""
+    re-measurements and, where their warm-up found its compiles cached, the cold one
+    (`with_cold_warmups`)."""
     done = remeasurements(study)
+    return with_cold_warmups(
+        [
+            TrialRecord.from_frozen(t, done.get(t.number))
+            for t in study.get_trials(deepcopy=False)
+            if GIVEN_UP not in t.user_attrs
+        ]
+    )
+
+
+COLD_WARMUP = "cold_warmup_s"
+"""Trial metric: the warm-up its config pays from a cold compile cache, where its own found it warm."""
+
+
+def with_cold_warmups(trials: list[TrialRecord]) -> list[TrialRecord]:
+    """`trials`, those whose warm-up found the study's compile cache `warm` or `partial` with
+    `COLD_WARMUP`: the longest warm-up of the trials of the same compiled config (the same value
+    of every knob that changes what is compiled, `autotuner.knobs.Knob.compiled`) that compiled
+    it cold. A config differing from another only in its loader workers reuses the other's
+    compiled graphs, and its warm-up takes seconds where a real run, from a cold cache, takes
+    the minutes of compiling; a warm one without a cold sibling keeps its own (its
+    `compile_cache` says so)."""
+    from autotuner.backends import BACKENDS
+
+    outside = {k.name for b in BACKENDS.values() for k in b.knobs.values() if not k.compiled}
+
+    def graph(t: TrialRecord) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((k, repr(v)) for k, v in t.config.items() if k not in outside))
+
+    cold: dict[tuple[tuple[str, str], ...], float] = {}
+    for t in trials:
+        if t.metrics.get("compile_cache") == "cold" and isinstance(t.metrics.get("warmup_s"), (int, float)):
+            cold[graph(t)] = max(cold.get(graph(t), 0.0), float(t.metrics["warmup_s"]))
     return [
-        TrialRecord.from_frozen(t, done.get(t.number))
-        for t in study.get_trials(deepcopy=False)
-        if GIVEN_UP not in t.user_attrs
+        dataclasses.replace(t, metrics={**t.metrics, COLD_WARMUP: cold[graph(t)]})
+        if t.metrics.get("compile_cache") in ("warm", "partial") and graph(t) in cold
+        else t
+        for t in trials
     ]
 
 

@@ -4,16 +4,21 @@
 A trial measures a config's pace in its windows (`TrialRecord.throughput`, its re-measurement's
 where it was re-measured) and what comes before the first timed step: building the workload and
 applying the config (`setup_s`), and the warm-up steps with whatever compilation or jit they
-paid for (`warmup_s`; `compile_cache` says whether the compile cache was cold or warm). A run of
-N optimizer steps is predicted to take
+paid for (`warmup_s`; `compile_cache` says whether the compile cache was cold or warm). Before
+both, every config alike, comes the framework's start: the interpreter and the framework's
+import (`start_s`: the environment's `framework_start_s`, timed as the probe, the first trial
+process, waits for the fork server that imports the framework). A run of N optimizer steps is predicted to take
 
-    run_s = setup_s + warmup_s + max(0, N - warmup_steps) * global_batch / throughput
+    run_s = start_s + setup_s + warmup_s + max(0, N - warmup_steps) * global_batch / throughput
 
-The interpreter's start and the framework's import come before all of it in every config alike
-and are not counted. N is `run.steps`; for `run.epochs`, the epochs' samples (the dataset's
-items each) over the global batch; for `run.hours`, the steps the baseline takes in that many
-hours, so the baseline's `run_s` is those hours and every other config's says what the same
-training costs with it.
+A real run starts from a cold compile cache: where a trial's warm-up found its compiles cached
+(another trial of the same compiled config, loader workers aside, had compiled them), the warm-up
+of that cold trial stands in for its own (`autotuner.records.with_cold_warmups`).
+
+N is `run.steps`; for `run.epochs`, the epochs' samples (the dataset's items each) over the
+global batch; for `run.hours`, the steps the baseline takes in that many hours, so the
+baseline's `run_s` is those hours and every other config's says what the same training costs
+with it.
 
 With `cost.per_hour`, a run costs `run_s` hours at that rate; a million samples (and tokens, where
 the workload declares tokens per sample) cost the hours they take at the config's throughput.
@@ -27,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotuner.progress import duration
-from autotuner.records import TrialRecord, baseline, ranked
+from autotuner.records import COLD_WARMUP, TrialRecord, baseline, ranked
 from autotuner.spec import Job
 from autotuner.study import ENERGY
 
@@ -45,15 +50,18 @@ class RunPlan:
     hours: float | None = None
     per_hour: float | None = None
     currency: str = "USD"
+    start_s: float = 0.0
+    """The framework's start on this machine (see the module)."""
 
     @classmethod
-    def from_job(cls, job: Job) -> RunPlan | None:
+    def from_job(cls, job: Job, start_s: float = 0.0) -> RunPlan | None:
         """The spec's `run` and `cost`; None when it has neither."""
         run, cost = job.spec.run, job.spec.cost
         if run is None and cost is None:
             return None
         return cls(
             global_batch=job.spec.global_batch,
+            start_s=start_s,
             steps=run.steps if run else None,
             epochs=run.epochs if run else None,
             hours=run.hours if run else None,
@@ -70,7 +78,12 @@ class RunPlan:
         if not isinstance(data, dict) or not data.get("global_batch"):
             return None
         known = {k: data.get(k) for k in ("steps", "epochs", "hours", "per_hour")}
-        return cls(global_batch=int(data["global_batch"]), currency=str(data.get("currency") or "USD"), **known)
+        return cls(
+            global_batch=int(data["global_batch"]),
+            currency=str(data.get("currency") or "USD"),
+            start_s=float(data.get("start_s") or 0.0),
+            **known,
+        )
 
     @property
     def has_length(self) -> bool:
@@ -100,7 +113,7 @@ class RunPlan:
             if base is None or base.throughput <= 0:
                 return None
             # the baseline's run lasts `hours`: its set-up and warm-up, then steps at its pace
-            left_s = self.hours * 3600 - _before_steps_s(base.metrics)
+            left_s = self.hours * 3600 - self.start_s - _before_steps_s(base.metrics)
             return _warmup_steps(base.metrics) + max(0.0, left_s) * base.throughput / self.global_batch
         return None
 
@@ -109,7 +122,7 @@ class RunPlan:
         without steps or a throughput."""
         if steps is None or t.throughput <= 0:
             return None
-        return predicted_run_s(t.metrics, t.throughput, self.global_batch, steps)
+        return predicted_run_s(t.metrics, t.throughput, self.global_batch, steps, self.start_s)
 
     def pace_to_win(self, trials: list[TrialRecord], warmup_steps: int) -> float | None:
         """The throughput at which the run's timed steps alone (its steps less `warmup_steps`) take
@@ -147,14 +160,18 @@ class RunPlan:
         return out
 
 
-def predicted_run_s(metrics: Mapping[str, Any], throughput: float, global_batch: int, steps: float) -> float:
-    """The formula of the module: a config's measured `setup_s` and `warmup_s` (its metrics, as a
-    trial or an export holds them), then the steps after its `warmup_steps` at `throughput`."""
-    return _before_steps_s(metrics) + max(0.0, steps - _warmup_steps(metrics)) * global_batch / throughput
+def predicted_run_s(
+    metrics: Mapping[str, Any], throughput: float, global_batch: int, steps: float, start_s: float = 0.0
+) -> float:
+    """The formula of the module: the framework's `start_s`, a config's measured `setup_s` and
+    warm-up (its metrics, as a trial or an export holds them; from a cold compile cache where one
+    is known), then the steps after its `warmup_steps` at `throughput`."""
+    return start_s + _before_steps_s(metrics) + max(0.0, steps - _warmup_steps(metrics)) * global_batch / throughput
 
 
 def _before_steps_s(metrics: Mapping[str, Any]) -> float:
-    return float(metrics.get("setup_s") or 0.0) + float(metrics.get("warmup_s") or 0.0)
+    warmup = metrics.get(COLD_WARMUP, metrics.get("warmup_s"))
+    return float(metrics.get("setup_s") or 0.0) + float(warmup or 0.0)
 
 
 def _warmup_steps(metrics: Mapping[str, Any]) -> int:

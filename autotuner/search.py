@@ -97,7 +97,7 @@ class Search:
         check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
         study = open_study(storage, job, environment)
-        self.plan = RunPlan.from_job(job)
+        self.plan = RunPlan.from_job(job, start_s=environment.get("framework_start_s") or 0.0)
         study.set_user_attr(RUN_ATTR, self.plan.as_dict() if self.plan else None)  # the export ranks by it
         process, claims = SearchProcess.this(), Claims(storage, study_id(study))
         recovery = Recovery(study, storage, claims, process)

@@ -46,6 +46,9 @@ def probe_environment(
     if problem:
         raise SpecError(problem, source=source, key="workload")
     environment["backend"] = backend.name
+    # The first process of a launcher waits for its fork server to start: the interpreter and the
+    # framework's import, which every run of the job pays before its first line (`autotuner.run_time`).
+    environment["framework_start_s"] = probed.startup_s
     return environment
 
 

@@ -214,7 +214,13 @@ def _run_time(export: Path, spec: Path, seconds: float) -> dict[str, object]:
         "within_10_percent": abs(float(line[2]) / float(line[4]) - 1) <= 0.10,
         # the whole command, interpreter start to exit, against the study's run_s for the steps asked
         "process_wall_s": wall_s,
-        "run_s_predicted_for_steps": predicted_run_s(tuned.metrics, tuned.throughput, job.spec.global_batch, steps),
+        "run_s_predicted_for_steps": predicted_run_s(
+            tuned.metrics,
+            tuned.throughput,
+            job.spec.global_batch,
+            steps,
+            float(tuned.environment.get("framework_start_s") or 0.0),
+        ),
     }
 
 

@@ -305,11 +305,12 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert f"{export['metrics']['throughput']:,.0f} samples/s in the study" in out
     assert re.search(r"[\d,]+ samples/s here \(spread", out)
     assert re.search(r"ratio \d+\.\d\d", out)
-    # The default: 10x the 3 steps x 2 windows a trial measures, in windows of (at least) 3 steps
-    # lengthened to trial.min_window_s as the study's are.
-    ran = re.search(r"ran (\d+) optimizer steps of 64 samples \(20 windows of (\d+)", out)
+    # The default: 10x the 3 steps x 2 windows a trial measures, 60 steps, covered by windows of
+    # (at least) 3 steps lengthened to trial.min_window_s as the study's are: as few as cover them.
+    ran = re.search(r"ran (\d+) optimizer steps of 64 samples \((\d+) windows of (\d+)", out)
     assert ran is not None, out
-    assert int(ran[1]) == 20 * int(ran[2]) and int(ran[2]) >= 3
+    assert int(ran[1]) == int(ran[2]) * int(ran[3]) and int(ran[3]) >= 3
+    assert int(ran[1]) >= 60 > int(ran[1]) - int(ran[3])
     assert "held-out loss after 3 steps" in out and "(identical)" in out  # CPU runs repeat bitwise
     # Then the baseline, over the same optimizer steps: the speedup delivered here, beside the export's.
     delivered = re.search(r"speedup: (\d+\.\d\d)x here \(over the baseline (.*?), ([\d,]+) samples/s", out)
@@ -322,7 +323,7 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert "batch=16x4" in delivered[2] and f"{export['speedup']:.2f}x in the export: ratio" in out
     # the run's time here against the study's prediction for as many optimizer steps: warm-up,
     # calibration and the untimed step of each lockstep turn are steps too
-    timed = re.search(r"run time: ([\d,]+) optimizer steps took ([\d.]+) s here, build and warm-up included", out)
+    timed = re.search(r"run time: ([\d,]+) optimizer steps took ([\d.]+) s here, start, build and warm-up", out)
     assert timed is not None, out
     assert int(timed[1].replace(",", "")) > int(ran[1]) + 1  # the warm-up's steps (2) and calibration's
     assert re.search(r"the study predicts [\d.]+ s for as many: ratio \d+\.\d\d", out)
@@ -331,6 +332,8 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
         "apply", "runs/applied/best.yaml", "--spec", str(spec), "--steps", "6", "--no-baseline", cwd=workdir
     )
     assert skipped.returncode == 0 and "speedup:" not in skipped.stdout, skipped.stdout + skipped.stderr
+    few = re.search(r"ran (\d+) optimizer steps of 64 samples \((\d+) windows of (\d+)", skipped.stdout)
+    assert few is not None and int(few[1]) >= 6 > int(few[1]) - int(few[3]), skipped.stdout
 
 
 def test_apply_refuses_a_config_from_other_hardware_unless_forced(study: tuple[Path, Path, dict[str, Any]]) -> None:
@@ -439,20 +442,23 @@ def test_apply_compares_its_run_time_with_the_studys_prediction_for_as_many_step
     run = dataclasses.replace(
         run,
         tuned=dataclasses.replace(
-            run.tuned, metrics={**run.tuned.metrics, "setup_s": 0.5, "warmup_s": 2.0, "warmup_steps": 3}
+            run.tuned,
+            metrics={**run.tuned.metrics, "setup_s": 0.5, "warmup_s": 2.0, "warmup_steps": 3},
+            environment={**run.tuned.environment, "framework_start_s": 1.5},
         ),
         throughput=dataclasses.replace(run.throughput, steps_taken=103, trained_s=4.0),
         setup_s=0.4,
+        start_s=1.2,
     )
-    # here: set-up 0.4 s + 4.0 s of steps; the study: 0.5 s + 2.0 s + (103 - 3) steps x 16 samples / 1234.5 per s
-    assert run.run_s == pytest.approx(4.4)
-    assert run.predicted_run_s == pytest.approx(0.5 + 2.0 + 100 * 16 / 1234.5)
+    # here: start 1.2 s + set-up 0.4 s + 4.0 s of steps;
+    # the study: start 1.5 s + 0.5 s + 2.0 s + (103 - 3) steps x 16 samples / 1234.5 per s
+    assert run.run_s == pytest.approx(5.6)
+    assert run.predicted_run_s == pytest.approx(1.5 + 0.5 + 2.0 + 100 * 16 / 1234.5)
     out = io.StringIO()
     print_applied(run, out, io.StringIO())
-    assert "run time: 103 optimizer steps took 4.4 s here, build and warm-up included (compile cache unused); " in (
-        out.getvalue()
-    )
-    assert f"the study predicts {run.predicted_run_s:.1f} s for as many: ratio {4.4 / run.predicted_run_s:.2f}" in (
+    took = "run time: 103 optimizer steps took 5.6 s here, start, build and warm-up included (compile cache unused); "
+    assert took in out.getvalue()
+    assert f"the study predicts {run.predicted_run_s:.1f} s for as many: ratio {5.6 / run.predicted_run_s:.2f}" in (
         out.getvalue()
     )
 

@@ -10,7 +10,7 @@ import optuna
 import pytest
 import yaml
 
-from autotuner.records import TrialRecord, best, ranked
+from autotuner.records import COLD_WARMUP, TrialRecord, best, ranked, with_cold_warmups
 from autotuner.run_time import RunPlan, verdict
 from autotuner.spec import load_spec
 from tests.conftest import run_cli, write_spec
@@ -18,10 +18,12 @@ from tests.conftest import run_cli, write_spec
 GLOBAL_BATCH = 100
 
 
-def _trial(number: int, throughput: float, setup_s: float, warmup_s: float, **metrics: Any) -> TrialRecord:
+def _trial(
+    number: int, throughput: float, setup_s: float, warmup_s: float, config: dict[str, Any] | None = None, **more: Any
+) -> TrialRecord:
     role = "baseline" if number == 0 else "search"
-    measured = {"throughput": throughput, "setup_s": setup_s, "warmup_s": warmup_s, "warmup_steps": 2, **metrics}
-    return TrialRecord(number, "COMPLETE", {}, {}, role, "ok", "", True, measured)
+    measured = {"throughput": throughput, "setup_s": setup_s, "warmup_s": warmup_s, "warmup_steps": 2, **more}
+    return TrialRecord(number, "COMPLETE", config or {}, config or {}, role, "ok", "", True, measured)
 
 
 # The study data of a compile trade-off: #1 compiles for a minute and then runs twice as fast as
@@ -40,6 +42,29 @@ def test_the_run_time_is_set_up_and_warm_up_then_the_other_steps_at_the_measured
     assert plan.run_s(EAGER, 1) == pytest.approx(0.7)  # a run shorter than the warm-up is the warm-up
     assert plan.run_s(EAGER, None) is None
     assert plan.run_s(_trial(3, 0.0, 0.5, 0.2), 1002) is None  # no throughput measured
+    # the framework's start (interpreter, import) comes first, for every config alike
+    started = RunPlan(global_batch=GLOBAL_BATCH, steps=1002, start_s=2.5)
+    assert started.run_s(EAGER, 1002) == pytest.approx(2.5 + 0.5 + 0.2 + 1000 * 100 / 1000)
+
+
+def test_a_trial_that_found_its_compiles_cached_is_predicted_with_the_cold_warm_up() -> None:
+    def config(workers: int, precision: str = "bf16") -> dict[str, Any]:
+        return {"precision": precision, "batch_size": 50, "accumulation": 2, "workers": workers, "compile": "default"}
+
+    cold = _trial(1, 2000.0, 0.5, 60.0, config(0), compile_cache="cold")
+    # the same graphs, other loader workers: its warm-up found them compiled
+    warm = _trial(2, 2100.0, 0.5, 3.0, config(2), compile_cache="warm")
+    # other graphs (another precision): nothing of #1's stands in for its warm-up
+    other = _trial(3, 1900.0, 0.5, 4.0, config(2, "fp16"), compile_cache="partial")
+    done = with_cold_warmups([BASELINE, cold, warm, other])
+    assert done[2].metrics[COLD_WARMUP] == 60.0
+    assert COLD_WARMUP not in done[1].metrics and COLD_WARMUP not in done[3].metrics
+    plan = RunPlan(global_batch=GLOBAL_BATCH, steps=1002)
+    assert plan.run_s(done[2], 1002) == pytest.approx(0.5 + 60.0 + 1000 * 100 / 2100)
+    # a short run: the warm trial no longer wins by its cached compiles
+    short = RunPlan(GLOBAL_BATCH, steps=100)
+    assert [t.number for t in ranked([BASELINE, cold, warm, other], short)] == [2, 3, 0, 1]
+    assert [t.number for t in ranked(done, short)] == [3, 0, 2, 1]
 
 
 def test_a_short_run_picks_the_config_that_compiles_nothing_a_long_one_the_compiled_one() -> None:
@@ -116,6 +141,9 @@ def test_a_search_with_a_run_and_a_cost_exports_and_prints_them(priced_search: t
         assert figures["run_cost"] == pytest.approx(figures["run_s"] / 3600 * 3.0)
         assert figures["cost_per_million_samples"] == pytest.approx(1e6 / figures["throughput"] / 3600 * 3.0)
     assert metrics["dataset_items"] == 1024 and metrics["warmup_steps"] == 1
+    # the framework's start, timed by the search's probe, is in every run_s
+    start_s = export["environment"]["framework_start_s"]
+    assert start_s > 0 and metrics["run_s"] > start_s + metrics["setup_s"] + metrics["warmup_s"]
     run_line = next(line for line in stdout.splitlines() if line.startswith("run: "))
     assert run_line.startswith("run: a run of 2 epochs: ") and "the tuned run costs" in run_line and "EUR" in run_line
     study = optuna.load_study(study_name="small", storage=f"sqlite:///{workdir}/runs/small/study.db")
