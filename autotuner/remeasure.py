@@ -5,12 +5,13 @@ the best is declared, so that one lucky window or process cannot win.
 config still in contention and the baseline run one fresh trial process each, measured together
 (`autotuner.lockstep.measure_together`; split into groups the memory holds, `remeasure_groups`
 and `processes_that_fit`). After a round, a config whose speedup is below the leader's by more
-than the noise of the two (`contenders`) is out; the rounds stop when only the leader is left, or
-after `budget.remeasure_runs` rounds. Configs that come in later (a re-measurement reordered the
-top) are judged against those re-measured before them too (`earlier_estimates`), so a newcomer
-that cannot beat the leader is out after one round. Each config's `autotuner.results.Remeasurement` is stored in
-its claim (`autotuner.coordination.OncePerStudy.remeasure`), where `autotuner.records.records`
-reads it back.
+than the noise of the two (`contenders`) is out; the rounds stop when only the leader is left
+and its speedup, the export's promise, is settled (`settled`: its last two processes agree, and
+so do the baseline's), or after `budget.remeasure_runs` rounds. Configs that come in later (a
+re-measurement reordered the top) are judged against those re-measured before them too
+(`earlier_estimates`), so a newcomer that cannot beat the leader is out after one round. Each
+config's `autotuner.results.Remeasurement` is stored in its claim
+(`autotuner.coordination.OncePerStudy.remeasure`), where `autotuner.records.records` reads it back.
 """
 
 from __future__ import annotations
@@ -43,6 +44,17 @@ NOISE_FLOOR = 0.03
 to about 3% apart in `benchmarks/fidelity.py`, whatever their windows said."""
 ERROR_MULTIPLE = 2.0
 """How many standard errors of the difference between two speedups settle which is faster."""
+SETTLED = 2 * NOISE_FLOOR
+"""How far apart a config's last two processes may come out for its figure to be settled. A
+speedup is a ratio of two configs' processes, and one process can come out far from the next (the
+quickstart's baseline: a trial at 3,385 samples/s, its re-measurement at 2,624, later ones at
+about 3,400 again); two that agree within this put the pooled figure within about half of it."""
+
+
+def settled(runs: list[float]) -> bool:
+    """Whether a config's processes (`runs`: their medians, its trial's first, then its
+    re-measurement's) settle its figure: the last two agree within `SETTLED`."""
+    return len(runs) >= 2 and min(runs[-2:]) >= max(runs[-2:]) * (1 - SETTLED)
 
 
 def median_error(windows: list[float]) -> float:
@@ -177,8 +189,8 @@ class Remeasurer:
     ) -> dict[int, Remeasurement]:
         """Re-measure the configs of trials `numbers` in rounds: in each, a process of every config
         still in `contenders` and one of the baseline, measured together (in groups the memory
-        holds, `remeasure_groups`), until only the leader is left or after `budget.remeasure_runs`
-        rounds."""
+        holds, `remeasure_groups`), until only the leader is left and its and the baseline's
+        processes are `settled`, or after `budget.remeasure_runs` rounds."""
         budget = self.job.spec.budget
         trials = [candidates[n] for n in numbers]
         configs = [t for t in trials if baseline is None or t.number != baseline.number]
@@ -199,6 +211,7 @@ class Remeasurer:
         # configs re-measured in an earlier batch: the newcomers must beat them too
         earlier = earlier_estimates(records(self.study), numbers, baseline.number if baseline is not None else None)
         alive, still = configs, [t.number for t in everyone]
+        unsettled: list[str] = []
         for round_number in range(1, budget.remeasure_runs + 1):
             parts = remeasure_groups(alive, baseline, most)
             what = ", ".join(f"#{t.number}" for t in alive) + (" beside the baseline" if alive and baseline else "")
@@ -216,12 +229,19 @@ class Remeasurer:
                 estimates[baseline.number] = (1.0, median_error(found[baseline.number].rerun_windows))
             still = contenders(estimates)
             alive = [t for t in alive if t.number in still]
-            if len(still) <= 1 or not alive:
+            unsettled = self._unsettled(alive, baseline, found) if len(still) == 1 else []
+            if not alive or (len(still) <= 1 and not unsettled):
                 break
         if alive and len(still) > 1:
             self.reporter.note(
                 f"after {budget.remeasure_runs} rounds (budget.remeasure_runs) "
                 f"{', '.join(f'#{n}' for n in still)} are within the noise of each other"
+            )
+        elif alive and unsettled:
+            self.reporter.note(
+                f"after {budget.remeasure_runs} rounds (budget.remeasure_runs) the last two processes of "
+                f"{' and of '.join(unsettled)} are more than {SETTLED:.0%} apart: #{alive[0].number}'s "
+                "speedup is less certain than that"
             )
         baseline_failed = baseline is None or found[baseline.number].error
         for t in trials:
@@ -232,6 +252,17 @@ class Remeasurer:
         for t in trials:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
         return {t.number: found[t.number] for t in trials}
+
+    @staticmethod
+    def _unsettled(
+        alive: list[TrialRecord], baseline: TrialRecord | None, found: dict[int, Remeasurement]
+    ) -> list[str]:
+        """Whose processes do not settle the leader's speedup yet (`settled`): the leader's (the
+        only config left in `alive`) or the baseline's; empty when both are."""
+        whose = [(f"#{t.number}", t) for t in alive[:1]]
+        if baseline is not None and not found[baseline.number].error:
+            whose.append(("the baseline", baseline))
+        return [name for name, t in whose if not settled([t.trial_throughput, *found[t.number].throughputs])]
 
     def _measure_group(
         self,

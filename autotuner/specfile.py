@@ -59,7 +59,9 @@ class Budget(_Strict):
     """The most rounds of re-measurement: in each, every config still in contention and the
     baseline run one more trial process, measured together. A config whose speedup falls behind the
     leader's by more than the noise is out (`autotuner.remeasure.contenders`), and the rounds stop
-    once only the leader is left. A config's throughput is the median over every window of its
+    once only the leader is left and its speedup is settled: its last two processes (its trial
+    and its re-measurement's) agree within 6%, and so do the baseline's
+    (`autotuner.remeasure.settled`). A config's throughput is the median over every window of its
     processes."""
     remeasure_windows: int = Field(10, gt=0, le=1000)
     """Measured windows of each re-measurement process (a trial has `trial.windows`). Measured in

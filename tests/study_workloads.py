@@ -269,3 +269,36 @@ def slow_bf16(**mlp_args: Any) -> TorchWorkload:
     workload = mlp(**mlp_args)
     workload.model.register_forward_pre_hook(_slow_under_autocast)
     return workload
+
+
+class _AlternateProcesses:
+    """A forward pre-hook: every process that trains on micro-batches of `batch` samples (a
+    forward pass that computes gradients: evaluations and the probe's check compute none)
+    appends its pid to `folder`/processes-<batch> (once, an O_APPEND write); the second, fourth,
+    ... of them take `delay_s` more per forward pass. One config's processes alternate
+    between two paces, as one process can come out far from the next on a busy machine."""
+
+    def __init__(self, folder: str, batch: int, delay_s: float):
+        self.log, self.batch, self.delay_s = Path(folder) / f"processes-{batch}", batch, delay_s
+        self.pid, self.slow = 0, False
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        if args[0].shape[0] != self.batch or not torch.is_grad_enabled():
+            return
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                os.write(fd, f"{self.pid}\n".encode())
+            finally:
+                os.close(fd)
+            self.slow = len(self.log.read_text().split()) % 2 == 0
+        if self.slow:
+            time.sleep(self.delay_s)
+
+
+def alternate_processes(folder: str, batch: int = 8, delay_s: float = 0.004, **mlp_args: Any) -> TorchWorkload:
+    """The built-in MLP whose processes at micro-batch `batch` alternate between two paces."""
+    workload = mlp(**mlp_args)
+    workload.model.register_forward_pre_hook(_AlternateProcesses(folder, batch, delay_s))
+    return workload

@@ -1,5 +1,6 @@
-"""Re-measurement groups: how many trial processes are alive at once, and how a group that the
-memory cannot hold is split, the baseline beside the configs in every part."""
+"""Re-measurement: its rounds, which configs stay in them and when the figures are settled, how
+many trial processes are alive at once, and how a group that the memory cannot hold is split,
+the baseline beside the configs in every part."""
 
 from __future__ import annotations
 
@@ -17,17 +18,19 @@ from autotuner.lockstep import measure_together
 from autotuner.records import TrialRecord, records, remeasurements, speedup
 from autotuner.remeasure import (
     MEMORY_SHARE,
+    SETTLED,
     contenders,
     earlier_estimates,
     median_error,
     processes_that_fit,
     remeasure_groups,
+    settled,
 )
 from autotuner.results import Remeasurement
 from autotuner.spec import load_spec
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import TrialLauncher
-from tests.conftest import run_cli, write_spec
+from tests.conftest import SMALL_SPEC, run_cli, write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
 
 
@@ -150,3 +153,36 @@ def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: 
         statistics.median(itertools.chain(*winner.windows)) / statistics.median(winner.baseline_windows)
     )
     assert export["speedup"] == pytest.approx(speedup(trials[export["study"]["trial"]], None))
+
+
+def test_a_figure_is_settled_when_the_last_two_processes_agree() -> None:
+    assert settled([3385.0, 3400.0]) and settled([3385.0, 2624.0, 3300.0, 3400.0])
+    assert not settled([3385.0, 2624.0])  # the trial, then a process 22% slower
+    assert not settled([3400.0]) and not settled([])  # one process settles nothing
+    assert settled([100.0, 100 * (1 - SETTLED)]) and not settled([100.0, 100 * (1 - SETTLED) - 0.01])
+
+
+def test_rounds_go_on_while_the_baselines_processes_disagree(tmp_path: Path) -> None:
+    # every other process of the baseline (micro-batch 8) is a third slower: no two in a row agree
+    spec = write_spec(
+        tmp_path,
+        workload="tests.study_workloads:alternate_processes",
+        workload_args={"folder": str(tmp_path), "batch": 8, "delay_s": 0.0001, **SMALL_SPEC["workload_args"]},
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+        space={"precision": ["fp32", "bf16"], "batch_size": [32, 64], "workers": [0], "compile": ["none"]},
+        budget={"trials": 3, "remeasure_top": 1, "remeasure_runs": 3, "remeasure_windows": 3},
+    )
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/runs/small/study.db")
+    stored = remeasurements(study)
+    # a clear winner, yet every round of the cap: the baseline's figure never settles
+    assert len(stored[0].throughputs) == 3, stored
+    # the leader measured beside it, for as many rounds
+    assert any(len(r.throughputs) == 3 and r.group == [0, n] for n, r in stored.items() if n != 0), stored
+    printed = " ".join(done.stdout.split())
+    assert "after 3 rounds (budget.remeasure_runs) the last two processes of the baseline are more than 6% apart" in (
+        printed
+    )
+    runs = [t.trial_throughput for t in records(study) if t.number == 0] + stored[0].throughputs
+    assert not any(settled(runs[k : k + 2]) for k in range(len(runs) - 1)), runs
