@@ -143,10 +143,11 @@ def apply_config(
     baseline: bool = True,
     warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
 ) -> AppliedRun:
-    """Run `job` with `tuned` for `steps` optimizer steps (default `default_steps`) in a trial
-    process, from a cold compile cache as a real run starts, measured as a trial is: warm-up, then
-    windows as long as the study's (each lengthened to `trial.min_window_s` by the same
-    calibration), as many as cover `steps`, their median and spread. With
+    """Run `job` with `tuned` in a trial process, from a cold compile cache as a real run starts,
+    measured as a trial is: warm-up, then windows as long as the study's (each lengthened to
+    `trial.min_window_s` by the same calibration), their median and spread: as many windows as
+    cover `steps` optimizer steps, or by default as many as `default_steps` fill at `trial.steps`
+    a window (so at least 10x a trial's windows, enough for the median and for `slowdown`). With
     `baseline`, the export's baseline config runs over as many optimizer steps, so the speedup
     delivered can be set beside the export's: on a CPU in lockstep with the config (turn by turn,
     `autotuner.lockstep.measure_together`), elsewhere after it. A config tuned for another job or
@@ -200,7 +201,9 @@ def apply_config(
         trial_request(job, config, environment["device"]),
         steps=per_window,
         windows=windows,
-        match_steps=total,
+        # `steps` asked: as many windows as cover them; by default, as many windows as that many
+        # steps would fill at the study's window length, each lengthened as the study's are
+        match_steps=steps or 0,
     )
     requests = [request]
     base_params = tuned.baseline.get("params")

@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument(
         "--steps",
         type=_positive_int,
-        help="optimizer steps its timed windows cover (default: 10x a trial's, trial.steps x trial.windows, >= 50)",
+        help="optimizer steps its timed windows cover (default: 10x a trial's windows, each lengthened as the study's)",
     )
     apply.add_argument("--device", help="auto, cpu, cuda or cuda:N (default: the spec's device)")
     apply.add_argument("--force", action="store_true", help="run it even if tuned for another job or other hardware")

@@ -217,22 +217,32 @@ def _or_inf(value: float | None) -> float:
     return math.inf if value is None else value
 
 
-def to_remeasure(trials: list[TrialRecord], top: int) -> list[TrialRecord]:
-    """The configs to measure again before the best is declared: of the `top` fastest feasible
-    ones, those within `autotuner.pruning.TRIAL_NOISE` of the best, and the baseline; then, once some are
+def to_remeasure(trials: list[TrialRecord], top: int, plan: RunLength | None = None) -> list[TrialRecord]:
+    """The configs to measure again before the best is declared: of the `top` best feasible ones
+    (`ranked`, with `plan` by the run's predicted time), those within
+    `autotuner.pruning.TRIAL_NOISE` of the best, and the baseline; then, once some are
     re-measured, up to `top` more whose one trial came out below the best by less than the
     machine's noise (the median spread between the processes of the re-measured configs), since
     an unlucky process can hide the best as a lucky one can crown another. The ones already
     re-measured are included: the caller skips them."""
-    order = ranked(trials)
-    chosen = [t for t in order[:top] if t.throughput >= order[0].throughput * (1 - TRIAL_NOISE)]
+    order = ranked(trials, plan)
+    steps = plan.optimizer_steps(trials) if plan is not None and plan.has_length else None
+
+    def figure(t: TrialRecord) -> float:
+        """What is compared, higher is better: the throughput, or the run's pace (1 / run_s)."""
+        if plan is None or steps is None:
+            return t.throughput
+        run_s = plan.run_s(t, steps)
+        return 1.0 / run_s if run_s else 0.0
+
+    chosen = [t for t in order[:top] if figure(t) >= figure(order[0]) * (1 - TRIAL_NOISE)]
     base = baseline(trials)
     if base is not None and base.outcome == Outcome.OK.value and base not in chosen:
         chosen.append(base)
     spreads = [t.run_spread for t in trials if t.remeasured is not None and t.run_spread is not None]
     if order and spreads:
-        within_noise = order[0].throughput * (1 - statistics.median(spreads))
-        chosen += [t for t in order[top:] if t.remeasured is None and t.throughput >= within_noise][:top]
+        within_noise = figure(order[0]) * (1 - statistics.median(spreads))
+        chosen += [t for t in order[top:] if t.remeasured is None and figure(t) >= within_noise][:top]
     return chosen
 
 

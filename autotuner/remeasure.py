@@ -30,6 +30,7 @@ from autotuner.lockstep import in_lockstep, measure_together
 from autotuner.outcomes import Outcome
 from autotuner.records import TrialRecord, baseline, records, to_remeasure
 from autotuner.results import Reference, Remeasurement, TrialOutput
+from autotuner.run_time import RunPlan
 from autotuner.spec import Job
 from autotuner.telemetry import available_memory_mb
 from autotuner.trial import TrialLauncher, TrialResult
@@ -152,6 +153,8 @@ class Remeasurer:
     device: str
     reference: Reference
     reporter: SearchReporter
+    plan: RunPlan | None = None
+    """The real run, when the spec says it: the configs that can win it are re-measured."""
 
     def run(self) -> None:
         """Measure the fastest feasible configs and the baseline again, in rounds of one more trial
@@ -168,7 +171,7 @@ class Remeasurer:
         attempted: set[int] = set()
         while True:
             trials = records(self.study)
-            candidates = to_remeasure(trials, settings.remeasure_top)
+            candidates = to_remeasure(trials, settings.remeasure_top, self.plan)
             fresh = [t for t in candidates if t.remeasured is None and t.number not in attempted]
             if not fresh:
                 return

@@ -10,7 +10,7 @@ import optuna
 import pytest
 import yaml
 
-from autotuner.records import COLD_WARMUP, TrialRecord, best, ranked, with_cold_warmups
+from autotuner.records import COLD_WARMUP, TrialRecord, best, ranked, to_remeasure, with_cold_warmups
 from autotuner.run_time import RunPlan, verdict
 from autotuner.spec import load_spec
 from tests.conftest import run_cli, write_spec
@@ -75,6 +75,14 @@ def test_a_short_run_picks_the_config_that_compiles_nothing_a_long_one_the_compi
     # without a run length, by throughput (speedup over the baseline) as before
     assert [t.number for t in ranked(TRIALS)] == [1, 2, 0]
     assert best(TRIALS, RunPlan(GLOBAL_BATCH, per_hour=3.0)) is COMPILED  # a price alone ranks nothing
+
+
+def test_the_configs_that_can_win_the_run_are_the_ones_re_measured() -> None:
+    short = RunPlan(GLOBAL_BATCH, steps=1000)
+    assert [t.number for t in to_remeasure(TRIALS, 1, short)] == [2, 0]  # the eager one wins a short run
+    assert [t.number for t in to_remeasure(TRIALS, 1)] == [1, 0]  # by pace, the compiled one
+    # #1 runs 1000 steps in 110.4 s, #2 in 100.5 s: 9% behind, within pruning.TRIAL_NOISE of it
+    assert [t.number for t in to_remeasure(TRIALS, 2, short)] == [2, 1, 0]
 
 
 def test_with_a_run_length_a_trial_is_pruned_by_the_pace_that_could_still_win() -> None:
