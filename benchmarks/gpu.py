@@ -366,7 +366,17 @@ def study_summary(work: Path, name: str, energy: bool) -> dict[str, Any]:
             "lowest_config": lowest[1].config if lowest else None,
             "measured_trials": sum(_number(t.metrics.get("energy_j_per_sample")) is not None for t in ok),
         },
-        "export": {"path": str(export_path), "params": export.get("params"), "speedup": export.get("speedup")}
+        "export": {
+            "path": str(export_path),
+            "params": export.get("params"),
+            "speedup": export.get("speedup"),
+            "run": export.get("run"),
+            # the run's time, cost and energy (kWh, from NVML's energy counter), best then baseline
+            "run_figures": {
+                side: {k: (figures or {}).get(k) for k in ("run_s", "run_cost", "run_energy_kwh")}
+                for side, figures in (("best", export.get("metrics")), ("baseline", export.get("baseline")))
+            },
+        }
         if export
         else None,
         "trials": [trial_figures(t) for t in trials],

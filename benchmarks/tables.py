@@ -366,11 +366,13 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
         lines += [
             "",
             f"The run time (key `run_time`): `autotuner apply --steps {timed['steps']:,} --no-baseline` of the winner "
-            f"from a fresh interpreter took {timed['steps_taken']:,} optimizer steps (its windows lengthened to "
-            f"`trial.min_window_s`) in {_seconds(timed['run_s_here'])}, build and warm-up included; the study's "
-            f"`run_s` for as many is {_seconds(timed['run_s_predicted'])}: ratio {timed['ratio']:.2f}"
+            f"from a fresh interpreter took {timed['steps_taken']:,} optimizer steps (the windows that cover the "
+            f"steps asked, and the warm-up's and calibration's) in {_seconds(timed['run_s_here'])}, the framework's "
+            f"start, the build and the warm-up included; the study's `run_s` for as many is "
+            f"{_seconds(timed['run_s_predicted'])}: ratio {timed['ratio']:.2f}"
             f" ({'within' if timed['within_10_percent'] else 'not within'} 10%). The whole command, interpreter "
-            f"start to exit (imports, probe, drift check too), took {_seconds(timed['process_wall_s'])}.",
+            f"start to exit (the probe, the drift check and reading the export too), took "
+            f"{_seconds(timed['process_wall_s'])}.",
         ]
     return [*lines, ""]
 
