@@ -98,12 +98,14 @@ def test_matching_the_first_the_others_measure_their_own_windows_over_its_steps(
     matched = ours.steps * ours.windows
     assert theirs.steps * (theirs.windows - 1) < matched <= theirs.steps * theirs.windows
     assert theirs.windows > ours.windows == 4  # shorter windows, more of them
-    # Spread over the first one's 4 rounds: when its k-th window began, the other had measured
-    # its share of k - 1 rounds, or of k (it went first in round k), never more or fewer.
+    # One window a turn, in as many rounds as the other has windows: the first one's 4 spread
+    # over them. When its k-th window began (in the round where its share reached k), the other
+    # had measured one window a round before it, or that round's too (it went first), no other count.
     started = [start for start, _ in _spans(second)]
     for k, (begin, _) in enumerate(_spans(first), start=1):
+        round_k = next(r for r in range(1, theirs.windows + 1) if _share(4, r, theirs.windows) >= k)
         before = sum(start < begin for start in started)
-        assert _share(theirs.windows, k - 1, 4) <= before <= _share(theirs.windows, k, 4), (k, before)
+        assert round_k - 1 <= before <= round_k, (k, round_k, before)
     spans = sorted(_spans(first) + _spans(second))
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start  # no two windows ran at once
@@ -226,3 +228,7 @@ def test_the_share_of_windows_spreads_them_evenly_over_the_rounds() -> None:
     assert [_share(4, r, 4) for r in range(5)] == [0, 1, 2, 3, 4]  # equal windows: one a round
     assert [_share(10, r, 4) for r in range(5)] == [0, 2, 5, 7, 10]
     assert _share(10, 6, 4) == 10  # from the last planned round on: all that is left
+    # planned over the most windows: a process with fewer gains one window a round at most
+    shares = [_share(4, r, 10) for r in range(11)]
+    assert shares == [0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 4]
+    assert all(b - a <= 1 for a, b in itertools.pairwise(shares))
