@@ -35,8 +35,9 @@ class Knob:
     """Values the optimisation guides recommend, most recommended first: the guided start tries
     them before the knob's other values (`autotuner.sampler.rule_of_thumb`)."""
     compiled: bool = True
-    """Whether its value changes what the framework compiles: two configs that differ only in
-    knobs that do not share their compiled graphs (`autotuner.records.with_cold_warmups`)."""
+    """Whether its value changes what the framework compiles. Two configs that differ only in
+    knobs that do not (loader workers) share their compiled graphs, and the second one's warm-up
+    finds them cached (`autotuner.records.with_cold_warmups`)."""
 
     def check(self, value: Any) -> str | None:
         """Return why `value` is not allowed for this knob, or None when it is."""
