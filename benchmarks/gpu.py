@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import json
 import math
 import os
@@ -169,7 +170,16 @@ def run_command(
     stopped = killed = False
     with log.open("w") as sink:
         process = subprocess.Popen(
-            command, cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            cwd=cwd,
+            env=env or _env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            # A script started in the background (`nohup ... &`) inherits SIGINT ignored, and a
+            # Python started so installs no KeyboardInterrupt handler: the interrupt below would
+            # do nothing and the command be killed, losing its export. Restore the default.
+            preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL),
         )
 
         def relay() -> None:
