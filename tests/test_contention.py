@@ -46,14 +46,17 @@ def _stop_other_work(folder: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("seconds", "quiet_wait", "flagged"), [(8.0, 60, False), (120.0, 0, True)], ids=["quiet-again", "busy-throughout"]
+    ("seconds", "quiet_wait", "flagged"), [(20.0, 60, False), (120.0, 0, True)], ids=["quiet-again", "busy-throughout"]
 )
 def test_a_trial_measured_beside_other_work_is_run_again_or_flagged(
     tmp_path: Path, seconds: float, quiet_wait: float, flagged: bool
 ) -> None:
     # The third process to train (after the fp32 reference's two: the baseline trial) starts a
     # CPU-bound process of its own session in its warm-up, for `seconds`: through its calibration and
-    # windows, which other work slows many times over on 2 cores.
+    # windows, which other work slows many times over on 2 cores. Long enough to outlast them with
+    # margin: with 8 s, two full runs of the suite saw no contention at all, which is what happens
+    # when the windows (slowed, and measured again at their pace when a slowed calibration sized
+    # them too short) end after the other work has.
     spec = write_spec(
         tmp_path,
         workload="tests.study_workloads:busy_machine",

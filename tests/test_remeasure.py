@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -181,8 +182,8 @@ def test_rounds_go_on_while_the_baselines_processes_disagree(tmp_path: Path) -> 
     # the leader measured beside it, for as many rounds
     assert any(len(r.throughputs) == 3 and r.group == [0, n] for n, r in stored.items() if n != 0), stored
     printed = " ".join(done.stdout.split())
-    assert "after 3 rounds (budget.remeasure_runs) the last two processes of the baseline are more than 6% apart" in (
-        printed
-    )
+    # the leader's own processes may disagree too on a busy machine: "of #n and of the baseline"
+    cap = r"after 3 rounds \(budget\.remeasure_runs\) the last two processes of (#\d+ and of )?the baseline are "
+    assert re.search(cap + r"more than 6% apart", printed), printed
     runs = [t.trial_throughput for t in records(study) if t.number == 0] + stored[0].throughputs
     assert not any(settled(runs[k : k + 2]) for k in range(len(runs) - 1)), runs
