@@ -81,6 +81,16 @@ def test_training_arguments_take_every_tuned_value(config: TunedConfig, tmp_path
     assert args.per_device_train_batch_size == 8  # a copy: the arguments passed in are unchanged
 
 
+def test_the_snippets_arguments_build_a_cpu_bf16_config(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    # what best.hf-trainer.py runs; without use_cpu, TrainingArguments refuses bf16 on a machine without a GPU
+    arguments = transformers_export.training_arguments(tuned(precision="bf16", compile="none"))
+    built = TrainingArguments(output_dir=str(tmp_path), **arguments)
+    assert built.use_cpu is True and built.bf16 is True
+    assert "use_cpu" not in transformers_export.training_arguments(tuned(device="cuda:0"))
+
+
 def test_training_arguments_for_tf32() -> None:
     # TrainingArguments(tf32=True) needs an Ampere GPU (ValueError on this CPU): checked as arguments.
     arguments = transformers_export.training_arguments(tuned(precision="tf32", compile="reduce-overhead"))

@@ -5,7 +5,7 @@ precisions, the strict fp32 matmuls the study ran them with), batch_size ->
 `per_device_train_batch_size`, accumulation -> `gradient_accumulation_steps` (divided by the
 world size, to keep the global batch), workers -> `dataloader_num_workers` and
 `dataloader_persistent_workers`, pinned memory where the study pinned it, compile ->
-`torch_compile`/`torch_compile_mode`.
+`torch_compile`/`torch_compile_mode`; a config tuned on a CPU gets `use_cpu=True`.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ def training_arguments(config: TunedConfig, world_size: int = 1) -> dict[str, An
         "dataloader_persistent_workers": loader["persistent_workers"],
         "torch_compile": mode != "none",
         **({"torch_compile_mode": mode} if mode != "none" else {}),
+        # tuned on a CPU: train there (TrainingArguments refuses bf16 without a GPU otherwise)
+        **({"use_cpu": True} if str(config.environment.get("device", "")).startswith("cpu") else {}),
     }
 
 
