@@ -49,6 +49,14 @@ def memory_ceiling(ceiling: int = 32, samples: int = 512) -> TorchWorkload:
 # ---------------------------------------------------------------- many workers, kill -9
 
 
+def _log_process(log: Path) -> int:
+    """Append this process's pid to `log` (one short O_APPEND write: concurrent processes never mix
+    lines) and return how many processes it holds since: this one's place among them, from 1."""
+    with open(log, "a") as file:
+        file.write(f"{os.getpid()}\n")
+    return len(log.read_text().splitlines())
+
+
 class _TrainingLog:
     """A forward pre-hook: the first training forward pass (one that computes gradients) of each
     process appends its pid to `folder`/trained (one short O_APPEND write: concurrent processes
@@ -63,9 +71,7 @@ class _TrainingLog:
         if self.pid == os.getpid() or not torch.is_grad_enabled():
             return
         self.pid = os.getpid()
-        with open(self.folder / "trained", "a") as log:
-            log.write(f"{self.pid}\n")
-        if len((self.folder / "trained").read_text().splitlines()) == self.at:
+        if _log_process(self.folder / "trained") == self.at:
             self.reached()
 
     def reached(self) -> None:
@@ -274,7 +280,7 @@ def slow_bf16(**mlp_args: Any) -> TorchWorkload:
 class _AlternateProcesses:
     """A forward pre-hook: every process that trains on micro-batches of `batch` samples (a
     forward pass that computes gradients: evaluations and the probe's check compute none)
-    appends its pid to `folder`/processes-<batch> (once, an O_APPEND write); the second, fourth,
+    appends its pid to `folder`/processes-<batch> once (`_log_process`); the second, fourth,
     ... of them take `delay_s` more per forward pass. One config's processes alternate
     between two paces, as one process can come out far from the next on a busy machine."""
 
@@ -287,12 +293,7 @@ class _AlternateProcesses:
             return
         if self.pid != os.getpid():
             self.pid = os.getpid()
-            fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-            try:
-                os.write(fd, f"{self.pid}\n".encode())
-            finally:
-                os.close(fd)
-            self.slow = len(self.log.read_text().split()) % 2 == 0
+            self.slow = _log_process(self.log) % 2 == 0
         if self.slow:
             time.sleep(self.delay_s)
 
