@@ -56,7 +56,7 @@ class TrialDispatch:
                 give_up(study, trial, f"trial {holder} has this config", duplicate_of=holder)
                 return None
             tried = study.get_trials(deepcopy=False)
-            ruled_out = oom_rules_out(trial.params, tried)
+            ruled_out = oom_rules_out(trial.params, tried, job.backend.knobs)
             if ruled_out is not None:
                 give_up(study, trial, f"trial {ruled_out.number} ran out of memory", ruled_out_by=ruled_out.number)
                 return None

@@ -5,18 +5,26 @@ their values to what it honours and adding the ones only its framework has
 (`autotuner.backends._base.Backend.knobs`). `accumulation` is never searched: with
 `global_batch` fixed it is derived from `batch_size`, so a config always holds
 `batch_size * accumulation == global_batch`.
+
+Memory is a dimension of the space, not a wall: a knob whose values rank by the memory a step
+needs declares that order (`Knob.memory_order`: a larger micro-batch needs more, activation
+checkpointing less), and a config that needs at least as much memory as one that ran out of it,
+knob by knob, is not run (`needs_as_much_memory`, `autotuner.tried_configs.oom_rules_out`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from autotuner.errors import shown
 
 Config = dict[str, Any]
 """One value per knob, `accumulation` included. Plain data: it is stored as trial params."""
+
+ASCENDING: Literal["ascending"] = "ascending"
+"""The `Knob.memory_order` of an integer knob whose larger values need more memory (the micro-batch)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,32 @@ class Knob:
     """Whether its value changes what the framework compiles. Two configs that differ only in
     knobs that do not (loader workers) share their compiled graphs, and the second one's warm-up
     finds them cached (`autotuner.records.with_cold_warmups`)."""
+    memory_order: tuple[Any, ...] | Literal["ascending"] | None = None
+    """How the knob's values rank by the memory a training step needs, the rest of the config
+    equal: its values from least memory to most; `ASCENDING` for an integer knob whose larger
+    values need more; None when its values do not rank (each needs a run of its own to know).
+    A value left out of the tuple ranks with none but itself, so an order may leave out the
+    values it cannot place. An out-of-memory trial rules out every config that needs at least as
+    much memory knob by knob (`needs_as_much_memory`)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.memory_order, tuple) and self.choices is not None:
+            unknown = [v for v in self.memory_order if v not in self.choices]
+            if unknown:
+                raise ValueError(f"{self.name}'s memory_order has values it has not: {', '.join(map(str, unknown))}")
+        if self.memory_order == ASCENDING and self.choices is not None:
+            raise ValueError(f"{self.name}: memory_order {ASCENDING!r} is for integer knobs")
+
+    def needs_as_much_memory(self, value: Any, than: Any) -> bool:
+        """Whether a step at `value` of this knob needs at least as much memory as one at `than`,
+        the rest of the config equal: the same value, or one at or above it in `memory_order`."""
+        if value == than:
+            return True
+        if self.memory_order == ASCENDING:
+            return bool(value >= than)
+        if isinstance(self.memory_order, tuple) and value in self.memory_order and than in self.memory_order:
+            return self.memory_order.index(value) >= self.memory_order.index(than)
+        return False
 
     def check(self, value: Any) -> str | None:
         """Return why `value` is not allowed for this knob, or None when it is."""
@@ -60,7 +94,13 @@ class Knob:
         unknown = [c for c in choices if self.choices is None or c not in self.choices]
         if unknown:
             raise ValueError(f"{self.name} has no value {', '.join(map(str, unknown))}")
-        return replace(self, choices=tuple(choices), recommended=tuple(v for v in self.recommended if v in choices))
+        order = self.memory_order
+        return replace(
+            self,
+            choices=tuple(choices),
+            recommended=tuple(v for v in self.recommended if v in choices),
+            memory_order=tuple(v for v in order if v in choices) if isinstance(order, tuple) else order,
+        )
 
 
 PRECISION = Knob(
@@ -70,7 +110,7 @@ PRECISION = Knob(
     "fp32",
     recommended=("bf16", "fp16", "tf32"),
 )
-BATCH_SIZE = Knob("batch_size", "micro-batch per forward/backward", None, None)
+BATCH_SIZE = Knob("batch_size", "micro-batch per forward/backward", None, None, memory_order=ASCENDING)
 ACCUMULATION = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
 WORKERS = Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024, compiled=False)
 COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
@@ -83,6 +123,26 @@ DERIVED = ("accumulation",)
 def knob_table(*knobs: Knob) -> dict[str, Knob]:
     """Name -> knob, in the order given: a backend's `knobs`."""
     return {knob.name: knob for knob in knobs}
+
+
+COMMON_TABLE = knob_table(*COMMON_KNOBS)
+"""The knobs every backend has, by name: what a config's memory is ranked by where no backend's
+table is given (`needs_as_much_memory`)."""
+
+
+def needs_as_much_memory(config: Mapping[str, Any], than: Mapping[str, Any], knobs: Mapping[str, Knob]) -> bool:
+    """Whether `config` needs at least as much memory as `than`, knob by knob: both set the same
+    knobs, and at each one `config`'s value needs at least as much as `than`'s
+    (`Knob.needs_as_much_memory`; a knob not in `knobs`, the backend's table, must be equal).
+    A partial order: a larger micro-batch with checkpointing and a smaller one without it rank
+    neither way."""
+    if config.keys() != than.keys():
+        return False
+    for name, value in config.items():
+        knob = knobs.get(name)
+        if not (value == than[name] if knob is None else knob.needs_as_much_memory(value, than[name])):
+            return False
+    return True
 
 
 def config_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -2,11 +2,11 @@
 
 Optuna proposes (the oracle); `FreshConfigSampler` wraps it and keeps it from proposing a config
 the study already has (finished, running in another worker, or queued) or one an out-of-memory
-trial has ruled out (same knobs, a batch at least as large: `autotuner.tried_configs`). When the
-wrapped sampler keeps proposing such configs (TPE exploiting a front it already knows; it is asked
-`ATTEMPTS` times), the fresh config fewest knobs away from its proposals runs instead, among
-equals the one whose knob values did best in feasible trials, so what the sampler learnt still
-steers the search.
+trial has ruled out (one that needs at least as much memory, knob by knob, in the order of memory
+the backend's knobs declare: `autotuner.tried_configs`). When the wrapped sampler keeps proposing
+such configs (TPE exploiting a front it already knows; it is asked `ATTEMPTS` times), the fresh
+config fewest knobs away from its proposals runs instead, among equals the one whose knob values
+did best in feasible trials, so what the sampler learnt still steers the search.
 
 The wrapped sampler sees the study as the search means it, the throughput as the one objective
 and integer knobs as indices (`autotuner.wrapped_sampler`). The default sampler
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -28,6 +28,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.guided_start import GuidedStart, Unsupported, rule_of_thumb
+from autotuner.knobs import COMMON_TABLE, Knob
 from autotuner.tried_configs import TriedConfigs, feasible
 from autotuner.wrapped_sampler import WrappedSampler
 
@@ -59,11 +60,18 @@ def make_sampler(
     space: dict[str, list[Any]],
     configs: Callable[[], list[dict[str, Any]]],
     unsupported: Unsupported | None = None,
+    knobs: Mapping[str, Knob] = COMMON_TABLE,
 ) -> FreshConfigSampler:
     """The search's sampler for the spec's `sampler.name`: the Optuna sampler wrapped in
     `FreshConfigSampler`, guided (rule-of-thumb config, then local search) for the default."""
     return FreshConfigSampler(
-        make_base_sampler(name, seed), space, configs, seed, guided=name in GUIDED, unsupported=unsupported
+        make_base_sampler(name, seed),
+        space,
+        configs,
+        seed,
+        guided=name in GUIDED,
+        unsupported=unsupported,
+        knobs=knobs,
     )
 
 
@@ -95,7 +103,9 @@ def nearest_fresh(
 class FreshConfigSampler(BaseSampler):
     """Wraps an Optuna sampler (the module docstring). `space`: knob -> values; `configs`: every
     config of the space; `guided`: the rule-of-thumb config and a local search before the
-    wrapped sampler; `unsupported`: what the device cannot run (the guided steps skip it)."""
+    wrapped sampler; `unsupported`: what the device cannot run (the guided steps skip it);
+    `knobs`: the backend's knob table, whose order of memory says what an out-of-memory trial
+    rules out (`autotuner.tried_configs.oom_rules_out`)."""
 
     def __init__(
         self,
@@ -106,7 +116,9 @@ class FreshConfigSampler(BaseSampler):
         *,
         guided: bool = False,
         unsupported: Unsupported | None = None,
+        knobs: Mapping[str, Knob] = COMMON_TABLE,
     ):
+        self.knobs = knobs
         values = {n: list(c) for n, c in space.items()}
         self.space: dict[str, BaseDistribution] = {n: CategoricalDistribution(c) for n, c in space.items()}
         self.configs = configs
@@ -122,10 +134,13 @@ class FreshConfigSampler(BaseSampler):
         self.rng.seed()
 
     def is_fresh(self, params: dict[str, Any], trials: Sequence[FrozenTrial], exclude: int | None = None) -> bool:
-        return TriedConfigs(trials, exclude).fresh(params)
+        return self.tried(trials, exclude).fresh(params)
+
+    def tried(self, trials: Sequence[FrozenTrial], exclude: int | None = None) -> TriedConfigs:
+        return TriedConfigs(trials, exclude, self.knobs)
 
     def fresh_configs(self, study: Study, exclude: int | None = None) -> list[dict[str, Any]]:
-        tried = TriedConfigs(study.get_trials(deepcopy=False), exclude)
+        tried = self.tried(study.get_trials(deepcopy=False), exclude)
         return [c for c in self.configs() if tried.fresh(c)]
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -137,7 +152,7 @@ class FreshConfigSampler(BaseSampler):
         if not search_space or trial.system_attrs.get("fixed_params"):
             return {}  # an enqueued trial (the baseline, a retry) carries its own params
         trials = study.get_trials(deepcopy=False)
-        tried = TriedConfigs(trials, exclude=trial.number)
+        tried = self.tried(trials, exclude=trial.number)
         if self.rule is not None:
             guided = self.guided_start.next_config(self.rule, trials, tried)
             if guided is not None:

@@ -46,7 +46,14 @@ from autotuner.trial_requests import PROBE_TIMEOUT_S, make_launcher, probe_job
 def job_sampler(job: Job, capabilities: Capabilities) -> FreshConfigSampler:
     """The spec's sampler for `job` on a device with `capabilities`, as every search builds it."""
     configs = list(job.configs())
-    return make_sampler(job.sampler.name, job.sampler.seed, job.space, lambda: configs, job.unsupported(capabilities))
+    return make_sampler(
+        job.sampler.name,
+        job.sampler.seed,
+        job.space,
+        lambda: configs,
+        job.unsupported(capabilities),
+        knobs=job.backend.knobs,
+    )
 
 
 class Search:

@@ -3,18 +3,22 @@ out-of-memory trial rules out, which trials are feasible.
 
 A config is taken while a trial of it is live: finished, running in another worker, or queued
 (`LIVE`); an interrupted (FAIL) trial leaves its config free to run again. An out-of-memory trial
-rules out its config and every larger batch with the other knobs equal (`oom_rules_out`). All of
-it comes from the storage alone, so workers sharing a study and a resumed study agree on it.
+rules out every config that needs at least as much memory, knob by knob, in the order of memory
+the backend's knobs declare (`oom_rules_out`, `autotuner.knobs.needs_as_much_memory`): out of
+memory at micro-batch 512 without activation checkpointing rules out 512 and more without it, not
+512 with it; out of memory at 256 with it rules out 256 and more, with or without. A knob that
+declares no order must be equal. All of it comes from the storage alone, so workers sharing a
+study and a resumed study agree on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.knobs import DERIVED, config_key
+from autotuner.knobs import COMMON_TABLE, DERIVED, Knob, config_key, needs_as_much_memory
 
 LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 """The states of a trial whose config is taken."""
@@ -30,17 +34,18 @@ def trial_params(trial: FrozenTrial) -> dict[str, Any]:
     return {k: v for k, v in fixed.items() if k not in DERIVED}
 
 
-def oom_rules_out(params: dict[str, Any], trials: Sequence[FrozenTrial]) -> FrozenTrial | None:
-    """The out-of-memory trial that rules `params` out (same other knobs, a batch no larger), if any."""
-    others = {k: v for k, v in params.items() if k != BATCH}
-    for t in trials:
-        if t.state is TrialState.COMPLETE and t.user_attrs.get("outcome") == "oom":
-            if (
-                t.params.get(BATCH, 0) <= params.get(BATCH, 0)
-                and {k: v for k, v in t.params.items() if k != BATCH} == others
-            ):
-                return t
-    return None
+def ran_out_of_memory(trial: FrozenTrial) -> bool:
+    """A complete trial whose outcome is `oom`."""
+    return trial.state is TrialState.COMPLETE and trial.user_attrs.get("outcome") == "oom"
+
+
+def oom_rules_out(
+    params: dict[str, Any], trials: Sequence[FrozenTrial], knobs: Mapping[str, Knob] = COMMON_TABLE
+) -> FrozenTrial | None:
+    """The out-of-memory trial that rules `params` out, if any: one whose config `params` needs at
+    least as much memory as, knob by knob, by `knobs` (the backend's table; by default the knobs
+    every backend has, where only the micro-batch declares an order)."""
+    return next((t for t in trials if ran_out_of_memory(t) and needs_as_much_memory(params, t.params, knobs)), None)
 
 
 def feasible(trial: FrozenTrial) -> bool:
@@ -62,14 +67,18 @@ def best_feasible(trials: Sequence[FrozenTrial]) -> float | None:
 
 class TriedConfigs:
     """The study's configs as one ask sees them, built once: the live ones (`exclude`, the trial
-    being asked for, left out) and the out-of-memory trials."""
+    being asked for, left out) and the out-of-memory trials, whose configs rule out others by the
+    order of memory of `knobs` (`oom_rules_out`)."""
 
-    def __init__(self, trials: Sequence[FrozenTrial], exclude: int | None = None):
+    def __init__(
+        self, trials: Sequence[FrozenTrial], exclude: int | None = None, knobs: Mapping[str, Knob] = COMMON_TABLE
+    ):
         live = (t for t in trials if t.state in LIVE and t.number != exclude)
         self.numbers = {config_key(trial_params(t)): t.number for t in live}
         """Each live config's trial number, by `config_key`."""
-        self.ooms = [t for t in trials if t.state is TrialState.COMPLETE and t.user_attrs.get("outcome") == "oom"]
+        self.ooms = [t for t in trials if ran_out_of_memory(t)]
+        self.knobs = knobs
 
     def fresh(self, params: dict[str, Any]) -> bool:
         """Neither live nor ruled out by an out-of-memory trial: a config worth running."""
-        return config_key(params) not in self.numbers and oom_rules_out(params, self.ooms) is None
+        return config_key(params) not in self.numbers and oom_rules_out(params, self.ooms, self.knobs) is None

@@ -88,7 +88,9 @@ class Contender:
 def _as_the_search(name: str) -> Contender:
     """`sampler: {name: <name>}` as `autotuner search` builds it (`autotuner.sampler.make_sampler`)."""
     return Contender(
-        lambda seed, job, configs, unsupported: make_sampler(name, seed, job.space, lambda: configs, unsupported)
+        lambda seed, job, configs, unsupported: make_sampler(
+            name, seed, job.space, lambda: configs, unsupported, knobs=job.backend.knobs
+        )
     )
 
 
@@ -96,7 +98,7 @@ def _wrapped(base: Callable[[int], BaseSampler]) -> Contender:
     """An Optuna sampler in `FreshConfigSampler`, with no guided start."""
     return Contender(
         lambda seed, job, configs, unsupported: FreshConfigSampler(
-            base(seed), job.space, lambda: configs, seed, unsupported=unsupported
+            base(seed), job.space, lambda: configs, seed, unsupported=unsupported, knobs=job.backend.knobs
         )
     )
 
@@ -209,7 +211,7 @@ def replay(
     curve: list[float] = []
     while sampler.fresh_configs(study) or study.get_trials(states=(TrialState.WAITING,)):
         trial = study.ask(dict(sampler.space))
-        ruled_out = oom_rules_out(trial.params, study.get_trials(deepcopy=False))
+        ruled_out = oom_rules_out(trial.params, study.get_trials(deepcopy=False), job.backend.knobs)
         if ruled_out is not None:
             give_up(study, trial, f"trial {ruled_out.number} ran out of memory", ruled_out_by=ruled_out.number)
             continue

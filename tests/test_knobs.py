@@ -10,7 +10,20 @@ from autotuner.backends import BACKENDS, Capabilities, get_backend, knob_named
 from autotuner.backends.jax import JAX, JaxCapabilities
 from autotuner.backends.pytorch import PYTORCH, TorchCapabilities
 from autotuner.environment import describe
-from autotuner.knobs import BATCH_SIZE, COMMON_KNOBS, DERIVED, PRECISION, WORKERS, Knob, config_key, format_config
+from autotuner.knobs import (
+    ASCENDING,
+    BATCH_SIZE,
+    COMMON_KNOBS,
+    COMMON_TABLE,
+    DERIVED,
+    PRECISION,
+    WORKERS,
+    Knob,
+    config_key,
+    format_config,
+    knob_table,
+    needs_as_much_memory,
+)
 
 CPU = TorchCapabilities(accelerator=False, bf16=True, fp16=True, tf32=False, compile=True, cuda_graphs=False)
 GPU = TorchCapabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True)
@@ -175,3 +188,63 @@ def test_config_key_ignores_order_and_format_config_shows_the_batch() -> None:
     assert config_key(a) == config_key(b)
     assert config_key(a) != config_key(config(batch_size=16, accumulation=4, workers=1))
     assert format_config(a) == "precision=fp32 batch=16x4 workers=0 compile=none"
+
+
+# ---------------------------------------------------------------- the order of memory
+
+CHECKPOINTING = Knob(
+    "checkpointing", "activation checkpointing", ("none", "blocks"), "none", memory_order=("blocks", "none")
+)
+REMAT = Knob(
+    "remat",
+    "jax.checkpoint of the loss with a policy",
+    ("none", "full", "dots_saveable", "offload"),
+    "none",
+    memory_order=("full", "dots_saveable", "none"),  # "offload" is not placed
+)
+
+
+def test_a_larger_micro_batch_needs_more_memory() -> None:
+    assert BATCH_SIZE.memory_order == ASCENDING
+    assert BATCH_SIZE.needs_as_much_memory(64, 32) and BATCH_SIZE.needs_as_much_memory(32, 32)
+    assert not BATCH_SIZE.needs_as_much_memory(16, 32)
+
+
+def test_a_knob_ranks_its_values_by_its_memory_order_and_leaves_the_others_apart() -> None:
+    assert CHECKPOINTING.needs_as_much_memory("none", "blocks")
+    assert not CHECKPOINTING.needs_as_much_memory("blocks", "none")
+    assert REMAT.needs_as_much_memory("none", "full") and REMAT.needs_as_much_memory("dots_saveable", "full")
+    assert not REMAT.needs_as_much_memory("dots_saveable", "none")
+    assert REMAT.needs_as_much_memory("offload", "offload")
+    assert not REMAT.needs_as_much_memory("offload", "full") and not REMAT.needs_as_much_memory("none", "offload")
+    # no order: only the same value
+    assert PRECISION.memory_order is None and WORKERS.memory_order is None
+    assert not PRECISION.needs_as_much_memory("fp32", "bf16") and not PRECISION.needs_as_much_memory("bf16", "fp32")
+    assert not WORKERS.needs_as_much_memory(2, 1)
+
+
+def test_a_memory_order_must_name_the_knobs_own_values() -> None:
+    with pytest.raises(ValueError, match="blocks2"):
+        Knob("checkpointing", "", ("none", "blocks"), "none", memory_order=("blocks2", "none"))
+    with pytest.raises(ValueError, match="integer"):
+        Knob("checkpointing", "", ("none", "blocks"), "none", memory_order=ASCENDING)
+    assert CHECKPOINTING.restricted("none").memory_order == ("none",)
+    assert REMAT.restricted("none", "offload", "full").memory_order == ("full", "none")
+
+
+def test_a_config_needs_as_much_memory_as_another_when_it_does_knob_by_knob() -> None:
+    knobs = knob_table(*COMMON_KNOBS, CHECKPOINTING)
+
+    def config(batch: int, checkpointing: str, precision: str = "fp32") -> dict:
+        return {"precision": precision, "batch_size": batch, "checkpointing": checkpointing}
+
+    assert needs_as_much_memory(config(512, "none"), config(256, "blocks"), knobs)
+    assert needs_as_much_memory(config(256, "blocks"), config(256, "blocks"), knobs)
+    # a partial order: more batch and less checkpointing's saving rank neither way
+    assert not needs_as_much_memory(config(512, "blocks"), config(256, "none"), knobs)
+    assert not needs_as_much_memory(config(256, "none"), config(512, "blocks"), knobs)
+    # a knob with no order, or one not in the table, must be equal; so must the knobs set
+    assert not needs_as_much_memory(config(512, "none", "bf16"), config(256, "none"), knobs)
+    assert not needs_as_much_memory(config(512, "none"), config(256, "blocks"), COMMON_TABLE)
+    assert needs_as_much_memory(config(512, "none"), config(256, "none"), COMMON_TABLE)
+    assert not needs_as_much_memory({"batch_size": 512}, config(256, "none"), knobs)

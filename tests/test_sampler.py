@@ -19,7 +19,7 @@ from optuna.trial import TrialState, create_trial
 from autotuner.backends import Capabilities
 from autotuner.backends.pytorch import TorchCapabilities
 from autotuner.guided_start import rule_of_thumb
-from autotuner.knobs import config_key
+from autotuner.knobs import BATCH_SIZE, PRECISION, Knob, config_key, knob_table
 from autotuner.optuna_adapter import study_storage, trial_id
 from autotuner.recording import record_pruned
 from autotuner.sampler import ATTEMPTS, FreshConfigSampler, make_base_sampler, make_sampler
@@ -144,6 +144,57 @@ def test_oom_does_not_rule_out_other_knobs() -> None:
     oom = oom_trial({"precision": "fp32", "batch_size": 16, "workers": 0}, space)
     assert oom_rules_out({"precision": "fp32", "batch_size": 32, "workers": 1}, [oom]) is None
     assert oom_rules_out({"precision": "fp32", "batch_size": 32, "workers": 0}, [oom]) is oom
+
+
+CHECKPOINTING = Knob(
+    "checkpointing", "activation checkpointing", ("none", "blocks"), "none", memory_order=("blocks", "none")
+)
+MEMORY_KNOBS = knob_table(PRECISION, BATCH_SIZE, CHECKPOINTING)
+MEMORY_SPACE = {"precision": ["fp32"], "batch_size": [128, 256, 512, 1024], "checkpointing": ["none", "blocks"]}
+
+
+def test_oom_rules_out_the_configs_that_need_at_least_as_much_memory_knob_by_knob() -> None:
+    def rules_out(oom: optuna.trial.FrozenTrial, batch: int, checkpointing: str) -> bool:
+        params = {"precision": "fp32", "batch_size": batch, "checkpointing": checkpointing}
+        return oom_rules_out(params, [oom], MEMORY_KNOBS) is oom
+
+    oom = oom_trial({"precision": "fp32", "batch_size": 512, "checkpointing": "none"}, MEMORY_SPACE)
+    assert rules_out(oom, 512, "none") and rules_out(oom, 1024, "none")
+    assert not rules_out(oom, 256, "none")
+    assert not rules_out(oom, 512, "blocks") and not rules_out(oom, 1024, "blocks")  # checkpointing may fit it
+
+    oom = oom_trial({"precision": "fp32", "batch_size": 256, "checkpointing": "blocks"}, MEMORY_SPACE)
+    assert all(rules_out(oom, b, c) for b in (256, 512, 1024) for c in ("none", "blocks"))
+    assert not rules_out(oom, 128, "blocks") and not rules_out(oom, 128, "none")
+
+    # without the backend's table, a knob with no order must be equal, as it always had to
+    assert oom_rules_out({"precision": "fp32", "batch_size": 512, "checkpointing": "none"}, [oom]) is None
+
+
+def test_a_batch_that_fits_only_with_checkpointing_is_found() -> None:
+    # Memory need: the micro-batch, halved by checkpointing; 512 fits. The fastest config is the
+    # largest batch that fits, which needs checkpointing.
+    configs = all_configs(MEMORY_SPACE)
+    sampler = make_sampler("tpe", 0, MEMORY_SPACE, lambda: configs, knobs=MEMORY_KNOBS)
+    study = optuna.create_study(
+        directions=["maximize", "minimize"], sampler=sampler, storage=optuna.storages.InMemoryStorage()
+    )
+    study.enqueue_trial({"precision": "fp32", "batch_size": 128, "checkpointing": "none"})
+    ran = []
+    while sampler.fresh_configs(study):
+        trial = study.ask(sampler.space)
+        params = trial.params
+        assert oom_rules_out(params, study.get_trials(deepcopy=False), MEMORY_KNOBS) is None, params
+        ran.append((params["batch_size"], params["checkpointing"]))
+        need = params["batch_size"] // (2 if params["checkpointing"] == "blocks" else 1)
+        if need > 512:
+            record(study, trial, [0.0, math.inf], [0.0, 1.0, 0.0], outcome="oom")
+        else:
+            rate = params["batch_size"] * (0.9 if params["checkpointing"] == "blocks" else 1.0)
+            record(study, trial, [rate, 0.0], [0.0, 0.0, 0.0])
+    assert (1024, "blocks") in ran
+    best = max((t for t in study.trials if t.values[1] == 0.0), key=lambda t: t.values[0])
+    assert best.params == {"precision": "fp32", "batch_size": 1024, "checkpointing": "blocks"}
 
 
 def test_only_completed_oom_trials_rule_out() -> None:
@@ -344,7 +395,7 @@ def test_record_stores_infeasible_trials_as_complete_with_violated_constraints()
     assert oom.system_attrs["constraints"] == [0.0, 1.0, 0.0]
     assert oom.user_attrs["outcome"] == "oom"
     # and the OOM rule reads it back from the stored trial
-    assert oom_rules_out({**fp32}, study.get_trials(deepcopy=False)) is not None
+    assert oom_rules_out(dict(oom.params), study.get_trials(deepcopy=False)) is not None
 
 
 # ---------------------------------------------------------------- what the wrapped sampler sees
