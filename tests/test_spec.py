@@ -336,7 +336,7 @@ def test_preset_that_does_not_exist(tmp_path: Path, space: Any, key: str) -> Non
 @pytest.mark.parametrize(
     ("workload", "fragment"),
     [
-        ("builtin:resnet", "builtin:mlp"),
+        ("builtin:vgg", "builtin:mlp"),
         ("not a path", "package.module:function"),
         ("module_without_function", "package.module:function"),
         ("pkg.mod:fn()", "package.module:function"),

@@ -40,6 +40,7 @@ class PyTorchBackend(Backend):
         "mlp": "autotuner.backends.pytorch.workloads:mlp",
         "cnn": "autotuner.backends.pytorch.workloads:cnn",
         "gpt": "autotuner.backends.pytorch.workloads:gpt",
+        "resnet": "autotuner.backends.pytorch.workloads:resnet",
     }
     default_space = "pytorch"
     requires = ("torch",)
