@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotuner.backends import BACKENDS
+from autotuner.backends._base import with_defaults
 from autotuner.environment import fingerprint, framework_versions
 from autotuner.errors import SpecError
 from autotuner.knobs import Config, format_config
@@ -163,7 +164,7 @@ def parse_config(data: Any, source: str) -> TunedConfig:
             source=source,
             key="environment.backend",
         )
-    params = dict(export.params)
+    params = with_defaults(backend, export.params)  # exported before a knob existed: its reference value
     for knob in params:
         if knob not in backend.knobs:
             raise SpecError(
@@ -173,7 +174,7 @@ def parse_config(data: Any, source: str) -> TunedConfig:
             )
     for knob, definition in backend.knobs.items():
         if knob not in params:
-            raise SpecError("required key is missing (every knob has a value)", source=source, key=f"params.{knob}")
+            raise SpecError("required key is missing (this knob has no default)", source=source, key=f"params.{knob}")
         problem = definition.check(params[knob])
         if problem:
             raise SpecError(problem, source=source, key=f"params.{knob}")

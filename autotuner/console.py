@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotuner.formatting import percent, rate
-from autotuner.knobs import format_config
+from autotuner.knobs import format_config, shown_knobs
 from autotuner.progress import duration, phase_path, read_phase, time_left
 from autotuner.records import SearchSummary, TrialRecord, ranked, speedup
 from autotuner.results import Reference
@@ -108,6 +108,13 @@ class SearchReporter:
                 done.set()
                 watcher.join()
 
+    def not_searched(self, dropped: dict[str, dict[Any, str]]) -> None:
+        """One line naming the knob values the device or the workload cannot use (`Job.narrow`);
+        the report says why for each."""
+        if dropped:
+            values = "; ".join(f"{knob} {', '.join(map(str, reasons))}" for knob, reasons in dropped.items())
+            self.console.print(f"not searched (this device or workload cannot use them): {escape(values)}")
+
     def note(self, text: str) -> None:
         self.console.print(text)
 
@@ -178,7 +185,7 @@ class SearchReporter:
         steps = plan.optimizer_steps(summary.trials) if plan is not None else None
         estimates = {t.number: plan.estimate(t, steps) for t in shown} if plan is not None else {}
         extra = [c for c, key in (("run", "run_s"), ("cost", "run_cost")) if any(key in e for e in estimates.values())]
-        knobs = [k for k in (shown[0].config if shown else {}) if k != "accumulation"]
+        knobs = shown_knobs([t.config for t in shown])
         for column in (
             "trial",
             *(k.replace("_size", "") for k in knobs),

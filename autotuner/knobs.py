@@ -14,7 +14,7 @@ knob by knob, is not run (`needs_as_much_memory`, `autotuner.tried_configs.oom_r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -23,6 +23,8 @@ from autotuner.errors import shown
 Config = dict[str, Any]
 """One value per knob, `accumulation` included. Plain data: it is stored as trial params."""
 
+QUIET: dict[str, Any] = {}
+"""Knob name -> the reference value `format_config` leaves it out at (every `quiet` knob's)."""
 ASCENDING: Literal["ascending"] = "ascending"
 """The `Knob.memory_order` of an integer knob whose larger values need more memory (the micro-batch)."""
 
@@ -46,6 +48,10 @@ class Knob:
     """Whether its value changes what the framework compiles. Two configs that differ only in
     knobs that do not (loader workers) share their compiled graphs, and the second one's warm-up
     finds them cached (`autotuner.records.with_cold_warmups`)."""
+    quiet: bool = False
+    """Left out of a config's one-line form (`format_config`) at its reference value: the knobs
+    that are at it in most configs (memory format, attention backend, ...), so a line names what
+    a config changes."""
     memory_order: tuple[Any, ...] | Literal["ascending"] | None = None
     """How the knob's values rank by the memory a training step needs, the rest of the config
     equal: its values from least memory to most; `ASCENDING` for an integer knob whose larger
@@ -61,6 +67,8 @@ class Knob:
                 raise ValueError(f"{self.name}'s memory_order has values it has not: {', '.join(map(str, unknown))}")
         if self.memory_order == ASCENDING and self.choices is not None:
             raise ValueError(f"{self.name}: memory_order {ASCENDING!r} is for integer knobs")
+        if self.quiet:
+            QUIET[self.name] = self.reference
 
     def needs_as_much_memory(self, value: Any, than: Any) -> bool:
         """Whether a step at `value` of this knob needs at least as much memory as one at `than`,
@@ -151,13 +159,29 @@ def config_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def format_config(config: Mapping[str, Any]) -> str:
-    """`precision=bf16 batch=64x4 workers=2 compile=none`: batch shown as micro-batch x accumulation."""
+    """`precision=bf16 batch=64x4 workers=2 compile=none optimizer=fused`: batch shown as
+    micro-batch x accumulation, a quiet knob only away from its reference value."""
     parts = []
     for name, value in config.items():
-        if name == "accumulation":
+        if name == "accumulation" or (name in QUIET and QUIET[name] == value and type(QUIET[name]) is type(value)):
             continue
         if name == "batch_size":
             parts.append(f"batch={value}x{config.get('accumulation', 1)}")
         else:
             parts.append(f"{name}={value}")
     return " ".join(parts)
+
+
+def shown_knobs(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The knobs a table of `configs` has a column for: all but `accumulation` (shown with the
+    batch), and a quiet knob only where some config is away from its reference value."""
+    names = list(configs[0]) if configs else []
+    return [
+        name
+        for name in names
+        if name != "accumulation"
+        and (
+            name not in QUIET
+            or any(c.get(name) != QUIET[name] or type(c.get(name)) is not type(QUIET[name]) for c in configs)
+        )
+    ]

@@ -37,6 +37,12 @@ class NonFiniteLoss(ArithmeticError):
     """The training loss became NaN or infinite: the config diverged."""
 
 
+class Unsupported(RuntimeError):
+    """The workload cannot honour a knob value of the config (an optimizer without a fused
+    variant, a model with no blocks to checkpoint): raised while the config is applied, it makes
+    the trial `unsupported` with this message as the reason, as the engine's own checks do."""
+
+
 @dataclass(frozen=True)
 class Classified:
     outcome: Outcome
@@ -73,6 +79,8 @@ def exception_message(exc: BaseException, is_oom: Callable[[BaseException], bool
         return {"status": "raised", "kind": Outcome.OOM.value, "reason": summary}
     if isinstance(exc, NonFiniteLoss):
         return {"status": "raised", "kind": Outcome.NAN.value, "reason": _one_line(str(exc))}
+    if isinstance(exc, Unsupported):
+        return {"status": "raised", "kind": Outcome.UNSUPPORTED.value, "reason": _one_line(str(exc))}
     return {
         "status": "raised",
         "kind": Outcome.ERROR.value,

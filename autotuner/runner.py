@@ -94,6 +94,12 @@ class TrialBackend(ABC):
         cannot batch ...: <the exception>`); None when nothing does."""
         return None
 
+    def workload_capabilities(self, workload: Any, device: Any, count: int) -> dict[str, bool]:
+        """Probe, once the first batch trains: what the workload offers the knobs (a model with
+        convolutions, attention, blocks to checkpoint; an optimizer with a fused variant on
+        `device`), merged into the environment's `capabilities`; `count` items make the batch."""
+        return {}
+
     def initial_state(self, workload: Any) -> Any:
         """Right after the build: the initial weights, as `restart` takes them back."""
         return None
@@ -245,6 +251,9 @@ def probe(backend: TrialBackend, arg: dict[str, Any]) -> dict[str, Any]:
         if problem is None and built and arg.get("global_batch"):
             problem = _data_problem(backend, built[0], arg["global_batch"])
             problem = problem and " ".join(f"{arg['workload']}: {problem}".split())[:400]
+            if problem is None:
+                count = min(PROBE_ITEMS, arg["global_batch"])
+                environment["capabilities"].update(backend.workload_capabilities(built[0], device, count))
         environment["workload_error"] = problem
     return environment
 

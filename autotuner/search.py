@@ -37,7 +37,7 @@ from autotuner.remeasure import Remeasurer
 from autotuner.results import Reference
 from autotuner.run_time import RUN_ATTR, RunPlan
 from autotuner.sampler import FreshConfigSampler, make_sampler
-from autotuner.spec import Job
+from autotuner.spec import NOT_SEARCHED_ATTR, Job
 from autotuner.study import check_objectives, check_trial_limits, open_storage, open_study, shown_url
 from autotuner.trial import TrialLauncher
 from autotuner.trial_requests import PROBE_TIMEOUT_S, make_launcher, probe_job
@@ -100,18 +100,23 @@ class Search:
         launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
         environment = probe_job(launcher, job, self.device, self.device_source)
         capabilities = job.backend.capabilities(environment["capabilities"])
+        not_searched = job.narrow(capabilities)
         check_objectives(job, environment)
         check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
         study = open_study(storage, job, environment)
         self.plan = RunPlan.from_job(job, start_s=environment.get("framework_start_s") or 0.0)
         study.set_user_attr(RUN_ATTR, self.plan.as_dict() if self.plan else None)  # the export ranks by it
+        study.set_user_attr(
+            NOT_SEARCHED_ATTR, {k: {str(v): why for v, why in d.items()} for k, d in not_searched.items()}
+        )
         process, claims = SearchProcess.this(), Claims(storage, study_id(study))
         recovery = Recovery(study, storage, claims, process)
         once = OncePerStudy(study, claims, process)
         configs = ConfigClaims(storage, claims, process)
         slots = BudgetSlots(study, storage, claims, process, self.max_trials)
         self.reporter.start(job, self.storage_url, environment, self.max_trials)
+        self.reporter.not_searched(not_searched)
 
         sampler = job_sampler(job, capabilities)
         study.sampler = sampler

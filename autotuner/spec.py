@@ -29,7 +29,13 @@ from autotuner.specfile import JobSpec, SamplerSettings, parse_yaml, read_text, 
 from autotuner.workload import is_import_path
 
 MAX_CONFIGS = 100_000
-"""Most configs a search space may hold: every one is listed for the sampler."""
+"""Most configs a searched space may hold, once narrowed to the device and workload
+(`Job.narrow`): every one is listed for the sampler."""
+MAX_DECLARED_CONFIGS = 1_000_000
+"""Most configs a spec's space may declare: values that cannot matter on the device and workload
+are dropped from it before the search (`Job.narrow`), and the rest must fit `MAX_CONFIGS`."""
+NOT_SEARCHED_ATTR = "not_searched"
+"""The study attribute holding what `Job.narrow` dropped: knob -> value -> why (for the report)."""
 TRIAL_TIMEOUT_S = 600.0
 """A trial's timeout when the spec sets none, before the backend's factor for its config."""
 
@@ -48,6 +54,10 @@ class Job:
         self.spec, self.source, self.text = spec, source, text
         self.backend: Backend = get_backend(spec.backend)
         self.space: dict[str, list[Any]] = {}
+        """Knob -> the values searched: the declared ones, narrowed by `narrow` once the probe has
+        said what the device and the workload can honour."""
+        self.declared_space: dict[str, list[Any]] = {}
+        """The space as the spec (and its preset) declared it: what the study's identity hashes."""
         self.baseline: Config = {}
 
     @property
@@ -96,8 +106,43 @@ class Job:
                 "trial": {"timeout", "max_memory_mb"},
             }
         )
-        data["space"], data["baseline"] = self.space, self.baseline
+        # A knob held at its reference value is left out, so adding a knob to the backend (the
+        # spec then holds it at its reference) keeps the identity of every study made before.
+        fixed = {
+            k
+            for k, values in self.declared_space.items()
+            if values == [self.backend.knobs[k].reference] and self.baseline.get(k) == self.backend.knobs[k].reference
+        }
+        data["space"] = {k: v for k, v in self.declared_space.items() if k not in fixed}
+        data["baseline"] = {k: v for k, v in self.baseline.items() if k not in fixed}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def narrow(self, capabilities: Capabilities) -> dict[str, dict[Any, str]]:
+        """Drop from the space the values that cannot matter on a device with `capabilities`
+        (`Backend.irrelevant`: the probe's device and workload), the baseline's own value aside;
+        return them, knob -> value -> why. A SpecError when the narrowed space is still larger than
+        `MAX_CONFIGS`."""
+        dropped: dict[str, dict[Any, str]] = {}
+        for knob, values in self.space.items():
+            kept = []
+            for value in values:
+                reason = (
+                    None if value == self.baseline.get(knob) else self.backend.irrelevant(knob, value, capabilities)
+                )
+                if reason:
+                    dropped.setdefault(knob, {})[value] = reason
+                else:
+                    kept.append(value)
+            self.space[knob] = kept
+        configs = math.prod(len(values) for values in self.space.values())
+        if configs > MAX_CONFIGS:
+            raise SpecError(
+                f"the space holds {configs:,} configs this device and workload can run; at most {MAX_CONFIGS:,} "
+                "(give fewer choices)",
+                source=self.source,
+                key="space",
+            )
+        return dropped
 
     def compile_cache_dir(self) -> Path:
         """The study's own compile cache (torch.compile's), in its folder beside its default storage."""
@@ -271,12 +316,13 @@ def parse_spec(data: Any, source: str, text: str = "") -> Job:
         if value not in job.space[knob]:
             job.space[knob] = [value, *job.space[knob]]
     configs = math.prod(len(values) for values in job.space.values())
-    if configs > MAX_CONFIGS:
+    if configs > MAX_DECLARED_CONFIGS:
         raise SpecError(
-            f"the space holds {configs:,} configs; at most {MAX_CONFIGS:,} (give fewer choices)",
+            f"the space holds {configs:,} configs; at most {MAX_DECLARED_CONFIGS:,} (give fewer choices)",
             source=source,
             key="space",
         )
+    job.declared_space = {knob: list(values) for knob, values in job.space.items()}
     return job
 
 

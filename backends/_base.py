@@ -147,6 +147,13 @@ class Backend(ABC):
         """Why the hardware cannot honour `config` (it is then recorded, never run), or None.
         Start with `unsupported_precision`."""
 
+    def irrelevant(self, knob: str, value: Any, capabilities: Capabilities) -> str | None:
+        """Why `value` of `knob` cannot matter on a device with `capabilities`, whatever the rest of
+        the config (pinned memory without a GPU, say), or None. Such values are dropped from the
+        space before the first trial (`autotuner.spec.Job.narrow`); a backend's `unsupported_reason`
+        refuses them too, for configs that arrive otherwise (an exported config applied elsewhere)."""
+        return None
+
     def presets(self) -> list[str]:
         """The search-space presets a spec may name: by default the YAML files of
         `autotuner.search_spaces`."""
@@ -178,7 +185,7 @@ class Backend(ABC):
             if config.backend != self.name:
                 raise ValueError(f"this config was tuned with the {config.backend} backend, not {self.name}")
             config = config.params
-        params = dict(config)
+        params = with_defaults(self, config)
         if set(params) != set(self.knobs):
             raise ValueError(
                 f"a {self.name} config holds {', '.join(self.knobs)}; this one has {', '.join(params) or 'nothing'}"
@@ -194,6 +201,17 @@ class Backend(ABC):
         if ref.startswith("builtin:"):
             return self.builtin_workloads[ref.removeprefix("builtin:")]
         return ref
+
+
+def with_defaults(backend: Backend, params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` with every knob it lacks at its reference value, where the knob has one (not the
+    batch): a config exported before a knob existed still means what it meant then."""
+    missing = {
+        name: knob.reference
+        for name, knob in backend.knobs.items()
+        if name not in params and knob.reference is not None
+    }
+    return {**params, **missing}
 
 
 class TunedLoop:

@@ -38,8 +38,22 @@ def write_spec(folder: Path, **changes: Any) -> Path:
     is pruned unless `trial` asks for it (the tests of pruning do), so that every trial that ran
     is COMPLETE, whatever the machine's timings, and no profile runs after the search unless
     `profile` asks for it (the tests of profiling do), so that the processes that trained are the
-    search's."""
+    search's. A space of knobs without a `preset` holds every knob it does not name at the
+    baseline's value, so that a test's space is the knobs it names (a preset would search the rest)."""
     spec = {**SMALL_SPEC, **changes}
+    space = spec.get("space")
+    if isinstance(space, dict) and "preset" not in space:
+        from autotuner.backends import BACKENDS
+        from autotuner.knobs import DERIVED
+
+        knobs = BACKENDS[spec["backend"]].knobs if spec.get("backend") in BACKENDS else {}
+        baseline = spec.get("baseline") or {}
+        held = {
+            name: [baseline.get(name, knob.reference)]
+            for name, knob in knobs.items()
+            if name not in space and name not in DERIVED and knob.reference is not None
+        }
+        spec["space"] = {**space, **held}
     spec["budget"] = {"remeasure_top": 0, **spec["budget"]}
     spec["trial"] = {"prune_after": 0, **spec["trial"]}
     spec.setdefault("profile", {"steps": 0})

@@ -303,3 +303,32 @@ def alternate_processes(folder: str, batch: int = 8, delay_s: float = 0.004, **m
     workload = mlp(**mlp_args)
     workload.model.register_forward_pre_hook(_AlternateProcesses(folder, batch, delay_s))
     return workload
+
+
+class _AttentionBlock(nn.Module):
+    """Self-attention with dropout while training, through scaled_dot_product_attention."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.unsqueeze(1) for t in self.qkv(x).chunk(3, dim=-1))
+        attended = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0)
+        return x + self.out(attended.squeeze(1))
+
+
+def dropout_attention(samples: int = 512, dim: int = 16, length: int = 8) -> TorchWorkload:
+    """Two attention blocks with dropout over short sequences: a CPU's flash kernel refuses the
+    dropout, so `attention: flash` can only be found unsupported by running it."""
+    generator = torch.Generator().manual_seed(7)
+    inputs = torch.randn(samples + 64, length, dim, generator=generator)
+    labels = (inputs.sum(dim=(1, 2)) > 0).long()
+    model = nn.Sequential(_AttentionBlock(dim), _AttentionBlock(dim), nn.Flatten(), nn.Linear(length * dim, 2))
+    return TorchWorkload(
+        model=model,
+        dataset=torch.utils.data.TensorDataset(inputs[:samples], labels[:samples]),
+        heldout=torch.utils.data.TensorDataset(inputs[samples:], labels[samples:]),
+        loss_fn=F.cross_entropy,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
+    )

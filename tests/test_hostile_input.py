@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from autotuner.backends import BACKENDS
 from autotuner.cli import main
-from autotuner.spec import MAX_CONFIGS
+from autotuner.spec import MAX_DECLARED_CONFIGS
 from autotuner.specfile import NAME, SAMPLERS
 from autotuner.workload import is_import_path
 from tests.conftest import run_cli
@@ -382,7 +382,7 @@ def test_yaml_that_would_exhaust_the_machine_or_cannot_be_built(tmp_path: Path, 
 def test_a_space_too_large_to_list_is_refused(tmp_path: Path) -> None:
     spec = {**VALID, "global_batch": 720720}  # 240 divisors
     spec["space"] = {"batch_size": [d for d in range(1, 1000) if 720720 % d == 0], "workers": list(range(1000))}
-    refuse_spec(tmp_path, yaml.safe_dump(spec), "space", f"at most {MAX_CONFIGS:,}")
+    refuse_spec(tmp_path, yaml.safe_dump(spec), "space", f"at most {MAX_DECLARED_CONFIGS:,}")
 
 
 def test_more_workers_than_any_machine_has_are_refused(tmp_path: Path) -> None:

@@ -14,6 +14,17 @@ from autotuner.spec import Job, load_spec, parse_spec
 from tests.helpers import ROOT
 
 MINIMAL = {"name": "job", "backend": "pytorch", "workload": "builtin:mlp", "global_batch": 64}
+HELD = {
+    "memory_format": ["contiguous"],
+    "optimizer": ["as-given"],
+    "checkpointing": ["none"],
+    "attention": ["default"],
+    "pin_memory": [False],
+    "prefetch_factor": [2],
+    "cudnn_benchmark": [False],
+}
+"""The knobs a space holds at their reference value, where a test's space is the first four knobs."""
+FIRST = ("precision", "batch_size", "workers", "compile")
 
 
 def write(tmp_path: Path, data: Any, name: str = "job.yaml") -> Path:
@@ -76,19 +87,36 @@ def test_minimal_spec_has_the_documented_defaults(tmp_path: Path) -> None:
     assert job.storage_url("sqlite:///x.db") == "sqlite:///x.db"
     assert job.workload_path() == "autotuner.backends.pytorch.workloads:mlp"
     # the baseline: the strict reference values, the whole global batch in one micro-batch
-    assert job.baseline == {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none"}
+    references = {
+        "memory_format": "contiguous",
+        "optimizer": "as-given",
+        "checkpointing": "none",
+        "attention": "default",
+        "pin_memory": False,
+        "prefetch_factor": 2,
+        "cudnn_benchmark": False,
+    }
+    assert job.baseline == {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none", **references}
     # the space: the default preset, batch sizes that do not divide the global batch dropped
     assert job.space == {
         "precision": ["fp32", "tf32", "bf16", "fp16"],
         "batch_size": [8, 16, 32, 64],
         "workers": [0, 1, 2, 4, 8],
         "compile": ["none", "default", "reduce-overhead", "max-autotune"],
+        "memory_format": ["contiguous", "channels_last"],
+        "optimizer": ["as-given", "foreach", "fused"],
+        "checkpointing": ["none", "blocks"],
+        "attention": ["default", "flash", "efficient", "cudnn", "math", "eager"],
+        "pin_memory": [False, True],
+        "prefetch_factor": [2, 4],
+        "cudnn_benchmark": [False, True],
     }
     assert job.reference_config() == {
         "precision": "fp32",
         "batch_size": 64,
         "workers": 0,
         "compile": "none",
+        **references,
         "accumulation": 1,
     }
     assert job.text == (tmp_path / "job.yaml").read_text()
@@ -103,7 +131,8 @@ def test_sampler_as_a_bare_name(tmp_path: Path) -> None:
 
 def test_every_point_of_the_space_is_a_config(tmp_path: Path) -> None:
     job = spec(
-        tmp_path, space={"precision": ["fp32", "bf16"], "batch_size": [16, 64], "workers": [0], "compile": ["none"]}
+        tmp_path,
+        space={"precision": ["fp32", "bf16"], "batch_size": [16, 64], "workers": [0], "compile": ["none"], **HELD},
     )
     configs = list(job.configs())
     assert len(configs) == 4
@@ -113,7 +142,7 @@ def test_every_point_of_the_space_is_a_config(tmp_path: Path) -> None:
         ("bf16", 16),
         ("bf16", 64),
     }
-    assert all(set(c) == {"precision", "batch_size", "workers", "compile"} for c in configs)
+    assert all(set(c) == {*FIRST, *HELD} for c in configs)
 
 
 def test_inline_choices_win_over_the_preset(tmp_path: Path) -> None:
@@ -141,9 +170,10 @@ def test_the_baseline_values_are_added_to_the_space(tmp_path: Path) -> None:
     job = spec(
         tmp_path,
         baseline={"precision": "fp16", "batch_size": 32, "workers": 2},
-        space={"precision": ["bf16"], "batch_size": [8, 16], "workers": [0], "compile": ["none"]},
+        space={"precision": ["bf16"], "batch_size": [8, 16], "workers": [0], "compile": ["none"], **HELD},
     )
-    assert job.baseline == {"precision": "fp16", "batch_size": 32, "workers": 2, "compile": "none"}
+    held = {k: v[0] for k, v in HELD.items()}
+    assert job.baseline == {"precision": "fp16", "batch_size": 32, "workers": 2, "compile": "none", **held}
     assert job.space["precision"] == ["fp16", "bf16"]
     assert job.space["batch_size"] == [32, 8, 16]
     assert job.space["workers"] == [2, 0]
@@ -155,16 +185,20 @@ def test_the_baseline_values_are_added_to_the_space(tmp_path: Path) -> None:
         "batch_size": 32,
         "workers": 0,
         "compile": "none",
+        **held,
         "accumulation": 2,
     }
 
 
 def test_complete_derives_accumulation_and_fills_fixed_knobs(tmp_path: Path) -> None:
     job = spec(
-        tmp_path, baseline={"workers": 1}, space={"precision": ["fp32", "bf16"], "batch_size": [8, 16], "workers": [1]}
+        tmp_path,
+        baseline={"workers": 1},
+        space={"precision": ["fp32", "bf16"], "batch_size": [8, 16], "workers": [1], **HELD},
     )
     config = job.complete({"precision": "bf16", "batch_size": 8})
-    assert config == {"precision": "bf16", "batch_size": 8, "workers": 1, "compile": "none", "accumulation": 8}
+    held = {k: v[0] for k, v in HELD.items()}
+    assert config == {"precision": "bf16", "batch_size": 8, "workers": 1, "compile": "none", **held, "accumulation": 8}
     assert job.complete({"precision": "fp32", "batch_size": 64})["accumulation"] == 1
     for params in job.configs():
         full = job.complete(params)

@@ -1,7 +1,13 @@
-"""The PyTorch backend, engine side: knobs, built-in workloads, what a device can honour.
+"""The PyTorch backend, engine side: knobs, built-in workloads, what a device and a workload can
+honour.
 
 The trial-process half is `autotuner.backends.pytorch.runner`; user workloads return a
-`autotuner.backends.pytorch.workload.TorchWorkload`.
+`autotuner.backends.pytorch.workload.TorchWorkload`. Which knob values can matter is decided here
+from the probe's capabilities, the device's and the workload's (`TorchCapabilities`): a value
+that cannot matter anywhere in the space (pinned memory without a GPU, channels_last for a
+model without convolutions) is dropped from the space before the first trial
+(`PyTorchBackend.irrelevant`); one that cannot run with the rest of its config (flash attention
+in fp32 on a GPU, a prefetch depth without loader workers) is recorded as unsupported.
 """
 
 from __future__ import annotations
@@ -18,10 +24,76 @@ COMPILE = Knob(
     "none",
     recommended=("default", "max-autotune", "reduce-overhead"),
 )
+MEMORY_FORMAT = Knob(
+    "memory_format",
+    "tensor layout of the model's convolutions and its 4-D inputs: contiguous (NCHW) or channels_last (NHWC)",
+    ("contiguous", "channels_last"),
+    "contiguous",
+    quiet=True,
+)
+OPTIMIZER = Knob(
+    "optimizer",
+    "the workload's optimizer as given, or rebuilt with foreach=True (multi-tensor) or fused=True (one kernel)",
+    ("as-given", "foreach", "fused"),
+    "as-given",
+    recommended=("fused",),
+    quiet=True,
+)
+CHECKPOINTING = Knob(
+    "checkpointing",
+    "activation checkpointing of the model's repeated blocks: recompute their activations in the backward",
+    ("none", "blocks"),
+    "none",
+    memory_order=("blocks", "none"),
+    quiet=True,
+)
+ATTENTION = Knob(
+    "attention",
+    "the scaled-dot-product-attention backend (default: PyTorch's choice), or eager attention (Hugging Face models)",
+    ("default", "flash", "efficient", "cudnn", "math", "eager"),
+    "default",
+    quiet=True,
+)
+PIN_MEMORY = Knob(
+    "pin_memory",
+    "loader batches in pinned host memory (faster copies to a GPU)",
+    (False, True),
+    False,
+    recommended=(True,),
+    compiled=False,
+    quiet=True,
+)
+PREFETCH_FACTOR = Knob(
+    "prefetch_factor", "batches each loader worker loads ahead", None, 2, maximum=64, compiled=False, quiet=True
+)
+CUDNN_BENCHMARK = Knob(
+    "cudnn_benchmark",
+    "cuDNN times its convolution algorithms for each new input shape and keeps the fastest",
+    (False, True),
+    False,
+    recommended=(True,),
+    compiled=False,
+    quiet=True,
+)
+PYTORCH_KNOBS = (
+    *COMMON_KNOBS,
+    COMPILE,
+    MEMORY_FORMAT,
+    OPTIMIZER,
+    CHECKPOINTING,
+    ATTENTION,
+    PIN_MEMORY,
+    PREFETCH_FACTOR,
+    CUDNN_BENCHMARK,
+)
 
 COMPILE_TIMEOUT_FACTOR = {"none": 1.0, "default": 2.0, "reduce-overhead": 2.0, "max-autotune": 4.0}
 """A trial's default timeout per compile mode, in default timeouts: max-autotune benchmarks
 candidate kernels for every matmul and convolution, which on a large model takes minutes."""
+
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+HALF_PRECISION_ONLY = ("flash", "cudnn")
+"""SDPA backends whose CUDA kernels take fp16 and bf16 only (flash attention's CPU kernel takes fp32)."""
 
 
 @dataclass(frozen=True)
@@ -29,12 +101,24 @@ class TorchCapabilities(Capabilities):
     compile: bool = capability("torch.compile")
     """torch.compile can build kernels here (a working inductor backend)."""
     cuda_graphs: bool = capability("CUDA graphs")
+    cudnn: bool = capability("cuDNN")
+    """A GPU with cuDNN: `cudnn_benchmark` can matter."""
+    sdpa_flash: bool = capability("flash attention")
+    sdpa_efficient: bool = capability("memory-efficient attention")
+    sdpa_cudnn: bool = capability("cuDNN attention")
+    # What the probe found of the workload (`autotuner.backends.pytorch.probe.workload_capabilities`).
+    convolutions: bool = capability("workload: 2-D convolutions")
+    sdpa: bool = capability("workload: scaled_dot_product_attention")
+    hf_attention: bool = capability("workload: Hugging Face attention implementations")
+    checkpoint_blocks: bool = capability("workload: repeated blocks to checkpoint")
+    foreach_optimizer: bool = capability("workload: optimizer takes foreach")
+    fused_optimizer: bool = capability("workload: optimizer takes fused here")
 
 
 class PyTorchBackend(Backend):
     name = "pytorch"
     runner = "autotuner.backends.pytorch.runner"
-    knobs = knob_table(*COMMON_KNOBS, COMPILE)
+    knobs = knob_table(*PYTORCH_KNOBS)
     capabilities_type = TorchCapabilities
     builtin_workloads = {
         "mlp": "autotuner.backends.pytorch.workloads:mlp",
@@ -49,19 +133,68 @@ class PyTorchBackend(Backend):
     def timeout_factor(self, config: Config) -> float:
         return COMPILE_TIMEOUT_FACTOR[config.get("compile", "none")]
 
+    def irrelevant(self, knob: str, value: object, capabilities: Capabilities) -> str | None:
+        caps = capabilities if isinstance(capabilities, TorchCapabilities) else TorchCapabilities()
+        if value == self.knobs[knob].reference:
+            return None
+        if knob == "compile":
+            if not caps.compile:
+                return f"compile={value}: torch.compile cannot build kernels here"
+            if value == "reduce-overhead" and not caps.cuda_graphs:
+                return "compile=reduce-overhead: CUDA graphs need a CUDA device"
+        if knob == "memory_format" and not caps.convolutions:
+            return "memory_format=channels_last: the model has no 2-D convolutions"
+        if knob == "optimizer" and not getattr(caps, f"{value}_optimizer"):
+            return f"optimizer={value}: the workload's optimizer takes no {value}=True on this device"
+        if knob == "checkpointing" and not caps.checkpoint_blocks:
+            return "checkpointing=blocks: the model has no repeated blocks (name them: TorchWorkload.checkpoint_blocks)"
+        if knob == "attention":
+            if value == "eager":
+                return None if caps.hf_attention else "attention=eager: only Hugging Face models choose their attention"
+            if not (caps.sdpa or caps.hf_attention):
+                return f"attention={value}: the model calls no scaled_dot_product_attention"
+            if value != "math" and not getattr(caps, f"sdpa_{value}"):
+                return f"attention={value}: this device or torch build has no {value} attention kernel"
+        if knob == "pin_memory" and not caps.accelerator:
+            return "pin_memory=True: pinned host memory only speeds copies to a GPU"
+        if knob == "cudnn_benchmark" and not (caps.cudnn and caps.convolutions):
+            why = "the model has no convolutions" if caps.cudnn else "there is no GPU with cuDNN"
+            return f"cudnn_benchmark=True: cuDNN times convolution algorithms, and {why}"
+        return None
+
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
         precision = self.unsupported_precision(config.get("precision", "fp32"), capabilities)
         if precision:
             return precision
-        mode = config.get("compile", "none")
-        # a plain `Capabilities` (no probe of torch's) has neither
-        if mode != "none" and not getattr(capabilities, "compile", False):
-            return f"compile={mode}: torch.compile cannot build kernels here"
-        if mode == "reduce-overhead" and not getattr(capabilities, "cuda_graphs", False):
-            return "compile=reduce-overhead: CUDA graphs need a CUDA device"
+        for knob, value in config.items():
+            if knob in self.knobs:
+                reason = self.irrelevant(knob, value, capabilities)
+                if reason:
+                    return reason
+        attention = config.get("attention", "default")
+        if (
+            attention in HALF_PRECISION_ONLY
+            and capabilities.accelerator
+            and config.get("precision", "fp32") not in ("bf16", "fp16")
+        ):
+            return f"attention={attention}: its CUDA kernels compute in bf16 or fp16 only"
+        if config.get("prefetch_factor", 2) != PREFETCH_FACTOR.reference and config.get("workers", 0) == 0:
+            return "prefetch_factor: only loader workers prefetch (workers=0 loads in the training process)"
         return None
 
 
 PYTORCH = PyTorchBackend()
 
-__all__ = ["COMPILE", "PYTORCH", "PyTorchBackend", "TorchCapabilities"]
+__all__ = [
+    "ATTENTION",
+    "CHECKPOINTING",
+    "COMPILE",
+    "CUDNN_BENCHMARK",
+    "MEMORY_FORMAT",
+    "OPTIMIZER",
+    "PIN_MEMORY",
+    "PREFETCH_FACTOR",
+    "PYTORCH",
+    "PyTorchBackend",
+    "TorchCapabilities",
+]

@@ -33,17 +33,21 @@ each micro-batch's gradients are added into them, and every forward starts a new
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
+import inspect
 import multiprocessing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from autotuner.backends._base import TunedLoop
 from autotuner.backends.pytorch import PYTORCH
+from autotuner.outcomes import Unsupported
 
 if TYPE_CHECKING:
     from autotuner.apply import TunedConfig
@@ -52,6 +56,16 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
 CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
 """Compile modes that capture CUDA graphs on a GPU (inductor's `triton.cudagraphs`)."""
+SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+NO_KERNEL = "No available kernel"
+"""What scaled_dot_product_attention raises when none of the backends allowed can take its inputs."""
+OPTIMIZER_FLAGS = ("foreach", "fused")
+CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
 def resolve_device(spec: str | torch.device | None) -> torch.device:
@@ -113,6 +127,99 @@ def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
     return compiled
 
 
+def rebuilt_optimizer(optimizer: torch.optim.Optimizer, choice: str) -> torch.optim.Optimizer:
+    """`optimizer` for the `optimizer` knob: itself for `as-given`; for `foreach` or `fused`, a new
+    optimizer of its class over its parameter groups with the same hyperparameters and that flag on
+    (the other off). Only an optimizer that has not stepped yet is rebuilt: its state would be lost.
+    `Unsupported` when its class takes no such flag."""
+    if choice == "as-given":
+        return optimizer
+    kind = type(optimizer)
+    accepted = inspect.signature(kind.__init__).parameters
+    if choice not in accepted:
+        raise Unsupported(f"optimizer={choice}: {kind.__name__} takes no {choice} argument")
+    if optimizer.state:
+        raise ValueError(
+            f"optimizer={choice} rebuilds the optimizer: pass one that has not stepped yet "
+            "(then load its state into TunedTraining.optimizer)"
+        )
+    groups = [{k: v for k, v in group.items() if k not in OPTIMIZER_FLAGS} for group in optimizer.param_groups]
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k not in OPTIMIZER_FLAGS}
+    flags: dict[str, Any] = {flag: flag == choice for flag in OPTIMIZER_FLAGS if flag in accepted}
+    try:
+        return kind(groups, **defaults, **flags)
+    except (RuntimeError, ValueError) as exc:  # e.g. fused kernels for this device or dtype do not exist
+        raise Unsupported(f"optimizer={choice}: {kind.__name__} refused it: {exc}") from None
+
+
+def repeated_blocks(model: torch.nn.Module) -> tuple[type[torch.nn.Module], ...]:
+    """The largest module type `model` holds at least twice, containers and layers without
+    submodules aside (a transformer's blocks, a ResNet's residual blocks); empty when there is none."""
+    counts = collections.Counter(type(m) for m in model.modules())
+    first: dict[type[torch.nn.Module], torch.nn.Module] = {}
+    for module in model.modules():
+        first.setdefault(type(module), module)
+    candidates = [
+        kind
+        for kind, count in counts.items()
+        if count >= 2 and not issubclass(kind, CONTAINERS) and any(True for _ in first[kind].children())
+    ]
+    if not candidates:
+        return ()
+    return (max(candidates, key=lambda kind: sum(p.numel() for p in first[kind].parameters())),)
+
+
+def is_hugging_face(model: torch.nn.Module) -> bool:
+    """A transformers `PreTrainedModel`: it checkpoints and chooses its attention itself."""
+    return callable(getattr(model, "gradient_checkpointing_enable", None)) and callable(
+        getattr(model, "set_attn_implementation", None)
+    )
+
+
+def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def enable_checkpointing(model: torch.nn.Module, blocks: Sequence[type[torch.nn.Module]] | None = None) -> None:
+    """Activation checkpointing of `model`'s blocks: instances of `blocks`, or where None, a Hugging
+    Face model's own gradient checkpointing, or else the largest module type it repeats
+    (`repeated_blocks`). Each block's forward keeps only its inputs and recomputes the rest in the
+    backward (non-reentrant `torch.utils.checkpoint`). Applying it twice changes nothing.
+    `Unsupported` when the model has no such blocks."""
+    if not blocks and is_hugging_face(model) and getattr(model, "supports_gradient_checkpointing", False):
+        # transformers 5 renamed it activation checkpointing (the old names warn)
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            if not model.is_activation_checkpointing:
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+        elif not model.is_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+        return
+    kinds = tuple(blocks or ()) or repeated_blocks(model)
+    if not kinds:
+        raise Unsupported("checkpointing=blocks: the model repeats no block (name them: checkpoint_blocks)")
+    for module in model.modules():
+        if isinstance(module, kinds) and not getattr(module, "_autotuner_checkpointed", False):
+            module.forward = functools.partial(_checkpointed, module.forward)  # type: ignore[method-assign]
+            module._autotuner_checkpointed = True  # type: ignore[assignment]
+
+
+def choose_attention(model: torch.nn.Module, attention: str) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The context the forward runs in for the `attention` knob: `sdpa_kernel` with that one backend,
+    or nothing for `default` and `eager`. A Hugging Face model is switched to its `sdpa`
+    implementation for a backend, to `eager` for eager; eager on any other model is `Unsupported`."""
+    if attention == "eager" or (attention in SDPA_BACKENDS and is_hugging_face(model)):
+        if not is_hugging_face(model):
+            raise Unsupported("attention=eager: only Hugging Face models choose their attention implementation")
+        try:
+            model.set_attn_implementation("eager" if attention == "eager" else "sdpa")  # type: ignore[operator]
+        except (ValueError, ImportError) as exc:
+            raise Unsupported(f"attention={attention}: {exc}") from None
+    if attention in SDPA_BACKENDS:
+        return functools.partial(sdpa_kernel, [SDPA_BACKENDS[attention]])
+    return contextlib.nullcontext
+
+
 def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
     """Give every parameter of `optimizer` that has none a zero `.grad`, so that backward adds into
     it in place instead of installing its own output tensor there."""
@@ -122,23 +229,23 @@ def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
                 param.grad = torch.zeros_like(param)
 
 
-def to_device(value: Any, device: torch.device, *, non_blocking: bool = False) -> Any:
-    """`value` with every tensor in it on `device` (see `TunedTraining.to_device`)."""
+def to_device(value: Any, device: torch.device, *, non_blocking: bool = False, channels_last: bool = False) -> Any:
+    """`value` with every tensor in it on `device` (see `TunedTraining.to_device`); with
+    `channels_last`, its 4-D floating-point tensors (images) in that layout."""
     if isinstance(value, torch.Tensor):
+        if channels_last and value.dim() == 4 and value.is_floating_point():
+            return value.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
         return value.to(device, non_blocking=non_blocking)
+    move = functools.partial(to_device, device=device, non_blocking=non_blocking, channels_last=channels_last)
     if isinstance(value, Mapping):
-        moved = {k: to_device(v, device, non_blocking=non_blocking) for k, v in value.items()}
+        moved = {k: move(v) for k, v in value.items()}
         return moved if type(value) is dict else _rebuilt(value, moved)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(to_device(v, device, non_blocking=non_blocking) for v in value))
+        return type(value)(*(move(v) for v in value))
     if isinstance(value, (list, tuple)):
-        return type(value)(to_device(v, device, non_blocking=non_blocking) for v in value)
+        return type(value)(move(v) for v in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {
-            f.name: to_device(getattr(value, f.name), device, non_blocking=non_blocking)
-            for f in dataclasses.fields(value)
-            if f.init
-        }
+        changes = {f.name: move(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **changes)
     return value
 
@@ -156,14 +263,19 @@ class TunedTraining(TunedLoop):
     """One tuned config applied to a model, its optimizer and (optionally) its dataset.
 
     The constructor moves `model` to `device` (default: cuda:0 if there is a GPU, else the CPU),
-    sets the TF32 flags (on for `tf32`, strict fp32 otherwise; process-wide), and compiles the
-    model with the config's mode (`model` is then the `torch.compile` wrapper, sharing the
-    parameters of the module passed in; a module `torch.compile` already wrapped is kept as it is).
-    `collate_fn` batches the items of every loader `make_loader` builds (None: torch's default).
-    Under CUDA graphs with accumulation, the optimizer's parameters get their `.grad` allocated
-    here and kept (see the module docstring). `config` is a `TunedConfig` from
-    `autotuner.apply.load_config`, or a plain mapping of knob values (precision, batch_size,
-    accumulation, workers, compile).
+    sets the process-wide flags (TF32 on for `tf32`, strict fp32 otherwise; cuDNN's benchmark
+    mode), converts the model to `channels_last` for that memory format, turns on activation
+    checkpointing of its blocks (`enable_checkpointing`; `checkpoint_blocks` names their types),
+    picks its attention (`choose_attention`), and compiles it with the config's mode (`model` is
+    then the `torch.compile` wrapper, sharing the parameters of the module passed in; a module
+    `torch.compile` already wrapped is kept as it is). For `optimizer: foreach` or `fused`,
+    `optimizer` is rebuilt with that flag (`rebuilt_optimizer`): build schedulers over
+    `tuned.optimizer`, not over the one passed in. `collate_fn` batches the items of every loader
+    `make_loader` builds (None: torch's default). Under CUDA graphs with accumulation, the
+    optimizer's parameters get their `.grad` allocated here and kept (see the module docstring).
+    `config` is a `TunedConfig` from `autotuner.apply.load_config`, or a plain mapping of knob
+    values; a knob it lacks (a config exported before the knob existed) takes its reference value.
+    A knob value this model or optimizer cannot take raises `autotuner.outcomes.Unsupported`.
 
     Build the optimizer over the model's parameters before or after: moving a module keeps its
     parameter objects. With `dataset`, `loader` is its DataLoader (see `make_loader`).
@@ -178,14 +290,24 @@ class TunedTraining(TunedLoop):
         device: str | torch.device | None = None,
         *,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        checkpoint_blocks: Sequence[type[torch.nn.Module]] | None = None,
     ):
         super().__init__(PYTORCH, config)
         self.params = self.config
         """The knob values (its name before `config`, kept for loops that read it)."""
         self.device = resolve_device(device)
         set_matmul_precision(self.precision)
-        self.model = _compiled(model.to(self.device), self.config["compile"])
-        self.optimizer = optimizer
+        torch.backends.cudnn.benchmark = bool(self.config["cudnn_benchmark"])
+        self._channels_last = self.config["memory_format"] == "channels_last"
+        model = model.to(self.device)
+        if self._channels_last:
+            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        if self.config["checkpointing"] == "blocks":
+            enable_checkpointing(model, checkpoint_blocks)
+        self._attention = choose_attention(model, self.config["attention"])
+        self.model = _compiled(model, self.config["compile"])
+        self.optimizer = rebuilt_optimizer(optimizer, self.config["optimizer"])
+        optimizer = self.optimizer
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.skipped_steps = 0
         """Optimizer steps the GradScaler skipped because fp16 gradients overflowed (fp16 only)."""
@@ -199,7 +321,8 @@ class TunedTraining(TunedLoop):
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] = (
             functools.partial(torch.autocast, self.device.type, dtype=dtype) if dtype else contextlib.nullcontext
         )
-        self._non_blocking = self.device.type == "cuda"
+        self._pin_memory = bool(self.config["pin_memory"]) and self.device.type == "cuda"
+        self._non_blocking = self._pin_memory
         self._micro_steps = 0
         self.collate_fn = collate_fn
         """What batches a list of items in `make_loader` (the workload's); None: torch's default."""
@@ -207,10 +330,24 @@ class TunedTraining(TunedLoop):
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context for the forward pass and the loss: autocast for bf16/fp16, nothing otherwise.
+        With an `attention` backend, the forward's scaled-dot-product attention uses that one.
         Under CUDA graphs, calling it also starts a new CUDA-graph step (the previous micro-batch's
         outputs have been used by then)."""
         self._mark_step()
-        return self._autocast()
+        return self._forward_context()
+
+    @contextlib.contextmanager
+    def _forward_context(self) -> Iterator[None]:
+        attention = self.config["attention"]
+        try:
+            with self._autocast(), self._attention():
+                yield
+        except RuntimeError as exc:
+            # sdpa_kernel leaves one backend, and it refuses what it cannot compute (dropout on a
+            # CPU's flash kernel, a head size or a mask it lacks) with this text
+            if attention not in SDPA_BACKENDS or NO_KERNEL not in f"{exc} {exc.__cause__}":
+                raise
+            raise Unsupported(f"attention={attention}: its kernel cannot compute this model's attention here") from exc
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate this micro-batch's gradients: the loss divided by `accumulation` (so the sum over
@@ -237,14 +374,16 @@ class TunedTraining(TunedLoop):
     def to_device(self, value: Any) -> Any:
         """A batch on the device: its tensors moved, in dicts (any mapping), lists, tuples, namedtuples
         and dataclasses nested to any depth, each rebuilt as its own type; anything else is left as
-        it is. Non-blocking from the pinned memory of a CUDA loader."""
-        return to_device(value, self.device, non_blocking=self._non_blocking)
+        it is; 4-D floating-point tensors (images) in the channels_last layout where the config
+        says so. Non-blocking from the pinned memory of a CUDA loader."""
+        return to_device(value, self.device, non_blocking=self._non_blocking, channels_last=self._channels_last)
 
     def make_loader(
         self, dataset: torch.utils.data.Dataset[Any], *, shuffle: bool = True, seed: int | None = None
     ) -> torch.utils.data.DataLoader[Any]:
         """A DataLoader of micro-batches: `workers` worker processes (persistent, started with fork
-        where the platform has it, as in the trials), pinned memory on CUDA, and the last partial
+        where the platform has it, as in the trials), each loading `prefetch_factor` batches
+        ahead, pinned memory for a CUDA device where the config pins it, and the last partial
         micro-batch dropped so every optimizer step sees `global_batch` samples, batched by
         `collate_fn`. `seed` fixes the shuffling and the workers' seeds."""
         workers = self.workers
@@ -256,8 +395,9 @@ class TunedTraining(TunedLoop):
             collate_fn=self.collate_fn,
             drop_last=True,
             num_workers=workers,
-            pin_memory=self.device.type == "cuda",
+            pin_memory=self._pin_memory,
             persistent_workers=workers > 0,
+            prefetch_factor=int(self.config["prefetch_factor"]) if workers > 0 else None,
             # Linux's usual fork: workers start in milliseconds. (A trial process comes from a fork
             # server, whose default would start a second fork server and re-import torch.)
             multiprocessing_context="fork" if fork else None,

@@ -9,16 +9,20 @@ calling its functions, in a trial process, touches the device.
 
 from __future__ import annotations
 
+import inspect
 import os
 import platform
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from autotuner.environment import cpu_name, thread_settings
 from autotuner.hardware import peak_flops
 from autotuner.telemetry import cuda_uuid, has_energy_counter, nvml_driver
+
+if TYPE_CHECKING:
+    from autotuner.backends.pytorch.workload import TorchWorkload
 
 
 def environment(device: torch.device) -> dict[str, Any]:
@@ -29,7 +33,18 @@ def environment(device: torch.device) -> dict[str, Any]:
         name = props.name
         driver = nvml_driver()
         ampere = props.major >= 8  # of this device: is_bf16_supported() asks about cuda:0, and counts emulation
-        capabilities = {"accelerator": True, "bf16": ampere, "fp16": True, "tf32": ampere, "cuda_graphs": True}
+        capabilities = {
+            "accelerator": True,
+            "bf16": ampere,
+            "fp16": True,
+            "tf32": ampere,
+            "cuda_graphs": True,
+            "cudnn": torch.backends.cudnn.is_available(),
+            # the kernels' own requirements (sm80 for flash and cuDNN attention, sm50 for efficient)
+            "sdpa_flash": ampere,
+            "sdpa_efficient": props.major >= 5,
+            "sdpa_cudnn": ampere and torch.backends.cudnn.is_available(),
+        }
         extra = {
             "compute_capability": f"{props.major}.{props.minor}",
             "memory_mb": props.total_memory // 2**20,
@@ -44,6 +59,10 @@ def environment(device: torch.device) -> dict[str, Any]:
             "fp16": _cpu_autocast_works(torch.float16),
             "tf32": False,
             "cuda_graphs": False,
+            "cudnn": False,
+            "sdpa_flash": True,  # a CPU kernel of its own (fp32 and bf16)
+            "sdpa_efficient": False,
+            "sdpa_cudnn": False,
         }
         extra = {}
     capabilities["compile"] = _compile_works(device)
@@ -63,6 +82,60 @@ def environment(device: torch.device) -> dict[str, Any]:
         "peak_flops": peak_flops(name) if device.type == "cuda" else {},
         **extra,
     }
+
+
+def workload_capabilities(workload: TorchWorkload, device: torch.device, count: int) -> dict[str, bool]:
+    """What the workload offers the knobs (`autotuner.backends.pytorch.TorchCapabilities`): 2-D
+    convolutions (channels_last, cuDNN's benchmark), a call of scaled_dot_product_attention in its
+    loss on the first `count` items (run where the model was built, without gradients) or Hugging
+    Face attention implementations, blocks to checkpoint, and which of foreach and fused its
+    optimizer's class takes, fused tried on `device` (fused kernels exist for some devices only)."""
+    from torch.overrides import TorchFunctionMode
+
+    from autotuner.backends.pytorch.apply import is_hugging_face, repeated_blocks
+
+    model = workload.model
+
+    class Calls(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sdpa = False
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.sdpa = self.sdpa or getattr(func, "__name__", "") == "scaled_dot_product_attention"
+            return func(*args, **(kwargs or {}))
+
+    calls = Calls()
+    try:
+        batch = workload.collate([workload.dataset[i] for i in range(count)])
+        with torch.no_grad(), calls:
+            workload.loss(model, batch)
+    except Exception:  # the probe's first-batch check has passed: this only decides a capability
+        pass
+    hugging_face = is_hugging_face(model)
+    optimizer = workload.optimizer(p for p in model.parameters())
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return {
+        "convolutions": any(isinstance(m, torch.nn.Conv2d) for m in model.modules()),
+        "sdpa": calls.sdpa,
+        "hf_attention": hugging_face,
+        "checkpoint_blocks": bool(workload.checkpoint_blocks)
+        or bool(hugging_face and getattr(model, "supports_gradient_checkpointing", False))
+        or bool(repeated_blocks(model)),
+        "foreach_optimizer": "foreach" in accepted,
+        "fused_optimizer": "fused" in accepted and _fused_works(type(optimizer), device),
+    }
+
+
+def _fused_works(kind: type[torch.optim.Optimizer], device: torch.device) -> bool:
+    """Whether `kind(..., fused=True)` builds and steps over an fp32 parameter on `device`."""
+    try:
+        param = torch.nn.Parameter(torch.zeros(2, device=device))
+        param.grad = torch.ones_like(param)
+        kind([param], fused=True).step()  # type: ignore[call-arg]
+    except Exception:
+        return False
+    return True
 
 
 def gpu_uuid(device: torch.device) -> str | None:

@@ -21,7 +21,7 @@ import torch
 import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): let the fork server pay once
 
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
-from autotuner.backends.pytorch.probe import environment, gpu_uuid
+from autotuner.backends.pytorch.probe import environment, gpu_uuid, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload, first_batch_problem
 from autotuner.runner import TrialBackend
 
@@ -100,6 +100,9 @@ class PyTorchTrial(TrialBackend):
     def first_batch_problem(self, workload: TorchWorkload, count: int) -> str | None:
         return first_batch_problem(workload, count)
 
+    def workload_capabilities(self, workload: TorchWorkload, device: torch.device, count: int) -> dict[str, bool]:
+        return workload_capabilities(workload, device, count)
+
     def initial_state(self, workload: TorchWorkload) -> dict[str, torch.Tensor]:
         return _host_copy(workload.model)
 
@@ -128,7 +131,14 @@ class PyTorchTrial(TrialBackend):
     ) -> TunedTraining:
         """The config applied to `model`, with a fresh optimizer (and so a fresh GradScaler)."""
         optimizer = workload.optimizer(workload.model.parameters())
-        return TunedTraining(config, model, optimizer, device=device, collate_fn=workload.collate_fn)
+        return TunedTraining(
+            config,
+            model,
+            optimizer,
+            device=device,
+            collate_fn=workload.collate_fn,
+            checkpoint_blocks=workload.checkpoint_blocks,
+        )
 
     def train_step(self, workload: TorchWorkload, training: TunedTraining, batches: Iterator[Any]) -> torch.Tensor:
         total = torch.zeros((), device=training.device)

@@ -92,6 +92,9 @@ class TorchWorkload:
     """Set it to get tokens/s as well as samples/s."""
     flops_per_sample: float | None = None
     """Training FLOPs (forward and backward) per sample; with it, MFU is reported on GPUs."""
+    checkpoint_blocks: tuple[type[torch.nn.Module], ...] | None = None
+    """The module types `checkpointing: blocks` checkpoints; None: a Hugging Face model's own
+    gradient checkpointing, or else the largest module type the model repeats."""
 
     def collate(self, items: list[Any]) -> Any:
         """`items` batched as the workload's loaders batch them."""
