@@ -17,7 +17,7 @@ from plotly.graph_objects import Bar, Box, Figure, Scatter
 from plotly.subplots import make_subplots
 
 from autotuner.backends import knob_named
-from autotuner.knobs import Config, format_config
+from autotuner.knobs import Config, format_config, shown_knobs
 from autotuner.records import TrialRecord, ranked, speedup
 
 THROUGHPUT_TITLE = "throughput (samples/s)"
@@ -282,11 +282,13 @@ def value_order(knob: str, trials: Sequence[TrialRecord]) -> list[str]:
 
 
 def knobs_of(trials: Sequence[TrialRecord]) -> list[str]:
-    """The knobs the trials' configs set, in config order, without the derived accumulation."""
+    """The knobs the trials' configs set, in config order, without the derived accumulation, and
+    a quiet knob only where some trial moved it from its reference value (`shown_knobs`)."""
     names: dict[str, None] = {}
     for t in trials:
         names.update(dict.fromkeys(k for k in t.config if k != "accumulation"))
-    return list(names)
+    shown = set(shown_knobs([t.config for t in trials]))
+    return [name for name in names if name in shown]
 
 
 def throughput_by_knob_figure(trials: Sequence[TrialRecord]) -> Figure:

@@ -74,6 +74,8 @@ def describe(environment: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("threads", describe_threads(environment["threads"])))
     if isinstance(environment.get("framework_start_s"), (int, float)):
         rows.append(("framework start", f"{environment['framework_start_s']:.1f} s (interpreter and framework import)"))
+    if isinstance(environment.get("memory_mb"), (int, float)):
+        rows.append(("memory", f"{environment['memory_mb']:,.0f} MiB (a trial's peak memory is a share of it)"))
     if "compute_capability" in environment:
         rows.append(("compute capability", str(environment["compute_capability"])))
     rows += [

@@ -29,7 +29,7 @@ from autotuner.progress import duration
 from autotuner.records import TrialRecord, baseline, best, ranked, records, speedup, spent_seconds, stored_reference
 from autotuner.results import Reference
 from autotuner.run_time import RunPlan, money, run_plan, verdict
-from autotuner.spec import output_dir
+from autotuner.spec import NOT_SEARCHED_ATTR, output_dir
 from autotuner.study import open_storage, shown_url
 
 FORMATS = ("html", "md")
@@ -55,6 +55,8 @@ class Report:
     """The real run the configs are ranked for (`autotuner.run_time`), or None."""
     profiles: dict[int, Profile] = field(default_factory=dict)
     """The profiles stored with the study (`autotuner.profiling`), by trial number."""
+    not_searched: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Knob -> value -> why the device or the workload cannot use it (`autotuner.spec.Job.narrow`)."""
 
     @cached_property
     def best(self) -> TrialRecord | None:
@@ -108,6 +110,7 @@ def load_report(storage_url: str, name: str, *, default: bool = False) -> Report
         fingerprint=attrs.get("fingerprint") or fingerprint(environment),
         plan=run_plan(attrs),
         profiles=stored_profiles(study),
+        not_searched=attrs.get(NOT_SEARCHED_ATTR) or {},
     )
 
 
@@ -246,6 +249,15 @@ def knob_tables(report: Report) -> list[tuple[str, Table]]:
     return tables
 
 
+def peak_memory(peak_mb: float | None, total_mb: float | None) -> str:
+    """`1,234 MiB (15% of 8,192)`: a trial's peak and the headroom it leaves, as a share of the
+    device's memory (the GPU's, or the host's for a CPU), where the probe knew it."""
+    if peak_mb is None:
+        return "-"
+    share = f" ({peak_mb / total_mb:.0%} of {total_mb:,.0f})" if total_mb else ""
+    return f"{peak_mb:,.0f} MiB{share}"
+
+
 def trial_table(report: Report) -> Table:
     def metric(t: TrialRecord, key: str, fmt: str) -> str:
         value = t.metrics.get(key)
@@ -264,7 +276,7 @@ def trial_table(report: Report) -> Table:
             _processes(t),
             charts.trial_drift_text(t),
             metric(t, "warmup_s", "{:.2f} s"),
-            metric(t, "peak_memory_mb", "{:,.0f} MiB"),
+            peak_memory(t.metrics.get("peak_memory_mb"), report.environment.get("memory_mb")),
         ]
         for t in sorted(report.trials, key=lambda t: t.number)
     ]
@@ -314,6 +326,12 @@ def profile_note(report: Report) -> str:
         f"{traces}. The traces are in the study's artifact store; optuna-dashboard lists them on the study's "
         "page (with --artifact-dir), and Perfetto (ui.perfetto.dev) or chrome://tracing opens them."
     )
+
+
+def not_searched_table(report: Report) -> Table:
+    """The knob values left out of the search, each with its reason."""
+    rows = [[knob, value, why] for knob, values in report.not_searched.items() for value, why in values.items()]
+    return ["knob", "value", "why it was not searched"], rows
 
 
 def environment_table(report: Report) -> Table:
@@ -416,6 +434,7 @@ def render_html(report: Report) -> str:
             if (profiled := profile_table(report))
             else []
         ),
+        *(["<h2>Not searched</h2>", html_table(not_searched_table(report))] if report.not_searched else []),
         "<h2>Environment</h2>",
         html_table(environment_table(report)),
     ]
@@ -471,6 +490,7 @@ def render_markdown(report: Report) -> str:
         parts += ["### Profile: where a step's time goes", _md_cell(profile_note(report)), md_table(profiled)]
     parts += [
         _md_details(f"All trials ({len(report.trials)})", md_table(trial_table(report))),
+        *([_md_details("Not searched", md_table(not_searched_table(report)))] if report.not_searched else []),
         _md_details("Environment", md_table(environment_table(report))),
     ]
     return "\n\n".join(parts) + "\n"

@@ -26,6 +26,18 @@ FP32 = {"precision": "fp32", "batch_size": 8, "accumulation": 1, "workers": 0, "
 SMALL_MLP = {"features": 16, "hidden": 32, "depth": 2, "samples": 128}
 """Arguments that make the built-in mlp small enough for a trial in about a second on a CPU."""
 
+HELD = {
+    "memory_format": ["contiguous"],
+    "optimizer": ["as-given"],
+    "checkpointing": ["none"],
+    "attention": ["default"],
+    "pin_memory": [False],
+    "prefetch_factor": [2],
+    "cudnn_benchmark": [False],
+}
+"""A PyTorch space's knobs beyond the first four, held at their reference values: a test whose
+space is precision, batch, workers and compile adds these (a preset would search them)."""
+
 
 def small_request(
     workload: str,

@@ -19,12 +19,13 @@ from torch import nn
 from autotuner.apply import load_config
 from autotuner.backends.pytorch import PYTORCH, TorchCapabilities
 from autotuner.backends.pytorch.apply import TunedTraining, enable_checkpointing, rebuilt_optimizer, repeated_blocks
-from autotuner.backends.pytorch.probe import workload_capabilities
+from autotuner.backends.pytorch.probe import environment, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload
 from autotuner.backends.pytorch.workloads import Block, cnn, gpt, mlp, resnet
 from autotuner.errors import SpecError
-from autotuner.knobs import format_config
+from autotuner.knobs import format_config, needs_as_much_memory
 from autotuner.outcomes import Unsupported
+from autotuner.report import peak_memory
 from autotuner.spec import MAX_CONFIGS, parse_spec
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 
@@ -337,3 +338,20 @@ def test_a_config_exported_before_the_new_knobs_still_applies(workdir: Path) -> 
     assert tuned.params["optimizer"] == "as-given" and tuned.params["pin_memory"] is False
     result = run_cli("apply", str(exported), "--spec", str(spec), "--steps", "6", "--no-baseline", cwd=workdir)
     assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_checkpointing_ranks_below_none_in_memory_so_an_oom_leaves_the_checkpointed_batch() -> None:
+    first = {k: v.reference for k, v in PYTORCH.knobs.items()} | {"batch_size": 512, "accumulation": 1}
+    oom = {**first, "checkpointing": "none"}
+    assert not needs_as_much_memory({**oom, "checkpointing": "blocks"}, oom, PYTORCH.knobs)  # still tried
+    assert needs_as_much_memory({**oom, "batch_size": 1024}, oom, PYTORCH.knobs)
+    assert needs_as_much_memory(oom, {**oom, "checkpointing": "blocks", "batch_size": 256}, PYTORCH.knobs)
+
+
+def test_peak_memory_is_reported_as_a_share_of_the_devices_memory() -> None:
+    assert peak_memory(1024, 8192) == "1,024 MiB (12% of 8,192)"
+    assert peak_memory(5, None) == "5 MiB" and peak_memory(None, 8192) == "-"
+    assert environment(torch.device("cpu"))["memory_mb"] > 0  # a CPU trial's peak is the host's

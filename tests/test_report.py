@@ -30,7 +30,7 @@ from autotuner.spec import parse_spec
 from autotuner.study import open_storage, open_study
 from autotuner.trial import TrialResult
 from tests.conftest import run_cli, write_spec
-from tests.helpers import measured, reference
+from tests.helpers import HELD, measured, reference
 
 ENVIRONMENT = {
     "backend": "pytorch",
@@ -78,6 +78,7 @@ def _job(name: str) -> Any:
                 "batch_size": [8, 16, 64],
                 "workers": [0],
                 "compile": ["none"],
+                **HELD,
             },
         },
         f"{name}.yaml",

@@ -11,19 +11,9 @@ import yaml
 
 from autotuner.errors import SpecError
 from autotuner.spec import Job, load_spec, parse_spec
-from tests.helpers import ROOT
+from tests.helpers import HELD, ROOT
 
 MINIMAL = {"name": "job", "backend": "pytorch", "workload": "builtin:mlp", "global_batch": 64}
-HELD = {
-    "memory_format": ["contiguous"],
-    "optimizer": ["as-given"],
-    "checkpointing": ["none"],
-    "attention": ["default"],
-    "pin_memory": [False],
-    "prefetch_factor": [2],
-    "cudnn_benchmark": [False],
-}
-"""The knobs a space holds at their reference value, where a test's space is the first four knobs."""
 FIRST = ("precision", "batch_size", "workers", "compile")
 
 

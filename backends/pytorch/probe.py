@@ -64,7 +64,7 @@ def environment(device: torch.device) -> dict[str, Any]:
             "sdpa_efficient": False,
             "sdpa_cudnn": False,
         }
-        extra = {}
+        extra = {"memory_mb": _host_memory_mb()}
     capabilities["compile"] = _compile_works(device)
     return {
         "device": str(device),
@@ -141,6 +141,14 @@ def _fused_works(kind: type[torch.optim.Optimizer], device: torch.device) -> boo
 def gpu_uuid(device: torch.device) -> str | None:
     """The NVML UUID of `device` when it is a GPU (for telemetry and the energy counter); None on the CPU."""
     return cuda_uuid(device.index or 0) if device.type == "cuda" else None
+
+
+def _host_memory_mb() -> int | None:
+    """The host's physical memory, what a CPU trial's peak is a share of."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    except (ValueError, OSError):
+        return None
 
 
 def _cpu_autocast_works(dtype: torch.dtype) -> bool:
