@@ -106,12 +106,13 @@ class Job:
                 "trial": {"timeout", "max_memory_mb"},
             }
         )
-        # A knob held at its reference value is left out, so adding a knob to the backend (the
-        # spec then holds it at its reference) keeps the identity of every study made before.
+        # A quiet knob (one added after the first four) held at its reference value is left out,
+        # so that adding a knob keeps the identity of every study whose space does not search it.
+        knobs = self.backend.knobs
         fixed = {
             k
             for k, values in self.declared_space.items()
-            if values == [self.backend.knobs[k].reference] and self.baseline.get(k) == self.backend.knobs[k].reference
+            if knobs[k].quiet and values == [knobs[k].reference] and self.baseline.get(k) == knobs[k].reference
         }
         data["space"] = {k: v for k, v in self.declared_space.items() if k not in fixed}
         data["baseline"] = {k: v for k, v in self.baseline.items() if k not in fixed}

@@ -73,6 +73,16 @@ def guide_config(job: Job, capabilities: Capabilities, environment: dict[str, An
     )
 
 
+def _held(job: Job, knob: str) -> bool:
+    """A quiet knob (one added after the first four) held at its reference value."""
+    definition = job.backend.knobs[knob]
+    return (
+        definition.quiet
+        and job.space.get(knob) == [definition.reference]
+        and job.baseline.get(knob) == definition.reference
+    )
+
+
 def measured_job(job: Job) -> dict[str, Any]:
     """What a recorded trial's figures depend on: a grid recorded for other values is stale."""
     spec = job.spec
@@ -82,8 +92,9 @@ def measured_job(job: Job) -> dict[str, Any]:
                 "workload": spec.workload,
                 "workload_args": spec.workload_args,
                 "global_batch": spec.global_batch,
-                "space": job.space,
-                "baseline": job.baseline,
+                # a knob held at its reference value measures what it measured before the knob existed
+                "space": {k: v for k, v in job.space.items() if not _held(job, k)},
+                "baseline": {k: v for k, v in job.baseline.items() if not _held(job, k)},
                 "max_drift": spec.objective.max_drift,
                 "trial": {k: getattr(spec.trial, k) for k in TRIAL_SETTINGS},
             }
