@@ -2,8 +2,12 @@
 
 precision -> `mixed_precision` (`bf16`, `fp16`, `no`), accumulation ->
 `gradient_accumulation_steps` (divided by the world size, to keep the global batch), compile ->
-a `TorchDynamoPlugin` (inductor, the tuned mode), batch_size and workers -> the `DataLoader`
-passed to `prepare`. The Accelerator takes no TF32 setting: `setup_code` holds the flags, and
+a `TorchDynamoPlugin` (inductor, the tuned mode), batch_size, workers, pin_memory (on a CUDA
+device) and prefetch_factor -> the `DataLoader` passed to `prepare`. The Accelerator takes no
+TF32, cuDNN benchmark, SDPA kernel, channels_last, activation checkpointing, attention
+implementation or optimizer flag: `setup_code` holds them as lines to run on your `model` and
+`optimizer` before `prepare` (the process-wide flags, `model.to(memory_format=torch.channels_last)`,
+`enable_checkpointing(model)`, `optimizer = rebuilt_optimizer(optimizer, "fused")`), and
 `accelerator_arguments` warns when it is needed.
 """
 
@@ -13,13 +17,17 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autotuner.integrations import (
-    TF32_CODE,
+    TUNED_IMPORT,
     Code,
     accumulation_per_process,
     assignment,
+    common_setup,
     header,
+    imports_first,
     knobs,
     loader_arguments,
+    model_setup,
+    split_imports,
 )
 
 if TYPE_CHECKING:
@@ -59,8 +67,19 @@ def dataloader_arguments(config: TunedConfig) -> dict[str, Any]:
 
 
 def setup_code(config: TunedConfig) -> list[str]:
-    """Lines of Python for what the Accelerator's arguments cannot hold: TF32."""
-    return list(TF32_CODE) if knobs(config)["precision"] == "tf32" else []
+    """Lines of Python for what the Accelerator's arguments cannot hold, to run on your `model` and
+    `optimizer` before `prepare`: TF32, cuDNN's benchmark mode, the SDPA kernel, channels_last,
+    activation checkpointing, eager attention, and the optimizer rebuilt with foreach=True or
+    fused=True (`rebuilt_optimizer`, as `TunedTraining` rebuilds it: same class, parameter groups and
+    hyperparameters)."""
+    params = knobs(config)
+    lines = [*common_setup(params), *model_setup(params)]
+    if params["optimizer"] != "as-given":
+        lines += [
+            f"{TUNED_IMPORT}rebuilt_optimizer",
+            f'optimizer = rebuilt_optimizer(optimizer, "{params["optimizer"]}")  # optimizer={params["optimizer"]}',
+        ]
+    return imports_first(lines)
 
 
 def snippet(config: TunedConfig) -> str:
@@ -70,14 +89,16 @@ def snippet(config: TunedConfig) -> str:
     if mode != "none":
         arguments["dynamo_plugin"] = Code(f'TorchDynamoPlugin(backend="inductor", mode="{mode}")')
     setup = setup_code(config)
+    ours, code = split_imports(setup)
     lines = [
         *header(config, "accelerate"),
         *(["import torch"] if setup else []),
         "from accelerate import Accelerator",
         *(["from accelerate.utils import TorchDynamoPlugin"] if mode != "none" else []),
         "from torch.utils.data import DataLoader",
+        *ours,
         "",
-        *setup,
+        *code,
         *assignment("accelerator_arguments", arguments),
         *assignment("loader_arguments", dataloader_arguments(config)),
         "accelerator = Accelerator(**accelerator_arguments)  # your own arguments beside them",

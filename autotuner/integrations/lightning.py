@@ -1,11 +1,15 @@
 """The tuned config as Lightning `Trainer` and `DataLoader` arguments.
 
 precision -> `precision` (`bf16-mixed`, `16-mixed`, `32-true`), accumulation ->
-`accumulate_grad_batches` (divided by the world size, to keep the global batch), batch_size and
-workers -> the `DataLoader` the user passes to `fit`. Lightning's Trainer takes neither TF32 nor
-torch.compile: `setup_code` says what to run instead (TF32 flags before `fit`, and
-`torch.compile(model, mode=...)` on the LightningModule before `fit`), and `trainer_arguments`
-warns when there is such a line.
+`accumulate_grad_batches` (divided by the world size, to keep the global batch),
+cudnn_benchmark -> `benchmark=True`, batch_size, workers, pin_memory (on a CUDA device) and
+prefetch_factor -> the `DataLoader` the user passes to `fit`. Lightning's Trainer takes no TF32,
+torch.compile mode, SDPA kernel, channels_last, activation checkpointing, attention
+implementation or optimizer flag: `setup_code` says what to run instead on the LightningModule
+(`model`) before `fit` (the TF32 and SDPA flags, `model.to(memory_format=torch.channels_last)`,
+`enable_checkpointing(model)`, `torch.compile(model, mode=...)`; for foreach or fused, a comment:
+`configure_optimizers` builds the optimizer, so it passes the flag), and `trainer_arguments` warns
+when there is such a line.
 """
 
 from __future__ import annotations
@@ -13,7 +17,17 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from autotuner.integrations import TF32_CODE, accumulation_per_process, assignment, header, knobs, loader_arguments
+from autotuner.integrations import (
+    accumulation_per_process,
+    assignment,
+    common_setup,
+    header,
+    imports_first,
+    knobs,
+    loader_arguments,
+    model_setup,
+    split_imports,
+)
 
 if TYPE_CHECKING:
     from autotuner.apply import TunedConfig
@@ -22,9 +36,11 @@ PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16"
 
 
 def _trainer_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
+    params = knobs(config)
     return {
-        "precision": PRECISIONS[knobs(config)["precision"]],
+        "precision": PRECISIONS[params["precision"]],
         "accumulate_grad_batches": accumulation_per_process(config, world_size),
+        **({"benchmark": True} if params["cudnn_benchmark"] else {}),  # torch.backends.cudnn.benchmark
     }
 
 
@@ -40,31 +56,38 @@ def trainer_arguments(config: TunedConfig, world_size: int = 1) -> dict[str, Any
 
 
 def dataloader_arguments(config: TunedConfig) -> dict[str, Any]:
-    """`torch.utils.data.DataLoader` keyword arguments: the micro-batch, workers, pinned memory."""
+    """`torch.utils.data.DataLoader` keyword arguments: the micro-batch, workers, pinned memory, prefetch."""
     return loader_arguments(config)
 
 
 def setup_code(config: TunedConfig) -> list[str]:
-    """Lines of Python for what the Trainer's arguments cannot hold: TF32, torch.compile's mode."""
+    """Lines of Python for what the Trainer's arguments cannot hold, to run on the LightningModule
+    (`model`) before `fit`: TF32, the SDPA kernel, channels_last, activation checkpointing, eager
+    attention, torch.compile's mode, and a comment for the optimizer flag."""
     params = knobs(config)
-    lines = list(TF32_CODE) if params["precision"] == "tf32" else []
+    lines = [*common_setup(params, held=("cudnn_benchmark",)), *model_setup(params)]
     if params["compile"] != "none":
         lines.append(f'model = torch.compile(model, mode="{params["compile"]}")  # the LightningModule, before fit')
-    return lines
+    if params["optimizer"] != "as-given":
+        flag = params["optimizer"]
+        lines.append(f"# optimizer={flag}: build the optimizer in configure_optimizers with {flag}=True")
+    return imports_first(lines)
 
 
 def snippet(config: TunedConfig) -> str:
     """Python code building the Trainer and the DataLoader with the tuned knobs."""
     setup = setup_code(config)
+    ours, code = split_imports(setup)
     lines = [
         *header(config, "lightning"),
         *(["import torch"] if setup else []),
         "from lightning import Trainer",
         "from torch.utils.data import DataLoader",
+        *ours,
         "",
         *assignment("trainer_arguments", _trainer_arguments(config, 1)),
         *assignment("loader_arguments", dataloader_arguments(config)),
-        *setup,
+        *code,
         "trainer = Trainer(**trainer_arguments)  # your own arguments beside them",
         "loader = DataLoader(dataset, shuffle=True, **loader_arguments)  # your dataset",
         "trainer.fit(model, loader)  # your LightningModule",
