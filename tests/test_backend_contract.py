@@ -195,7 +195,7 @@ class JaxHarness(Harness):
     compiled = {"jit": "on"}
     optimized = {"precision": "bf16", "jit": "on"}
     quick = {"jit": "on"}
-    step_variants = ({}, {"jit": "on"})
+    step_variants = ({}, {"jit": "on"}, {"jit": "on", "donate": "on", "remat": "full"})
 
     def __init__(self) -> None:
         import jax

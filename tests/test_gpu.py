@@ -275,6 +275,7 @@ def test_a_jax_study_runs_on_the_gpu(tmp_path: Path) -> None:
     if not _jax_sees_a_gpu():
         pytest.skip("JAX has no GPU backend here (a CUDA jaxlib is `pip install 'jax[cuda12]'`)")
     space = {"precision": ["fp32", "tf32", "bf16"], "batch_size": [MICRO_BATCH], "workers": [0], "jit": ["off", "on"]}
+    held = {"remat": ["none"], "donate": ["off"], "xla_flags": ["default"]}  # the jax preset would search them
     spec = write_spec(
         tmp_path,
         name="jax-gpu",
@@ -284,7 +285,7 @@ def test_a_jax_study_runs_on_the_gpu(tmp_path: Path) -> None:
         workload_args=GPT_ARGS,
         global_batch=GLOBAL_BATCH,
         baseline={"precision": "fp32", "batch_size": MICRO_BATCH, "workers": 0, "jit": "off"},
-        space=space,
+        space={**space, **held},
         budget={"trials": 6},
         trial=TRIAL,
     )

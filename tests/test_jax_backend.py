@@ -34,7 +34,16 @@ JAX_SPEC: dict[str, Any] = {
     "device": "cpu",
     "global_batch": 32,
     "baseline": {"precision": "fp32", "batch_size": 8, "workers": 0, "jit": "on"},
-    "space": {"precision": ["fp32", "tf32"], "batch_size": [8], "workers": [0], "jit": ["on"]},
+    "space": {
+        "precision": ["fp32", "tf32"],
+        "batch_size": [8],
+        "workers": [0],
+        "jit": ["on"],
+        # held at their reference values: the jax preset would search them
+        "remat": ["none"],
+        "donate": ["off"],
+        "xla_flags": ["default"],
+    },
     # More trials than the space's feasible configs: every config is tried; the best re-measured once.
     "budget": {"trials": 2, "remeasure_top": 1, "remeasure_runs": 1},
     "trial": {"warmup_steps": 1, "steps": 3, "windows": 2, "min_window_s": 0.05, "drift_steps": 2, "timeout": 120},
@@ -54,14 +63,17 @@ def _write(folder: Path, spec: dict[str, Any]) -> Path:
 def test_the_jax_quickstart_spec_uses_the_jax_knobs_and_presets() -> None:
     job = load_spec(ROOT / "studies" / "quickstart-jax.yaml")
     assert job.backend is JAX
-    assert set(job.space) == {"precision", "batch_size", "workers", "jit"}
+    assert set(job.space) == set(JAX.knobs) - {"accumulation"}
     assert job.space["jit"] == ["off", "on"] and "tf32" not in job.space["precision"]
-    assert job.baseline == {"precision": "fp32", "batch_size": 16, "workers": 0, "jit": "off"}
+    assert job.space["remat"] == ["none"] and job.space["donate"] == ["off"]  # jax-cpu holds them at reference
+    strict = {"remat": "none", "donate": "off", "xla_flags": "default"}
+    assert job.baseline == {"precision": "fp32", "batch_size": 16, "workers": 0, "jit": "off", **strict}
     assert job.reference_config() == {
         "precision": "fp32",
         "batch_size": 16,
         "workers": 0,
         "jit": "off",
+        **strict,
         "accumulation": 16,
     }
 

@@ -9,23 +9,96 @@ JAX training loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from autotuner.backends._base import Backend, Capabilities, capability
 from autotuner.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob, knob_table
 
 JIT = Knob("jit", "XLA jit", ("on", "off"), "off", recommended=("on",))
+REMAT = Knob(
+    "remat",
+    "jax.checkpoint of the loss's marked blocks (else of the whole loss): what the backward pass recomputes "
+    "instead of keeping (full: everything; dots_saveable: all but matmul outputs; "
+    "dots_with_no_batch_dims_saveable: all but the weights' matmul outputs)",
+    ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"),
+    "none",
+    # No memory_order: the values rank by memory only where the loss marks its blocks. Checkpointed
+    # whole, `full` keeps as much as none and the dots policies less (XLA on an H100), and on a CPU
+    # XLA keeps more with any policy than with none: an out-of-memory trial rules out its value only.
+)
+DONATE = Knob(
+    "donate",
+    "the parameters and optimizer state donated to the jitted update, which writes the new ones into their buffers",
+    ("off", "on"),
+    "off",
+    recommended=("on",),
+)
+
+
+@dataclass(frozen=True)
+class FlagBundle:
+    """A named set of XLA flags: one value of the `xla_flags` knob."""
+
+    flags: tuple[str, ...]
+    platform: str | None
+    """The platform whose compiler reads them (`gpu`, `cpu`); None: any."""
+    description: str
+
+
+XLA_FLAG_BUNDLES = {
+    "default": FlagBundle((), None, "no flag added: XLA's defaults (and the user's own XLA_FLAGS, as they are)"),
+    "gpu-latency-hiding": FlagBundle(
+        ("--xla_gpu_enable_latency_hiding_scheduler=true",),
+        "gpu",
+        "XLA's latency-hiding scheduler: orders the kernels so copies and other asynchronous work overlap compute",
+    ),
+    "gpu-cublas-gemm": FlagBundle(
+        ("--xla_gpu_enable_triton_gemm=false",),
+        "gpu",
+        "every matmul through cuBLAS, none through the Triton kernels XLA generates (NVIDIA's JAX images set it)",
+    ),
+    "gpu-triton-gemm": FlagBundle(
+        ("--xla_gpu_triton_gemm_any=true",),
+        "gpu",
+        "the Triton matmul emitter for any matmul it supports, so XLA can fuse the matmul's neighbours into it",
+    ),
+    "cpu-onednn": FlagBundle(
+        ("--xla_cpu_use_onednn=true",),
+        "cpu",
+        "oneDNN kernels for the matmuls and convolutions (and their fused neighbours) of XLA's CPU backend",
+    ),
+}
+"""The `xla_flags` knob's values. XLA reads XLA_FLAGS once, when JAX starts its backend, and aborts
+the process on a flag it does not know, so the probe checks that this jaxlib knows the device's
+bundles' flags (`JaxCapabilities.xla_flags`) before a trial sets any. The flags' names and
+meanings are XLA's (`xla/debug_options_flags.cc`; https://docs.jax.dev/en/latest/gpu_performance_tips.html)."""
+
+XLA_FLAGS = Knob(
+    "xla_flags",
+    "a named bundle of XLA flags (`XLA_FLAG_BUNDLES`), added to the process's XLA_FLAGS before JAX starts",
+    tuple(XLA_FLAG_BUNDLES),
+    "default",
+)
 
 
 @dataclass(frozen=True)
 class JaxCapabilities(Capabilities):
     jit: bool = capability("XLA jit")
     """XLA can compile a whole function here (JAX jit)."""
+    donate: bool = capability("buffer donation")
+    """A jitted function can take over its donated inputs' buffers here (the platform implements donation)."""
+    xla_flags: bool = capability("XLA flag bundles")
+    """This jaxlib knows every flag of the bundles for this device's platform (`XLA_FLAG_BUNDLES`)."""
+    remat_blocks: bool = capability("workload: blocks marked for remat")
+    """The workload's loss calls a `remat_block` (the probe traces it): `remat` checkpoints those."""
 
 
 class JaxBackend(Backend):
     name = "jax"
     runner = "autotuner.backends.jax.runner"
-    knobs = knob_table(PRECISION.restricted("fp32", "tf32", "bf16"), BATCH_SIZE, ACCUMULATION, WORKERS, JIT)
+    knobs = knob_table(
+        PRECISION.restricted("fp32", "tf32", "bf16"), BATCH_SIZE, ACCUMULATION, WORKERS, JIT, REMAT, DONATE, XLA_FLAGS
+    )
     capabilities_type = JaxCapabilities
     builtin_workloads = {
         "mlp": "autotuner.backends.jax.workloads:mlp",
@@ -35,15 +108,49 @@ class JaxBackend(Backend):
     requires = ("jax", "optax")
     install = "pip install 'autotuner[jax]'"
 
+    def irrelevant(self, knob: str, value: Any, capabilities: Capabilities) -> str | None:
+        """A value the device or this jaxlib cannot honour in any config (a plain `Capabilities`,
+        with no probe of JAX's, has none of JAX's own)."""
+        if knob not in self.knobs or value == self.knobs[knob].reference:
+            return None
+        if knob == "jit" and not getattr(capabilities, "jit", False):
+            return "jit=on: XLA cannot compile a function here"
+        if knob == "remat" and value == "full" and not getattr(capabilities, "remat_blocks", False):
+            return "remat=full: the loss marks no remat_block, and checkpointed whole it keeps as much memory as none"
+        if knob == "donate" and not getattr(capabilities, "donate", False):
+            return "donate=on: XLA cannot donate buffers on this device"
+        if knob == "xla_flags":
+            platform = XLA_FLAG_BUNDLES[value].platform
+            here = "gpu" if capabilities.accelerator else "cpu"
+            if platform not in (None, here):
+                return f"xla_flags={value}: its flags are XLA:{platform.upper()}'s, and this device is a {here.upper()}"
+            if not getattr(capabilities, "xla_flags", False):
+                return f"xla_flags={value}: this jaxlib does not know every flag of the {here.upper()} bundles"
+        return None
+
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
         precision = self.unsupported_precision(config.get("precision", "fp32"), capabilities)
         if precision:
             return precision
-        if config.get("jit", "off") == "on" and not getattr(capabilities, "jit", False):
-            return "jit=on: XLA cannot compile a function here"
+        for knob, value in config.items():
+            reason = self.irrelevant(knob, value, capabilities)
+            if reason:
+                return reason
+        if config.get("donate", "off") == "on" and config.get("jit", "off") != "on":
+            return "donate=on needs jit=on: only a jitted update takes over the donated buffers"
         return None
 
 
 JAX = JaxBackend()
 
-__all__ = ["JAX", "JIT", "JaxBackend", "JaxCapabilities"]
+__all__ = [
+    "DONATE",
+    "JAX",
+    "JIT",
+    "REMAT",
+    "XLA_FLAGS",
+    "XLA_FLAG_BUNDLES",
+    "FlagBundle",
+    "JaxBackend",
+    "JaxCapabilities",
+]

@@ -24,6 +24,14 @@ differentiated loss, the gradient accumulation and the optimizer update with XLA
 them op by op. Accumulation sums the micro-batches' gradients and updates once with their mean
 (what `optax.MultiSteps` does, without its per-micro-step `lax.cond`, which JAX would compile
 anew at every call outside jit).
+`remat` checkpoints the loss's `remat_block`s (`autotuner.backends.jax.workload`; the whole
+loss when it marks none) with the policy the value names; `donate: on` gives the jitted update
+the parameters and the optimizer state to write the new ones into, so after a `step()` that
+updated, the arrays `params` and `opt_state` held before it are deleted: read `tuned.params`
+again after every step, as the loop above does. `xla_flags` names a bundle of XLA flags
+(`autotuner.backends.jax.XLA_FLAG_BUNDLES`), which XLA reads from XLA_FLAGS once, when JAX starts
+its backend: `use_xla_flags(config)` at the top of a script puts them there (a trial process does
+it before anything else), and `TunedTraining` refuses a process whose JAX started without them.
 `workers` host threads gather the next micro-batches and put them on the device ahead of the
 step. Everything lives on the one device: the parameters, the optimizer state, the batches, and
 what the steps compute (under `jax.default_device`), so a `cuda:1` run never touches GPU 0.
@@ -49,8 +57,8 @@ import numpy as np
 import optax
 
 from autotuner.backends._base import TunedLoop
-from autotuner.backends.jax import JAX
-from autotuner.backends.jax.workload import ArrayDataset
+from autotuner.backends.jax import JAX, XLA_FLAG_BUNDLES
+from autotuner.backends.jax.workload import REMAT_POLICIES, ArrayDataset, remat_scope
 
 if TYPE_CHECKING:
     from autotuner.apply import TunedConfig
@@ -68,6 +76,8 @@ MEMORY_FRACTIONS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 (https://docs.jax.dev/en/latest/gpu_memory_allocation.html)."""
 VISIBLE_CUDA_DEVICES = "jax_cuda_visible_devices"
 """JAX's own list of the CUDA devices its client opens ("all", or CUDA ordinals)."""
+XLA_FLAGS_VARIABLE = "XLA_FLAGS"
+"""What XLA reads its flags from, once, when JAX starts its backend."""
 
 
 def _spec_ordinal(spec: str) -> int | None:
@@ -119,6 +129,27 @@ def configure_process(device_spec: str) -> None:
     # "all" is JAX's default; a list the process set itself stands; None: a JAX without the option
     if ordinal is not None and jax.config.values.get(VISIBLE_CUDA_DEVICES) == "all":
         jax.config.update(VISIBLE_CUDA_DEVICES, str(ordinal))
+
+
+def _flags_set() -> list[str]:
+    return os.environ.get(XLA_FLAGS_VARIABLE, "").split()
+
+
+def use_xla_flags(config: TunedConfig | Mapping[str, Any]) -> None:
+    """Add the flags of `config`'s `xla_flags` bundle to this process's XLA_FLAGS (after the ones
+    it holds, so they win), for XLA to read when JAX starts its backend: call it before the first
+    JAX computation. Once the backend has started, XLA has read XLA_FLAGS already: a RuntimeError
+    then when they lack a flag of the bundle (the config would not run as it was measured)."""
+    bundle = JAX.config_params(config)["xla_flags"]
+    missing = [flag for flag in XLA_FLAG_BUNDLES[bundle].flags if flag not in _flags_set()]
+    if not missing:
+        return
+    if _backend_started():
+        raise RuntimeError(
+            f"xla_flags={bundle}: JAX started without {' '.join(missing)} in XLA_FLAGS; "
+            "call use_xla_flags(config) before the script's first JAX computation"
+        )
+    os.environ[XLA_FLAGS_VARIABLE] = " ".join([*_flags_set(), *missing])
 
 
 def gpus() -> list[jax.Device]:
@@ -197,6 +228,29 @@ def _with_policy(loss_fn: Callable[[Any, Any], jax.Array], dtype: Any) -> Callab
     return loss
 
 
+def _with_remat(loss_fn: Callable[[Any, Any], jax.Array], remat: str) -> Callable[[Any, Any], jax.Array]:
+    """`loss_fn` with its `remat_block`s checkpointed under the `remat` value's policy, or, when its
+    first call marks none, all of it as one checkpoint (the first call decides: a trace under jit,
+    one more forward pass eagerly)."""
+    if remat == "none":
+        return loss_fn
+    policy = REMAT_POLICIES[remat]
+    whole = jax.checkpoint(loss_fn, policy=policy)
+    marks_blocks: list[bool] = []
+
+    def loss(params: Any, batch: Any) -> jax.Array:
+        if not marks_blocks or marks_blocks[0]:
+            with remat_scope(remat) as scope:
+                value = loss_fn(params, batch)
+            if not marks_blocks:
+                marks_blocks.append(scope.marked)
+            if scope.marked:
+                return value
+        return whole(params, batch)
+
+    return loss
+
+
 def collate(dataset: Any, indices: np.ndarray) -> Any:
     """The items at `indices` stacked into one batch (gathered at once from an ArrayDataset)."""
     if isinstance(dataset, ArrayDataset):
@@ -269,8 +323,9 @@ class TunedTraining(TunedLoop):
     `optimizer`, whose state is `opt_state`. All of them, the batches and the gradients stay on
     `device`: `model`, `backward` and `step` compute with it as JAX's default device.
     `config` is a `TunedConfig` from `autotuner.apply.load_config`, or a plain mapping of knob
-    values (precision, batch_size, accumulation, workers, jit), kept as `config`. With `dataset`,
-    `loader` is its `Loader` (see `make_loader`).
+    values (precision, batch_size, accumulation, workers, jit, remat, donate, xla_flags), kept as
+    `config`. With `dataset`, `loader` is its `Loader` (see `make_loader`). The caller's `params`
+    are never donated: they stay usable whatever the config.
     """
 
     def __init__(
@@ -284,13 +339,18 @@ class TunedTraining(TunedLoop):
         params: Any,
     ):
         super().__init__(JAX, config)
+        use_xla_flags(self.config)  # before resolve_device starts JAX's backend, if nothing did yet
         self.device = resolve_device(device)
         self.jit = self.config["jit"] == "on"
+        self.donate = self.config["donate"] == "on"
+        if self.donate and not self.jit:
+            raise ValueError("donate=on needs jit=on: only a jitted update takes over the donated buffers")
+        self.remat: str = self.config["remat"]
         cast = COMPUTE_DTYPES.get(self.precision)
         self.compute_dtype = cast or jnp.float32
         self.matmul_precision = MATMUL_PRECISION.get(self.precision, STRICT_MATMULS)
         self.loss_fn = model
-        grad_fn = jax.value_and_grad(_with_policy(model, cast))
+        grad_fn = jax.value_and_grad(_with_policy(_with_remat(model, self.remat), cast))
         self.model: Callable[[Any, Any], tuple[jax.Array, Any]] = on_device(
             self.device, jax.jit(grad_fn) if self.jit else grad_fn
         )
@@ -306,7 +366,8 @@ class TunedTraining(TunedLoop):
             return optax.apply_updates(params, updates), opt_state
 
         self._add = on_device(self.device, jax.jit(add) if self.jit else add)
-        self._update = on_device(self.device, jax.jit(update) if self.jit else update)
+        donated = (0, 1) if self.donate else ()  # params and opt_state: restart made them, nothing else holds them
+        self._update = on_device(self.device, jax.jit(update, donate_argnums=donated) if self.jit else update)
         self.params: Any = None
         self.opt_state: Any = None
         self.restart(params)
@@ -314,10 +375,16 @@ class TunedTraining(TunedLoop):
 
     def restart(self, params: Any) -> None:
         """Train from `params` again (placed on the device) with a fresh optimizer state; the
-        compiled functions are kept, so nothing is compiled twice."""
-        self.params = jax.device_put(params, self.device)
+        compiled functions are kept, so nothing is compiled twice. With `donate`, both are copied
+        into buffers of their own: `device_put` hands back an array already on the device as it
+        is, and optax may keep the parameters themselves in its state, and a donated update would
+        delete the caller's arrays (the runner's initial weights) or fail on a buffer given twice."""
+        placed = jax.device_put(params, self.device)
         with jax.default_device(self.device):  # optax makes some of its state (step counts) from scratch
-            self.opt_state = jax.device_put(self.optimizer.init(self.params), self.device)
+            state = jax.device_put(self.optimizer.init(placed), self.device)
+            if self.donate:
+                placed, state = jax.tree.map(jnp.copy, (placed, state))
+        self.params, self.opt_state = placed, state
         self._total: Any = None
         self._handed = False
         self._micro_steps = 0

@@ -5,7 +5,9 @@ Imported by the fork server before any trial: importing jax initialises no devic
 in the trial process, on first use), so each trial gets its own XLA client, which `probe` and `run`
 set up for the trial's device before anything starts it (`autotuner.backends.jax.apply.configure_process`:
 the CPU platform only for `cpu`, CUDA device i only for `cuda:i`, no preallocation), and whose
-arrays they keep on that device (JAX's default device throughout). The config is applied
+arrays they keep on that device (JAX's default device throughout); before that, `run` and
+`profile` put the config's XLA flag bundle into the process's XLA_FLAGS, which XLA reads when the
+backend starts (`autotuner.backends.jax.apply.use_xla_flags`). The config is applied
 by `autotuner.backends.jax.apply.TunedTraining`, the object users apply an exported config with in their
 own loop: a trial trains through it, so what a study measures is exactly what a user gets.
 """
@@ -13,8 +15,12 @@ own loop: a trial trains through it, so what a study measures is exactly what a 
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import resource
+import subprocess
+import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +31,10 @@ import jaxlib
 import numpy as np
 import optax
 
+from autotuner.backends.jax import XLA_FLAG_BUNDLES
 from autotuner.backends.jax.apply import (
     STRICT_MATMULS,
+    XLA_FLAGS_VARIABLE,
     TunedTraining,
     collate,
     configure_process,
@@ -34,12 +42,16 @@ from autotuner.backends.jax.apply import (
     device_name,
     gpus,
     resolve_device,
+    use_xla_flags,
 )
-from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem
+from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem, remat_scope
 from autotuner.environment import cpu_name, thread_settings
 from autotuner.hardware import peak_flops
+from autotuner.messages import Turns
+from autotuner.results import TrialOutput
 from autotuner.runner import TrialBackend
 from autotuner.telemetry import cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.trial import TrialRequest
 
 try:
     RUNTIME_ERROR: type[Exception] = jax.errors.JaxRuntimeError
@@ -49,6 +61,10 @@ except AttributeError:  # jax < 0.4.36 names it only in jaxlib
 OUT_OF_MEMORY = "RESOURCE_EXHAUSTED"
 """XLA has no out-of-memory exception type of its own: an allocation it cannot make (on a GPU, or
 on the host for the CPU) raises the runtime error above with this status code in its message."""
+FLAG_CHECK = "import jax; jax.numpy.zeros(1).block_until_ready()"
+"""What a process runs to have XLA parse its XLA_FLAGS: its CPU backend starting is enough, since
+XLA knows the flags of every platform, and opens no GPU."""
+FLAG_CHECK_TIMEOUT_S = 120.0
 
 
 # ---------------------------------------------------------------- environment
@@ -69,11 +85,59 @@ def _jit_works(device: jax.Device) -> bool:
         return False
 
 
+def _donation_works(device: jax.Device) -> bool:
+    """Whether a jitted function takes over a donated input's buffer here (a platform that cannot
+    warns and keeps it)."""
+    try:
+        donated = jax.device_put(np.ones(4, np.float32), device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            jax.jit(lambda x: x + 1.0, donate_argnums=0)(donated).block_until_ready()
+        return donated.is_deleted()
+    except Exception:
+        return False
+
+
+def _start_flag_check(platform_name: str) -> subprocess.Popen[bytes] | None:
+    """A Python that starts XLA with the XLA_FLAGS every bundle for `platform_name` adds (after the
+    process's own): XLA aborts a process on a flag it does not know, so a trial must not be the
+    first to find one. None when there is no such flag. Started first, waited for last, so the
+    probe does its other work meanwhile."""
+    bundles = [bundle for bundle in XLA_FLAG_BUNDLES.values() if bundle.platform in (None, platform_name)]
+    flags = [flag for bundle in bundles for flag in bundle.flags]
+    if not flags:
+        return None
+    own = os.environ.get(XLA_FLAGS_VARIABLE, "").split()
+    env = {**os.environ, XLA_FLAGS_VARIABLE: " ".join([*own, *flags]), "JAX_PLATFORMS": "cpu"}
+    return subprocess.Popen(
+        [sys.executable, "-c", FLAG_CHECK], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def _flags_known(check: subprocess.Popen[bytes] | None) -> bool:
+    if check is None:
+        return True
+    try:
+        return check.wait(FLAG_CHECK_TIMEOUT_S) == 0
+    except subprocess.TimeoutExpired:
+        check.kill()
+        check.wait()
+        return False
+
+
 class JaxTrial(TrialBackend):
     """JAX's steps of a trial (`autotuner.runner.TrialBackend`): JAX is set up for the trial's
     device before anything starts it (`configure_process`), and that device is JAX's default
     throughout, so what the workload and its loss make lands there, not on the process's first
     device."""
+
+    def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+        use_xla_flags(request.config)  # first: XLA reads XLA_FLAGS when the backend starts, once
+        return super().run(request, turns)
+
+    def profile(self, arg: dict[str, Any]) -> dict[str, Any]:
+        use_xla_flags(arg["request"].config)
+        return super().profile(arg)
 
     def configure_process(self, device_spec: str, compile_cache: str | None) -> None:
         configure_process(device_spec)
@@ -87,6 +151,7 @@ class JaxTrial(TrialBackend):
     def environment(self, device: jax.Device) -> dict[str, Any]:
         """A probe of `cuda:i` opens GPU i only, and reports it as `cuda:i` all the same;
         `device_count` is the GPUs the process sees (all of them for `auto`, what `search --jobs` probes)."""
+        flag_check = _start_flag_check("gpu" if device.platform == "gpu" else "cpu")
         if device.platform == "gpu":
             name = device.device_kind
             major, _, minor = str(getattr(device, "compute_capability", "0.0")).partition(".")
@@ -106,6 +171,8 @@ class JaxTrial(TrialBackend):
             capabilities = {"accelerator": False, "bf16": _bf16_works(device), "fp16": False, "tf32": False}
             extra = {}
         capabilities["jit"] = _jit_works(device)
+        capabilities["donate"] = _donation_works(device)
+        capabilities["xla_flags"] = _flags_known(flag_check)
         return {
             "device": device_name(device),
             "device_name": name,
@@ -128,6 +195,13 @@ class JaxTrial(TrialBackend):
 
     def as_workload(self, built: Any, ref: str) -> JaxWorkload:
         return as_workload(built, ref)
+
+    def workload_capabilities(self, workload: JaxWorkload, device: jax.Device, count: int) -> dict[str, bool]:
+        """Whether the loss marks blocks for `remat`: traced (not run) under a remat scope."""
+        batch = collate(workload.dataset, np.arange(count))
+        with remat_scope("full") as scope:
+            jax.make_jaxpr(workload.loss_fn)(workload.params, batch)
+        return {"remat_blocks": scope.marked}
 
     def initial_state(self, workload: JaxWorkload) -> Any:
         return workload.params

@@ -34,14 +34,21 @@ precision, jit, batching with its host prefetch threads, and gradient accumulati
 (no side effects, no state outside `params`), written for any float dtype: under bf16 it is
 called with bf16 copies of the parameters and of the batch's float arrays. Compute the final
 reduction from `logits.astype(jnp.float32)`, as above, so that the loss itself stays in fp32.
+
+The `remat` knob checkpoints the blocks the loss marks with `remat_block` (a transformer layer,
+say): wrap the function of one block, and the backward pass recomputes inside each block what the
+knob's policy does not keep, holding only the blocks' inputs between them. A loss that marks no
+block is checkpointed whole, which recomputes the forward pass but keeps no less memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
@@ -87,6 +94,69 @@ class JaxWorkload:
     """Set it to get tokens/s as well as samples/s."""
     flops_per_sample: float | None = None
     """Training FLOPs (forward and backward) per sample; with it, MFU is reported on GPUs."""
+
+
+Function = TypeVar("Function", bound=Callable[..., Any])
+
+REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
+    "full": None,  # jax.checkpoint's default: nothing saved, every intermediate recomputed
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+"""The `jax.checkpoint` policy of each `remat` value but none: what the forward pass keeps for the backward."""
+
+_REMAT_KEY = jax.make_user_context("none") if hasattr(jax, "make_user_context") else None
+"""The `remat` value a loss is traced under, in JAX's trace and jit cache keys (JAX >= 0.7): a
+loss that is under a `jax.jit` of its own is traced again for another value, not served the
+trace of the last. Older JAX keys on the arguments only."""
+
+
+@dataclass
+class RematScope:
+    """The `remat` value a loss is traced under (`remat_scope`), and whether it marked a block."""
+
+    remat: str
+    marked: bool = False
+
+
+_REMAT_SCOPE: contextvars.ContextVar[RematScope | None] = contextvars.ContextVar("autotuner_remat", default=None)
+
+
+@contextlib.contextmanager
+def remat_scope(remat: str) -> Iterator[RematScope]:
+    """Trace a loss with its `remat_block`s checkpointed as `remat` (a value of the knob) says;
+    `TunedTraining` opens it around the loss for a `remat` other than none, nothing else does."""
+    scope = RematScope(remat)
+    token = _REMAT_SCOPE.set(scope)
+    try:
+        with _REMAT_KEY(remat) if _REMAT_KEY is not None else contextlib.nullcontext():
+            yield scope
+    finally:
+        _REMAT_SCOPE.reset(token)
+
+
+def remat_block(fn: Function, *, static_argnums: Sequence[int] = ()) -> Function:
+    """Mark `fn`, one block of the model (a transformer layer), as a place the `remat` knob
+    checkpoints: with `remat` other than none, calls of it inside the loss are
+    `jax.checkpoint(fn, policy=...)`; otherwise (and outside a tuned loss, e.g. the held-out
+    evaluation) `fn` itself runs. `static_argnums` are the arguments that are not arrays (a head
+    count): `jax.checkpoint` traces every other one."""
+    checkpointed: dict[str, Callable[..., Any]] = {}
+
+    @functools.wraps(fn)
+    def block(*args: Any, **kwargs: Any) -> Any:
+        scope = _REMAT_SCOPE.get()
+        remat = _REMAT_KEY.value if _REMAT_KEY is not None else (scope.remat if scope else "none")
+        if remat == "none":
+            return fn(*args, **kwargs)
+        if scope is not None:
+            scope.marked = True
+        if remat not in checkpointed:  # one checkpointed function per value: JAX caches its traces
+            policy = REMAT_POLICIES[remat]
+            checkpointed[remat] = jax.checkpoint(fn, policy=policy, static_argnums=tuple(static_argnums))
+        return checkpointed[remat](*args, **kwargs)
+
+    return block  # type: ignore[return-value]
 
 
 def _is_float_array(leaf: Any) -> bool:

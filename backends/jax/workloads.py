@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload
+from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload, remat_block
 from autotuner.builtin_sizes import GptSize, MlpSize
 
 HELDOUT = 256
@@ -106,10 +106,14 @@ def _attention(p: dict[str, Any], x: jax.Array, heads: int) -> jax.Array:
     return y @ p["proj"]["w"] + p["proj"]["b"]
 
 
-def _block(p: dict[str, Any], x: jax.Array, heads: int) -> jax.Array:
+def _layer(p: dict[str, Any], x: jax.Array, heads: int) -> jax.Array:
     x = x + _attention(p, _layer_norm(p["ln1"], x), heads)
     hidden = jax.nn.gelu(_layer_norm(p["ln2"], x) @ p["fc"]["w"] + p["fc"]["b"], approximate=False)
     return x + hidden @ p["out"]["w"] + p["out"]["b"]
+
+
+_block = remat_block(_layer, static_argnums=(2,))
+"""One transformer layer, where the `remat` knob checkpoints (the head count is no array)."""
 
 
 def gpt_apply(params: dict[str, Any], tokens: jax.Array, heads: int) -> jax.Array:
