@@ -164,7 +164,11 @@ def parse_config(data: Any, source: str) -> TunedConfig:
             source=source,
             key="environment.backend",
         )
-    params = with_defaults(backend, export.params)  # exported before a knob existed: its reference value
+    params = dict(export.params)
+    if backend.name == "pytorch" and "pin_memory" not in params:
+        # exported before pinning was a knob: the loader then pinned on a CUDA device, as the study ran it
+        params["pin_memory"] = str(export.environment.model_dump().get("device", "")).startswith("cuda")
+    params = with_defaults(backend, params)  # exported before a knob existed: its reference value
     for knob in params:
         if knob not in backend.knobs:
             raise SpecError(

@@ -19,6 +19,7 @@ from autotuner.knobs import config_key
 from autotuner.optuna_adapter import study_id, study_storage
 from autotuner.records import baseline, records, speedup
 from tests.conftest import ROOT, run_cli, write_hang_spec, write_spec
+from tests.helpers import HELD
 
 EXPORT_KEYS = {"params", "metrics", "baseline", "speedup", "environment", "spec", "study"}
 
@@ -42,7 +43,7 @@ def test_search_exports_the_best_config_with_its_evidence(searched: tuple[Path, 
     workdir, stdout = searched
     export = yaml.safe_load((workdir / "runs" / "small" / "best.yaml").read_text())
     assert EXPORT_KEYS <= set(export)
-    assert set(export["params"]) == {"precision", "batch_size", "accumulation", "workers", "compile"}
+    assert set(export["params"]) == {"precision", "batch_size", "accumulation", "workers", "compile", *HELD}
     assert export["params"]["batch_size"] * export["params"]["accumulation"] == 64
     metrics = export["metrics"]
     for key in ("throughput", "drift", "peak_memory_mb", "warmup_s", "throughput_spread", "throughput_windows"):

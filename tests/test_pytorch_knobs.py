@@ -28,6 +28,7 @@ from autotuner.outcomes import Unsupported
 from autotuner.report import peak_memory
 from autotuner.spec import MAX_CONFIGS, parse_spec
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
+from tests.helpers import HELD
 
 FP32 = {"precision": "fp32", "batch_size": 8, "accumulation": 1, "workers": 0, "compile": "none"}
 CPU = TorchCapabilities(bf16=True, compile=True, sdpa_flash=True)
@@ -355,3 +356,15 @@ def test_peak_memory_is_reported_as_a_share_of_the_devices_memory() -> None:
     assert peak_memory(1024, 8192) == "1,024 MiB (12% of 8,192)"
     assert peak_memory(5, None) == "5 MiB" and peak_memory(None, 8192) == "-"
     assert environment(torch.device("cpu"))["memory_mb"] > 0  # a CPU trial's peak is the host's
+
+
+def test_an_old_cuda_export_keeps_the_pinned_memory_its_study_ran_with(workdir: Path) -> None:
+    spec = write_spec(workdir, name="pinned", budget={"trials": 1})
+    assert run_cli("search", "--spec", str(spec), cwd=workdir).returncode == 0
+    exported = workdir / "runs" / "pinned" / "best.yaml"
+    data = yaml.safe_load(exported.read_text())
+    data["params"] = {k: v for k, v in data["params"].items() if k not in HELD}
+    for device, pinned in (("cuda:0", True), ("cpu", False)):
+        data["environment"]["device"] = device
+        exported.write_text(yaml.safe_dump(data, sort_keys=False))
+        assert load_config(exported).params["pin_memory"] is pinned

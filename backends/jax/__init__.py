@@ -22,6 +22,7 @@ REMAT = Knob(
     "dots_with_no_batch_dims_saveable: all but the weights' matmul outputs)",
     ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"),
     "none",
+    quiet=True,
     # No memory_order: the values rank by memory only where the loss marks its blocks. Checkpointed
     # whole, `full` keeps as much as none and the dots policies less (XLA on an H100), and on a CPU
     # XLA keeps more with any policy than with none: an out-of-memory trial rules out its value only.
@@ -32,6 +33,7 @@ DONATE = Knob(
     ("off", "on"),
     "off",
     recommended=("on",),
+    quiet=True,
 )
 
 
@@ -78,6 +80,7 @@ XLA_FLAGS = Knob(
     "a named bundle of XLA flags (`XLA_FLAG_BUNDLES`), added to the process's XLA_FLAGS before JAX starts",
     tuple(XLA_FLAG_BUNDLES),
     "default",
+    quiet=True,
 )
 
 
