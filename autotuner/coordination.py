@@ -194,9 +194,26 @@ class ConfigClaims:
                 return None
 
 
+def _slot_released(storage: RDBStorage, held: Held) -> bool:
+    """Whether the trial holding a budget slot gave it back: it was cut off (FAIL), or its process
+    found the config unsupported (`autotuner.outcomes.Unsupported`), which the budget does not
+    count, as it counts no unsupported config."""
+    holder_id = held.value.get("trial_id")
+    try:
+        holder = storage.get_trial(int(holder_id)) if holder_id is not None else None
+    except KeyError:
+        return False
+    if holder is None:
+        return False
+    return holder.state is TrialState.FAIL or (
+        holder.state is TrialState.COMPLETE and holder.user_attrs.get("outcome") == "unsupported"
+    )
+
+
 class BudgetSlots:
     """The study's `budget` trials, as slots (`slot:<k>`) a trial claims before it starts a
-    process: spent for good once that trial completes, free again if it is cut off."""
+    process: spent for good once that trial completes, free again if it is cut off or its
+    process found the config unsupported."""
 
     def __init__(self, study: optuna.Study, storage: RDBStorage, claims: Claims, process: SearchProcess, budget: int):
         self.study, self.storage, self.claims, self.process = study, storage, claims, process
@@ -214,7 +231,7 @@ class BudgetSlots:
                 held = self.claims.claim(f"slot:{k}", mine)
                 if held is None:
                     break
-            if _holder_state(self.storage, held) is TrialState.FAIL and self.claims.take_over(held, mine):
+            if _slot_released(self.storage, held) and self.claims.take_over(held, mine):
                 break
         else:
             return None
@@ -224,11 +241,16 @@ class BudgetSlots:
     def any_free(self) -> bool:
         """Whether a slot of the budget is free now (unclaimed, or held by a cut-off trial)."""
         trials = self.study.get_trials(deepcopy=False)
-        states = {t.number: t.state for t in trials}
+        released = {
+            t.number
+            for t in trials
+            if t.state is TrialState.FAIL
+            or (t.state is TrialState.COMPLETE and t.user_attrs.get("outcome") == "unsupported")
+        }
         held_slots = self.claims.all("slot:")
         for k in range(_unslotted(trials), self.budget):
             held = held_slots.get(f"{PREFIX}slot:{k}")
-            if held is None or states.get(int(held.value.get("trial", -1))) is TrialState.FAIL:
+            if held is None or int(held.value.get("trial", -1)) in released:
                 return True
         return False
 

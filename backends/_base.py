@@ -204,13 +204,10 @@ class Backend(ABC):
 
 
 def with_defaults(backend: Backend, params: Mapping[str, Any]) -> dict[str, Any]:
-    """`params` with every knob it lacks at its reference value, where the knob has one (not the
-    batch): a config exported before a knob existed still means what it meant then."""
-    missing = {
-        name: knob.reference
-        for name, knob in backend.knobs.items()
-        if name not in params and knob.reference is not None
-    }
+    """`params` with every quiet knob it lacks (one added after the first four) at its reference
+    value: a config exported before that knob existed still means what it meant then. The first
+    four knobs have no default: a config always held them."""
+    missing = {name: knob.reference for name, knob in backend.knobs.items() if name not in params and knob.quiet}
     return {**params, **missing}
 
 

@@ -111,7 +111,8 @@ def test_search_stores_everything_on_the_study(searched: tuple[Path, str]) -> No
     assert len(study.user_attrs["fingerprint"]) == 16 and study.user_attrs["environment"]["device"] == "cpu"
     trials = study.get_trials(deepcopy=False)
     assert trials[0].user_attrs["role"] == "baseline"
-    assert trials[0].params == {"precision": "fp32", "batch_size": 16, "workers": 0, "compile": "none"}
+    held = {k: v[0] for k, v in HELD.items()}
+    assert trials[0].params == {"precision": "fp32", "batch_size": 16, "workers": 0, "compile": "none", **held}
     for t in trials:
         assert t.state is optuna.trial.TrialState.COMPLETE
         assert t.user_attrs["outcome"] in {"ok", "unsupported", "oom", "nan", "timeout", "crash", "error"}

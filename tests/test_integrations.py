@@ -452,9 +452,9 @@ def test_loader_arguments_pin_and_prefetch_as_the_study_did() -> None:
     assert loader_arguments(tuned(pin_memory=True))["pin_memory"] is False  # pinned memory only speeds copies to a GPU
     assert "prefetch_factor" not in loader_arguments(tuned(workers=0, prefetch_factor=4))  # DataLoader refuses it
     assert "prefetch_factor" not in loader_arguments(tuned(workers=2, prefetch_factor=2))  # DataLoader's default
-    # A config exported before the knob existed has pin_memory at its reference, False: TunedTraining does not
-    # pin for it either (before the knob, a CUDA config pinned).
-    assert loader_arguments(tuned(device="cuda:0"))["pin_memory"] is False
+    # A CUDA config exported before the knob existed pins, as its study's loader did (autotuner.apply.parse_config).
+    old = tuned(device="cuda:0")
+    assert old.params["pin_memory"] is True and loader_arguments(old)["pin_memory"] is True
 
 
 @pytest.mark.usefixtures("flags_restored")
