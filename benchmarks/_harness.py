@@ -83,6 +83,21 @@ def _held(job: Job, knob: str) -> bool:
     )
 
 
+def held_knobs(job: Job) -> dict[str, Any]:
+    """The quiet knobs `job` holds at their reference value, with it: what a grid recorded before
+    those knobs existed ran with, and what its entries' configs lack (`with_held`)."""
+    return {k: job.space[k][0] for k in job.space if _held(job, k)}
+
+
+def with_held(job: Job, grid: dict[str, Any]) -> dict[str, Any]:
+    """`grid` with each entry's params and config completed by `held_knobs`."""
+    held = held_knobs(job)
+    for entry in grid["trials"]:
+        entry["params"] = {**entry["params"], **{k: v for k, v in held.items() if k not in entry["params"]}}
+        entry["config"] = {**entry["config"], **{k: v for k, v in held.items() if k not in entry["config"]}}
+    return grid
+
+
 def measured_job(job: Job) -> dict[str, Any]:
     """What a recorded trial's figures depend on: a grid recorded for other values is stale."""
     spec = job.spec

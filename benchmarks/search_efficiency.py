@@ -52,6 +52,7 @@ from _harness import (
     result_from_json,
     result_to_json,
     stored,
+    with_held,
     write_results,
 )
 from optuna.samplers import BaseSampler
@@ -348,6 +349,7 @@ def main() -> None:
         grid = json.loads(path.read_text())
         if grid["job"] != measured_job(job):
             raise SystemExit(f"{path} was recorded for another version of {spec}; run again with --record")
+        grid = with_held(job, grid)
         print(f"{job.name}: replaying {len(grid['trials'])} configs, {args.seeds} seeds per sampler", flush=True)
         out["grids"][job.name] = {
             "spec": spec,

@@ -20,6 +20,9 @@ from typing import Any
 
 from _harness import RESULTS
 
+from autotuner.backends import BACKENDS  # noqa: F401  (defines every backend's knobs, quiet ones included)
+from autotuner.knobs import QUIET
+
 README = Path(__file__).parent / "README.md"
 START = "<!-- results: written by python benchmarks/tables.py from benchmarks/results/; do not edit by hand -->"
 END = "<!-- results end -->"
@@ -53,7 +56,10 @@ def _config(config: dict[str, Any] | None) -> str:
     if not config:
         return "-"
     batch = f"{config['batch_size']}x{config.get('accumulation', 1)}"
-    return f"{config['precision']}, batch {batch}, workers {config['workers']}, compile {config['compile']}"
+    first = f"{config['precision']}, batch {batch}, workers {config['workers']}, compile {config['compile']}"
+    # the knobs added after the first four, where a config moved them from their reference value
+    rest = [f"{k} {v}" for k, v in config.items() if k in QUIET and v != QUIET[k]]
+    return ", ".join([first, *rest])
 
 
 def _load_note(data: dict[str, Any]) -> str:
