@@ -14,7 +14,7 @@ that changes numerics shows here; drift itself is the search's job), and on a GP
 memory allocated (activation checkpointing's saving shows here).
 
 Writes `benchmarks/results/knobs-<cpu|gpu>.json` (`--out` to choose), naming the device.
-`--tiny` shrinks the workloads to seconds (tests/test_knobs_benchmark.py runs it on the CPU).
+`--tiny` shrinks the workloads to seconds (tests/test_knobs_benchmark.py runs it on the CPU, so it cannot rot).
 """
 
 from __future__ import annotations
@@ -77,26 +77,20 @@ def cases(tiny: bool, gpu: bool) -> dict[str, tuple[Callable[[], TorchWorkload],
             "mlp": (lambda: workloads.mlp(samples=512), 64),
             "cnn": (lambda: workloads.cnn(samples=256, width=8), 32),
             "gpt": (lambda: workloads.gpt(layers=2, dim=32, heads=2, length=32, vocab=64, samples=256), 16),
-            **({"resnet": (lambda: workloads.resnet(samples=256), 16)} if hasattr(workloads, "resnet") else {}),
+            "resnet": (lambda: workloads.resnet(samples=256), 16),
             "hf-gpt2": (lambda: hf_gpt2(2, 32, 2, 32, 64, 256), 16),
         }
     scale = 4 if gpu else 1
+    layers, dim, heads, length = (8, 512, 8, 512) if gpu else (2, 128, 2, 128)
     return {
         "mlp": (lambda: workloads.mlp(), 256 * scale),
         "cnn": (lambda: workloads.cnn(samples=4096, width=32 * scale), 64 * scale),
         "gpt": (
-            lambda: workloads.gpt(
-                layers=4 * scale // 2 or 2,
-                dim=128 * scale,
-                heads=4 * scale // 2 or 4,
-                length=128 * scale,
-                vocab=512,
-                samples=2048,
-            ),
+            lambda: workloads.gpt(layers=layers, dim=dim, heads=heads, length=length, vocab=512, samples=2048),
             8 * scale,
         ),
-        **({"resnet": (lambda: workloads.resnet(samples=4096), 32 * scale)} if hasattr(workloads, "resnet") else {}),
-        "hf-gpt2": (lambda: hf_gpt2(2 * scale, 128 * scale, 4 * scale // 2 or 4, 128 * scale, 512, 2048), 8 * scale),
+        "resnet": (lambda: workloads.resnet(samples=4096), 32 * scale),
+        "hf-gpt2": (lambda: hf_gpt2(layers, dim, heads, length, 512, 2048), 8 * scale),
     }
 
 
