@@ -8,7 +8,9 @@ config with one knob changed, for every value the backend lets this device and w
 (`PyTorchBackend.unsupported_reason` with the probe's own capabilities; the others are listed
 with the reason). Every variant is built once through `TunedTraining`, as a trial builds it;
 then, in each of `--rounds` rounds, every variant runs one timed window of steps, in turn, so
-a drifting machine (clocks, a neighbour) touches them all alike. Reported per variant: the
+a drifting machine (clocks, a neighbour) touches them all alike; each window starts a fresh
+loader and drains its prefetch queue untimed, so no variant times batches its workers made while
+another ran. Reported per variant: the
 median samples/s over the rounds, its ratio to the base's, the loss after the windows (a knob
 that changes numerics shows here; drift itself is the search's job), and on a GPU the peak
 memory allocated (activation checkpointing's saving shows here).
@@ -187,11 +189,19 @@ def measure(
             del live[name], runs[name]
     for _ in range(rounds):
         for name in live:
+            # A fresh loader for each window, its queue drained before the clock starts: a loader
+            # kept alive fills its queue while the other variants run, and its window would then
+            # time batches made for free (and its workers would load the CPU under the others).
+            workload, tuned, _ = live[name]
+            live[name] = (workload, tuned, batches(tuned, workload))
+            for _ in range(1 + tuned.config["workers"] * tuned.config["prefetch_factor"]):
+                step(name)
             sync()
             start = time.perf_counter()
             for _ in range(steps):
                 loss = step(name)
             sync()
+            live[name] = (workload, tuned, iter(()))  # its workers shut down
             runs[name]["rates"].append(steps * batch / (time.perf_counter() - start))
             runs[name]["loss"] = round(float(loss), 5)
     base_rate = statistics.median(runs["base"]["rates"])
