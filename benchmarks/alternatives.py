@@ -1,8 +1,9 @@
 """The tuner against what people do instead, for each built-in workload, in one run.
 
-    python benchmarks/alternatives.py [--workload mlp --workload cnn --workload gpt] [--rounds 3]
+    python benchmarks/alternatives.py [--workload mlp --workload cnn ...] [--rounds 3]
 
-For each workload (its spec: studies/bench-<workload>.yaml), four configs, each measured as a
+For each workload (its spec: studies/bench-<workload>.yaml, with the knobs it holds at one value
+for its recorded grid released to the preset's values: `RELEASED`), four configs, each measured as a
 real trial (the search's trial launcher and settings) with its drift against the study's fp32
 reference:
 
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from _harness import SearchRun, Trials, guide_config, machine, run_search, stored, write_results
 
 from autotuner.knobs import Config, config_key, format_config
@@ -43,7 +45,15 @@ from autotuner.outcomes import Outcome
 from autotuner.records import baseline, best, records, stored_reference
 from autotuner.spec import load_spec
 
-SPECS = {"mlp": "studies/bench-mlp.yaml", "cnn": "studies/bench-cnn.yaml", "gpt": "studies/bench-gpt.yaml"}
+SPECS = {
+    "mlp": "studies/bench-mlp.yaml",
+    "cnn": "studies/bench-cnn.yaml",
+    "gpt": "studies/bench-gpt.yaml",
+    "resnet": "studies/bench-resnet.yaml",
+}
+RELEASED = ("memory_format", "optimizer", "checkpointing", "attention", "prefetch_factor")
+"""Knobs the benchmark specs hold at one value for their recorded grids; the search here searches
+them (the preset's values), as a user's study of the `pytorch-cpu` preset would."""
 PROBE_STEPS = 3
 """Optimizer steps a finder's probe takes at one batch size (Lightning's `steps_per_trial`)."""
 LIGHTNING_INIT = 2
@@ -191,9 +201,21 @@ def compare(
     }
 
 
+def released(spec: str, folder: Path) -> str:
+    """`spec` with its single-valued `RELEASED` knobs dropped from its space, written to `folder`."""
+    data = yaml.safe_load(Path(spec).read_text())
+    space = data["space"]
+    for knob in RELEASED:
+        if isinstance(space.get(knob), list) and len(space[knob]) == 1:
+            del space[knob]
+    path = folder / Path(spec).name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--workload", action="append", choices=list(SPECS), help="default: all three")
+    parser.add_argument("--workload", action="append", choices=list(SPECS), help="default: all four")
     parser.add_argument("--rounds", type=int, default=3, help="measurements of each config, in turn (default 3)")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -202,7 +224,8 @@ def main() -> None:
         # A cold torch.compile cache, as a first run has: the first round's warm-up is its true cost.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(folder) / "inductor-cache")
         for name in args.workload or list(SPECS):
-            workloads[name] = compare(name, SPECS[name], args.rounds, Path(folder))
+            workloads[name] = compare(name, released(SPECS[name], Path(folder)), args.rounds, Path(folder))
+            workloads[name] |= {"spec": SPECS[name], "released": list(RELEASED)}
     results = {
         "machine": next(iter(workloads.values()))["machine"],
         "rounds": args.rounds,
