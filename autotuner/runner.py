@@ -308,6 +308,8 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
         output.compile_cache = backend.compile_cache(lookups)
         if output.throughput is not None and output.throughput.stopped:  # pruned: no drift to measure
             return output
+        if not request.drift:
+            return output
         if workload.flops_per_sample is None:
             phase("counting FLOPs")
             output.flops_per_sample = _count_flops(backend, workload, training)

@@ -180,7 +180,7 @@ class Search:
                         baseline(trials),
                     )
             self.reporter.left_s = None  # the trials are over
-            Remeasurer(job, study, once, launcher, environment["device"], reference, self.reporter, self.plan).run()
+            Remeasurer(job, study, once, launcher, environment["device"], self.reporter, self.plan).run()
             if self.profile:
                 for profile in run_profiles(job, study, launcher, environment["device"], self.reporter, self.plan):
                     self.reporter.note(f"profile: {describe(profile)}")

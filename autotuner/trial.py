@@ -49,6 +49,9 @@ class TrialRequest:
     """Chunk size of the held-out evaluation: the baseline's micro-batch, which is known to fit."""
     measure: bool = True
     """False for the reference: only the drift phase runs."""
+    drift: bool = True
+    """False for a re-measurement, whose config's trial measured its drift: the process ends after
+    its windows, without the restart, drift steps and held-out loss (seconds a process)."""
     min_window_s: float = 0.0
     """Shortest measured window (`autotuner.measure.measure_throughput`)."""
     match_steps: int = 0

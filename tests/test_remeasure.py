@@ -119,6 +119,15 @@ def test_not_in_lockstep_the_processes_run_one_after_another(launcher: TrialLaun
     assert first[-1][1] <= second[0][0]  # every window of the first before any of the second
 
 
+def test_a_remeasurement_process_measures_throughput_and_skips_the_drift_phase(launcher: TrialLauncher) -> None:
+    trial = request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP)
+    rerun = dataclasses.replace(trial, drift=False)
+    full, measured_only = (launcher.call(RUNNER, "run", r, 120).output for r in (trial, rerun))
+    assert full.losses.trajectory and math.isfinite(full.losses.heldout)
+    assert measured_only.throughput.samples_per_s > 0
+    assert measured_only.losses.trajectory == [] and math.isnan(measured_only.losses.heldout)
+
+
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A small study whose re-measurement may keep only 2 processes alive at once."""
