@@ -73,7 +73,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "driver": driver,
         "versions": {
             "python": platform.python_version(),
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),  # a TorchVersion: unpickling it would import torch
             "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         },
