@@ -6,9 +6,10 @@
 1. Trial process start-up: the fork server against a fresh interpreter (`trial_overhead.py`, run
    in its own interpreter), and the start-up the real study's trials stored.
 2. A real study: `autotuner search` on the spec in a fresh folder, timed from the command's
-   start to its exit. From the storage: the sum of the trials' wall time and of their measured
-   windows (and of re-measurement's, which its claims store; older revisions stored none), the
-   reference's wall time, and the trials' start and end times, from which the
+   start to its exit (with `--before`, also autotuner as of that revision on the spec as of it).
+   From the storage: the sum of the trials' wall time and of their measured windows (and of
+   re-measurement's, which its claims store; older revisions stored none), the reference's
+   wall time, and the trials' start and end times, from which the
    search process's own time per trial (asking the sampler, claiming, recording, reading the
    study back, printing) is the gap between one trial's start and the next one's, less the trial
    process's wall time. Also the share of the search's wall time that the measured windows are.
@@ -36,6 +37,7 @@ from typing import Any
 
 from _harness import (
     RESULTS,
+    ROOT,
     install_revision,
     machine,
     measured_job,
@@ -155,6 +157,19 @@ def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
     }
 
 
+def spec_at(revision: str, spec: str, folder: Path) -> str:
+    """`spec` as it was at git `revision` (the README's first command then ran that one; a later
+    spec may name knobs that revision lacks), written into `folder`; `spec` itself where the
+    revision has no such file."""
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{spec}"], capture_output=True, text=True)
+    if shown.returncode != 0:
+        return spec
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / Path(spec).name
+    path.write_text(shown.stdout)
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="studies/quickstart.yaml", help="the study whose overhead is measured")
@@ -176,14 +191,19 @@ def main() -> None:
         results: dict[str, Any] = {"startup": startup(args.runs, Path(folder))}
         if args.before:
             before = install_revision(args.before, Path(folder) / "before")
+            before_spec = spec_at(args.before, args.spec, Path(folder) / "before-spec")
             pairs = [
                 (
-                    study_overhead(args.spec, Path(folder) / f"b{n}", before),
+                    study_overhead(before_spec, Path(folder) / f"b{n}", before),
                     study_overhead(args.spec, Path(folder) / f"a{n}"),
                 )
                 for n in range(args.pairs)
             ]
-            results["before"] = {"revision": args.before, "studies": [b for b, _ in pairs]}
+            results["before"] = {
+                "revision": args.before,
+                "spec": f"{args.spec} as of {args.before}" if before_spec != args.spec else args.spec,
+                "studies": [b for b, _ in pairs],
+            }
             results["studies"] = [a for _, a in pairs]
             results["search_wall_now_over_before"] = statistics.median(
                 a["search_wall_s"] / b["search_wall_s"] for b, a in pairs
