@@ -45,6 +45,7 @@ from _harness import (
     result_from_json,
     revision,
     run_search,
+    with_held,
     write_results,
 )
 
@@ -187,8 +188,11 @@ def main() -> None:
     grid = json.loads(grid_path.read_text())
     if grid["job"] != measured_job(job):
         raise SystemExit(f"{grid_path} was recorded for another version of {args.grid_spec}: record it again")
+    grid = with_held(job, grid)  # its entries lack the knobs added since, held at their reference
     with tempfile.TemporaryDirectory() as folder:
         results: dict[str, Any] = {"startup": startup(args.runs, Path(folder))}
+        # first: seconds, where a fault would otherwise lose the minutes of studies before it
+        results["bookkeeping"] = bookkeeping(job, grid, Path(folder))
         if args.before:
             before = install_revision(args.before, Path(folder) / "before")
             before_spec = spec_at(args.before, args.spec, Path(folder) / "before-spec")
@@ -211,7 +215,6 @@ def main() -> None:
             results["study"] = pairs[-1][1]
         else:
             results["study"] = study_overhead(args.spec, Path(folder))
-        results["bookkeeping"] = bookkeeping(job, grid, Path(folder))
     results["machine"] = results["study"]["machine"]
     results["revision"] = revision()
     print(json.dumps(results, indent=2))
