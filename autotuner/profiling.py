@@ -149,7 +149,8 @@ def describe(profile: Profile, top: int = 3) -> str:
     aten::mm 15%, ...`."""
     ops = ", ".join(f"{op.name} {op.share:.0%}" for op in profile.operators[:top])
     return (
-        f"trial #{profile.trial} ({profile.role}): {profile.steps} steps profiled in {profile.seconds:.1f} s; "
+        f"trial #{profile.trial} ({profile.role}): {profile.steps} step{'s' if profile.steps != 1 else ''} "
+        f"profiled in {profile.seconds:.1f} s; "
         f"self time on the {profile.where} {profile.total_ms:.3g} ms a step: {ops}"
     )
 
