@@ -163,13 +163,19 @@ def _holder(trial: optuna.Trial, process: SearchProcess) -> dict[str, Any]:
     return {"trial": trial.number, "trial_id": trial_id(trial), "worker": process.token}
 
 
-def _holder_state(storage: RDBStorage, held: Held) -> TrialState | None:
-    """The state of the trial holding `held`, None when it names none the storage has."""
+def _holder_trial(storage: RDBStorage, held: Held) -> FrozenTrial | None:
+    """The trial holding `held`, None when it names none the storage has."""
     holder_id = held.value.get("trial_id")
     try:
-        return storage.get_trial(int(holder_id)).state if holder_id is not None else None
+        return storage.get_trial(int(holder_id)) if holder_id is not None else None
     except KeyError:
         return None
+
+
+def _holder_state(storage: RDBStorage, held: Held) -> TrialState | None:
+    """The state of the trial holding `held`, None when it names none the storage has."""
+    holder = _holder_trial(storage, held)
+    return holder.state if holder is not None else None
 
 
 class ConfigClaims:
@@ -194,19 +200,12 @@ class ConfigClaims:
                 return None
 
 
-def _slot_released(storage: RDBStorage, held: Held) -> bool:
-    """Whether the trial holding a budget slot gave it back: it was cut off (FAIL), or its process
+def _gave_slot_back(trial: FrozenTrial) -> bool:
+    """Whether a trial holding a budget slot gave it back: it was cut off (FAIL), or its process
     found the config unsupported (`autotuner.outcomes.Unsupported`), which the budget does not
     count, as it counts no unsupported config."""
-    holder_id = held.value.get("trial_id")
-    try:
-        holder = storage.get_trial(int(holder_id)) if holder_id is not None else None
-    except KeyError:
-        return False
-    if holder is None:
-        return False
-    return holder.state is TrialState.FAIL or (
-        holder.state is TrialState.COMPLETE and holder.user_attrs.get("outcome") == "unsupported"
+    return trial.state is TrialState.FAIL or (
+        trial.state is TrialState.COMPLETE and trial.user_attrs.get("outcome") == "unsupported"
     )
 
 
@@ -231,7 +230,8 @@ class BudgetSlots:
                 held = self.claims.claim(f"slot:{k}", mine)
                 if held is None:
                     break
-            if _slot_released(self.storage, held) and self.claims.take_over(held, mine):
+            holder = _holder_trial(self.storage, held)
+            if holder is not None and _gave_slot_back(holder) and self.claims.take_over(held, mine):
                 break
         else:
             return None
@@ -241,12 +241,7 @@ class BudgetSlots:
     def any_free(self) -> bool:
         """Whether a slot of the budget is free now (unclaimed, or held by a cut-off trial)."""
         trials = self.study.get_trials(deepcopy=False)
-        released = {
-            t.number
-            for t in trials
-            if t.state is TrialState.FAIL
-            or (t.state is TrialState.COMPLETE and t.user_attrs.get("outcome") == "unsupported")
-        }
+        released = {t.number for t in trials if _gave_slot_back(t)}
         held_slots = self.claims.all("slot:")
         for k in range(_unslotted(trials), self.budget):
             held = held_slots.get(f"{PREFIX}slot:{k}")
