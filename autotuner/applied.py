@@ -35,6 +35,10 @@ the first (medians): beyond the window-to-window noise of a busy machine."""
 PROMISE = 0.05
 """The speedup `autotuner apply` delivers is within this of the export's (relative), or it warns."""
 MIN_APPLY_STEPS = 50
+BASELINE_MOST_S = 180.0
+"""The baseline's windows in `autotuner apply` last at most this long: matching the optimizer steps
+of a config many times faster would take many times the config's run (the JAX quickstart's
+winner, jit, against its op-by-op baseline at 0.45 s a step: an apply of over 9 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,9 @@ class AppliedRun:
     drift_steps: int
     wall_s: float
     baseline: Throughput | None = None
-    """The export's baseline config, run here over as many optimizer steps and measured the same
-    way, in windows of its own length, so that the speedup delivered is a ratio taken on this
-    machine now."""
+    """The export's baseline config, run here over as many optimizer steps (or as many as its
+    windows cover in `BASELINE_MOST_S`) and measured the same way, in windows of its own length,
+    so that the speedup delivered is a ratio taken on this machine now."""
     lockstep: bool = False
     """The baseline was measured in lockstep with the config (else after it)."""
     setup_s: float = 0.0
@@ -148,10 +152,10 @@ def apply_config(
     `trial.min_window_s` by the same calibration), their median and spread: as many windows as
     cover `steps` optimizer steps, or by default as many as `default_steps` fill at `trial.steps`
     a window (so at least 10x a trial's windows, enough for the median and for `slowdown`). With
-    `baseline`, the export's baseline config runs over as many optimizer steps, so the speedup
-    delivered can be set beside the export's: on a CPU in lockstep with the config (turn by turn,
-    `autotuner.lockstep.measure_together`), elsewhere after it. A config tuned for another job or
-    other hardware is refused unless `force`."""
+    `baseline`, the export's baseline config runs over as many optimizer steps (its windows for
+    `BASELINE_MOST_S` at most), so the speedup delivered can be set beside the export's: on a CPU
+    in lockstep with the config (turn by turn, `autotuner.lockstep.measure_together`), elsewhere
+    after it. A config tuned for another job or other hardware is refused unless `force`."""
     from autotuner.lockstep import in_lockstep, measure_together
     from autotuner.outcomes import Outcome
 
@@ -213,7 +217,9 @@ def apply_config(
         # Intel CPUs), so both runs cover the same stretch of training. In windows of its own
         # calibrated length, as the study measured it: a median over windows of another length
         # is another estimate (longer windows keep more of a busy machine's stalls in them).
-        requests.append(dataclasses.replace(request, config=dict(job.complete(base_params))))
+        requests.append(
+            dataclasses.replace(request, config=dict(job.complete(base_params)), match_most_s=BASELINE_MOST_S)
+        )
     # as many times a trial's timeout as the run has times its steps (before lengthening)
     timeout = job.trial_timeout(*(r.config for r in requests)) * max(
         1.0, per_window * windows / (settings.steps * settings.windows)
@@ -268,11 +274,13 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         file=out,
     )
     if run.baseline and run.promise_ratio is not None:
+        base_steps, steps = run.baseline.steps * run.baseline.windows, measured.steps * measured.windows
         print(
             f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
-            f"{run.baseline.samples_per_s:,.0f} samples/s, run here for "
-            f"{run.baseline.steps * run.baseline.windows} optimizer steps in {run.baseline.windows} "
-            f"windows of {run.baseline.steps}, {'in lockstep with' if run.lockstep else 'after'} it), "
+            f"{run.baseline.samples_per_s:,.0f} samples/s, run here for {base_steps} optimizer steps"
+            + (f" (the first of {steps}: its windows capped at {BASELINE_MOST_S:g} s)" if base_steps < steps else "")
+            + f" in {run.baseline.windows} windows of {run.baseline.steps}, "
+            f"{'in lockstep with' if run.lockstep else 'after'} it), "
             f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
             file=out,
         )

@@ -13,7 +13,9 @@ is visible.
 
 With `match_steps`, the windows (still of the calibrated length) are as many as it takes to match
 that many optimizer steps, instead of `windows`: two configs of different speeds can be run over
-the same stretch of training, each measured in windows of its own length.
+the same stretch of training, each measured in windows of its own length. With `match_most_s` as
+well, no more of them than last that long at the calibration's pace: a config many times slower
+than the one it matches would otherwise run many times as long.
 
 With `turns`, the process is one of a lockstep group (`autotuner.lockstep`): it waits for its turn
 before its warm-up and calibration, before each turn of windows and, after its last window, to be
@@ -48,6 +50,7 @@ def measure_throughput(
     samples_per_step: int,
     min_window_s: float = 0.0,
     match_steps: int = 0,
+    match_most_s: float = 0.0,
     after_window: Callable[[], None] | None = None,
     after_warmup: Callable[[Callable[[], None]], None] | None = None,
     telemetry: contextlib.AbstractContextManager[Any] | None = None,
@@ -64,7 +67,8 @@ def measure_throughput(
     `autotuner.telemetry.Telemetry`) is entered around the timed windows only (in lockstep,
     around each one). With `turns`, the setup turn may carry the optimizer steps to match (another
     process's), and every later turn how many windows to measure in it; each turn of windows
-    begins with one untimed step. `stop` (not in lockstep) is asked after each window, with the
+    begins with one untimed step. `match_most_s` bounds the matching windows' time (at the
+    calibration's pace; without calibration, no bound). `stop` (not in lockstep) is asked after each window, with the
     windows' rates so far, whether to stop there; the reason it gives is kept as `stopped`.
     `phase` is told each phase as it begins, outside the timed spans (`autotuner.progress`).
     """
@@ -112,7 +116,7 @@ def measure_throughput(
             after_window()
         return elapsed
 
-    calibration_s = 0.0
+    calibration_s, step_s = 0.0, 0.0
     if min_window_s > 0:
         phase("calibration")
         # From one step, then windows sized at the last one's pace to last a quarter of the minimum,
@@ -128,10 +132,19 @@ def measure_throughput(
             calibration_s += last
             timed += 1
         steps = max(steps, math.ceil(count * min_window_s / last))
+        step_s = last / count
+
+    def matching(steps: int) -> int:
+        """The windows of `steps` steps that match `match_steps`, within `match_most_s`."""
+        count = math.ceil(match_steps / steps)
+        if match_most_s > 0 and step_s > 0:
+            count = min(count, max(1, math.floor(match_most_s / (steps * step_s))))
+        return count
+
     if isinstance(setup, SetupTurn) and setup.match_steps > 0:
         match_steps = setup.match_steps
     if match_steps > 0:
-        windows = math.ceil(match_steps / steps)
+        windows = matching(steps)
     telemetry = telemetry or contextlib.nullcontext()
     stopped = None
     durations: list[float] = []
@@ -152,9 +165,10 @@ def measure_throughput(
         # well or to tell contention in. They are measured again, once, at the length their own
         # pace asks for.
         if min_window_s > 0 and stopped is None and statistics.median(durations) < min_window_s / 4:
+            step_s = statistics.median(durations) / steps
             steps = math.ceil(steps * min_window_s / statistics.median(durations))
             if match_steps > 0:
-                windows = math.ceil(match_steps / steps)
+                windows = matching(steps)
             durations.clear()
             measure_windows()
     else:

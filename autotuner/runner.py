@@ -398,6 +398,7 @@ def _measure(
         samples_per_step=request.global_batch,
         min_window_s=request.min_window_s,
         match_steps=request.match_steps,
+        match_most_s=request.match_most_s,
         after_window=after_window,
         after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
         telemetry=telemetry,

@@ -57,6 +57,9 @@ class TrialRequest:
     match_steps: int = 0
     """When set, as many windows (of the calibrated length) are measured as it takes to match this
     many optimizer steps (another trial's), not `windows`."""
+    match_most_s: float = 0.0
+    """With `match_steps`: no more of those windows than last this long at the calibration's pace
+    (0: no bound)."""
     prune_best: float | None = None
     """The best feasible throughput of the study so far: with `prune_after`, the trial stops early
     when its first windows cannot reach it (`autotuner.pruning`)."""

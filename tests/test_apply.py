@@ -20,12 +20,13 @@ import yaml
 from torch import nn
 from torch._dynamo.eval_frame import OptimizedModule
 
-from autotuner.applied import AppliedRun, print_applied
+from autotuner.applied import AppliedRun, apply_config, print_applied
 from autotuner.apply import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.backends.pytorch.apply import TunedTraining, set_matmul_precision
 from autotuner.errors import SpecError
 from autotuner.export import EXPORT_VERSION
 from autotuner.results import Throughput
+from autotuner.spec import load_spec
 from tests.conftest import ROOT, run_cli, write_spec
 
 FP32 = {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"}
@@ -336,6 +337,24 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     # --steps 6: the windows cover 6 optimizer steps, as few as do
     few = re.search(r"ran (\d+) optimizer steps of 64 samples \((\d+) windows of (\d+)", skipped.stdout)
     assert few is not None and int(few[1]) >= 6 > int(few[1]) - int(few[3]), skipped.stdout
+
+
+def test_a_baseline_bounded_in_time_covers_the_first_steps_and_says_so(
+    study: tuple[Path, Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A baseline many times slower than the config would run many times as long: its windows
+    # stop at `BASELINE_MOST_S` (here a tenth of a second: two windows of 0.05 s at most).
+    workdir, spec, _ = study
+    monkeypatch.setattr("autotuner.applied.BASELINE_MOST_S", 0.1)
+    monkeypatch.chdir(workdir)
+    run = apply_config(load_config("runs/applied/best.yaml"), load_spec(spec))
+    assert run.baseline is not None and run.speedup is not None
+    ours, base = run.throughput, run.baseline
+    assert base.windows <= 2 < ours.windows and base.steps * base.windows < ours.steps * ours.windows
+    out = io.StringIO()
+    print_applied(run, out, io.StringIO())
+    said = f"run here for {base.steps * base.windows} optimizer steps (the first of {ours.steps * ours.windows}: "
+    assert said + "its windows capped at 0.1 s) in" in out.getvalue(), out.getvalue()
 
 
 def test_apply_refuses_a_config_from_other_hardware_unless_forced(study: tuple[Path, Path, dict[str, Any]]) -> None:

@@ -8,7 +8,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from autotuner.measure import measure_throughput, relative_spread
+from autotuner.results import Throughput
 
 
 class Recorder:
@@ -192,3 +195,41 @@ def test_training_flops_are_counted_for_a_workload_that_does_not_declare_them() 
         ).flops_per_sample
         is None
     )
+
+
+class Clock:
+    """A clock that only steps move: each step takes exactly `step_s`."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now, self.step_s, self.steps = 0.0, step_s, 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    monotonic = perf_counter
+
+    def step(self) -> None:
+        self.now += self.step_s
+        self.steps += 1
+
+
+def test_matching_steps_the_windows_last_at_most_the_time_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A baseline many times slower than the config it matches (`autotuner apply`) would run many
+    times as long: with `match_most_s`, it matches as many of the steps as its windows cover in
+    that time, at the calibration's pace."""
+    clock = Clock(step_s=1 / 64)  # exact in binary: no rounding in the clock's sums
+    monkeypatch.setattr("autotuner.measure.time", clock)
+
+    def measured(**match: float) -> Throughput:
+        return measure_throughput(
+            clock.step, lambda: None, warmup_steps=1, steps=1, windows=3, samples_per_step=1, min_window_s=0.5, **match
+        )
+
+    # calibration: 1 step, then 8 (125 ms, a quarter of 0.5 s): windows of 32 steps, 0.5 s
+    unbounded = measured(match_steps=1000)
+    assert (unbounded.steps, unbounded.windows) == (32, 32)
+    bounded = measured(match_steps=1000, match_most_s=3.0)  # 3 s: six windows of 0.5 s
+    assert (bounded.steps, bounded.windows) == (32, 6)
+    assert measured(match_steps=1000, match_most_s=0.1).windows == 1  # one window at least
+    assert measured(match_steps=100, match_most_s=3.0).windows == 4  # the steps matched first
+    assert measured(match_most_s=0.1).windows == 3  # nothing to match: the windows asked
