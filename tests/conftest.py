@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +18,27 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# One JAX persistent compilation cache for the whole session, in a fresh folder: a JAX trial op by
+# op (jit=off: the reference, most baselines) compiles each of its ~100 primitives in every process,
+# and a jitted step its whole graph; with the cache, each is compiled once a session and loaded by
+# every later process (this one, the trial processes, the CLI's) that compiles the same (XLA's
+# cache key holds the computation, the compile options and XLA_FLAGS: a flag bundle compiles anew).
+# The same executables run, so what the tests check of them is unchanged; only the repeated
+# compile time goes (benchmarks/gpu.py's --tiny JAX study does the same). Set in the environment
+# before anything imports JAX, so the processes the tests start inherit it; a cache the caller
+# chose is left as it is.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _jax_cache = tempfile.mkdtemp(prefix="autotuner-tests-jax-cache-")
+
+    def _remove_jax_cache(owner: int = os.getpid()) -> None:
+        if os.getpid() == owner:  # not in a process forked from this one that exits normally
+            shutil.rmtree(_jax_cache, ignore_errors=True)
+
+    atexit.register(_remove_jax_cache)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _jax_cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the primitives compile in milliseconds
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
 # A study small enough to run end to end in seconds on two CPU cores.
 SMALL_SPEC: dict[str, Any] = {
