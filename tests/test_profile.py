@@ -83,3 +83,10 @@ def test_a_jax_study_is_profiled_with_jax_profiler(tmp_path: Path) -> None:
     baseline = next(p for p in profiles.values() if p.role == "baseline")
     assert baseline.artifact_name == "profile-trial-0-baseline.json.gz"
     assert any(op.name.startswith("PjitFunction(") for op in baseline.operators)  # op by op: each a dispatch
+    # its trace holds the operators without Python's function calls (`$file:line`), as torch's does
+    store = optuna.artifacts.FileSystemArtifactStore(str(tmp_path / "runs" / "small" / "artifacts"))
+    path = tmp_path / "trace.json.gz"
+    optuna.artifacts.download_artifact(artifact_store=store, file_path=str(path), artifact_id=baseline.artifact)
+    names = [str(e.get("name", "")) for e in read_trace(path) if e.get("ph") == "X"]
+    assert any(name.startswith("PjitFunction(") for name in names)
+    assert not any(name.startswith("$") for name in names)

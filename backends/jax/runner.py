@@ -15,6 +15,7 @@ own loop: a trial trains through it, so what a study measures is exactly what a 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import platform
 import resource
@@ -251,9 +252,13 @@ class JaxTrial(TrialBackend):
     @contextlib.contextmanager
     def profiling(self, device: jax.Device, folder: str) -> Iterator[list[str]]:
         """`jax.profiler.trace` with its Perfetto trace (gzipped Chrome trace JSON); the TensorBoard
-        profile it writes beside it stays in the trial's folder."""
+        profile it writes beside it stays in the trial's folder. Operators only, as torch's profile
+        is: without Python's function calls, which the ranking leaves out anyway (an op-by-op step
+        of the JAX quickstart's baseline: a 10 MB trace written in 11.6 s with them, 0.45 MB in
+        0.8 s without, and the step itself 0.93 s under their tracer against 0.63 s)."""
         written: list[str] = []
-        with jax.profiler.trace(folder, create_perfetto_trace=True):
+        options = _profile_options()
+        with jax.profiler.trace(folder, create_perfetto_trace=True, **options):
             yield written
         traces = sorted(Path(folder).glob("plugins/profile/*/perfetto_trace.json.gz"))
         if not traces:
@@ -276,6 +281,15 @@ class JaxTrial(TrialBackend):
         if isinstance(exc, RUNTIME_ERROR) and OUT_OF_MEMORY in str(exc):  # no finer type to go by (see above)
             return "oom"
         return None
+
+
+def _profile_options() -> dict[str, Any]:
+    """`jax.profiler.trace`'s options with Python's tracer off, where this JAX has them."""
+    if "profiler_options" not in inspect.signature(jax.profiler.trace).parameters:
+        return {}
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    return {"profiler_options": options}
 
 
 TRIAL_BACKEND = JaxTrial()
