@@ -259,6 +259,31 @@ def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
     assert outcomes == [("fp32", "ok"), ("tf32", "unsupported")]
 
 
+def test_a_jax_configs_later_processes_load_its_executables_from_the_studys_cache(tmp_path: Path) -> None:
+    """Two trial processes of one config with the study's compile cache: the first compiles every
+    executable (op by op: each primitive), the second loads them all; the same numerics."""
+    import dataclasses
+
+    from autotuner.outcomes import Outcome
+    from autotuner.trial import TrialLauncher
+    from autotuner.trial_requests import trial_request
+
+    job = load_spec(_write(tmp_path, JAX_SPEC))
+    launcher = TrialLauncher([job.backend.runner])
+    cache = tmp_path / "cache"
+    for jit in ("off", "on"):
+        config = job.complete({**job.baseline, "jit": jit})
+        compiled = dataclasses.replace(trial_request(job, config, "cpu"), compile_cache=str(cache / jit))
+        first, second = (launcher.call(job.backend.runner, "run", compiled, 120) for _ in range(2))
+        assert first.outcome is Outcome.OK and second.outcome is Outcome.OK, (first.reason, second.reason)
+        assert (first.output.compile_cache, second.output.compile_cache) == ("cold", "warm"), jit
+        assert any((cache / jit / "jax").iterdir())
+        assert first.output.losses.heldout == second.output.losses.heldout  # the same executables
+    uncached = dataclasses.replace(trial_request(job, config, "cpu"), compile_cache=None)
+    unused = launcher.call(job.backend.runner, "run", uncached, 120)
+    assert unused.outcome is Outcome.OK and unused.output.compile_cache is None  # no study cache: nothing said
+
+
 def test_autotuner_apply_runs_a_jax_export(jax_study: tuple[Path, Path, dict[str, Any]]) -> None:
     workdir, spec, export = jax_study
     done = run_cli("apply", "runs/small-jax/best.yaml", "--spec", str(spec), "--steps", "6", cwd=workdir)
