@@ -68,8 +68,9 @@ def measure_throughput(
     around each one). With `turns`, the setup turn may carry the optimizer steps to match (another
     process's), and every later turn how many windows to measure in it; each turn of windows
     begins with one untimed step. `match_most_s` bounds the matching windows' time (at the
-    calibration's pace; without calibration, no bound). `stop` (not in lockstep) is asked after each window, with the
-    windows' rates so far, whether to stop there; the reason it gives is kept as `stopped`.
+    calibration's pace; without calibration, no bound). `stop` (not in lockstep) is asked after
+    each window, with the windows' rates so far, whether to stop there; the reason it gives is
+    kept as `stopped`.
     `phase` is told each phase as it begins, outside the timed spans (`autotuner.progress`).
     """
     setup = turns.wait(Waiting(measuring=True)) if turns is not None else None
