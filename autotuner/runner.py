@@ -193,6 +193,14 @@ class TrialBackend(ABC):
         return run_profile(self, arg["request"], arg["steps"], arg["folder"])
 
 
+def cache_state(hits: int, misses: int) -> str | None:
+    """A compile cache as a trial's warm-up found it (`TrialBackend.compile_cache`): `warm`
+    (every lookup hit), `cold` (none did) or `partial`; None without lookups."""
+    if hits + misses == 0:
+        return None
+    return "warm" if misses == 0 else "cold" if hits == 0 else "partial"
+
+
 class Subset:
     """The items of `dataset` at `indices`, in that order."""
 

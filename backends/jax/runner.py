@@ -50,7 +50,7 @@ from autotuner.environment import cpu_name, thread_settings
 from autotuner.hardware import peak_flops
 from autotuner.messages import Turns
 from autotuner.results import TrialOutput
-from autotuner.runner import TrialBackend
+from autotuner.runner import TrialBackend, cache_state
 from autotuner.telemetry import cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.trial import TrialRequest
 
@@ -146,19 +146,14 @@ class JaxTrial(TrialBackend):
             _use_compile_cache(os.path.join(compile_cache, "jax"))
 
     def compile_lookups(self) -> dict[str, int]:
-        folder = _LOOKUPS_FOLDER[0] if _LOOKUPS_FOLDER else None
-        return {**_LOOKUPS, "entries": len(os.listdir(folder)) if folder and os.path.isdir(folder) else 0}
+        return dict(_LOOKUPS)
 
     def compile_cache(self, before: dict[str, int]) -> str | None:
-        """As torch's, but an empty cache is `cold` whatever this process found there since: JAX
-        looks up an executable again that it compiled and cached a moment before (another
+        """As torch's, but a cache this process found empty is `cold` whatever it found there
+        since: JAX looks up again an executable it compiled and cached a moment before (another
         function with the same computation), a hit on this process's own work."""
-        hits, misses = _LOOKUPS["hit"] - before["hit"], _LOOKUPS["miss"] - before["miss"]
-        if hits + misses == 0:
-            return None
-        if before["entries"] == 0:
-            return "cold"
-        return "warm" if misses == 0 else "cold" if hits == 0 else "partial"
+        state = cache_state(_LOOKUPS["hit"] - before["hit"], _LOOKUPS["miss"] - before["miss"])
+        return "cold" if state is not None and _LOOKUPS["found"] == 0 else state
 
     def resolve_device(self, spec: str) -> jax.Device:
         return resolve_device(spec)
@@ -300,11 +295,10 @@ class JaxTrial(TrialBackend):
         return None
 
 
-_LOOKUPS = {"hit": 0, "miss": 0}
-"""This process's lookups in JAX's persistent compilation cache (`_count_lookups`)."""
+_LOOKUPS = {"hit": 0, "miss": 0, "found": 0}
+"""This process's lookups in JAX's persistent compilation cache (`_count_lookups`), and the entries
+it found there when it took the cache up (`_use_compile_cache`)."""
 _LOOKUP_EVENTS = {"/jax/compilation_cache/cache_hits": "hit", "/jax/compilation_cache/cache_misses": "miss"}
-_LOOKUPS_FOLDER: list[str] = []
-"""The cache folder the lookups are in (`_use_compile_cache`)."""
 
 
 def _count_lookups(event: str, **_: Any) -> None:
@@ -320,7 +314,7 @@ def _use_compile_cache(folder: str) -> None:
     cache key holds the computation, the compile options and XLA_FLAGS. Its hits and misses are
     counted for `compile_cache`."""
     jax.config.update("jax_compilation_cache_dir", folder)
-    _LOOKUPS_FOLDER[:] = [folder]
+    _LOOKUPS["found"] = len(os.listdir(folder)) if os.path.isdir(folder) else 0
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     jax.monitoring.register_event_listener(_count_lookups)

@@ -23,7 +23,7 @@ import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): le
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
 from autotuner.backends.pytorch.probe import environment, gpu_uuid, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload, first_batch_problem
-from autotuner.runner import TrialBackend
+from autotuner.runner import TrialBackend, cache_state
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """c10's CPU allocator has no exception type of its own: when the host (or the trial's memory
@@ -111,11 +111,7 @@ class PyTorchTrial(TrialBackend):
 
     def compile_cache(self, before: dict[str, int]) -> str | None:
         now = _cache_lookups()
-        hits = now["hit"] - before["hit"]
-        misses = now["miss"] - before["miss"]
-        if hits + misses == 0:
-            return None
-        return "warm" if misses == 0 else "cold" if hits == 0 else "partial"
+        return cache_state(now["hit"] - before["hit"], now["miss"] - before["miss"])
 
     def training(self, workload: TorchWorkload, config: dict[str, Any], device: torch.device) -> TunedTraining:
         workload.model.to(device).train()
