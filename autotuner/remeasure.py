@@ -9,7 +9,8 @@ than the noise of the two (`contenders`) is out; the rounds stop when only the l
 and its speedup, the export's promise, is settled (`settled`: its last two processes agree, and
 so do the baseline's), or after `budget.remeasure_runs` rounds. Configs that come in later (a
 re-measurement reordered the top) are judged against those re-measured before them too
-(`earlier_estimates`), so a newcomer that cannot beat the leader is out after one round. Each
+(`earlier_estimates`), so a newcomer that cannot beat the leader is out after one round; and they
+get the rounds the first ones left of `budget.remeasure_runs` (`rounds_left`), one at least. Each
 config's `autotuner.results.Remeasurement` is stored in its claim
 (`autotuner.coordination.OncePerStudy.remeasure`), where `autotuner.records.records` reads it back.
 """
@@ -111,6 +112,19 @@ def earlier_estimates(
     }
 
 
+def rounds_left(trials: list[TrialRecord], batch: list[int], runs: int) -> int:
+    """How many rounds the re-measurement of trial numbers `batch` may run: `runs`
+    (`budget.remeasure_runs`) less the rounds of the longest re-measurement before it (the most
+    processes a config re-measured before has), one at least, so that each config is judged.
+    Configs that come in once the first ones ran to the cap (a machine too noisy to settle them)
+    are judged in one round, not in as many again."""
+    ran = max(
+        (len(t.remeasured.throughputs) for t in trials if t.remeasured is not None and t.number not in batch),
+        default=0,
+    )
+    return max(1, runs - ran)
+
+
 def remeasure_groups(
     configs: list[TrialRecord], baseline: TrialRecord | None, most: int | None
 ) -> list[list[TrialRecord]]:
@@ -159,7 +173,7 @@ class Remeasurer:
     def run(self) -> None:
         """Measure the fastest feasible configs and the baseline again, in rounds of one more trial
         process each, measured together (`measure_together`), until the leader's lead is beyond the
-        noise (`contenders`) or after `budget.remeasure_runs` rounds. A config's throughput is then
+        noise (`contenders`) or after `budget.remeasure_runs` rounds in all. A config's throughput is then
         the median over every window of its processes, and its speedup is over the baseline's
         windows measured with them; when that reorders the top, the newcomers are re-measured too,
         and so are the configs within the machine's noise of the best
@@ -193,7 +207,7 @@ class Remeasurer:
         """Re-measure the configs of trials `numbers` in rounds: in each, a process of every config
         still in `contenders` and one of the baseline, measured together (in groups the memory
         holds, `remeasure_groups`), until only the leader is left and its and the baseline's
-        processes are `settled`, or after `budget.remeasure_runs` rounds."""
+        processes are `settled`, or after the rounds left (`rounds_left`)."""
         budget = self.job.spec.budget
         trials = [candidates[n] for n in numbers]
         configs = [t for t in trials if baseline is None or t.number != baseline.number]
@@ -211,17 +225,22 @@ class Remeasurer:
                 f"re-measuring {', '.join(f'#{t.number}' for t in everyone)} in groups of at most {most} processes "
                 f"({_why_split(budget.remeasure_group)}), the baseline beside the configs in each"
             )
-        # configs re-measured in an earlier batch: the newcomers must beat them too
-        earlier = earlier_estimates(records(self.study), numbers, baseline.number if baseline is not None else None)
+        # configs re-measured in an earlier batch: the newcomers must beat them too, in the rounds left
+        known = records(self.study)
+        earlier = earlier_estimates(known, numbers, baseline.number if baseline is not None else None)
+        most_rounds = rounds_left(known, numbers, budget.remeasure_runs)
+        cap = f"{most_rounds} round{'s' if most_rounds > 1 else ''} (budget.remeasure_runs" + (
+            ", what the configs re-measured before left of it)" if most_rounds < budget.remeasure_runs else ")"
+        )
         alive, still = configs, [t.number for t in everyone]
         unsettled: list[str] = []
-        for round_number in range(1, budget.remeasure_runs + 1):
+        for round_number in range(1, most_rounds + 1):
             parts = remeasure_groups(alive, baseline, most)
             what = ", ".join(f"#{t.number}" for t in alive) + (" beside the baseline" if alive and baseline else "")
             how = f" in {len(parts)} groups" if len(parts) > 1 else ""
             with self.reporter.running(
                 f"re-measuring {what or 'the baseline'}{how}: round {round_number} of at most "
-                f"{budget.remeasure_runs}, {budget.remeasure_windows} windows a process"
+                f"{most_rounds}, {budget.remeasure_windows} windows a process"
             ):
                 for part in parts:
                     self._measure_group(part, baseline, found, beside, groups, lockstep)
@@ -236,13 +255,10 @@ class Remeasurer:
             if not alive or (len(still) <= 1 and not unsettled):
                 break
         if alive and len(still) > 1:
-            self.reporter.note(
-                f"after {budget.remeasure_runs} rounds (budget.remeasure_runs) "
-                f"{', '.join(f'#{n}' for n in still)} are within the noise of each other"
-            )
+            self.reporter.note(f"after {cap} {', '.join(f'#{n}' for n in still)} are within the noise of each other")
         elif alive and unsettled:
             self.reporter.note(
-                f"after {budget.remeasure_runs} rounds (budget.remeasure_runs) the last two processes of "
+                f"after {cap} the last two processes of "
                 f"{' and of '.join(unsettled)} are more than {SETTLED:.0%} apart: #{alive[0].number}'s "
                 "speedup is less certain than that"
             )

@@ -62,7 +62,8 @@ class Budget(_Strict):
     once only the leader is left and its speedup is settled: its last two processes (its trial
     and its re-measurement's) agree within 6%, and so do the baseline's
     (`autotuner.remeasure.settled`). A config's throughput is the median over every window of its
-    processes."""
+    processes. The rounds are the whole re-measurement's: configs that come in later (a
+    re-measurement reordered the top) get the rounds the first ones left, one at least."""
     remeasure_windows: int = Field(10, gt=0, le=1000)
     """Measured windows of each re-measurement process (a trial has `trial.windows`). Measured in
     lockstep, what is left between two processes is the window-to-window noise, which more windows

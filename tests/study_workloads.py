@@ -282,14 +282,21 @@ class _AlternateProcesses:
     forward pass that computes gradients: evaluations and the probe's check compute none)
     appends its pid to `folder`/processes-<batch> once (`_log_process`); the second, fourth,
     ... of them take `delay_s` more per forward pass. One config's processes alternate
-    between two paces, as one process can come out far from the next on a busy machine."""
+    between two paces, as one process can come out far from the next on a busy machine. Every
+    other micro-batch size takes `pace_s` a sample per forward pass: with a pace well above the
+    compute, configs of other micro-batch sizes are one speed."""
 
-    def __init__(self, folder: str, batch: int, delay_s: float):
+    def __init__(self, folder: str, batch: int, delay_s: float, pace_s: float = 0.0):
         self.log, self.batch, self.delay_s = Path(folder) / f"processes-{batch}", batch, delay_s
+        self.pace_s = pace_s
         self.pid, self.slow = 0, False
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        if args[0].shape[0] != self.batch or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
+            return
+        if args[0].shape[0] != self.batch:
+            if self.pace_s:
+                time.sleep(self.pace_s * args[0].shape[0])
             return
         if self.pid != os.getpid():
             self.pid = os.getpid()
@@ -298,10 +305,13 @@ class _AlternateProcesses:
             time.sleep(self.delay_s)
 
 
-def alternate_processes(folder: str, batch: int = 8, delay_s: float = 0.004, **mlp_args: Any) -> TorchWorkload:
-    """The built-in MLP whose processes at micro-batch `batch` alternate between two paces."""
+def alternate_processes(
+    folder: str, batch: int = 8, delay_s: float = 0.004, pace_s: float = 0.0, **mlp_args: Any
+) -> TorchWorkload:
+    """The built-in MLP whose processes at micro-batch `batch` alternate between two paces (the
+    others at `pace_s` a sample, if given)."""
     workload = mlp(**mlp_args)
-    workload.model.register_forward_pre_hook(_AlternateProcesses(folder, batch, delay_s))
+    workload.model.register_forward_pre_hook(_AlternateProcesses(folder, batch, delay_s, pace_s))
     return workload
 
 

@@ -25,6 +25,7 @@ from autotuner.remeasure import (
     median_error,
     processes_that_fit,
     remeasure_groups,
+    rounds_left,
     settled,
 )
 from autotuner.results import Remeasurement
@@ -197,3 +198,43 @@ def test_rounds_go_on_while_the_baselines_processes_disagree(tmp_path: Path) -> 
     assert re.search(cap + r"more than 6% apart", printed), printed
     runs = [t.trial_throughput for t in records(study) if t.number == 0] + stored[0].throughputs
     assert not any(settled(runs[k : k + 2]) for k in range(len(runs) - 1)), runs
+
+
+def test_configs_that_come_in_later_get_the_rounds_the_first_ones_left() -> None:
+    def remeasured(number: int, processes: int) -> TrialRecord:
+        return dataclasses.replace(_trial(number), remeasured=Remeasurement([100.0] * processes, [[100.0]] * processes))
+
+    assert rounds_left([_trial(4), _trial(0)], [4, 0], 3) == 3  # the first re-measurement: all of them
+    assert rounds_left([remeasured(4, 1), remeasured(0, 1), _trial(5)], [5], 3) == 2
+    # the first ones ran to the cap: a newcomer is still judged, in one round
+    assert rounds_left([remeasured(4, 3), remeasured(0, 3), _trial(5)], [5], 3) == 1
+    # the batch's own processes (a re-measurement taken over from another worker) do not count
+    assert rounds_left([remeasured(5, 2), _trial(0)], [5, 0], 3) == 3
+
+
+def test_a_newcomer_after_rounds_that_ran_to_the_cap_is_judged_in_one_round(tmp_path: Path) -> None:
+    # The baseline's processes (micro-batch 8) alternate between two paces, the first fast: the
+    # reference's two, the baseline's trial, then its re-measurement's, so that the first
+    # re-measurement runs every round of the cap (2) unsettled. Micro-batches of 32 and 64 take
+    # 30 us a sample, the compute a fraction of it: the config left out of `remeasure_top` comes in
+    # after, within the baseline's noise, beside the baseline's next process, a slow one, and leads.
+    # Unsettled again, it would go on for 2 more rounds; the budget has 0 left, and it is judged in 1.
+    args = {"folder": str(tmp_path), "batch": 8, "delay_s": 0.0005, "pace_s": 0.00003}
+    spec = write_spec(
+        tmp_path,
+        workload="tests.study_workloads:alternate_processes",
+        workload_args={**args, **SMALL_SPEC["workload_args"]},
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+        space={"precision": ["fp32"], "batch_size": [32, 64], "workers": [0], "compile": ["none"]},
+        budget={"trials": 3, "remeasure_top": 1, "remeasure_runs": 2, "remeasure_windows": 3},
+    )
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/runs/small/study.db")
+    stored = remeasurements(study)
+    assert sorted(stored) == [0, 1, 2], stored  # the baseline, the top config, then the other
+    first, newcomer = sorted((n for n in stored if n != 0), key=lambda n: -len(stored[n].throughputs))
+    assert len(stored[0].throughputs) == 2 and len(stored[first].throughputs) == 2, stored
+    assert len(stored[newcomer].throughputs) == 1, stored  # not 2 more rounds
+    printed = " ".join(done.stdout.split())
+    assert "after 1 round (budget.remeasure_runs, what the configs re-measured before left of it)" in printed, printed
