@@ -218,7 +218,8 @@ def test_a_newcomer_after_rounds_that_ran_to_the_cap_is_judged_in_one_round(tmp_
     # re-measurement runs every round of the cap (2) unsettled. Micro-batches of 32 and 64 take
     # 30 us a sample, the compute a fraction of it: the config left out of `remeasure_top` comes in
     # after, within the baseline's noise, beside the baseline's next process, a slow one, and leads.
-    # Unsettled again, it would go on for 2 more rounds; the budget has 0 left, and it is judged in 1.
+    # Unsettled again, it would run a second round, as the first configs did; the budget has none
+    # left, and it is judged in one.
     args = {"folder": str(tmp_path), "batch": 8, "delay_s": 0.0005, "pace_s": 0.00003}
     spec = write_spec(
         tmp_path,
