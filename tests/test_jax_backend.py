@@ -5,6 +5,7 @@ from the command line (and from the README's loop). CPU only, real jax and torch
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import runpy
 import subprocess
@@ -23,7 +24,10 @@ from autotuner.backends.jax import JAX
 from autotuner.backends.jax.apply import TunedTraining
 from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload, as_workload
 from autotuner.errors import SpecError
+from autotuner.outcomes import Outcome
 from autotuner.spec import load_spec
+from autotuner.trial import TrialLauncher
+from autotuner.trial_requests import trial_request
 from tests.conftest import ROOT, run_cli
 
 JAX_SPEC: dict[str, Any] = {
@@ -262,12 +266,6 @@ def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
 def test_a_jax_configs_later_processes_load_its_executables_from_the_studys_cache(tmp_path: Path) -> None:
     """Two trial processes of one config with the study's compile cache: the first compiles every
     executable (op by op: each primitive), the second loads them all; the same numerics."""
-    import dataclasses
-
-    from autotuner.outcomes import Outcome
-    from autotuner.trial import TrialLauncher
-    from autotuner.trial_requests import trial_request
-
     job = load_spec(_write(tmp_path, JAX_SPEC))
     launcher = TrialLauncher([job.backend.runner])
     cache = tmp_path / "cache"

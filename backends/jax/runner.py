@@ -269,8 +269,7 @@ class JaxTrial(TrialBackend):
         of the JAX quickstart's baseline: a 10 MB trace written in 11.6 s with them, 0.45 MB in
         0.8 s without, and the step itself 0.93 s under their tracer against 0.63 s)."""
         written: list[str] = []
-        options = _profile_options()
-        with jax.profiler.trace(folder, create_perfetto_trace=True, **options):
+        with jax.profiler.trace(folder, create_perfetto_trace=True, **_profile_options()):
             yield written
         traces = sorted(Path(folder).glob("plugins/profile/*/perfetto_trace.json.gz"))
         if not traces:
