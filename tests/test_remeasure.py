@@ -178,8 +178,9 @@ def test_rounds_go_on_while_the_baselines_processes_disagree(tmp_path: Path) -> 
     # agree (with 0.1 ms a pass, half as fast, a busy suite once measured a fast process as a slow one)
     spec = write_spec(
         tmp_path,
-        workload="tests.study_workloads:alternate_processes",
-        workload_args={"folder": str(tmp_path), "batch": 8, "delay_s": 0.0005, **SMALL_SPEC["workload_args"]},
+        workload="tests.study_workloads:paced_processes",
+        # 0.5 ms more a forward pass for every other process of the baseline
+        workload_args={"folder": str(tmp_path), "paces": {8: [0.0, 0.0005 / 8]}, **SMALL_SPEC["workload_args"]},
         baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
         space={"precision": ["fp32", "bf16"], "batch_size": [32, 64], "workers": [0], "compile": ["none"]},
         budget={"trials": 3, "remeasure_top": 1, "remeasure_runs": 3, "remeasure_windows": 3},
@@ -213,18 +214,22 @@ def test_configs_that_come_in_later_get_the_rounds_the_first_ones_left() -> None
 
 
 def test_a_newcomer_after_rounds_that_ran_to_the_cap_is_judged_in_one_round(tmp_path: Path) -> None:
-    # The baseline's processes (micro-batch 8) alternate between two paces, the first fast: the
-    # reference's two, the baseline's trial, then its re-measurement's, so that the first
-    # re-measurement runs every round of the cap (2) unsettled. Micro-batches of 32 and 64 take
-    # 30 us a sample, the compute a fraction of it: the config left out of `remeasure_top` comes in
-    # after, within the baseline's noise, beside the baseline's next process, a slow one, and leads.
-    # Unsettled again, it would run a second round, as the first configs did; the budget has none
-    # left, and it is judged in one.
-    args = {"folder": str(tmp_path), "batch": 8, "delay_s": 0.0005, "pace_s": 0.00003}
+    # Every process sleeps a pace a sample, so that its speed is about the pace's, whatever the
+    # machine, and the speeds that decide are two times apart or more. The baseline's processes
+    # (micro-batch 8: the reference's two, the baseline's trial, then its re-measurement's)
+    # alternate between two paces ten times apart, the first fast, and the top config's (micro-batch
+    # 64) between two three times apart: the first re-measurement runs every round of the cap (2)
+    # unsettled, and their processes spread far. The other config's trial (micro-batch 32) is about
+    # a quarter as fast as the top's (1,000 against 3,000-4,000 samples/s in five runs): not the
+    # top, yet within that spread, so it comes in after. Its re-measurement's process is as fast as
+    # the top's best, beside the baseline's next process, a slow one: it leads. Unsettled (its trial
+    # and its process about three times apart), it would run a second round, as the first configs
+    # did; the budget has none left: it is judged in one.
+    paces = {8: [0.0005, 0.005], 64: [0.0002, 0.0006], 32: [0.0008, 0.0002]}
     spec = write_spec(
         tmp_path,
-        workload="tests.study_workloads:alternate_processes",
-        workload_args={**args, **SMALL_SPEC["workload_args"]},
+        workload="tests.study_workloads:paced_processes",
+        workload_args={"folder": str(tmp_path), "paces": paces, **SMALL_SPEC["workload_args"]},
         baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
         space={"precision": ["fp32"], "batch_size": [32, 64], "workers": [0], "compile": ["none"]},
         budget={"trials": 3, "remeasure_top": 1, "remeasure_runs": 2, "remeasure_windows": 3},
@@ -233,9 +238,11 @@ def test_a_newcomer_after_rounds_that_ran_to_the_cap_is_judged_in_one_round(tmp_
     assert done.returncode == 0, done.stdout + done.stderr
     study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/runs/small/study.db")
     stored = remeasurements(study)
+    number = {t.config["batch_size"]: t.number for t in records(study)}
+    top, newcomer = number[64], number[32]
     assert sorted(stored) == [0, 1, 2], stored  # the baseline, the top config, then the other
-    first, newcomer = sorted((n for n in stored if n != 0), key=lambda n: -len(stored[n].throughputs))
-    assert len(stored[0].throughputs) == 2 and len(stored[first].throughputs) == 2, stored
+    assert stored[top].group == [0, top] and stored[newcomer].group == [0, newcomer], stored
+    assert len(stored[0].throughputs) == 2 and len(stored[top].throughputs) == 2, stored
     assert len(stored[newcomer].throughputs) == 1, stored  # not 2 more rounds
     printed = " ".join(done.stdout.split())
     assert "after 1 round (budget.remeasure_runs, what the configs re-measured before left of it)" in printed, printed
