@@ -16,8 +16,8 @@ windows are timed in another process. The trial is stored through Optuna all the
 windows as intermediate values and the state PRUNED, which optuna-dashboard shows; the
 sampler (which sees the study as throughput alone, `autotuner.wrapped_sampler`) ranks pruned
 trials by their last window with its worse group. The baseline is never pruned, nor a trial
-while other work takes its CPU (`autotuner.contention`): slowed by it, it would look a loser.
-"""
+while other work takes its CPU (`autotuner.contention`): slowed by it, it would look a loser (the
+trial's `prune_held_off` keeps the share it took at each window the rule held off after)."""
 
 from __future__ import annotations
 

@@ -85,6 +85,8 @@ def _measured(output: TrialOutput, config: Config, environment: dict[str, Any]) 
         metrics["dataset_items"] = output.dataset_items
     if output.compile_cache:  # cold or warm: what warmup_s paid for compiling
         metrics["compile_cache"] = output.compile_cache
+    if output.prune_held_off:  # behind the best, but other work took the CPU: it ran on
+        metrics["prune_held_off"] = output.prune_held_off
     metrics.update(output.telemetry or {})
     return metrics
 

@@ -91,6 +91,9 @@ class TrialOutput:
     """Wall time from the trial's start to its warm-up: the workload built, the config applied."""
     dataset_items: int | None = None
     """Items of the workload's training dataset (an epoch, for `run: {epochs: E}`)."""
+    prune_held_off: list[float] = field(default_factory=list)
+    """The share of the cores other work had taken by each window after which the trial was behind
+    the best but not pruned, since it was slowed by that work (`autotuner.pruning`)."""
 
     def as_dict(self) -> dict[str, Any]:
         """As plain data (the benchmarks keep trial outputs in JSON): what the measured phase
@@ -108,6 +111,7 @@ class TrialOutput:
                 telemetry=self.telemetry,
                 compile_cache=self.compile_cache,
                 setup_s=self.setup_s,
+                prune_held_off=self.prune_held_off,
             )
         return data
 
@@ -124,6 +128,7 @@ class TrialOutput:
             compile_cache=data.get("compile_cache"),
             setup_s=data.get("setup_s"),
             dataset_items=data.get("dataset_items"),
+            prune_held_off=data.get("prune_held_off", []),
         )
 
 

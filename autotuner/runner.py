@@ -393,8 +393,9 @@ def _measure(
 
     def stop(rates: list[float]) -> str | None:
         reason = behind(rates, request.prune_best, request.prune_after) if request.prune_best is not None else None
-        if reason is not None and telemetry.cpu.others_share() > CONTENDED_SHARE:
-            return None  # slowed by other work, a trial would look a loser: run to its end, and again
+        if reason is not None and (share := telemetry.cpu.others_share()) > CONTENDED_SHARE:
+            output.prune_held_off.append(share)  # slowed by other work, a trial would look a loser
+            return None
         return reason
 
     throughput = measure_throughput(

@@ -167,12 +167,15 @@ class CpuSampler:
 
     def others_share(self) -> float:
         """The share of the cores that everything outside the group took so far, read while the
-        sampler is entered (over its spans before, too); 0 where it cannot be told."""
+        sampler is entered (over its spans before, too); 0 where it cannot be told (as `summary`,
+        over less than `MIN_OTHERS_WALL_S`)."""
         if self._start is None or self._others is None:
             return 0.0
         others = self._others_in_span(cpus_busy_seconds(self._cpus), groups_cpu_seconds([os.getpgrp()]))
         wall = self._wall + time.perf_counter() - self._start[0]
-        return (self._others + others) / (wall * self.cores) if others is not None and wall > 0 else 0.0
+        if others is None or wall < MIN_OTHERS_WALL_S:
+            return 0.0
+        return (self._others + others) / (wall * self.cores)
 
     def summary(self) -> dict[str, float]:
         """`cpu_util_mean` (% of the `cpu_cores` available), `processes`, `peak_rss_mb` (the sum of

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import optuna
 import pytest
 
 from autotuner.contention import CONTENDED_SHARE, contention, machine_load, wait_until_quiet
-from autotuner.telemetry import MIN_OTHERS_WALL_S, CpuSampler
+from autotuner.telemetry import MIN_OTHERS_WALL_S, CpuSampler, usable_cpus
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 
 
@@ -36,6 +38,26 @@ def test_the_cpu_sampler_counts_the_work_outside_its_process_group() -> None:
     load = machine_load(0.2)
     assert load is not None and 0.0 <= load <= 1.0
     assert wait_until_quiet(0.0, interval_s=0.05) is not None
+
+
+def test_the_share_other_work_took_so_far_is_told_once_the_span_is_long_enough() -> None:
+    """As a trial's windows go on (the pruning rule reads it after each): over a tenth of a second
+    a tick or two of anything would read as 10% of a core, so nothing is told, not even processes of
+    their own session spinning on every core; over `MIN_OTHERS_WALL_S` they are."""
+    spin = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+    others = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(len(usable_cpus()))]
+    try:
+        time.sleep(0.5)  # started, spinning
+        with CpuSampler() as sampler:
+            time.sleep(MIN_OTHERS_WALL_S / 5)  # too short for a trial's contention to be told
+            early = sampler.others_share()
+            time.sleep(MIN_OTHERS_WALL_S)
+            later = sampler.others_share()
+    finally:
+        for other in others:
+            other.kill()
+            other.wait()
+    assert early == 0.0 and later > CONTENDED_SHARE, (early, later)
 
 
 def _stop_other_work(folder: Path) -> None:
