@@ -38,7 +38,7 @@ from autotuner.results import Reference
 from autotuner.run_time import RUN_ATTR, RunPlan
 from autotuner.sampler import FreshConfigSampler, make_sampler
 from autotuner.spec import NOT_SEARCHED_ATTR, Job
-from autotuner.study import check_objectives, check_trial_limits, open_storage, open_study, shown_url
+from autotuner.study import check_objectives, check_storage_url, check_trial_limits, open_storage, open_study, shown_url
 from autotuner.trial import TrialLauncher
 from autotuner.trial_requests import PROBE_TIMEOUT_S, make_launcher, probe_job
 
@@ -97,6 +97,7 @@ class Search:
 
     def _search(self) -> SearchSummary:
         job = self.job
+        check_storage_url(self.storage_url, default=self.is_default_storage)  # not after a probe's seconds
         launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
         environment = probe_job(launcher, job, self.device, self.device_source)
         capabilities = job.backend.capabilities(environment["capabilities"])

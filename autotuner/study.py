@@ -72,16 +72,12 @@ def shown_url(url: str) -> str:
         return url
 
 
-def open_storage(
-    url: str, *, default: bool = False, heartbeat: bool = False, create: bool = True
-) -> optuna.storages.RDBStorage:
-    """An Optuna RDB storage at `url`, or one clear SpecError line saying why not. Without
-    `create`, a SQLite file that does not exist is refused rather than created (for commands
-    that only read a study).
-
-    With `heartbeat`, a search process records that its running trial is alive every
-    `HEARTBEAT_S` seconds (`autotuner.ownership.TrialOwnership`), and a running trial without a heartbeat
-    for `GRACE_S` is failed as stale by any worker of the study."""
+def check_storage_url(url: str, *, default: bool = False, create: bool = True) -> sqlalchemy.engine.URL:
+    """`url` parsed, or one clear SpecError line saying why no storage can be opened there, found
+    without connecting or writing anything (a search checks it before its probe, which takes
+    seconds): not a URL, no such dialect or driver, an in-memory SQLite, a SQLite file in a folder
+    that does not exist (`default`: the study's folder, created as it opens), and without
+    `create` a SQLite file that does not exist."""
     try:
         parsed = sqlalchemy.engine.make_url(url)
         parsed.get_dialect()
@@ -103,11 +99,24 @@ def open_storage(
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         if not create and not Path(parsed.database).exists():
             raise SpecError(f"no study database at {parsed.database}; run autotuner search first", key="storage")
-        folder = Path(parsed.database).parent
-        if default:
-            folder.mkdir(parents=True, exist_ok=True)
-        elif not folder.is_dir():
-            raise SpecError(f"{url!r}: the folder {str(folder)!r} does not exist", key="storage")
+        if not default and not Path(parsed.database).parent.is_dir():
+            raise SpecError(f"{url!r}: the folder {str(Path(parsed.database).parent)!r} does not exist", key="storage")
+    return parsed
+
+
+def open_storage(
+    url: str, *, default: bool = False, heartbeat: bool = False, create: bool = True
+) -> optuna.storages.RDBStorage:
+    """An Optuna RDB storage at `url`, or one clear SpecError line saying why not
+    (`check_storage_url`; `default`: the study's own folder is created). Without `create`, a SQLite
+    file that does not exist is refused rather than created (for commands that only read a study).
+
+    With `heartbeat`, a search process records that its running trial is alive every
+    `HEARTBEAT_S` seconds (`autotuner.ownership.TrialOwnership`), and a running trial without a heartbeat
+    for `GRACE_S` is failed as stale by any worker of the study."""
+    parsed = check_storage_url(url, default=default, create=create)
+    if default and parsed.get_backend_name() == "sqlite" and parsed.database:
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     sqlite = parsed.get_backend_name() == "sqlite"
     # SQLite: writers wait for each other (busy timeout) instead of failing with "database is locked".
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_S}} if sqlite else {"pool_pre_ping": True}
