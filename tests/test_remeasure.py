@@ -190,7 +190,7 @@ def test_rounds_go_on_while_the_baselines_processes_disagree(tmp_path: Path) -> 
     study = optuna.load_study(study_name="small", storage=f"sqlite:///{tmp_path}/runs/small/study.db")
     stored = remeasurements(study)
     # a clear winner, yet every round of the cap: the baseline's figure never settles
-    assert len(stored[0].throughputs) == 3, stored
+    assert len(stored[0].throughputs) == 3, (stored, done.stdout)
     # the leader measured beside it, for as many rounds
     assert any(len(r.throughputs) == 3 and r.group == [0, n] for n, r in stored.items() if n != 0), stored
     printed = " ".join(done.stdout.split())
