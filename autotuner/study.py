@@ -99,8 +99,9 @@ def check_storage_url(url: str, *, default: bool = False, create: bool = True) -
     if parsed.get_backend_name() == "sqlite" and parsed.database:
         if not create and not Path(parsed.database).exists():
             raise SpecError(f"no study database at {parsed.database}; run autotuner search first", key="storage")
-        if not default and not Path(parsed.database).parent.is_dir():
-            raise SpecError(f"{url!r}: the folder {str(Path(parsed.database).parent)!r} does not exist", key="storage")
+        folder = Path(parsed.database).parent
+        if not default and not folder.is_dir():
+            raise SpecError(f"{url!r}: the folder {str(folder)!r} does not exist", key="storage")
     return parsed
 
 
@@ -115,9 +116,9 @@ def open_storage(
     `HEARTBEAT_S` seconds (`autotuner.ownership.TrialOwnership`), and a running trial without a heartbeat
     for `GRACE_S` is failed as stale by any worker of the study."""
     parsed = check_storage_url(url, default=default, create=create)
-    if default and parsed.get_backend_name() == "sqlite" and parsed.database:
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     sqlite = parsed.get_backend_name() == "sqlite"
+    if default and sqlite and parsed.database:
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     # SQLite: writers wait for each other (busy timeout) instead of failing with "database is locked".
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": SQLITE_BUSY_S}} if sqlite else {"pool_pre_ping": True}
     beat: dict[str, Any] = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S} if heartbeat else {}
