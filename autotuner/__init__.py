@@ -5,13 +5,13 @@ The engine imports neither torch nor jax; frameworks live in `autotuner.backends
 itself imports only what every part of it shares (the error and outcome types): a trial process
 and a user's training loop that imports `autotuner.backends.<name>.apply` do not load the study
 loop, Optuna or SQLAlchemy. The command line is `autotuner.cli`; the Python API is
-`autotuner.apply.load_config` and each backend's `apply.TunedTraining`.
+`autotuner.export.reader.load_config` and each backend's `apply.TunedTraining`.
 """
 
 from __future__ import annotations
 
 from autotuner.errors import AutotunerError, BackendError, HardwareMismatch, SpecError
-from autotuner.outcomes import NonFiniteLoss, Outcome
+from autotuner.trials.outcomes import NonFiniteLoss, Outcome
 
 __version__ = "0.1.0"
 

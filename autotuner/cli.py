@@ -36,7 +36,7 @@ def _positive_int(text: str) -> int:
 
 
 def _study_name(text: str) -> str:
-    from autotuner.specfile import NAME, NAME_RULE
+    from autotuner.spec.keys import NAME, NAME_RULE
 
     if not NAME.fullmatch(text):  # it names the folder runs/<name>/: never a path
         raise argparse.ArgumentTypeError(f"{shown(text)} is not a study name: it {NAME_RULE}")
@@ -54,8 +54,8 @@ def _positive_float(text: str) -> float:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from autotuner.search import Search
-    from autotuner.spec import load_spec
+    from autotuner.search.loop import Search
+    from autotuner.spec.job import load_spec
 
     job = load_spec(args.spec)
     earlier = job.earlier_default_storage(args.storage)
@@ -66,7 +66,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.jobs and args.jobs > 1:
-        from autotuner.multi_gpu import search_on_gpus
+        from autotuner.workers.multi_gpu import search_on_gpus
 
         passthrough = [
             *(["--storage", args.storage] if args.storage else []),
@@ -87,9 +87,9 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from autotuner.applied import apply_config, print_applied
-    from autotuner.apply import load_config
-    from autotuner.spec import load_spec
+    from autotuner.export.promise import apply_config, print_applied
+    from autotuner.export.reader import load_config
+    from autotuner.spec.job import load_spec
 
     tuned = load_config(args.config)
     job = load_spec(args.spec)
@@ -103,11 +103,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
-    from autotuner.export import export_data, export_path, write_export
+    from autotuner.config.knobs import format_config
+    from autotuner.export.writer import export_data, export_path, write_export
     from autotuner.integrations import FORMATS, require
-    from autotuner.knobs import format_config
-    from autotuner.spec import load_spec
-    from autotuner.study import open_storage
+    from autotuner.spec.job import load_spec
+    from autotuner.study.storage import open_storage
 
     if args.format in FORMATS:
         require(args.format)  # before any storage is opened: say what to install at once
@@ -135,8 +135,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_code(data: dict[str, Any], name: str, args: argparse.Namespace) -> int:
     """Print the best config as a trainer's arguments, in Python, and write it to a file."""
-    from autotuner.apply import parse_config
-    from autotuner.export import export_path, write_text
+    from autotuner.export.reader import parse_config
+    from autotuner.export.writer import export_path, write_text
     from autotuner.integrations import snippet
 
     code = snippet(args.format, parse_config(data, f"study {name}"))
@@ -147,8 +147,8 @@ def _export_code(data: dict[str, Any], name: str, args: argparse.Namespace) -> i
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autotuner.report import load_report, report_path, write_report
-    from autotuner.spec import load_spec
+    from autotuner.output.report import load_report, report_path, write_report
+    from autotuner.spec.job import load_spec
 
     if args.spec:
         job = load_spec(args.spec)
@@ -164,8 +164,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     from autotuner.backends import BACKENDS
-    from autotuner.environment import describe
-    from autotuner.trial_requests import make_launcher, probe_environment
+    from autotuner.spec.requests import make_launcher, probe_environment
+    from autotuner.study.fingerprint import describe
 
     backend = BACKENDS[args.backend]
     missing = backend.missing_requirements()
@@ -181,8 +181,8 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    from autotuner.dashboard import serve
-    from autotuner.spec import load_spec
+    from autotuner.output.dashboard import serve
+    from autotuner.spec.job import load_spec
 
     if args.spec:
         url = load_spec(args.spec).storage_url(args.storage)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from autotuner.backends._base import Backend, Capabilities
 from autotuner.backends.jax import JAX
 from autotuner.backends.pytorch import PYTORCH
-from autotuner.knobs import Knob
+from autotuner.config.knobs import Knob
 
 BACKENDS: dict[str, Backend] = {}
 """Name -> backend: every backend the engine knows (`register` adds one)."""

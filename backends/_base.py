@@ -4,15 +4,15 @@ A backend has three parts:
 
 * a `Backend` object (this module's abstract class), imported by the engine in the search
   process and registered with `autotuner.backends.register`. It must not import its framework. It
-  holds the backend's knob table (the common knobs of `autotuner.knobs`, restricted to the
+  holds the backend's knob table (the common knobs of `autotuner.config.knobs`, restricted to the
   values it honours, and the knobs only its framework has), its built-in workloads and
   search-space presets, and decides from its `Capabilities` (a subclass for the capabilities
   only its framework has) which configs the hardware cannot honour.
 * a runner module (`Backend.runner`), imported only in trial processes (and preloaded by the
   fork server, so it must not touch the accelerator at import time). It holds the backend's
-  `autotuner.runner.TrialBackend`, the framework's steps of the one trial algorithm
-  (`autotuner.runner`), as the module attribute ``TRIAL_BACKEND``: a trial process imports the module and
-  calls on ``TRIAL_BACKEND`` the entry point the engine names (`autotuner.trial`). `TrialBackend`
+  `autotuner.trials.core.TrialBackend`, the framework's steps of the one trial algorithm
+  (`autotuner.trials.core`), as the module attribute ``TRIAL_BACKEND``: a trial process imports the module and
+  calls on ``TRIAL_BACKEND`` the entry point the engine names (`autotuner.trials.launcher`). `TrialBackend`
   provides ``probe`` and ``run`` over the backend's steps; the backend writes
   ``classify_exception``:
 
@@ -29,10 +29,10 @@ A backend has three parts:
       ``versions`` (framework and its toolchain), ``capabilities`` (a dict the
       `Capabilities` fields can be built from), ``peak_flops`` (per precision, or empty) and
       ``device_count`` (the GPUs this process sees: `search --jobs` starts one worker per GPU).
-  ``run(request: autotuner.trial.TrialRequest, turns=None) -> autotuner.results.TrialOutput``
-      One trial: `autotuner.runner.run_trial`; with ``turns`` (`autotuner.messages.Turns`),
-      measured in a lockstep group (`autotuner.lockstep`). A non-finite loss raises
-      `autotuner.outcomes.NonFiniteLoss`; a loader that yields no batch, `autotuner.runner.EmptyLoader`.
+  ``run(request: autotuner.trials.launcher.TrialRequest, turns=None) -> autotuner.results.evidence.TrialOutput``
+      One trial: `autotuner.trials.core.run_trial`; with ``turns`` (`autotuner.trials.messages.Turns`),
+      measured in a lockstep group (`autotuner.trials.lockstep`). A non-finite loss raises
+      `autotuner.trials.outcomes.NonFiniteLoss`; a loader that yields no batch, `autotuner.trials.core.EmptyLoader`.
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None; the
       trial process asks it about any exception the entry point raised.
@@ -76,15 +76,26 @@ import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
-from autotuner.knobs import Config, Knob
+from autotuner.config.knobs import Config, Knob
 from autotuner.search_spaces import available, load_preset
 
 
 def capability(label: str) -> Any:
     """A capability field (False until the probe finds it), labelled for `autotuner env` and reports."""
     return field(default=False, metadata={"label": label})
+
+
+class ExportedConfig(Protocol):
+    """What a backend reads of an exported config (`autotuner.apply.TunedConfig`, which
+    `autotuner.apply.load_config` returns): the backend it was tuned with and its knob values."""
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def params(self) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -118,7 +129,7 @@ class Backend(ABC):
     runner: str
     """Import path of the runner module (see the module docstring)."""
     knobs: Mapping[str, Knob]
-    """Knob name -> the knob, with the values this backend honours (`autotuner.knobs.knob_table`
+    """Knob name -> the knob, with the values this backend honours (`autotuner.config.knobs.knob_table`
     of the common knobs, restricted where it honours fewer values, and the framework's own)."""
     capabilities_type: type[Capabilities] = Capabilities
     """What this backend's probe reports (a subclass where its knobs depend on more)."""
@@ -150,7 +161,7 @@ class Backend(ABC):
     def irrelevant(self, knob: str, value: Any, capabilities: Capabilities) -> str | None:
         """Why `value` of `knob` cannot matter on a device with `capabilities`, whatever the rest of
         the config (pinned memory without a GPU, say), or None. Such values are dropped from the
-        space before the first trial (`autotuner.spec.Job.narrow`); a backend's `unsupported_reason`
+        space before the first trial (`autotuner.spec.job.Job.narrow`); a backend's `unsupported_reason`
         refuses them too, for configs that arrive otherwise (an exported config applied elsewhere)."""
         return None
 
@@ -178,7 +189,7 @@ class Backend(ABC):
         """How many times the default trial timeout a trial of `config` may take (compiling costs)."""
         return 1.0
 
-    def config_params(self, config: Any) -> Config:
+    def config_params(self, config: ExportedConfig | Mapping[str, Any]) -> Config:
         """The knob values of `config` (an `autotuner.apply.TunedConfig` or a plain mapping),
         checked against this backend's knob table; ValueError says what is wrong."""
         if not isinstance(config, Mapping):

@@ -24,17 +24,17 @@ from typing import Any
 import optuna
 
 from autotuner.backends import Capabilities
-from autotuner.environment import thread_settings
-from autotuner.knobs import Config
-from autotuner.outcomes import Outcome
-from autotuner.recording import record
-from autotuner.records import TrialRecord
-from autotuner.reference import run_reference
-from autotuner.results import Reference, TrialOutput
-from autotuner.spec import Job
-from autotuner.study import DIRECTIONS
-from autotuner.trial import TrialRequest, TrialResult
-from autotuner.trial_requests import make_launcher, probe_job, trial_request
+from autotuner.config.knobs import Config
+from autotuner.results.evidence import Reference, TrialOutput
+from autotuner.results.records import TrialRecord
+from autotuner.results.store import record
+from autotuner.search.reference import run_reference
+from autotuner.spec.job import Job
+from autotuner.spec.requests import make_launcher, probe_job, trial_request
+from autotuner.study.fingerprint import thread_settings
+from autotuner.study.storage import DIRECTIONS
+from autotuner.trials.launcher import TrialRequest, TrialResult
+from autotuner.trials.outcomes import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -167,7 +167,7 @@ class Trials:
 def stored(
     job: Job, config: Config, result: TrialResult[TrialOutput], reference: Reference, environment: dict[str, Any]
 ) -> TrialRecord:
-    """What `autotuner.recording.record` stores for this trial (in a throwaway in-memory study)."""
+    """What `autotuner.results.store.record` stores for this trial (in a throwaway in-memory study)."""
     study = optuna.create_study(directions=DIRECTIONS)
     return record(study, study.ask(), job, config, result, role="search", reference=reference, environment=environment)
 

@@ -9,7 +9,7 @@ trial, the spec's trial settings), in the two ways the autotuner measures:
 - **one after another**: `--runs` trials of each config, interleaved, as a search's trials run
   (and as re-measurement and apply run on a GPU). Two trials apart: consecutive runs of a config.
 - **in lockstep**: `--runs` groups, each two trials of each config alive at once and measured in
-  turns, window by window (`autotuner.lockstep.run_in_lockstep`), as re-measurement and apply
+  turns, window by window (`autotuner.trials.lockstep.run_in_lockstep`), as re-measurement and apply
   run on a CPU, with `budget.remeasure_windows` windows each. Two trials apart: the two trials of a
   config in one group. The same processes are also summarized over their first `trial.windows`
   windows and their first half, so what more windows buy is compared within one run.
@@ -44,10 +44,10 @@ from typing import Any
 
 from _harness import Trials, machine, measured_job, quartiles, write_results
 
-from autotuner.knobs import Config, format_config
-from autotuner.lockstep import run_in_lockstep
-from autotuner.measure import relative_spread
-from autotuner.spec import load_spec
+from autotuner.config.knobs import Config, format_config
+from autotuner.measurement.timing import relative_spread
+from autotuner.spec.job import load_spec
+from autotuner.trials.lockstep import run_in_lockstep
 
 FLOORS = {"machine floor, compute": (512, 512, 512), "machine floor, memory": (16, 1024, 2304)}
 """The machine's floor: an (m x k) @ (k x n) matmul timed like a trial (windows of at least

@@ -87,7 +87,7 @@ import optuna
 import yaml
 from _harness import RESULTS, machine, write_results
 
-from autotuner.records import baseline, best, records, speedup, stored_reference
+from autotuner.results.records import baseline, best, records, speedup, stored_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -320,7 +320,7 @@ FIGURES = (
 
 
 def trial_figures(trial: Any) -> dict[str, Any]:
-    """What a stored trial (`autotuner.records.TrialRecord`) says of itself, for the result file."""
+    """What a stored trial (`autotuner.results.records.TrialRecord`) says of itself, for the result file."""
     metrics = trial.metrics
     return {
         "trial": trial.number,
@@ -443,7 +443,7 @@ APPLY_LINES = {
 
 
 def parse_apply(output: str) -> dict[str, Any]:
-    """The figures `autotuner apply` prints (`autotuner.applied.print_applied`)."""
+    """The figures `autotuner apply` prints (`autotuner.export.promise.print_applied`)."""
     found: dict[str, Any] = {}
     for line in output.splitlines():
         line = line.strip()
@@ -584,7 +584,7 @@ def part_alternatives(ctx: Context, result: dict[str, Any], write: Callable[[], 
 
 def _same_job(work: Path, name: str, spec: Path) -> bool:
     """Whether the work folder holds study `name` made from this spec (the `study` part's)."""
-    from autotuner.spec import load_spec
+    from autotuner.spec.job import load_spec
 
     try:
         study = load_study(work, name)

@@ -30,8 +30,8 @@ from typing import Any
 from _harness import ROOT, machine, run_search, write_results
 
 from autotuner.apply import TunedConfig, load_config
-from autotuner.environment import describe_threads, thread_settings
 from autotuner.integrations.transformers import training_arguments
+from autotuner.study.fingerprint import describe_threads, thread_settings
 
 sys.path.insert(0, str(ROOT))  # the example's factory imports as examples.huggingface.gpt2, as the spec names it
 SPEC = ROOT / "examples" / "huggingface" / "gpt2.yaml"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.backends.jax import JAX
-from autotuner.trial import TrialLauncher, TrialRequest
+from autotuner.trials.launcher import TrialLauncher, TrialRequest
 
 BATCHINGS = {
     # workload: (global batch, [micro-batches])

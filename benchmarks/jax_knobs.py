@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.backends.jax import JAX, REMAT, XLA_FLAG_BUNDLES
-from autotuner.trial import TrialLauncher, TrialRequest
+from autotuner.trials.launcher import TrialLauncher, TrialRequest
 
 
 def _configs(precision: str, global_batch: int) -> dict[str, dict[str, Any]]:

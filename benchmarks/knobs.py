@@ -43,7 +43,7 @@ from autotuner.backends.pytorch import (  # noqa: E402
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device  # noqa: E402
 from autotuner.backends.pytorch.probe import environment, workload_capabilities  # noqa: E402
 from autotuner.backends.pytorch.workload import TorchWorkload  # noqa: E402
-from autotuner.outcomes import Unsupported  # noqa: E402
+from autotuner.trials.outcomes import Unsupported  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIED = (

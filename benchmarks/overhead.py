@@ -14,10 +14,10 @@
    study back, printing) is the gap between one trial's start and the next one's, less the trial
    process's wall time. Also the share of the search's wall time that the measured windows are.
 3. Micro-benchmark of the bookkeeping on SQLite: the study set up as the search sets it up
-   (`open_storage`, `open_study`, the spec's sampler as `autotuner.search.job_sampler` builds
+   (`open_storage`, `open_study`, the spec's sampler as `autotuner.search.loop.job_sampler` builds
    it, the baseline enqueued) for the grid spec's job, then for every config of its recorded grid
    (`benchmarks/results/grid-<name>.json`, from `search_efficiency.py`) the time of
-   `study.ask` (the sampler's proposal) and of `autotuner.recording.record` (from the grid's result).
+   `study.ask` (the sampler's proposal) and of `autotuner.results.store.record` (from the grid's result).
 
 Writes benchmarks/results/overhead.json.
 """
@@ -49,13 +49,13 @@ from _harness import (
     write_results,
 )
 
-from autotuner.knobs import config_key
-from autotuner.recording import record
-from autotuner.records import records, remeasurements, stored_reference
-from autotuner.results import Reference
-from autotuner.search import job_sampler
-from autotuner.spec import Job, load_spec
-from autotuner.study import open_storage, open_study
+from autotuner.config.knobs import config_key
+from autotuner.results.evidence import Reference
+from autotuner.results.records import records, remeasurements, stored_reference
+from autotuner.results.store import record
+from autotuner.search.loop import job_sampler
+from autotuner.spec.job import Job, load_spec
+from autotuner.study.storage import open_storage, open_study
 
 
 def startup(runs: int, folder: Path) -> dict[str, Any]:

@@ -37,12 +37,12 @@ from pathlib import Path
 import optuna
 
 from autotuner.apply import TunedConfig
-from autotuner.lockstep import measure_together
-from autotuner.outcomes import Outcome
-from autotuner.records import baseline, best, records, speedup, stored_reference
-from autotuner.spec import Job
-from autotuner.trial import TrialLauncher
-from autotuner.trial_requests import make_launcher, probe_environment, trial_request
+from autotuner.results.records import baseline, best, records, speedup, stored_reference
+from autotuner.spec.job import Job
+from autotuner.spec.requests import make_launcher, probe_environment, trial_request
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.lockstep import measure_together
+from autotuner.trials.outcomes import Outcome
 
 
 def main() -> None:
@@ -136,9 +136,9 @@ def main() -> None:
 
 def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     """`autotuner apply` of the export, `runs` times: its throughput over the study's."""
-    from autotuner.applied import apply_config, default_steps
     from autotuner.apply import load_config
-    from autotuner.spec import load_spec
+    from autotuner.export.promise import apply_config, default_steps
+    from autotuner.spec.job import load_spec
 
     tuned, job = load_config(export), load_spec(spec)
     launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
@@ -184,8 +184,8 @@ def _run_time(export: Path, spec: Path, seconds: float) -> dict[str, object]:
     apply measures it (its steps, set-up and warm-up included) against the study's prediction for
     as many steps, and the process's wall time (interpreter, imports, probe, drift check too)."""
     from autotuner.apply import load_config
-    from autotuner.run_time import predicted_run_s
-    from autotuner.spec import load_spec
+    from autotuner.results.run_time import predicted_run_s
+    from autotuner.spec.job import load_spec
 
     tuned, job = load_config(export), load_spec(spec)
     steps = math.ceil(seconds * tuned.throughput / job.spec.global_batch)
@@ -226,7 +226,7 @@ def _run_time(export: Path, spec: Path, seconds: float) -> dict[str, object]:
 
 def _speedup_now(tuned: TunedConfig, job: Job, launcher: TrialLauncher, device: str) -> float | None:
     """The tuned config's speedup over the export's baseline, measured as the study's
-    re-measurement measures it (`autotuner.remeasure.Remeasurer`, `autotuner.records.speedup`):
+    re-measurement measures it (`autotuner.search.remeasure.Remeasurer`, `autotuner.results.records.speedup`):
     `remeasure_runs` processes of each, interleaved, `remeasure_windows` windows a process, all
     measured together; the median over the config's windows over the median over the baseline's."""
     if not tuned.baseline.get("params"):

@@ -6,7 +6,7 @@ ranked for runs of many lengths.
 A fresh `autotuner search` of two configs of the built-in GPT on the CPU, the same in all but
 `compile` (`none`, the baseline, and `--mode`), each a real trial: its set-up, its warm-up (where
 the compile happens, from the study's empty compile cache: cold) and its pace. Then the study's
-trials are ranked by `autotuner.run_time.RunPlan` for runs of 10 to 10^6 optimizer steps, as
+trials are ranked by `autotuner.results.run_time.RunPlan` for runs of 10 to 10^6 optimizer steps, as
 `run: {steps: N}` in a spec would rank them, and the break-even run length is computed from the
 two trials: the steps after which the compiled config's faster steps have paid for its longer
 warm-up. Writes benchmarks/results/run_length.json.
@@ -22,8 +22,8 @@ from pathlib import Path
 import yaml
 from _harness import machine, revision, run_search, write_results
 
-from autotuner.records import TrialRecord, records
-from autotuner.run_time import RunPlan
+from autotuner.results.records import TrialRecord, records
+from autotuner.results.run_time import RunPlan
 
 GLOBAL_BATCH = 16
 WORKLOAD_ARGS = {"vocab": 256, "length": 32, "dim": 32, "layers": 4, "heads": 2, "samples": 512}

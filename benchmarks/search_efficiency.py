@@ -8,12 +8,12 @@ against a recorded grid of real trials (a tabular benchmark).
    spec's trial settings, unsupported configs decided without a process), in a shuffled order
    so that a change in the shared machine's load does not follow the space's order; the fp32
    reference runs twice as it does for a study. The raw trial results, and what
-   `autotuner.recording.record` makes of them (throughput, drift, outcome, feasibility), go to
+   `autotuner.results.store.record` makes of them (throughput, drift, outcome, feasibility), go to
    `benchmarks/results/grid-<name>.json` with the machine named.
 2. The replay (no training): for each sampler and seed, an in-memory Optuna study set up as
    `autotuner search` sets one up (baseline enqueued as trial 0, the sampler built by
-   `autotuner.sampler.make_sampler` from the spec's sampler name, the seed, the space and what
-   the device cannot run, OOM rule-outs given up, every trial stored by `autotuner.recording.record`
+   `autotuner.proposals.sampler.make_sampler` from the spec's sampler name, the seed, the space and what
+   the device cannot run, OOM rule-outs given up, every trial stored by `autotuner.results.store.record`
    from the table's result), until a feasible trial reaches `--target` (97%) of the grid's best
    feasible throughput. Trials are counted as `budget.trials` counts them: unsupported configs
    are free. Replayed: the default sampler (what a spec without `sampler` gets: TPE after the
@@ -58,17 +58,17 @@ from _harness import (
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
-from autotuner.guided_start import Unsupported, rule_of_thumb
-from autotuner.knobs import config_key, format_config
-from autotuner.outcomes import Outcome
-from autotuner.recording import give_up, record
-from autotuner.records import TrialRecord
-from autotuner.results import Reference
-from autotuner.sampler import FreshConfigSampler, make_base_sampler, make_sampler
-from autotuner.spec import Job, load_spec
-from autotuner.specfile import SamplerSettings
-from autotuner.study import DIRECTIONS
-from autotuner.tried_configs import oom_rules_out
+from autotuner.config.knobs import config_key, format_config
+from autotuner.proposals.guided_start import Unsupported, rule_of_thumb
+from autotuner.proposals.sampler import FreshConfigSampler, make_base_sampler, make_sampler
+from autotuner.results.evidence import Reference
+from autotuner.results.records import TrialRecord
+from autotuner.results.store import give_up, record
+from autotuner.results.tried import oom_rules_out
+from autotuner.spec.job import Job, load_spec
+from autotuner.spec.keys import SamplerSettings
+from autotuner.study.storage import DIRECTIONS
+from autotuner.trials.outcomes import Outcome
 
 DEFAULT_SPECS = ["studies/bench-mlp.yaml", "studies/bench-cnn.yaml"]
 CLOSE_BAR = 0.9
@@ -93,7 +93,7 @@ class Contender:
 
 
 def _as_the_search(name: str) -> Contender:
-    """`sampler: {name: <name>}` as `autotuner search` builds it (`autotuner.sampler.make_sampler`)."""
+    """`sampler: {name: <name>}` as `autotuner search` builds it (`autotuner.proposals.sampler.make_sampler`)."""
     return Contender(
         lambda seed, job, configs, unsupported: make_sampler(
             name, seed, job.space, lambda: configs, unsupported, knobs=job.backend.knobs
@@ -185,7 +185,7 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
 
 
 def tabulate(job: Job, grid: dict[str, Any]) -> dict[tuple[tuple[str, Any], ...], TrialRecord]:
-    """Every grid entry as `autotuner.recording.record` stores it, by config."""
+    """Every grid entry as `autotuner.results.store.record` stores it, by config."""
     reference = Reference.from_dict(grid["reference"])
     return {
         config_key(e["params"]): stored(job, e["config"], result_from_json(e), reference, grid["environment"])
@@ -213,7 +213,9 @@ def replay(
     if start is not None and sampler.rule is not None:
         sampler.rule = start
     study = optuna.create_study(directions=DIRECTIONS, sampler=sampler)
-    study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})  # as autotuner.coordination.enqueue_baseline
+    study.enqueue_trial(
+        job.baseline, user_attrs={"role": "baseline"}
+    )  # as autotuner.workers.coordination.enqueue_baseline
     reference = Reference.from_dict(grid["reference"])
     curve: list[float] = []
     while sampler.fresh_configs(study) or study.get_trials(states=(TrialState.WAITING,)):

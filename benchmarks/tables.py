@@ -21,7 +21,7 @@ from typing import Any
 from _harness import RESULTS
 
 from autotuner.backends import BACKENDS  # noqa: F401  (defines every backend's knobs, quiet ones included)
-from autotuner.knobs import QUIET
+from autotuner.config.knobs import QUIET
 
 README = Path(__file__).parent / "README.md"
 START = "<!-- results: written by python benchmarks/tables.py from benchmarks/results/; do not edit by hand -->"
@@ -85,7 +85,7 @@ def search_efficiency(data: dict[str, Any]) -> list[str]:
         f"first. Target: the default sampler's median within {share:.0%} of the grid's size, and below random "
         "search's (on a grid of 150 configs or more that run: within 10%, and at most half of random search's). "
         "The samplers are built as `autotuner search` builds them for the spec's `sampler` name "
-        "(`autotuner.sampler.make_sampler`); variants change one thing in the default.",
+        "(`autotuner.proposals.sampler.make_sampler`); variants change one thing in the default.",
         "",
     ]
     for name, grid in grids.items():
@@ -210,7 +210,7 @@ def overhead(data: dict[str, Any]) -> list[str]:
                 f"last 10: {_seconds(books['ask_s_median_last_10'])})"
             ),
         ),
-        ("`autotuner.recording.record` on SQLite (median)", _seconds(books["record_s"]["median"])),
+        ("`autotuner.results.store.record` on SQLite (median)", _seconds(books["record_s"]["median"])),
     ]
     return [
         "### Overhead: `python benchmarks/overhead.py`",

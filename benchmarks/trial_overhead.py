@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from autotuner.trial import TrialLauncher
+from autotuner.trials.launcher import TrialLauncher
 
 RUNNER = "autotuner.backends.pytorch.runner"
 

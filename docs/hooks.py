@@ -2,7 +2,7 @@
 
 A page asks for a generated part with a line of its own, `<!-- generate: NAME -->`:
 
-* `spec`: every key of a job spec, from the pydantic models in `autotuner/specfile.py` (types,
+* `spec`: every key of a job spec, from the pydantic models in `autotuner/spec/keys.py` (types,
   defaults and bounds from the fields, the text from each field's attribute docstring);
 * `presets`: the search-space presets, read from `search_spaces/*.yaml`;
 * `cli`: `autotuner --help` and each subcommand's help, from the argparse parser the command uses;
@@ -123,14 +123,14 @@ def _model_section(model: type, prefix: str) -> list[str]:
         key = f"{prefix}{name}"
         text = docstrings.get(name)
         if not text:
-            raise PluginError(f"spec key {key!r}: its field has no docstring in autotuner/specfile.py")
+            raise PluginError(f"spec key {key!r}: its field has no docstring in autotuner/spec/keys.py")
         facts = " · ".join(filter(None, [_type_text(field.annotation), _bounds_text(field), _default_text(field)]))
         lines += [f"`{key}`", f":   {facts}", "", textwrap.indent(text, "    "), ""]
     return lines
 
 
 def spec_reference() -> str:
-    from autotuner.specfile import JobSpec
+    from autotuner.spec.keys import JobSpec
 
     lines = ["## Top level", ""] + _model_section(JobSpec, "")
     for name, field in JobSpec.model_fields.items():

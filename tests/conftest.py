@@ -68,7 +68,7 @@ def write_spec(folder: Path, **changes: Any) -> Path:
     space = spec.get("space")
     if isinstance(space, dict) and "preset" not in space:
         from autotuner.backends import BACKENDS
-        from autotuner.knobs import DERIVED
+        from autotuner.config.knobs import DERIVED
 
         knobs = BACKENDS[spec["backend"]].knobs if spec.get("backend") in BACKENDS else {}
         baseline = spec.get("baseline") or {}

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autotuner.results import Losses, Reference, Throughput, TrialOutput  # noqa: E402
-from autotuner.trial import TrialRequest  # noqa: E402
+from autotuner.results.evidence import Losses, Reference, Throughput, TrialOutput  # noqa: E402
+from autotuner.trials.launcher import TrialRequest  # noqa: E402
 
 RUNNER = "autotuner.backends.pytorch.runner"
 FAULTY = "tests.faulty_workloads"

@@ -2,7 +2,7 @@
 
 It shows what a backend is: an engine-side `Backend` registered with
 `autotuner.backends.register` (on import), a `TunedTraining` that applies a config to a loop,
-and a `TrialBackend` with the framework's steps of the one trial algorithm (`autotuner.runner`),
+and a `TrialBackend` with the framework's steps of the one trial algorithm (`autotuner.trials.core`),
 exposed as this module's `TRIAL_BACKEND` (it is its own runner module).
 Nothing under `autotuner/` knows about it. Its knobs: precision (fp32 only), batch_size,
 accumulation and workers (threads that gather a micro-batch's items). The tests run the backend
@@ -24,8 +24,8 @@ import numpy as np
 
 from autotuner.backends import Backend, Capabilities, register
 from autotuner.backends._base import TunedLoop
-from autotuner.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, knob_table
-from autotuner.runner import TrialBackend
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, knob_table
+from autotuner.trials.core import TrialBackend
 
 # ---------------------------------------------------------------- engine side
 

@@ -20,13 +20,13 @@ import yaml
 from torch import nn
 from torch._dynamo.eval_frame import OptimizedModule
 
-from autotuner.applied import AppliedRun, apply_config, print_applied
-from autotuner.apply import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.backends.pytorch.apply import TunedTraining, set_matmul_precision
 from autotuner.errors import SpecError
-from autotuner.export import EXPORT_VERSION
-from autotuner.results import Throughput
-from autotuner.spec import load_spec
+from autotuner.export.promise import AppliedRun, apply_config, print_applied
+from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, parse_config
+from autotuner.export.writer import EXPORT_VERSION
+from autotuner.results.evidence import Throughput
+from autotuner.spec.job import load_spec
 from tests.conftest import ROOT, run_cli, write_spec
 
 FP32 = {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"}
@@ -345,7 +345,7 @@ def test_a_baseline_bounded_in_time_covers_the_first_steps_and_says_so(
     # A baseline many times slower than the config would run many times as long: its windows
     # stop at `BASELINE_MOST_S` (here a tenth of a second: two windows of 0.05 s at most).
     workdir, spec, _ = study
-    monkeypatch.setattr("autotuner.applied.BASELINE_MOST_S", 0.1)
+    monkeypatch.setattr("autotuner.export.promise.BASELINE_MOST_S", 0.1)
     monkeypatch.chdir(workdir)
     run = apply_config(load_config("runs/applied/best.yaml"), load_spec(spec))
     assert run.baseline is not None and run.speedup is not None

@@ -21,10 +21,10 @@ import pytest
 
 from autotuner.apply import TunedConfig
 from autotuner.backends import BACKENDS, Backend, Capabilities
-from autotuner.drift import measure_drift
-from autotuner.knobs import COMMON_KNOBS, DERIVED
-from autotuner.outcomes import Outcome
-from autotuner.trial import TrialLauncher, TrialRequest, TrialResult
+from autotuner.config.knobs import COMMON_KNOBS, DERIVED
+from autotuner.measurement.drift import measure_drift
+from autotuner.trials.launcher import TrialLauncher, TrialRequest, TrialResult
+from autotuner.trials.outcomes import Outcome
 from tests.helpers import ROOT, small_request  # noqa: F401 - ROOT: puts the repository on sys.path for the trial processes
 from tests.numpy_backend import NUMPY  # registers the numpy backend: nothing under autotuner/ names it
 

@@ -15,9 +15,9 @@ import optuna
 import pytest
 import yaml
 
-from autotuner.knobs import config_key
-from autotuner.optuna_adapter import study_id, study_storage
-from autotuner.records import baseline, records, speedup
+from autotuner.config.knobs import config_key
+from autotuner.results.records import baseline, records, speedup
+from autotuner.study.optuna_adapter import study_id, study_storage
 from tests.conftest import ROOT, run_cli, write_hang_spec, write_spec
 from tests.helpers import HELD
 

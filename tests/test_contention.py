@@ -14,8 +14,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotuner.contention import CONTENDED_SHARE, contention, machine_load, wait_until_quiet
-from autotuner.telemetry import MIN_OTHERS_WALL_S, CpuSampler, usable_cpus
+from autotuner.measurement.contention import CONTENDED_SHARE, contention, machine_load, wait_until_quiet
+from autotuner.measurement.telemetry import MIN_OTHERS_WALL_S, CpuSampler, usable_cpus
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 
 

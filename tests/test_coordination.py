@@ -24,16 +24,16 @@ import sqlalchemy
 import yaml
 from optuna.trial import TrialState
 
-from autotuner.claims import Claims
-from autotuner.coordination import BudgetSlots, ConfigClaims, OncePerStudy
-from autotuner.environment import fingerprint
+from autotuner.config.knobs import config_key
 from autotuner.errors import HardwareMismatch
-from autotuner.knobs import config_key
-from autotuner.multi_gpu import core_shares, search_on_devices
-from autotuner.optuna_adapter import study_id, study_storage, trial_id
-from autotuner.ownership import MAX_CUT_OFFS, OWNER, Recovery, SearchProcess, still_running
-from autotuner.spec import load_spec
-from autotuner.study import open_storage, open_study
+from autotuner.spec.job import load_spec
+from autotuner.study.claims import Claims
+from autotuner.study.fingerprint import fingerprint
+from autotuner.study.optuna_adapter import study_id, study_storage, trial_id
+from autotuner.study.storage import open_storage, open_study
+from autotuner.workers.coordination import BudgetSlots, ConfigClaims, OncePerStudy
+from autotuner.workers.multi_gpu import core_shares, search_on_devices
+from autotuner.workers.ownership import MAX_CUT_OFFS, OWNER, Recovery, SearchProcess, still_running
 from tests.conftest import ROOT, run_cli, write_hang_spec, write_spec
 
 # ---------------------------------------------------------------- storages
@@ -104,7 +104,7 @@ def ran(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial
 def trial_processes(trials: list[optuna.trial.FrozenTrial]) -> int:
     """The processes the trials that ran trained in: one each, and one more for a trial measured
     while other work took the CPU (on a busy 2-core machine, the other workers' trials), which is
-    run again once the machine is quiet (`autotuner.dispatch`)."""
+    run again once the machine is quiet (`autotuner.search.dispatch`)."""
     done = ran(trials)
     return len(done) + sum("contention_first_run" in t.user_attrs for t in done)
 

@@ -22,17 +22,18 @@ import yaml
 import autotuner.backends.pytorch.apply as torch_apply
 import autotuner.backends.pytorch.probe as torch_probe
 import autotuner.backends.pytorch.runner as torch_runner
-from autotuner import lockstep, trial_requests
 from autotuner.backends.pytorch.apply import TunedTraining
 from autotuner.backends.pytorch.runner import TRIAL_BACKEND
 from autotuner.errors import SpecError
-from autotuner.outcomes import Outcome
-from autotuner.recording import trial_metrics
-from autotuner.records import TrialRecord
-from autotuner.results import Losses, TrialOutput
-from autotuner.spec import TRIAL_TIMEOUT_S, load_spec
-from autotuner.study import check_trial_limits
-from autotuner.trial import TrialLauncher, TrialResult
+from autotuner.results.evidence import Losses, TrialOutput
+from autotuner.results.records import TrialRecord
+from autotuner.results.store import trial_metrics
+from autotuner.spec import requests as trial_requests
+from autotuner.spec.job import TRIAL_TIMEOUT_S, load_spec
+from autotuner.study.storage import check_trial_limits
+from autotuner.trials import lockstep
+from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.outcomes import Outcome
 from tests.conftest import SMALL_SPEC
 from tests.helpers import ROOT, RUNNER, reference, request
 
@@ -193,7 +194,7 @@ def test_peak_gpu_memory_is_the_reserved_peak_reset_after_the_warmup(monkeypatch
 
 
 def test_measure_throughput_calls_after_warmup_between_the_warmup_and_the_first_window() -> None:
-    from autotuner.measure import measure_throughput
+    from autotuner.measurement.timing import measure_throughput
 
     events: list[str] = []
     measure_throughput(
@@ -261,7 +262,7 @@ torch.cuda.init = refuse
 torch.cuda._lazy_init = refuse
 import jax._src.xla_bridge as xla_bridge
 xla_bridge.backends = refuse
-import autotuner._forkserver, autotuner.backends.pytorch.runner, autotuner.backends.jax.runner
+import autotuner.trials._forkserver, autotuner.backends.pytorch.runner, autotuner.backends.jax.runner
 assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1", os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
 assert not torch.cuda.is_initialized()
 print("clean")
@@ -329,7 +330,7 @@ def test_fp16_steps_the_scaler_skips_are_counted() -> None:
 
 
 def test_skipped_drift_steps_are_stored_and_shown_with_the_drift() -> None:
-    from autotuner.charts import trial_drift_text
+    from autotuner.output.charts import trial_drift_text
 
     result = TrialResult(Outcome.OK, output=TrialOutput(Losses(1.02, [2.0, 1.5], skipped_steps=2)))
     metrics = trial_metrics(result, reference(1.0, [2.0, 1.5]), {"precision": "fp16"}, {})

@@ -11,7 +11,7 @@ import optuna
 import pytest
 from optuna_dashboard import get_note
 
-from autotuner.optuna_adapter import study_id, study_storage
+from autotuner.study.optuna_adapter import study_id, study_storage
 from tests.conftest import ROOT, dashboard_server, run_cli, write_spec
 
 SCREENSHOT = ROOT / "test-output" / "dashboard.png"

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from autotuner.cli import build_parser
-from autotuner.specfile import JobSpec
+from autotuner.spec.keys import JobSpec
 from tests.conftest import ROOT
 
 USER_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -6,10 +6,10 @@ import math
 
 import pytest
 
-from autotuner.drift import Drift, measure_drift, relative_gap
-from autotuner.outcomes import Outcome
-from autotuner.results import Losses
-from autotuner.trial import TrialLauncher
+from autotuner.measurement.drift import Drift, measure_drift, relative_gap
+from autotuner.results.evidence import Losses
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.outcomes import Outcome
 from tests.helpers import RUNNER, SMALL_MLP, request
 
 MLP = "autotuner.backends.pytorch.workloads:mlp"

@@ -15,8 +15,8 @@ import optuna
 import pytest
 import yaml
 
-from autotuner.outcomes import Outcome, exception_message
-from autotuner.trial import TrialLauncher
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.outcomes import Outcome, exception_message
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 from tests.helpers import FAULTY, RUNNER, request
 
@@ -187,7 +187,7 @@ def test_python_memory_error_is_oom() -> None:
 
 
 def test_the_memory_limit_is_not_part_of_the_study_identity(tmp_path: Path) -> None:
-    from autotuner.spec import load_spec
+    from autotuner.spec.job import load_spec
 
     plain = load_spec(write_spec(tmp_path, name="a"))
     limited = load_spec(write_spec(tmp_path, name="a", trial={**SMALL_SPEC["trial"], "max_memory_mb": 4096}))

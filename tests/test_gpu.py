@@ -155,7 +155,7 @@ def _ok_trials(precisions: Path, needs: str, why: str) -> list[optuna.trial.Froz
 
 
 def test_mfu_is_a_fraction_of_a_known_gpus_peak(precisions: Path) -> None:
-    for trial in _ok_trials(precisions, "peak_flops", "no datasheet peak (autotuner/hardware.py)"):
+    for trial in _ok_trials(precisions, "peak_flops", "no datasheet peak (autotuner/measurement/hardware.py)"):
         mfu = trial.user_attrs.get("mfu")
         assert mfu is not None and 0 < mfu < 1, _shown(trial)
         assert trial.user_attrs["tflops"] > 0 and trial.user_attrs["tokens_per_s"] > 0

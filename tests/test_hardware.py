@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotuner import hardware
+from autotuner.measurement import hardware
 
 T = 1e12
 
@@ -119,7 +119,7 @@ def test_the_table_handed_out_is_a_copy() -> None:
 
 
 def test_thread_settings_are_described_and_compared(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotuner.environment import describe_threads, thread_mismatch, thread_settings
+    from autotuner.study.fingerprint import describe_threads, thread_mismatch, thread_settings
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 
 from autotuner.backends import BACKENDS
 from autotuner.cli import main
-from autotuner.spec import MAX_DECLARED_CONFIGS
-from autotuner.specfile import NAME, SAMPLERS
-from autotuner.workload import is_import_path
+from autotuner.spec.job import MAX_DECLARED_CONFIGS
+from autotuner.spec.keys import NAME, SAMPLERS
+from autotuner.trials.factory import is_import_path
 from tests.conftest import run_cli
 from tests.helpers import FAULTY, SMALL_MLP
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from autotuner.apply import TunedConfig, parse_config
 from autotuner.cli import main
 from autotuner.errors import SpecError
+from autotuner.export.reader import TunedConfig, parse_config
 from autotuner.integrations import FORMATS, SDPA_FLAGS, loader_arguments, sdpa_code, snippet
 from autotuner.integrations import accelerate as accelerate_export
 from autotuner.integrations import lightning as lightning_export
@@ -452,7 +452,7 @@ def test_loader_arguments_pin_and_prefetch_as_the_study_did() -> None:
     assert loader_arguments(tuned(pin_memory=True))["pin_memory"] is False  # pinned memory only speeds copies to a GPU
     assert "prefetch_factor" not in loader_arguments(tuned(workers=0, prefetch_factor=4))  # DataLoader refuses it
     assert "prefetch_factor" not in loader_arguments(tuned(workers=2, prefetch_factor=2))  # DataLoader's default
-    # A CUDA config exported before the knob existed pins, as its study's loader did (autotuner.apply.parse_config).
+    # A CUDA config exported before the knob existed pins, as its study's loader did (parse_config).
     old = tuned(device="cuda:0")
     assert old.params["pin_memory"] is True and loader_arguments(old)["pin_memory"] is True
 

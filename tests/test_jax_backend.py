@@ -24,10 +24,10 @@ from autotuner.backends.jax import JAX
 from autotuner.backends.jax.apply import TunedTraining
 from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload, as_workload
 from autotuner.errors import SpecError
-from autotuner.outcomes import Outcome
-from autotuner.spec import load_spec
-from autotuner.trial import TrialLauncher
-from autotuner.trial_requests import trial_request
+from autotuner.spec.job import load_spec
+from autotuner.spec.requests import trial_request
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.outcomes import Outcome
 from tests.conftest import ROOT, run_cli
 
 JAX_SPEC: dict[str, Any] = {

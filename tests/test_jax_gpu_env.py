@@ -23,8 +23,8 @@ import pytest
 
 from autotuner.backends.jax import apply
 from autotuner.backends.jax.workload import JaxWorkload
-from autotuner.outcomes import Outcome
-from autotuner.trial import TrialLauncher
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.outcomes import Outcome
 from tests.conftest import ROOT
 from tests.helpers import SMALL_MLP, small_request
 

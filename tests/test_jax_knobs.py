@@ -30,9 +30,9 @@ from autotuner.backends.jax.apply import TunedTraining
 from autotuner.backends.jax.runner import _flags_known, _start_flag_check
 from autotuner.backends.jax.workload import JaxWorkload, remat_block, remat_scope
 from autotuner.backends.jax.workloads import gpt, mlp
-from autotuner.outcomes import Outcome
 from autotuner.search_spaces import load_preset
-from autotuner.trial import TrialLauncher
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.outcomes import Outcome
 from tests.conftest import ROOT, run_cli
 from tests.helpers import small_request
 

@@ -9,8 +9,7 @@ import pytest
 from autotuner.backends import BACKENDS, Capabilities, get_backend, knob_named
 from autotuner.backends.jax import JAX, JaxCapabilities
 from autotuner.backends.pytorch import PYTORCH, TorchCapabilities
-from autotuner.environment import describe
-from autotuner.knobs import (
+from autotuner.config.knobs import (
     ASCENDING,
     BATCH_SIZE,
     COMMON_KNOBS,
@@ -24,6 +23,7 @@ from autotuner.knobs import (
     knob_table,
     needs_as_much_memory,
 )
+from autotuner.study.fingerprint import describe
 
 CPU = TorchCapabilities(accelerator=False, bf16=True, fp16=True, tf32=False, compile=True, cuda_graphs=False)
 GPU = TorchCapabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.lockstep import SETTLE_MOST_S, STOPPED, _settle, _share, measure_together, run_in_lockstep
-from autotuner.measure import measure_throughput
-from autotuner.messages import Release, SetupTurn, Turns, Waiting, WindowsTurn, send_message
-from autotuner.outcomes import Outcome
-from autotuner.spec import load_spec
-from autotuner.trial import TrialLauncher, TrialRequest
+from autotuner.measurement.timing import measure_throughput
+from autotuner.spec.job import load_spec
+from autotuner.trials.launcher import TrialLauncher, TrialRequest
+from autotuner.trials.lockstep import SETTLE_MOST_S, STOPPED, _settle, _share, measure_together, run_in_lockstep
+from autotuner.trials.messages import Release, SetupTurn, Turns, Waiting, WindowsTurn, send_message
+from autotuner.trials.outcomes import Outcome
 from tests.conftest import write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from autotuner.measure import measure_throughput, relative_spread
-from autotuner.results import Throughput
+from autotuner.measurement.timing import measure_throughput, relative_spread
+from autotuner.results.evidence import Throughput
 
 
 class Recorder:
@@ -149,7 +149,7 @@ def test_spread_is_range_over_median() -> None:
 
 BUSY = """
 import os, sys, time
-from autotuner.telemetry import Telemetry
+from autotuner.measurement.telemetry import Telemetry
 child = os.fork()
 if child == 0:  # a second process of the group, like a data-loader worker
     deadline = time.perf_counter() + 5
@@ -218,7 +218,7 @@ def test_matching_steps_the_windows_last_at_most_the_time_given(monkeypatch: pyt
     times as long: with `match_most_s`, it matches as many of the steps as its windows cover in
     that time, at the calibration's pace."""
     clock = Clock(step_s=1 / 64)  # exact in binary: no rounding in the clock's sums
-    monkeypatch.setattr("autotuner.measure.time", clock)
+    monkeypatch.setattr("autotuner.measurement.timing.time", clock)
 
     def measured(**match: float) -> Throughput:
         return measure_throughput(

@@ -10,8 +10,8 @@ import optuna
 import optuna.artifacts
 import yaml
 
-from autotuner.profiling import stored_profiles
-from autotuner.traces import read_trace
+from autotuner.measurement.traces import read_trace
+from autotuner.search.profiling import stored_profiles
 from tests.conftest import run_cli, write_spec
 
 PROFILED = {"steps": 2}

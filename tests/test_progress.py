@@ -9,10 +9,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotuner.console import PHASE_POLL_S, SearchReporter
-from autotuner.measure import measure_throughput
-from autotuner.progress import PhaseFile, duration, phase_path, read_phase, time_left
-from autotuner.records import TrialRecord
+from autotuner.measurement.timing import measure_throughput
+from autotuner.output.console import PHASE_POLL_S, SearchReporter
+from autotuner.results.records import TrialRecord
+from autotuner.trials.progress import PhaseFile, duration, phase_path, read_phase, time_left
 
 
 def test_a_phase_file_holds_the_last_phase_whole(tmp_path: Path) -> None:

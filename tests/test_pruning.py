@@ -10,9 +10,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotuner.contention import CONTENDED_SHARE
-from autotuner.measure import measure_throughput
-from autotuner.pruning import TRIAL_NOISE, behind
+from autotuner.measurement.contention import CONTENDED_SHARE
+from autotuner.measurement.pruning import TRIAL_NOISE, behind
+from autotuner.measurement.timing import measure_throughput
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 
 

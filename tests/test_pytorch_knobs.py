@@ -22,11 +22,11 @@ from autotuner.backends.pytorch.apply import TunedTraining, enable_checkpointing
 from autotuner.backends.pytorch.probe import environment, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload
 from autotuner.backends.pytorch.workloads import Block, cnn, gpt, mlp, resnet
+from autotuner.config.knobs import format_config, needs_as_much_memory
 from autotuner.errors import SpecError
-from autotuner.knobs import format_config, needs_as_much_memory
-from autotuner.outcomes import Unsupported
-from autotuner.report import peak_memory
-from autotuner.spec import MAX_CONFIGS, parse_spec
+from autotuner.output.report import peak_memory
+from autotuner.spec.job import MAX_CONFIGS, parse_spec
+from autotuner.trials.outcomes import Unsupported
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 from tests.helpers import HELD
 

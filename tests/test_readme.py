@@ -10,10 +10,10 @@ from pathlib import Path
 import yaml
 
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload
-from autotuner.console import dashboard_command
-from autotuner.export import export_path
-from autotuner.profiling import artifact_dir
-from autotuner.spec import load_spec, parse_spec
+from autotuner.export.writer import export_path
+from autotuner.output.console import dashboard_command
+from autotuner.search.profiling import artifact_dir
+from autotuner.spec.job import load_spec, parse_spec
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()

@@ -15,9 +15,10 @@ import optuna
 import pytest
 import yaml
 
-from autotuner.lockstep import measure_together
-from autotuner.records import TrialRecord, records, remeasurements, speedup
-from autotuner.remeasure import (
+from autotuner.measurement.telemetry import available_memory_mb
+from autotuner.results.evidence import Remeasurement
+from autotuner.results.records import TrialRecord, records, remeasurements, speedup
+from autotuner.search.remeasure import (
     MEMORY_SHARE,
     SETTLED,
     contenders,
@@ -28,10 +29,9 @@ from autotuner.remeasure import (
     rounds_left,
     settled,
 )
-from autotuner.results import Remeasurement
-from autotuner.spec import load_spec
-from autotuner.telemetry import available_memory_mb
-from autotuner.trial import TrialLauncher
+from autotuner.spec.job import load_spec
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.lockstep import measure_together
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
 

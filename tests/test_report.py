@@ -1,5 +1,5 @@
 """`autotuner report` and the charts it draws: figures built from trials stored by the real
-`autotuner.recording.record`, and the command run on a real small study."""
+`autotuner.results.store.record`, and the command run on a real small study."""
 
 from __future__ import annotations
 
@@ -13,22 +13,22 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from autotuner import charts
-from autotuner.claims import Claims
-from autotuner.dashboard import study_note
+from autotuner.config.knobs import format_config
 from autotuner.errors import SpecError
-from autotuner.export import export_data
-from autotuner.formatting import percent
-from autotuner.knobs import format_config
-from autotuner.optuna_adapter import study_id
-from autotuner.outcomes import Outcome
-from autotuner.recording import record
-from autotuner.records import TrialRecord, baseline, best, records, speedup, to_remeasure
-from autotuner.report import load_report, render_html, render_markdown
-from autotuner.results import TrialOutput
-from autotuner.spec import parse_spec
-from autotuner.study import open_storage, open_study
-from autotuner.trial import TrialResult
+from autotuner.export.writer import export_data
+from autotuner.output import charts
+from autotuner.output.dashboard import study_note
+from autotuner.output.formatting import percent
+from autotuner.output.report import load_report, render_html, render_markdown
+from autotuner.results.evidence import TrialOutput
+from autotuner.results.records import TrialRecord, baseline, best, records, speedup, to_remeasure
+from autotuner.results.store import record
+from autotuner.spec.job import parse_spec
+from autotuner.study.claims import Claims
+from autotuner.study.optuna_adapter import study_id
+from autotuner.study.storage import open_storage, open_study
+from autotuner.trials.launcher import TrialResult
+from autotuner.trials.outcomes import Outcome
 from tests.conftest import run_cli, write_spec
 from tests.helpers import HELD, measured, reference
 

@@ -10,9 +10,9 @@ import optuna
 import pytest
 import yaml
 
-from autotuner.records import COLD_WARMUP, TrialRecord, best, ranked, to_remeasure, with_cold_warmups
-from autotuner.run_time import RunPlan, verdict
-from autotuner.spec import load_spec
+from autotuner.results.records import COLD_WARMUP, TrialRecord, best, ranked, to_remeasure, with_cold_warmups
+from autotuner.results.run_time import RunPlan, verdict
+from autotuner.spec.job import load_spec
 from tests.conftest import run_cli, write_spec
 
 GLOBAL_BATCH = 100

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from autotuner.apply import load_config
 from autotuner.errors import SpecError
-from autotuner.export import export_path
-from autotuner.report import report_path
-from autotuner.spec import load_spec
-from autotuner.specfile import NAME
+from autotuner.export.writer import export_path
+from autotuner.output.report import report_path
+from autotuner.spec.job import load_spec
+from autotuner.spec.keys import NAME
 from tests.conftest import ROOT, dashboard_server
 
 SOURCES = [
@@ -76,7 +76,7 @@ def test_a_study_name_that_is_a_path_is_refused(tmp_path: Path, name: str) -> No
 def test_every_name_a_spec_accepts_stays_inside_its_folder(name: str) -> None:
     """The database, the export, the report and the compile cache of any name a spec accepts lie in
     runs/<name>/, a folder of its own directly in runs/."""
-    from autotuner.spec import parse_spec
+    from autotuner.spec.job import parse_spec
 
     try:
         job = parse_spec({**MINIMAL, "name": name}, "inline")
@@ -138,6 +138,6 @@ def test_study_databases_exports_and_reports_are_git_ignored() -> None:
     ]
     done = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT, capture_output=True, text=True)
     assert sorted(done.stdout.split()) == sorted(written), done.stdout + done.stderr
-    kept = ["studies/quickstart.yaml", "studies/my-job.yaml", "autotuner/spec.py"]
+    kept = ["studies/quickstart.yaml", "studies/my-job.yaml", "autotuner/spec/job.py"]
     done = subprocess.run(["git", "check-ignore", "--no-index", *kept], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 1 and done.stdout == "", done.stdout  # 1: none of them is ignored

@@ -1,7 +1,7 @@
 """The sampler: fresh configs only, OOM rules, and learning from infeasible trials.
 
 Everything here runs real Optuna studies (in memory) with the real samplers; no trial processes:
-the "measurements" come from a synthetic problem, recorded the way `autotuner.recording.record`
+the "measurements" come from a synthetic problem, recorded the way `autotuner.results.store.record`
 records trials (COMPLETE, objective values, the `constraints` system attr, the `outcome` user attr).
 """
 
@@ -18,12 +18,12 @@ from optuna.trial import TrialState, create_trial
 
 from autotuner.backends import Capabilities
 from autotuner.backends.pytorch import TorchCapabilities
-from autotuner.guided_start import rule_of_thumb
-from autotuner.knobs import BATCH_SIZE, PRECISION, Knob, config_key, knob_table
-from autotuner.optuna_adapter import study_storage, trial_id
-from autotuner.recording import record_pruned
-from autotuner.sampler import ATTEMPTS, FreshConfigSampler, make_base_sampler, make_sampler
-from autotuner.tried_configs import oom_rules_out
+from autotuner.config.knobs import BATCH_SIZE, PRECISION, Knob, config_key, knob_table
+from autotuner.proposals.guided_start import rule_of_thumb
+from autotuner.proposals.sampler import ATTEMPTS, FreshConfigSampler, make_base_sampler, make_sampler
+from autotuner.results.store import record_pruned
+from autotuner.results.tried import oom_rules_out
+from autotuner.study.optuna_adapter import study_storage, trial_id
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -46,7 +46,7 @@ def make_study(
 def record(
     study: optuna.Study, trial: optuna.Trial, values: list[float], constraints: list[float], outcome: str = "ok"
 ) -> None:
-    """What `autotuner.recording.record` stores, as far as a sampler can see it."""
+    """What `autotuner.results.store.record` stores, as far as a sampler can see it."""
     trial.set_user_attr("outcome", outcome)
     trial.storage.set_trial_system_attr(trial_id(trial), "constraints", constraints)
     study.tell(trial, values)
@@ -349,11 +349,11 @@ def test_the_search_sampler_learns_from_pruned_trials() -> None:
 
 
 def test_record_stores_infeasible_trials_as_complete_with_violated_constraints() -> None:
-    """The learning tests above record trials the way `autotuner.recording.record` does; check that."""
-    from autotuner.outcomes import Outcome
-    from autotuner.recording import record as study_record
-    from autotuner.spec import parse_spec
-    from autotuner.trial import TrialResult
+    """The learning tests above record trials the way `autotuner.results.store.record` does; check that."""
+    from autotuner.results.store import record as study_record
+    from autotuner.spec.job import parse_spec
+    from autotuner.trials.launcher import TrialResult
+    from autotuner.trials.outcomes import Outcome
     from tests.helpers import measured
     from tests.helpers import reference as fp32_reference
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from autotuner.errors import SpecError
-from autotuner.spec import Job, load_spec, parse_spec
+from autotuner.spec.job import Job, load_spec, parse_spec
 from tests.helpers import HELD, ROOT
 
 MINIMAL = {"name": "job", "backend": "pytorch", "workload": "builtin:mlp", "global_batch": 64}

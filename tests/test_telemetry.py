@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from autotuner import telemetry
+from autotuner.measurement import telemetry
 
 SLOW = bytes(range(16))  # NVML index 0 (the first on the PCI bus), the slower GPU
 FAST = bytes(range(0xF0, 0x100))  # NVML index 1, the faster: CUDA's cuda:0 (CUDA_DEVICE_ORDER=FASTEST_FIRST)
@@ -324,7 +324,7 @@ def test_other_processes_on_the_device_are_counted_and_their_sm_share_is_content
     are its share of the device, this process's own are not counted (nor junk over 100%)."""
     import os
 
-    from autotuner.contention import contention
+    from autotuner.measurement.contention import contention
 
     _, fast = machine
     fast.processes = {os.getpid(): 2**30, 1: 2**30}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.traces import OUTSIDE_OPERATORS, read_trace, top_operators
+from autotuner.measurement.traces import OUTSIDE_OPERATORS, read_trace, top_operators
 
 
 def span(name: str, ts: float, dur: float, tid: int = 1, pid: int = 1, cat: str = "cpu_op") -> dict[str, object]:

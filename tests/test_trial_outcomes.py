@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from autotuner.backends.pytorch.runner import TRIAL_BACKEND
-from autotuner.outcomes import Outcome, ProcessEnd, classify_end, exception_message
-from autotuner.results import Losses, TrialOutput
-from autotuner.trial import TrialLauncher, TrialResult
+from autotuner.results.evidence import Losses, TrialOutput
+from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.outcomes import Outcome, ProcessEnd, classify_end, exception_message
 from tests.helpers import FAULTY, ROOT, RUNNER, request
 
 TIMEOUT_S = 60.0
@@ -197,7 +197,7 @@ LEAK_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
 from tests.helpers import RUNNER, request
-from autotuner.trial import TrialLauncher
+from autotuner.trials.launcher import TrialLauncher
 if __name__ == "__main__":
     result = TrialLauncher([RUNNER]).call(RUNNER, "run", request("ok", workers=1), 120)
     print("OUTCOME", result.outcome.value)
@@ -231,7 +231,12 @@ def test_the_fork_server_has_what_the_first_optimizer_step_imports(launcher: Tri
 
 def test_backends_imports_first_in_a_fresh_interpreter() -> None:
     """The fork server imports `autotuner.backends.pytorch.runner` before anything else of the project."""
-    for module in ("autotuner.backends", "autotuner.backends.pytorch.runner", "autotuner.trial", "autotuner.spec"):
+    for module in (
+        "autotuner.backends",
+        "autotuner.backends.pytorch.runner",
+        "autotuner.trials.launcher",
+        "autotuner.spec.job",
+    ):
         done = subprocess.run(
             [sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True, timeout=120
         )
@@ -368,12 +373,14 @@ def test_oom_is_decided_by_type_never_by_text() -> None:
 
 def test_classify_exception_other_types() -> None:
     assert TRIAL_BACKEND.classify_exception(ValueError("x")) is None
-    assert TRIAL_BACKEND.classify_exception(MemoryError()) is None  # Python's own: autotuner.outcomes makes it oom
+    assert (
+        TRIAL_BACKEND.classify_exception(MemoryError()) is None
+    )  # Python's own: autotuner.trials.outcomes makes it oom
     assert TRIAL_BACKEND.classify_exception(KeyboardInterrupt()) is None
 
 
 def test_exception_message_non_finite_loss_is_nan() -> None:
-    from autotuner.outcomes import NonFiniteLoss
+    from autotuner.trials.outcomes import NonFiniteLoss
 
     message = exception_message(_raised(NonFiniteLoss("the loss became inf during drift step 2")), lambda e: False)
     assert message == {"status": "raised", "kind": "nan", "reason": "the loss became inf during drift step 2"}

@@ -29,7 +29,7 @@ from autotuner.backends.pytorch import PREFETCH_FACTOR
 from autotuner.errors import SpecError
 
 if TYPE_CHECKING:
-    from autotuner.apply import TunedConfig
+    from autotuner.export.reader import TunedConfig
 
 
 @dataclass(frozen=True)

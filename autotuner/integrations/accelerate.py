@@ -31,7 +31,7 @@ from autotuner.integrations import (
 )
 
 if TYPE_CHECKING:
-    from autotuner.apply import TunedConfig
+    from autotuner.export.reader import TunedConfig
 
 MIXED_PRECISION = {"fp32": "no", "tf32": "no", "bf16": "bf16", "fp16": "fp16"}
 

@@ -30,7 +30,7 @@ from autotuner.integrations import (
 )
 
 if TYPE_CHECKING:
-    from autotuner.apply import TunedConfig
+    from autotuner.export.reader import TunedConfig
 
 PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 

@@ -40,7 +40,7 @@ from autotuner.integrations import (
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
-    from autotuner.apply import TunedConfig
+    from autotuner.export.reader import TunedConfig
 
 FOREACH_ADAMW_CODE = (
     "# optimizer=foreach: off a GPU, torch's AdamW loops over the parameters unless told; pass "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.backends._base import Backend, Capabilities, capability
-from autotuner.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob, knob_table
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob, knob_table
 
 JIT = Knob("jit", "XLA jit", ("on", "off"), "off", recommended=("on",))
 REMAT = Knob(

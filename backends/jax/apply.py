@@ -49,19 +49,16 @@ import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from autotuner.backends._base import TunedLoop
+from autotuner.backends._base import ExportedConfig, TunedLoop
 from autotuner.backends.jax import JAX, XLA_FLAG_BUNDLES
 from autotuner.backends.jax.workload import REMAT_POLICIES, ArrayDataset, remat_scope
-
-if TYPE_CHECKING:
-    from autotuner.apply import TunedConfig
 
 COMPUTE_DTYPES = {"bf16": jnp.bfloat16}
 """Precisions that compute in another dtype than the fp32 parameters."""
@@ -135,7 +132,7 @@ def _flags_set() -> list[str]:
     return os.environ.get(XLA_FLAGS_VARIABLE, "").split()
 
 
-def use_xla_flags(config: TunedConfig | Mapping[str, Any]) -> None:
+def use_xla_flags(config: ExportedConfig | Mapping[str, Any]) -> None:
     """Add the flags of `config`'s `xla_flags` bundle to this process's XLA_FLAGS (after the ones
     it holds, so they win), for XLA to read when JAX starts its backend: call it before the first
     JAX computation. Once the backend has started, XLA has read XLA_FLAGS already: a RuntimeError
@@ -330,7 +327,7 @@ class TunedTraining(TunedLoop):
 
     def __init__(
         self,
-        config: TunedConfig | Mapping[str, Any],
+        config: ExportedConfig | Mapping[str, Any],
         model: Callable[[Any, Any], jax.Array],
         optimizer: optax.GradientTransformation,
         dataset: Any | None = None,

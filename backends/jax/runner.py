@@ -1,5 +1,5 @@
 """The JAX backend, trial-process side: JAX's steps of the one trial algorithm
-(`autotuner.runner`), exposed as the runner module's `TRIAL_BACKEND`.
+(`autotuner.trials.core`), exposed as the runner module's `TRIAL_BACKEND`.
 
 Imported by the fork server before any trial: importing jax initialises no device (that happens
 in the trial process, on first use), so each trial gets its own XLA client, which `probe` and `run`
@@ -46,13 +46,13 @@ from autotuner.backends.jax.apply import (
     use_xla_flags,
 )
 from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem, remat_scope
-from autotuner.environment import cpu_name, thread_settings
-from autotuner.hardware import peak_flops
-from autotuner.messages import Turns
-from autotuner.results import TrialOutput
-from autotuner.runner import TrialBackend, cache_state
-from autotuner.telemetry import cuda_uuid, has_energy_counter, nvml_driver
-from autotuner.trial import TrialRequest
+from autotuner.measurement.hardware import peak_flops
+from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.results.evidence import TrialOutput
+from autotuner.study.fingerprint import cpu_name, thread_settings
+from autotuner.trials.core import TrialBackend, cache_state
+from autotuner.trials.launcher import TrialRequest
+from autotuner.trials.messages import Turns
 
 try:
     RUNTIME_ERROR: type[Exception] = jax.errors.JaxRuntimeError
@@ -127,7 +127,7 @@ def _flags_known(check: subprocess.Popen[bytes] | None) -> bool:
 
 
 class JaxTrial(TrialBackend):
-    """JAX's steps of a trial (`autotuner.runner.TrialBackend`): JAX is set up for the trial's
+    """JAX's steps of a trial (`autotuner.trials.core.TrialBackend`): JAX is set up for the trial's
     device before anything starts it (`configure_process`), and that device is JAX's default
     throughout, so what the workload and its loss make lands there, not on the process's first
     device."""

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from autotuner.backends.builtin_sizes import GptSize, MlpSize
 from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload, remat_block
-from autotuner.builtin_sizes import GptSize, MlpSize
 
 HELDOUT = 256
 ADAMW_WEIGHT_DECAY = 0.01
@@ -65,7 +65,7 @@ def mlp_loss(params: list[dict[str, jax.Array]], batch: tuple[jax.Array, jax.Arr
 
 
 def mlp(**size: Any) -> JaxWorkload:
-    """The built-in MLP (`autotuner.builtin_sizes.MlpSize`: its `workload_args`)."""
+    """The built-in MLP (`autotuner.backends.builtin_sizes.MlpSize`: its `workload_args`)."""
     shape = MlpSize(**size)
     data = np.random.default_rng(1234)
     inputs = data.standard_normal((shape.samples + HELDOUT, shape.features), dtype=np.float32)
@@ -167,7 +167,7 @@ def _markov_tokens(count: int, length: int, vocab: int, seed: int) -> np.ndarray
 
 
 def gpt(**size: Any) -> JaxWorkload:
-    """The built-in GPT (`autotuner.builtin_sizes.GptSize`: its `workload_args`), as the PyTorch
+    """The built-in GPT (`autotuner.backends.builtin_sizes.GptSize`: its `workload_args`), as the PyTorch
     backend's: the same shapes, a tied head."""
     shape = GptSize(**size)
     tokens = _markov_tokens(shape.samples + HELDOUT, shape.length, shape.vocab, seed=4321)

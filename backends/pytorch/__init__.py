@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotuner.backends._base import Backend, Capabilities, capability
-from autotuner.knobs import COMMON_KNOBS, Config, Knob, knob_table
+from autotuner.config.knobs import COMMON_KNOBS, Config, Knob, knob_table
 
 COMPILE = Knob(
     "compile",

@@ -40,17 +40,14 @@ import functools
 import inspect
 import multiprocessing
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from autotuner.backends._base import TunedLoop
+from autotuner.backends._base import ExportedConfig, TunedLoop
 from autotuner.backends.pytorch import PYTORCH
-from autotuner.outcomes import Unsupported
-
-if TYPE_CHECKING:
-    from autotuner.apply import TunedConfig
+from autotuner.trials.outcomes import Unsupported
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
@@ -275,7 +272,7 @@ class TunedTraining(TunedLoop):
     optimizer's parameters get their `.grad` allocated here and kept (see the module docstring).
     `config` is a `TunedConfig` from `autotuner.apply.load_config`, or a plain mapping of knob
     values; a knob it lacks (a config exported before the knob existed) takes its reference value.
-    A knob value this model or optimizer cannot take raises `autotuner.outcomes.Unsupported`.
+    A knob value this model or optimizer cannot take raises `autotuner.trials.outcomes.Unsupported`.
 
     Build the optimizer over the model's parameters before or after: moving a module keeps its
     parameter objects. With `dataset`, `loader` is its DataLoader (see `make_loader`).
@@ -283,7 +280,7 @@ class TunedTraining(TunedLoop):
 
     def __init__(
         self,
-        config: TunedConfig | Mapping[str, Any],
+        config: ExportedConfig | Mapping[str, Any],
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         dataset: torch.utils.data.Dataset[Any] | None = None,

@@ -1,5 +1,5 @@
 """The PyTorch backend, trial-process side: what a probe finds out about a device and the software
-around it (`autotuner.runner.TrialBackend.environment`): the device's name and driver, the
+around it (`autotuner.trials.core.TrialBackend.environment`): the device's name and driver, the
 versions, the capabilities the knobs depend on (bf16, fp16, TF32, torch.compile, CUDA graphs),
 the NVML facts (driver, energy counter) and the device's peak FLOP/s.
 
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotuner.environment import cpu_name, thread_settings
-from autotuner.hardware import peak_flops
-from autotuner.telemetry import cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.measurement.hardware import peak_flops
+from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.study.fingerprint import cpu_name, thread_settings
 
 if TYPE_CHECKING:
     from autotuner.backends.pytorch.workload import TorchWorkload

@@ -1,5 +1,5 @@
 """The PyTorch backend, trial-process side: PyTorch's steps of the one trial algorithm
-(`autotuner.runner`), exposed as the runner module's `TRIAL_BACKEND`; what the probe reports of the device
+(`autotuner.trials.core`), exposed as the runner module's `TRIAL_BACKEND`; what the probe reports of the device
 is `autotuner.backends.pytorch.probe`.
 
 Imported by the fork server before any trial, so importing it must not initialise CUDA.
@@ -23,7 +23,7 @@ import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): le
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
 from autotuner.backends.pytorch.probe import environment, gpu_uuid, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload, first_batch_problem
-from autotuner.runner import TrialBackend, cache_state
+from autotuner.trials.core import TrialBackend, cache_state
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """c10's CPU allocator has no exception type of its own: when the host (or the trial's memory
@@ -75,7 +75,7 @@ def _cache_lookups() -> dict[str, int]:
 
 
 class PyTorchTrial(TrialBackend):
-    """PyTorch's steps of a trial (`autotuner.runner.TrialBackend`)."""
+    """PyTorch's steps of a trial (`autotuner.trials.core.TrialBackend`)."""
 
     def configure_process(self, device_spec: str, compile_cache: str | None) -> None:
         if compile_cache:  # the study's own: warm-up must not depend on other studies' compiles

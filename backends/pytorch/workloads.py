@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autotuner.backends.builtin_sizes import GptSize, MlpSize
 from autotuner.backends.pytorch.workload import TorchWorkload
-from autotuner.builtin_sizes import GptSize, MlpSize
 
 HELDOUT = 256
 
@@ -36,7 +36,7 @@ def _adamw(lr: float):
 
 
 def mlp(**size: Any) -> TorchWorkload:
-    """The built-in MLP (`autotuner.builtin_sizes.MlpSize`: its `workload_args`).
+    """The built-in MLP (`autotuner.backends.builtin_sizes.MlpSize`: its `workload_args`).
 
     GELU, not ReLU: behind ReLUs that output 0 for every sample of a batch, weights get an exactly
     zero gradient, and AdamW's moments of those decay geometrically (x0.9 per step) into subnormal
@@ -308,7 +308,7 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def gpt(**size: Any) -> TorchWorkload:
-    """The built-in GPT (`autotuner.builtin_sizes.GptSize`: its `workload_args`)."""
+    """The built-in GPT (`autotuner.backends.builtin_sizes.GptSize`: its `workload_args`)."""
     shape = GptSize(**size)
     tokens = _markov_tokens(shape.samples + HELDOUT, shape.length, shape.vocab, seed=4321)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

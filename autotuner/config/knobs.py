@@ -1,0 +1,187 @@
+"""Knobs (performance settings) and what a config is.
+
+The knobs every backend has are defined here; a backend lists the knobs it has, restricting
+their values to what it honours and adding the ones only its framework has
+(`autotuner.backends._base.Backend.knobs`). `accumulation` is never searched: with
+`global_batch` fixed it is derived from `batch_size`, so a config always holds
+`batch_size * accumulation == global_batch`.
+
+Memory is a dimension of the space, not a wall: a knob whose values rank by the memory a step
+needs declares that order (`Knob.memory_order`: a larger micro-batch needs more, activation
+checkpointing less), and a config that needs at least as much memory as one that ran out of it,
+knob by knob, is not run (`needs_as_much_memory`, `autotuner.results.tried.oom_rules_out`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from autotuner.errors import shown
+
+Config = dict[str, Any]
+"""One value per knob, `accumulation` included. Plain data: it is stored as trial params."""
+
+QUIET: dict[str, Any] = {}
+"""Knob name -> the reference value `format_config` leaves it out at (every `quiet` knob's)."""
+ASCENDING: Literal["ascending"] = "ascending"
+"""The `Knob.memory_order` of an integer knob whose larger values need more memory (the micro-batch)."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    description: str
+    choices: tuple[Any, ...] | None
+    """The values the knob can take; None for a positive integer."""
+    reference: Any
+    """The numerically strictest value, used by the fp32 reference and the default baseline."""
+    minimum: int = 1
+    """For integer knobs: the smallest allowed value."""
+    maximum: int | None = None
+    """For integer knobs: the largest allowed value, if any."""
+    recommended: tuple[Any, ...] = ()
+    """Values the optimisation guides recommend, most recommended first: the guided start tries
+    them before the knob's other values (`autotuner.proposals.sampler.rule_of_thumb`)."""
+    compiled: bool = True
+    """Whether its value changes what the framework compiles. Two configs that differ only in
+    knobs that do not (loader workers) share their compiled graphs, and the second one's warm-up
+    finds them cached (`autotuner.results.records.with_cold_warmups`)."""
+    quiet: bool = False
+    """Left out of a config's one-line form (`format_config`) at its reference value: the knobs
+    that are at it in most configs (memory format, attention backend, ...), so a line names what
+    a config changes."""
+    memory_order: tuple[Any, ...] | Literal["ascending"] | None = None
+    """How the knob's values rank by the memory a training step needs, the rest of the config
+    equal: its values from least memory to most; `ASCENDING` for an integer knob whose larger
+    values need more; None when its values do not rank (each needs a run of its own to know).
+    A value left out of the tuple ranks with none but itself, so an order may leave out the
+    values it cannot place. An out-of-memory trial rules out every config that needs at least as
+    much memory knob by knob (`needs_as_much_memory`)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.memory_order, tuple) and self.choices is not None:
+            unknown = [v for v in self.memory_order if v not in self.choices]
+            if unknown:
+                raise ValueError(f"{self.name}'s memory_order has values it has not: {', '.join(map(str, unknown))}")
+        if self.memory_order == ASCENDING and self.choices is not None:
+            raise ValueError(f"{self.name}: memory_order {ASCENDING!r} is for integer knobs")
+        if self.quiet:
+            QUIET[self.name] = self.reference
+
+    def needs_as_much_memory(self, value: Any, than: Any) -> bool:
+        """Whether a step at `value` of this knob needs at least as much memory as one at `than`,
+        the rest of the config equal: the same value, or one at or above it in `memory_order`."""
+        if value == than:
+            return True
+        if self.memory_order == ASCENDING:
+            return bool(value >= than)
+        if isinstance(self.memory_order, tuple) and value in self.memory_order and than in self.memory_order:
+            return self.memory_order.index(value) >= self.memory_order.index(than)
+        return False
+
+    def check(self, value: Any) -> str | None:
+        """Return why `value` is not allowed for this knob, or None when it is."""
+        if self.choices is None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"must be an integer >= {self.minimum}, got {shown(value)}"
+            if value < self.minimum:
+                return f"must be an integer >= {self.minimum}, got {shown(value)}"
+            if self.maximum is not None and value > self.maximum:
+                return f"must be an integer <= {self.maximum}, got {shown(value)}"
+            return None
+        if value not in self.choices or isinstance(value, bool) != any(isinstance(a, bool) for a in self.choices):
+            # YAML 1.1 reads a bare on/off/yes/no as a boolean: say so where the knob's values are words.
+            quote = " (quote it: YAML reads a bare on/off as a boolean)" if isinstance(value, bool) else ""
+            return f"{shown(value)} is not allowed; choose between {', '.join(map(str, self.choices))}{quote}"
+        return None
+
+    def restricted(self, *choices: Any) -> Knob:
+        """This knob with only `choices` (a backend that honours fewer values than the table)."""
+        unknown = [c for c in choices if self.choices is None or c not in self.choices]
+        if unknown:
+            raise ValueError(f"{self.name} has no value {', '.join(map(str, unknown))}")
+        order = self.memory_order
+        return replace(
+            self,
+            choices=tuple(choices),
+            recommended=tuple(v for v in self.recommended if v in choices),
+            memory_order=tuple(v for v in order if v in choices) if isinstance(order, tuple) else order,
+        )
+
+
+PRECISION = Knob(
+    "precision",
+    "fp32; tf32 matmuls; bf16 or fp16 autocast (fp16 with a gradient scaler)",
+    ("fp32", "tf32", "bf16", "fp16"),
+    "fp32",
+    recommended=("bf16", "fp16", "tf32"),
+)
+BATCH_SIZE = Knob("batch_size", "micro-batch per forward/backward", None, None, memory_order=ASCENDING)
+ACCUMULATION = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
+WORKERS = Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024, compiled=False)
+COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
+"""The knobs every backend has (a backend may restrict their values). A knob only one framework
+has (torch.compile's mode, XLA jit) is defined by its backend (`Backend.knobs`)."""
+
+DERIVED = ("accumulation",)
+
+
+def knob_table(*knobs: Knob) -> dict[str, Knob]:
+    """Name -> knob, in the order given: a backend's `knobs`."""
+    return {knob.name: knob for knob in knobs}
+
+
+COMMON_TABLE = knob_table(*COMMON_KNOBS)
+"""The knobs every backend has, by name: what a config's memory is ranked by where no backend's
+table is given (`needs_as_much_memory`)."""
+
+
+def needs_as_much_memory(config: Mapping[str, Any], than: Mapping[str, Any], knobs: Mapping[str, Knob]) -> bool:
+    """Whether `config` needs at least as much memory as `than`, knob by knob: both set the same
+    knobs, and at each one `config`'s value needs at least as much as `than`'s
+    (`Knob.needs_as_much_memory`; a knob not in `knobs`, the backend's table, must be equal).
+    A partial order: a larger micro-batch with checkpointing and a smaller one without it rank
+    neither way."""
+    if config.keys() != than.keys():
+        return False
+    for name, value in config.items():
+        knob = knobs.get(name)
+        if not (value == than[name] if knob is None else knob.needs_as_much_memory(value, than[name])):
+            return False
+    return True
+
+
+def config_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A hashable identity of a config: two configs with the same key are the same run."""
+    return tuple(sorted(config.items()))
+
+
+def format_config(config: Mapping[str, Any]) -> str:
+    """`precision=bf16 batch=64x4 workers=2 compile=none optimizer=fused`: batch shown as
+    micro-batch x accumulation, a quiet knob only away from its reference value."""
+    parts = []
+    for name, value in config.items():
+        if name == "accumulation" or (name in QUIET and QUIET[name] == value and type(QUIET[name]) is type(value)):
+            continue
+        if name == "batch_size":
+            parts.append(f"batch={value}x{config.get('accumulation', 1)}")
+        else:
+            parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+def shown_knobs(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The knobs a table of `configs` has a column for: all but `accumulation` (shown with the
+    batch), and a quiet knob only where some config is away from its reference value."""
+    names = list(configs[0]) if configs else []
+    return [
+        name
+        for name in names
+        if name != "accumulation"
+        and (
+            name not in QUIET
+            or any(c.get(name) != QUIET[name] or type(c.get(name)) is not type(QUIET[name]) for c in configs)
+        )
+    ]

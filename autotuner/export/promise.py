@@ -1,0 +1,324 @@
+"""`autotuner apply`: running a job with an exported config, and checking the export's promise.
+
+`apply_config` checks that the config was tuned for this job and this hardware
+(`autotuner.export.reader`), runs the job with it for N optimizer steps in a trial process, with the
+export's baseline beside it, measured as the study measures; `print_applied` sets the throughput
+and the speedup it got next to the study's, and warns where they part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any
+
+from autotuner.config.knobs import Config, format_config
+from autotuner.errors import BackendError, HardwareMismatch, SpecError
+from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
+from autotuner.results.evidence import Throughput
+from autotuner.results.run_time import predicted_run_s
+from autotuner.study.fingerprint import thread_mismatch
+
+if TYPE_CHECKING:
+    from autotuner.spec.job import Job
+
+AGREEMENT = 0.10
+"""An applied throughput this far from the study's (relative) gets a warning."""
+SLOWDOWN = 0.2
+"""`autotuner apply` warns when the last quarter of the config's windows ran this much slower than
+the first (medians): beyond the window-to-window noise of a busy machine."""
+PROMISE = 0.05
+"""The speedup `autotuner apply` delivers is within this of the export's (relative), or it warns."""
+MIN_APPLY_STEPS = 50
+BASELINE_MOST_S = 180.0
+"""The baseline's windows in `autotuner apply` last at most this long: matching the optimizer steps
+of a config many times faster would take many times the config's run (the JAX quickstart's
+winner, jit, against its op-by-op baseline at 0.45 s a step: an apply of over 9 minutes)."""
+
+
+@dataclass(frozen=True)
+class AppliedRun:
+    """What running a job with a tuned config gave, next to what the study measured."""
+
+    tuned: TunedConfig
+    config: Config
+    """The config as run (accumulation derived from this job's global batch)."""
+    environment: dict[str, Any]
+    throughput: Throughput
+    """Its median, spread, windows, warm-up."""
+    heldout_loss: float | None
+    drift_steps: int
+    wall_s: float
+    baseline: Throughput | None = None
+    """The export's baseline config, run here over as many optimizer steps (or as many as its
+    windows cover in `BASELINE_MOST_S`) and measured the same way, in windows of its own length,
+    so that the speedup delivered is a ratio taken on this machine now."""
+    lockstep: bool = False
+    """The baseline was measured in lockstep with the config (else after it)."""
+    setup_s: float = 0.0
+    """The config's trial process from its start to its warm-up: the workload built, the config applied."""
+    start_s: float = 0.0
+    """The framework's start here (the environment's `framework_start_s`, `autotuner.results.run_time`)."""
+    compile_cache: str | None = None
+    """`cold`, `warm` or `partial`: the compile cache as the config's warm-up found it (None: nothing compiled)."""
+
+    @property
+    def run_s(self) -> float:
+        """What the config's optimizer steps here (`throughput.steps_taken`) took, the framework's
+        start, set-up and warm-up included, waits for the baseline's turns left out: a run of
+        that many steps."""
+        return self.start_s + self.setup_s + self.throughput.trained_s
+
+    @property
+    def predicted_run_s(self) -> float | None:
+        """What the study predicts for a run of as many steps (`autotuner.results.run_time`), from the
+        export's framework start, set-up, warm-up and throughput."""
+        if self.tuned.throughput <= 0 or self.throughput.steps_taken <= 0:
+            return None
+        steps = self.throughput.steps_taken
+        start_s = float(self.tuned.environment.get("framework_start_s") or 0.0)
+        return predicted_run_s(
+            self.tuned.metrics, self.tuned.throughput, self.throughput.samples_per_step, steps, start_s
+        )
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.throughput.samples_per_s
+
+    @property
+    def ratio(self) -> float:
+        """Applied over study throughput (medians)."""
+        return self.samples_per_s / self.tuned.throughput
+
+    @property
+    def agrees(self) -> bool:
+        return abs(self.ratio - 1.0) <= AGREEMENT
+
+    @property
+    def speedup(self) -> float | None:
+        """The tuned config's throughput over the baseline's, both run here."""
+        return self.samples_per_s / self.baseline.samples_per_s if self.baseline else None
+
+    @property
+    def promise_ratio(self) -> float | None:
+        """The speedup delivered here over the one in the export."""
+        return self.speedup / self.tuned.speedup if self.speedup and self.tuned.speedup else None
+
+    @property
+    def quarters(self) -> tuple[float, float] | None:
+        """The config's median throughput over the first and over the last quarter of its windows,
+        or None with fewer than 12 windows."""
+        rates = self.throughput.window_samples_per_s
+        quarter = len(rates) // 4
+        if quarter < 3:
+            return None
+        return statistics.median(rates[:quarter]), statistics.median(rates[-quarter:])
+
+    @property
+    def slowdown(self) -> float | None:
+        """How much slower the last quarter of the config's windows ran than the first (negative
+        when faster), or None with fewer than 12 windows."""
+        return None if self.quarters is None else 1.0 - self.quarters[1] / self.quarters[0]
+
+    @property
+    def keeps_promise(self) -> bool | None:
+        ratio = self.promise_ratio
+        return None if ratio is None else abs(ratio - 1.0) <= PROMISE
+
+
+def default_steps(job: Job) -> int:
+    """10x the optimizer steps a trial of the study measures (`trial.steps` x `trial.windows`),
+    at least 50. Like the trial's, each window is lengthened to last `trial.min_window_s`."""
+    return max(MIN_APPLY_STEPS, 10 * job.spec.trial.steps * job.spec.trial.windows)
+
+
+def apply_config(
+    tuned: TunedConfig,
+    job: Job,
+    *,
+    steps: int | None = None,
+    device: str | None = None,
+    force: bool = False,
+    baseline: bool = True,
+    warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
+) -> AppliedRun:
+    """Run `job` with `tuned` in a trial process, from a cold compile cache as a real run starts,
+    measured as a trial is: warm-up, then windows as long as the study's (each lengthened to
+    `trial.min_window_s` by the same calibration), their median and spread: as many windows as
+    cover `steps` optimizer steps, or by default as many as `default_steps` fill at `trial.steps`
+    a window (so at least 10x a trial's windows, enough for the median and for `slowdown`). With
+    `baseline`, the export's baseline config runs over as many optimizer steps (its windows for
+    `BASELINE_MOST_S` at most), so the speedup delivered can be set beside the export's: on a CPU
+    in lockstep with the config (turn by turn, `autotuner.trials.lockstep.measure_together`), elsewhere
+    after it. A config tuned for another job or other hardware is refused unless `force`."""
+    from autotuner.spec.requests import make_launcher, probe_job, trial_request
+
+    # autotuner.study.storage imports Optuna: only here
+    from autotuner.study.storage import check_trial_limits
+    from autotuner.trials.lockstep import in_lockstep, measure_together
+    from autotuner.trials.outcomes import Outcome
+
+    if tuned.backend != job.backend.name:
+        raise SpecError(
+            f"the config is for the {tuned.backend} backend, the job for {job.backend.name}",
+            source=tuned.source,
+            key="environment.backend",
+        )
+    other_job = job_mismatch(tuned, job)
+    if other_job and not force:
+        raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
+    launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
+    environment = probe_job(launcher, job, device or job.spec.device)  # as the search probes it
+    check_trial_limits(job, environment)
+    other_machine = machine_mismatch(tuned, environment)
+    if other_machine and not force:
+        raise HardwareMismatch(f"{tuned.source}: {other_machine}. Use --force to run it anyway")
+    for problem in filter(None, (other_job, other_machine)):
+        warn(f"{tuned.source}: {problem} (--force)")
+    other_threads = thread_mismatch(tuned.environment, environment)
+    if other_threads:
+        warn(f"{tuned.source}: {other_threads}: on a CPU they change the throughput")
+
+    batch = tuned.params["batch_size"]
+    if job.spec.global_batch % batch:
+        raise SpecError(
+            f"batch_size {batch} does not divide the job's global_batch ({job.spec.global_batch})",
+            source=tuned.source,
+            key="params.batch_size",
+        )
+    config = job.complete(tuned.params)
+    unsupported = job.backend.unsupported_reason(config, job.backend.capabilities(environment["capabilities"]))
+    if unsupported:
+        raise SpecError(f"this machine cannot run it: {unsupported}", source=tuned.source, key="params")
+
+    settings = job.spec.trial
+    total = steps or default_steps(job)
+    per_window = min(settings.steps, total)
+    windows = math.ceil(total / per_window)
+
+    request = dataclasses.replace(
+        trial_request(job, config, environment["device"]),
+        steps=per_window,
+        windows=windows,
+        # `steps` asked: as many windows as cover them; by default, as many windows as that many
+        # steps would fill at the study's window length, each lengthened as the study's are
+        match_steps=steps or 0,
+    )
+    requests = [request]
+    base_params = tuned.baseline.get("params")
+    if baseline and base_params and tuned.speedup:
+        # As many optimizer steps as the config's: a job's step can get slower as it trains (e.g.
+        # Adam's moments of weights whose gradient is zero decay into subnormal floats, slow on
+        # Intel CPUs), so both runs cover the same stretch of training. In windows of its own
+        # calibrated length, as the study measured it: a median over windows of another length
+        # is another estimate (longer windows keep more of a busy machine's stalls in them).
+        requests.append(
+            dataclasses.replace(request, config=dict(job.complete(base_params)), match_most_s=BASELINE_MOST_S)
+        )
+    # as many times a trial's timeout as the run has times its steps (before lengthening)
+    timeout = job.trial_timeout(*(r.config for r in requests)) * max(
+        1.0, per_window * windows / (settings.steps * settings.windows)
+    )
+    # A compile cache of their own, empty: the warm-up is a real run's, whatever the study compiled.
+    with tempfile.TemporaryDirectory(prefix="autotuner-apply-") as cold_cache:
+        requests = [dataclasses.replace(r, compile_cache=cold_cache) for r in requests]
+        results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, match_first=True)
+    for what, result in zip(("config", "baseline config"), results, strict=False):
+        if result.outcome is not Outcome.OK:
+            raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
+    result = results[0]
+    output = result.output
+    assert output is not None and output.throughput is not None  # it measured, and ended ok
+    base = results[1].output if len(results) > 1 else None
+    return AppliedRun(
+        tuned=tuned,
+        config=config,
+        environment=environment,
+        throughput=output.throughput,
+        heldout_loss=output.losses.heldout,
+        drift_steps=settings.drift_steps,
+        wall_s=result.wall_s,
+        baseline=base.throughput if base is not None else None,
+        lockstep=base is not None and in_lockstep(environment["device"]),
+        setup_s=output.setup_s or 0.0,
+        start_s=float(environment.get("framework_start_s") or 0.0),
+        compile_cache=output.compile_cache,
+    )
+
+
+def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+    """The applied throughput next to the study's, their ratio, and the held-out loss of both."""
+    out, err = out or sys.stdout, err or sys.stderr
+    tuned, measured = run.tuned, run.throughput
+    study_spread = tuned.metrics.get("throughput_spread")
+    print(
+        f"{tuned.source}: {format_config(run.config)} (trial #{tuned.study.get('trial')} of {tuned.study['name']})",
+        file=out,
+    )
+    print(
+        f"ran {measured.steps * measured.windows} optimizer steps of {measured.samples_per_step} samples "
+        f"({measured.windows} windows of {measured.steps}, after {measured.warmup_s:.2f} s of warm-up) "
+        f"on {run.environment['device']} ({run.environment['device_name']})",
+        file=out,
+    )
+    print(
+        f"throughput: {run.samples_per_s:,.0f} samples/s here (spread {measured.spread:.1%}), "
+        f"{tuned.throughput:,.0f} samples/s in the study"
+        + (f" (spread {float(study_spread):.1%})" if isinstance(study_spread, (int, float)) else "")
+        + f": ratio {run.ratio:.2f}",
+        file=out,
+    )
+    if run.baseline and run.promise_ratio is not None:
+        base_steps, steps = run.baseline.steps * run.baseline.windows, measured.steps * measured.windows
+        print(
+            f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
+            f"{run.baseline.samples_per_s:,.0f} samples/s, run here for {base_steps} optimizer steps"
+            + (f" (the first of {steps}: its windows capped at {BASELINE_MOST_S:g} s)" if base_steps < steps else "")
+            + f" in {run.baseline.windows} windows of {run.baseline.steps}, "
+            f"{'in lockstep with' if run.lockstep else 'after'} it), "
+            f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
+            file=out,
+        )
+    if (predicted := run.predicted_run_s) is not None:
+        print(
+            f"run time: {run.throughput.steps_taken:,} optimizer steps took {run.run_s:.1f} s here, start, build "
+            f"and warm-up included (compile cache {run.compile_cache or 'unused'}); the study predicts "
+            f"{predicted:.1f} s for as many: ratio {run.run_s / predicted:.2f}",
+            file=out,
+        )
+    study_loss = tuned.metrics.get("heldout_loss")
+    if run.heldout_loss is not None and isinstance(study_loss, (int, float)) and study_loss:
+        gap = abs(run.heldout_loss - study_loss) / abs(study_loss)
+        print(
+            f"held-out loss after {run.drift_steps} steps: {run.heldout_loss:.6g} here, {study_loss:.6g} in the study "
+            f"({'identical' if gap == 0 else f'{gap:.3%} apart'})",
+            file=out,
+        )
+    promise = run.promise_ratio
+    if promise is not None and run.keeps_promise is False:
+        print(
+            f"autotuner: warning: the speedup here is {abs(promise - 1):.1%} "
+            f"{'below' if promise < 1 else 'above'} the export's "
+            f"(more than {PROMISE:.0%}): the machine may be busier now, or the study's measurements were noisy",
+            file=err,
+        )
+    if run.quarters and (run.slowdown or 0.0) > SLOWDOWN:
+        first, last = run.quarters
+        print(
+            f"autotuner: warning: the config ran {run.slowdown:.0%} slower over the last quarter of the run "
+            f"({last:,.0f} samples/s) than over the first ({first:,.0f} samples/s): the job's step gets "
+            "slower as it trains, which the study's short trials do not see",
+            file=err,
+        )
+    if not run.agrees:
+        print(
+            f"autotuner: warning: the throughput here is {abs(run.ratio - 1):.1%} "
+            f"{'below' if run.ratio < 1 else 'above'} the study's (more than {AGREEMENT:.0%}): "
+            "the machine may be busier or different, or the study's short windows were noisy",
+            file=err,
+        )

@@ -1,0 +1,238 @@
+"""What a search prints: progress while it runs, the top configs and the export at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from autotuner.config.knobs import format_config, shown_knobs
+from autotuner.output.formatting import percent, rate
+from autotuner.results.evidence import Reference
+from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup
+from autotuner.results.run_time import RunPlan, money, verdict
+from autotuner.trials.progress import duration, phase_path, read_phase, time_left
+
+if TYPE_CHECKING:
+    from autotuner.spec.job import Job
+
+TOP = 5
+
+
+def processes(t: TrialRecord) -> str:
+    """How many processes measured a config, and how far apart they were: `3, 1.2% apart`."""
+    if t.run_spread is None:
+        return "1"
+    failed = " [red]a re-run failed[/]" if t.remeasure_error else ""
+    return f"{len(t.throughputs)}, {t.run_spread:.1%} apart{failed}"
+
+
+def dashboard_command(storage_url: str, artifacts: str | None = None) -> str:
+    return f"optuna-dashboard {storage_url}" + (f" --artifact-dir {artifacts}" if artifacts else "")
+
+
+PHASE_POLL_S = 0.25
+"""How often the status line reads the running trial's phase."""
+
+
+def _run_column(column: str, estimate: dict[str, Any]) -> str:
+    if column == "run":
+        return duration(estimate["run_s"]) if "run_s" in estimate else "-"
+    return money(estimate["run_cost"], estimate["currency"]) if "run_cost" in estimate else "-"
+
+
+class SearchReporter:
+    def __init__(self, console: Console | None = None):
+        # Logs and pipes get 120 columns rather than rich's 80, so the result table stays whole.
+        self.console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+        self.phase_file: Path | None = None
+        """Where the running trial writes its phase (`autotuner.trials.progress`): on a terminal only,
+        where the status line shows it."""
+        self.left_s: float | None = None
+        """The trials' time left, as the last trial's line estimated it; None outside the trials."""
+        self._trials_began: float | None = None
+        """When the first trial this process reported began, in the search's elapsed seconds."""
+
+    def start(self, job: Job, storage_url: str, environment: dict[str, Any], budget: int) -> None:
+        if self.console.is_terminal:
+            self.phase_file = phase_path(job.output_dir())
+        self.console.print(
+            f"[bold]{job.name}[/]: {job.spec.workload} on {environment['device']} ({environment['device_name']}), "
+            f"global batch {job.spec.global_batch}, {budget} trials, storage {escape(storage_url)}"
+        )
+
+    def close(self) -> None:
+        """Remove the phase file (and its folder, once no other worker's file is in it)."""
+        if self.phase_file is not None:
+            self.phase_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.phase_file.parent.rmdir()
+            self.phase_file = None
+
+    @property
+    def progress(self) -> str | None:
+        """The phase file a trial request names, or None."""
+        return str(self.phase_file) if self.phase_file is not None else None
+
+    @contextlib.contextmanager
+    def running(self, what: str) -> Iterator[None]:
+        """A status line while `what` runs: with the phase its trial process writes, and during
+        the trials the time they have left."""
+        if self.left_s is not None:
+            what += f" (trials: about {duration(self.left_s)} left)"
+        with self.console.status(what) as status:
+            if self.phase_file is None:
+                yield
+                return
+            self.phase_file.unlink(missing_ok=True)
+            done = threading.Event()
+
+            def watch(path: Path) -> None:
+                while not done.wait(PHASE_POLL_S):
+                    if (phase := read_phase(path)) is not None:
+                        status.update(f"{what}: {phase}")
+
+            watcher = threading.Thread(target=watch, args=(self.phase_file,), daemon=True)
+            watcher.start()
+            try:
+                yield
+            finally:
+                done.set()
+                watcher.join()
+
+    def not_searched(self, dropped: dict[str, dict[Any, str]]) -> None:
+        """One line naming the knob values the device or the workload cannot use (`Job.narrow`);
+        the report says why for each."""
+        if dropped:
+            values = "; ".join(f"{knob} {', '.join(map(str, reasons))}" for knob, reasons in dropped.items())
+            self.console.print(f"not searched (this device or workload cannot use them): {escape(values)}")
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+    def warn(self, text: str) -> None:
+        """One line on stderr, as every warning of the command line."""
+        print(f"autotuner: warning: {text}", file=sys.stderr, flush=True)
+
+    def remeasured(self, t: TrialRecord) -> None:
+        runs = ", ".join(rate(value) for value in t.throughputs)
+        error = t.remeasure_error
+        tail = f" [red]{escape(str(error))}[/]: not declared best" if error else f": median {rate(t.throughput)}"
+        tag = " (baseline)" if t.role == "baseline" else ""
+        group, lockstep = (t.remeasured.group, t.remeasured.lockstep) if t.remeasured else ([], False)
+        others = ", ".join(f"#{n}" for n in group if n != t.number)
+        how = f" ({'in lockstep' if lockstep else 'interleaved'} with {others})" if others else ""
+        self.console.print(f"re-measured #{t.number}{tag} {format_config(t.config)}{how}: {runs}{tail}")
+
+    def reference(self, reference: Reference, tolerance: float) -> None:
+        self.console.print(
+            f"fp32 reference: held-out loss {reference.heldout:.6g}; drift tolerance {tolerance:.2%}, "
+            f"reference noise floor {percent(reference.noise_floor)}"
+        )
+
+    def trial(
+        self,
+        done: TrialRecord,
+        ran: int,
+        budget: int,
+        elapsed_s: float,
+        best: TrialRecord | None,
+        baseline: TrialRecord | None,
+    ) -> None:
+        config = format_config(done.config)
+        reason = escape(done.reason)  # the user's exception text: "[/]" in it is not markup
+        if done.outcome == "ok":
+            status = f"{rate(done.throughput)} drift {percent(done.metrics.get('drift'))}"
+            if skipped := int(done.metrics.get("drift_skipped_steps") or 0):
+                status += f" ({skipped} drift steps skipped by fp16 loss scaling)"
+            status += "" if done.feasible else f" [yellow]infeasible: {reason}[/]"
+        elif done.outcome == "pruned":  # the reason, with the rule's figures, is on the trial
+            windows = done.metrics.get("throughput_windows") or [0.0]
+            status = f"[yellow]pruned[/] after {len(windows)} windows, {rate(max(windows))} at most"
+        else:
+            status = f"[red]{done.outcome}[/]: {reason}"
+        best_text = ""
+        if best is not None:
+            ratio = speedup(best, baseline)
+            best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({ratio:.2f}x)" if ratio else "")
+        tag = " (baseline)" if done.role == "baseline" else ""
+        if self._trials_began is None:  # the pace leaves out the start-up and the reference
+            self._trials_began = max(0.0, elapsed_s - float(done.metrics.get("wall_s") or 0.0))
+        self.left_s = time_left(elapsed_s - self._trials_began, ran, budget)
+        left = f" ({duration(self.left_s)} left)" if self.left_s else ""
+        self.console.print(
+            f"[{ran}/{budget}] {elapsed_s:5.0f}s{left} #{done.number}{tag} {config}: {status}{best_text}"
+        )
+
+    def finish(self, summary: SearchSummary, plan: RunPlan | None = None) -> None:
+        """The final table and verdict; with `plan`, ranked by the run and priced."""
+        base = summary.baseline
+        order = "shortest run first" if plan is not None and plan.has_length else "fastest first"
+        table = Table(
+            title=f"Top configs (feasible, {order}; re-measured configs by their re-measurement)",
+            box=box.SIMPLE_HEAD,
+        )
+        feasible = ranked(summary.trials, plan)
+        shown = feasible[:TOP] + ([base] if base is not None and base not in feasible[:TOP] else [])
+        steps = plan.optimizer_steps(summary.trials) if plan is not None else None
+        estimates = {t.number: plan.estimate(t, steps) for t in shown} if plan is not None else {}
+        extra = [c for c, key in (("run", "run_s"), ("cost", "run_cost")) if any(key in e for e in estimates.values())]
+        knobs = shown_knobs([t.config for t in shown])
+        for column in (
+            "trial",
+            *(k.replace("_size", "") for k in knobs),
+            "samples/s",
+            "speedup",
+            "drift",
+            "spread",
+            "processes",
+            "warm-up",
+            *extra,
+        ):
+            table.add_column(column, no_wrap=True)
+        for t in shown:
+            ratio = speedup(t, base)
+            label = f"#{t.number}" + (" base" if t.role == "baseline" else "")
+            values = [
+                f"{t.config[k]}x{t.config.get('accumulation', 1)}" if k == "batch_size" else str(t.config.get(k))
+                for k in knobs
+            ]
+            table.add_row(
+                label,
+                *values,
+                rate(t.throughput),
+                f"{ratio:.2f}x" if ratio else "-",
+                percent(t.metrics.get("drift")),
+                percent(t.metrics.get("throughput_spread"), 1),
+                processes(t),
+                f"{t.metrics.get('warmup_s', 0):.2f}s",
+                *(_run_column(column, estimates.get(t.number, {})) for column in extra),
+            )
+        self.console.print(table)
+        counts: dict[str, int] = {}
+        for t in summary.trials:
+            counts[t.outcome] = counts.get(t.outcome, 0) + 1
+        self.console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        if summary.interrupted:
+            self.console.print("[yellow]interrupted[/]: finished trials are kept; run the same command again to resume")
+        if summary.best is None:
+            self.console.print("[red]no feasible config[/]: every trial failed or drifted past the tolerance")
+        else:
+            b = summary.best
+            ratio = speedup(b, base)
+            versus = f", {ratio:.2f}x the baseline" if ratio else ""
+            self.console.print(
+                f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{versus}"
+            )
+            if plan is not None and (line := verdict(plan, summary.trials, b, base)):
+                self.console.print(f"run: {line}")
+            self.console.print(f"exported: {summary.export}")
+        self.console.print(f"dashboard: {escape(dashboard_command(summary.storage_url, summary.artifacts))}")

@@ -1,0 +1,505 @@
+"""`autotuner report`: one page of a study's evidence, read from the storage alone.
+
+`load_report` reads the study (trials as `autotuner.results.records.TrialRecord`, the study user attrs);
+the tables below are plain text built once, and `render_html` / `render_markdown` lay them out.
+The HTML page is self-contained (plotly.js inlined once, no external CSS, JS or fonts), so it
+opens offline; the markdown, for a pull-request comment, gives the charts' key numbers as tables.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotuner.config.knobs import format_config
+from autotuner.errors import SpecError
+from autotuner.output import charts
+from autotuner.output.formatting import percent, rate, runs
+from autotuner.results.evidence import Reference
+from autotuner.results.records import (
+    TrialRecord,
+    baseline,
+    best,
+    ranked,
+    records,
+    speedup,
+    spent_seconds,
+    stored_reference,
+)
+from autotuner.results.run_time import RunPlan, money, run_plan, verdict
+from autotuner.search.profiling import Profile, stored_profiles
+from autotuner.spec.job import NOT_SEARCHED_ATTR, output_dir
+from autotuner.study.fingerprint import describe, fingerprint
+from autotuner.study.storage import open_storage, shown_url
+from autotuner.trials.progress import duration
+
+FORMATS = ("html", "md")
+TOP = 10
+
+Table = tuple[list[str], list[list[str]]]
+"""Column headers and rows of plain (unescaped) text."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a report shows, read from one study."""
+
+    name: str
+    storage_url: str
+    trials: list[TrialRecord]
+    settings: dict[str, Any]
+    reference: Reference | None
+    """None before the study's reference has run."""
+    environment: dict[str, Any]
+    fingerprint: str
+    plan: RunPlan | None = None
+    """The real run the configs are ranked for (`autotuner.results.run_time`), or None."""
+    profiles: dict[int, Profile] = field(default_factory=dict)
+    """The profiles stored with the study (`autotuner.search.profiling`), by trial number."""
+    not_searched: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Knob -> value -> why the device or the workload cannot use it (`autotuner.spec.job.Job.narrow`)."""
+
+    @cached_property
+    def best(self) -> TrialRecord | None:
+        return best(self.trials, self.plan)
+
+    @cached_property
+    def run_steps(self) -> float | None:
+        """The real run's optimizer steps (`RunPlan.optimizer_steps`), read once for every trial."""
+        return self.plan.optimizer_steps(self.trials) if self.plan is not None else None
+
+    def estimate(self, trial: TrialRecord) -> dict[str, Any]:
+        """`trial`'s predicted run time and cost (`RunPlan.estimate`); empty without a plan."""
+        return self.plan.estimate(trial, self.run_steps) if self.plan is not None else {}
+
+    @cached_property
+    def baseline(self) -> TrialRecord | None:
+        return baseline(self.trials)
+
+    @property
+    def tolerance(self) -> float:
+        return float(self.settings.get("max_drift") or 0.01)
+
+    def speedup(self, trial: TrialRecord) -> str:
+        value = speedup(trial, self.baseline)
+        return "-" if value is None else f"{value:.2f}x"
+
+
+def load_report(storage_url: str, name: str, *, default: bool = False) -> Report:
+    """Read study `name` from the storage, or raise a one-line SpecError saying why not."""
+    if storage_url.startswith("sqlite:///"):
+        database = storage_url.removeprefix("sqlite:///")
+        if database not in ("", ":memory:") and not Path(database).exists():
+            # Opening a missing SQLite file would create an empty database: refuse instead.
+            raise SpecError(f"no study database at {database}; run autotuner search first", key="storage")
+    storage = open_storage(storage_url, default=default)
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise SpecError(f"no study {name!r} in {storage_url}", key="name") from None
+    attrs = study.user_attrs
+    if "autotuner" not in attrs:
+        raise SpecError(f"study {name!r} in {storage_url} was not made by autotuner", key="name")
+    environment = attrs.get("environment") or {}
+    return Report(
+        name=study.study_name,
+        storage_url=storage_url,
+        trials=records(study),
+        settings=attrs["autotuner"],
+        reference=stored_reference(study),
+        environment=environment,
+        fingerprint=attrs.get("fingerprint") or fingerprint(environment),
+        plan=run_plan(attrs),
+        profiles=stored_profiles(study),
+        not_searched=attrs.get(NOT_SEARCHED_ATTR) or {},
+    )
+
+
+def report_path(name: str, fmt: str = "html") -> Path:
+    """Where study `name`'s report goes unless told otherwise: `runs/<name>/report.<fmt>`."""
+    return output_dir(name) / f"report.{fmt}"
+
+
+def write_report(report: Report, path: Path, fmt: str = "html") -> Path:
+    text = render_html(report) if fmt == "html" else render_markdown(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+# ------------------------------------------------------------------ content, shared by both formats
+
+
+def headline(report: Report) -> str:
+    winner, base = report.best, report.baseline
+    if winner is None:
+        ran = sum(t.ran for t in report.trials)
+        if not ran:
+            return "No feasible config: no trial has run yet."
+        return (
+            f"No feasible config: none of the {ran} trials that ran was both ok and within the drift "
+            f"tolerance{' and memory limit' if report.settings.get('max_memory_mb') else ''}."
+        )
+    versus = f", {report.speedup(winner)} the baseline's {rate(base.throughput)}" if base and base.throughput else ""
+    return (
+        f"Best: trial #{winner.number} {format_config(winner.config)}: {rate(winner.throughput)}{versus}, "
+        f"drift {charts.trial_drift_text(winner)}."
+    )
+
+
+def summary_table(report: Report) -> Table:
+    winner, base = report.best, report.baseline
+    settings, reference = report.settings, report.reference
+    counts = Counter(t.outcome for t in report.trials)
+    limit = settings.get("max_memory_mb")
+    plan = report.plan
+    run_line = verdict(plan, report.trials, winner, base) if plan is not None and winner is not None else None
+    rows = [
+        ["study", f"{report.name} ({shown_url(report.storage_url)})"],
+        ["workload", f"{settings.get('workload')}, global batch {settings.get('global_batch')}"],
+        ["best config", f"#{winner.number} {format_config(winner.config)}" if winner else "none feasible"],
+        ["best throughput", rate(winner.throughput) if winner else "-"],
+        ["speedup over baseline", report.speedup(winner) if winner else "-"],
+        *([["the run", run_line]] if run_line else []),
+        ["baseline config", f"#{base.number} {format_config(base.config)}" if base else "not run yet"],
+        ["baseline throughput", f"{rate(base.throughput)} ({base.outcome})" if base else "-"],
+        ["drift tolerance", percent(settings.get("max_drift"), 2)],
+        [
+            "reference noise floor",
+            f"{charts.drift_text(reference.noise_floor)} (fp32 eager, {format_config(reference.config)})"
+            if reference is not None
+            else "no reference run yet",
+        ],
+        ["memory limit", f"{limit:g} MiB" if limit else "none"],
+        ["trials", f"{len(report.trials)} ({sum(t.ran for t in report.trials)} ran a process)"],
+        ["feasible trials", str(sum(t.feasible for t in report.trials))],
+        ["outcomes", ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-"],
+        ["trial time", f"{spent_seconds(report.trials):.1f} s"],
+    ]
+    return ["", ""], rows
+
+
+def front_table(report: Report) -> Table:
+    front = charts.pareto_front(report.trials)
+    rows = [
+        [f"#{t.number}", format_config(t.config), rate(t.throughput), report.speedup(t), charts.trial_drift_text(t)]
+        for t in front
+    ]
+    return ["trial", "config", "throughput", "speedup", "drift"], rows
+
+
+ESTIMATE_COLUMNS = (
+    ("run time", "run_s"),
+    ("run cost", "run_cost"),
+    ("per million samples", "cost_per_million_samples"),
+)
+"""The top table's columns of `RunPlan.estimate`, shown where any config has the figure."""
+
+
+def top_table(report: Report, top: int = TOP) -> Table:
+    leaders = ranked(report.trials, report.plan)[:top]
+    estimates = [report.estimate(t) for t in leaders]
+    shown = [(column, key) for column, key in ESTIMATE_COLUMNS if any(key in e for e in estimates)]
+    rows = [
+        [
+            str(rank),
+            f"#{t.number}",
+            format_config(t.config),
+            rate(t.throughput),
+            _processes(t),
+            report.speedup(t),
+            charts.trial_drift_text(t),
+            *(_estimate_text(key, estimate) for _, key in shown),
+        ]
+        for rank, (t, estimate) in enumerate(zip(leaders, estimates, strict=True), start=1)
+    ]
+    headers = ["rank", "trial", "config", "throughput", "processes", "speedup", "drift"]
+    return [*headers, *(column for column, _ in shown)], rows
+
+
+def _estimate_text(key: str, estimate: dict[str, Any]) -> str:
+    if key not in estimate:
+        return "-"
+    return duration(estimate[key]) if key == "run_s" else money(estimate[key], estimate["currency"])
+
+
+def _processes(t: TrialRecord) -> str:
+    """The processes that measured a config: `1`, or each one's throughput and how far apart."""
+    if t.remeasured is None:
+        return "1"
+    error = t.remeasure_error
+    return f"{len(t.throughputs)}: {runs(t, ' / ')}" + (f"; {error}" if error else "")
+
+
+def knob_tables(report: Report) -> list[tuple[str, Table]]:
+    """Per knob: the best and median throughput of the ok trials at each value."""
+    ok = charts.ok_trials(report.trials)
+    tables = []
+    for knob in charts.knobs_of(ok):
+        by_value: dict[str, list[float]] = {}
+        for t in (t for t in ok if knob in t.config):
+            by_value.setdefault(charts.knob_value(t.config, knob), []).append(t.throughput)
+        rows = [
+            [value, str(len(by_value[value])), rate(max(by_value[value])), rate(statistics.median(by_value[value]))]
+            for value in charts.value_order(knob, ok)
+        ]
+        title = "batch_size (micro x accumulation)" if knob == "batch_size" else knob
+        tables.append((title, (["value", "ok trials", "best", "median"], rows)))
+    return tables
+
+
+def peak_memory(peak_mb: float | None, total_mb: float | None) -> str:
+    """`1,234 MiB (15% of 8,192)`: a trial's peak and the headroom it leaves, as a share of the
+    device's memory (the GPU's, or the host's for a CPU), where the probe knew it."""
+    if peak_mb is None:
+        return "-"
+    share = f" ({peak_mb / total_mb:.0%} of {total_mb:,.0f})" if total_mb else ""
+    return f"{peak_mb:,.0f} MiB{share}"
+
+
+def trial_table(report: Report) -> Table:
+    def metric(t: TrialRecord, key: str, fmt: str) -> str:
+        value = t.metrics.get(key)
+        return "-" if value is None else fmt.format(value)
+
+    rows = [
+        [
+            f"#{t.number}",
+            t.role,
+            format_config(t.config),
+            t.outcome,
+            "yes" if t.feasible else "no",
+            t.reason,
+            rate(t.throughput),
+            percent(t.metrics.get("throughput_spread"), 1),
+            _processes(t),
+            charts.trial_drift_text(t),
+            metric(t, "warmup_s", "{:.2f} s"),
+            peak_memory(t.metrics.get("peak_memory_mb"), report.environment.get("memory_mb")),
+        ]
+        for t in sorted(report.trials, key=lambda t: t.number)
+    ]
+    headers = ["trial", "role", "config", "outcome", "feasible", "reason", "throughput", "spread", "processes", "drift"]
+    return [*headers, "warm-up", "peak memory"], rows
+
+
+def profile_pair(report: Report) -> tuple[Profile | None, Profile | None]:
+    """The stored profiles of the baseline and of the best, where they were profiled."""
+    base, winner = report.baseline, report.best
+    return (
+        report.profiles.get(base.number) if base is not None else None,
+        report.profiles.get(winner.number) if winner is not None else None,
+    )
+
+
+def profile_table(report: Report, top: int = TOP) -> Table | None:
+    """Self time per step of the operators on top in either profile, the baseline's against the
+    best's; None before anything was profiled."""
+    pair = [p for p in profile_pair(report) if p is not None]
+    if not pair:
+        return None
+    names: list[str] = []
+    for op in sorted((op for p in pair for op in p.operators), key=lambda op: -op.self_ms):
+        if op.name not in names:
+            names.append(op.name)
+    headers = ["operator (self time a step)", *[f"{p.role} #{p.trial} ({p.where})" for p in pair]]
+
+    def cell(p: Profile, name: str) -> str:
+        op = next((op for op in p.operators if op.name == name), None)
+        return "-" if op is None else f"{op.self_ms:.3g} ms ({op.share:.0%})"
+
+    rows = [["total", *[f"{p.total_ms:.3g} ms" for p in pair]]]
+    rows += [[name, *[cell(p, name) for p in pair]] for name in names[:top]]
+    return headers, rows
+
+
+def profile_note(report: Report) -> str:
+    """What was profiled, what it took, where the traces are."""
+    pair = [p for p in profile_pair(report) if p is not None]
+    traces = "; ".join(
+        f"{p.role} #{p.trial}: {p.steps} steps after its warm-up, {p.seconds:.1f} s, trace {p.artifact_name} "
+        f"(artifact {p.artifact})"
+        for p in pair
+    )
+    return (
+        f"{traces}. The traces are in the study's artifact store; optuna-dashboard lists them on the study's "
+        "page (with --artifact-dir), and Perfetto (ui.perfetto.dev) or chrome://tracing opens them."
+    )
+
+
+def not_searched_table(report: Report) -> Table:
+    """The knob values left out of the search, each with its reason."""
+    rows = [[knob, value, why] for knob, values in report.not_searched.items() for value, why in values.items()]
+    return ["knob", "value", "why it was not searched"], rows
+
+
+def environment_table(report: Report) -> Table:
+    rows = [[what, value] for what, value in describe(report.environment) if what != "fingerprint"]
+    return ["", ""], [*rows, ["fingerprint", report.fingerprint]]
+
+
+# ------------------------------------------------------------------ HTML
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1280px;
+       padding: 0 1em; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.25em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+td.num { text-align: right; white-space: nowrap; }
+tr.infeasible td { color: #8a1f1f; background: #fff6f6; }
+.headline { font-size: 1.1em; padding: 0.6em 1em; border-left: 4px solid #2ca02c; background: #f3faf3; }
+.headline.none { border-color: #d62728; background: #fdf3f3; }
+.chart { margin: 0.5em 0; }
+.scroll { overflow-x: auto; }
+code { font-size: 0.95em; }
+"""
+
+_NUMERIC = {
+    "throughput",
+    "speedup",
+    "drift",
+    "spread",
+    "warm-up",
+    "peak memory",
+    "best",
+    "median",
+    "ok trials",
+    "run time",
+    "run cost",
+    "per million samples",
+}
+
+
+def html_table(table: Table, row_classes: Sequence[str] | None = None) -> str:
+    headers, rows = table
+    numeric = [h in _NUMERIC for h in headers]
+    head = "" if not any(headers) else "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>"
+    body = []
+    for index, row in enumerate(rows):
+        cls = f' class="{row_classes[index]}"' if row_classes and row_classes[index] else ""
+        cells = "".join(
+            f"<td{' class=num' if numeric[i] else ''}>{html.escape(cell)}</td>" for i, cell in enumerate(row)
+        )
+        body.append(f"<tr{cls}>{cells}</tr>")
+    return f'<div class="scroll"><table>{head}{"".join(body)}</table></div>'
+
+
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    # plotly.js names CDN defaults for map traces these charts never draw; `\/` keeps the
+    # strings the same in JS while the page holds no CDN address at all.
+    return get_plotlyjs().replace("https://cdn", "https:\\/\\/cdn")
+
+
+def _figure_html(figure: Any, div_id: str) -> str:
+    body: str = figure.to_html(
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=div_id,
+        default_height=figure.layout.height or 450,
+        config={"displaylogo": False, "responsive": True},
+    )
+    return f'<div class="chart">{body}</div>'
+
+
+def render_html(report: Report) -> str:
+    trials = report.trials
+    table = trial_table(report)
+    sections = [
+        f"<h1>autotuner report: {html.escape(report.name)}</h1>",
+        f'<p class="headline{"" if report.best else " none"}">{html.escape(headline(report))}</p>',
+        "<h2>Summary</h2>",
+        html_table(summary_table(report)),
+        "<h2>Pareto front: throughput against drift</h2>",
+        "<p>Every trial that measured a throughput; the feasible trials no other feasible trial beats on "
+        "both throughput and drift are joined. The dashed line is the drift tolerance.</p>",
+        _figure_html(charts.pareto_figure(trials, report.tolerance), "pareto"),
+        html_table(front_table(report)),
+        "<h2>Speedup of the top configs</h2>",
+        _figure_html(charts.speedup_figure(trials, report.baseline, TOP), "speedup"),
+        "<h2>Effect of each knob</h2>",
+        _figure_html(charts.throughput_by_knob_figure(trials), "knobs"),
+        f"<h2>All trials ({len(trials)})</h2>",
+        html_table(table, ["" if t.feasible else "infeasible" for t in sorted(trials, key=lambda t: t.number)]),
+        *(
+            [
+                "<h2>Profile: where a step's time goes</h2>",
+                f"<p>{html.escape(profile_note(report))}</p>",
+                html_table(profiled),
+            ]
+            if (profiled := profile_table(report))
+            else []
+        ),
+        *(["<h2>Not searched</h2>", html_table(not_searched_table(report))] if report.not_searched else []),
+        "<h2>Environment</h2>",
+        html_table(environment_table(report)),
+    ]
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            f"<title>autotuner report: {html.escape(report.name)}</title>",
+            f"<style>{STYLE}</style>",
+            f'<script type="text/javascript">{_plotly_js()}</script>',
+            "</head><body>",
+            *sections,
+            "</body></html>",
+            "",
+        ]
+    )
+
+
+# ------------------------------------------------------------------ markdown
+
+
+def _md_cell(text: str) -> str:
+    return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|") or " "
+
+
+def md_table(table: Table) -> str:
+    headers, rows = table
+    lines = ["| " + " | ".join(_md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_md_cell(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _md_details(summary: str, body: str) -> str:
+    """A folded section: GitHub renders the table inside once a blank line sets it apart."""
+    return f"<details><summary>{html.escape(summary)}</summary>\n\n{body}\n\n</details>"
+
+
+def render_markdown(report: Report) -> str:
+    front, top = front_table(report), top_table(report)
+    parts = [
+        f"## autotuner report: {_md_cell(report.name)}",
+        f"**{_md_cell(headline(report))}**",
+        md_table(summary_table(report)),
+        f"### Pareto front (feasible trials, drift tolerance {percent(report.tolerance, 2)})",
+        md_table(front) if front[1] else "No feasible trial.",
+        f"### Top {TOP} speedups over the baseline",
+        md_table(top) if top[1] else "No feasible trial.",
+        "### Throughput by knob value (ok trials)",
+    ]
+    knobs = knob_tables(report)
+    parts += [f"**{_md_cell(title)}**\n\n{md_table(table)}" for title, table in knobs] or ["No ok trial."]
+    if (profiled := profile_table(report)) is not None:
+        parts += ["### Profile: where a step's time goes", _md_cell(profile_note(report)), md_table(profiled)]
+    parts += [
+        _md_details(f"All trials ({len(report.trials)})", md_table(trial_table(report))),
+        *([_md_details("Not searched", md_table(not_searched_table(report)))] if report.not_searched else []),
+        _md_details("Environment", md_table(environment_table(report))),
+    ]
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,215 @@
+"""The default sampler's guided start: the config optimisation guides recommend, then a local
+search around the best trial, before TPE takes over (`autotuner.proposals.sampler.make_sampler`).
+
+After the baseline (trial 0, enqueued by the search) it runs the rule-of-thumb config
+(`rule_of_thumb`): the fastest precision the device supports (bf16, else fp16, else TF32), the
+largest batch, `torch.compile` or XLA jit on, and the middle of the space's worker counts (too
+few starve the step, too many compete with it for the cores: from the middle, one step reaches
+either end of a small range). While it does not fit in memory (out of memory, or over the memory
+limit) it is tried at the next smaller batch; if its numerics fail (drift over the tolerance,
+NaN), at the strict precision. Then a local search around the best feasible trial so far
+(`LocalSearch`): every untried config one knob away (precision first, then the knobs in the
+space's order; an integer knob one step up or down its sorted values, then two steps), after
+which the best trial run by then becomes the centre; when a centre's neighbours hold nothing
+faster, the guided start has nothing left. It skips configs the device cannot run, and reads
+everything from the stored trials, so workers sharing the study (while one runs the rule-of-thumb
+config, the others take its neighbours) and a resumed study go on with the same search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from autotuner.backends import knob_named
+from autotuner.config.knobs import PRECISION, config_key
+from autotuner.proposals.wrapped_sampler import is_ordered
+from autotuner.results.tried import BATCH, TriedConfigs, feasible
+
+RINGS = (1, 2)
+"""The local search's neighbourhoods of a centre, nearest first (`LocalSearch.neighbours`)."""
+FIRST = ("precision",)
+"""Knobs the local search changes before the others (in the space's order)."""
+NUMERICS = "precision"
+
+Unsupported = Callable[[dict[str, Any]], str | None]
+"""Why the device cannot run a config (sampled params), or None: the backend's
+`unsupported_reason` with the probe's capabilities."""
+
+
+def recommended(name: str) -> tuple[Any, ...]:
+    """The values of knob `name` the optimisation guides recommend, most recommended first
+    (`autotuner.config.knobs.Knob.recommended`); none for a knob no backend defines."""
+    knob = knob_named(name)
+    return knob.recommended if knob is not None else ()
+
+
+def preferred(name: str, values: Sequence[Any]) -> list[Any]:
+    """A categorical knob's values, the ones the guides recommend first (`recommended`); its other
+    values follow them in the space's order."""
+    first = [v for v in recommended(name) if v in values]
+    return first + [v for v in values if v not in first]
+
+
+def rule_of_thumb(space: dict[str, list[Any]], unsupported: Unsupported | None = None) -> dict[str, Any]:
+    """The config the optimisation guides recommend, within `space` and what the device supports:
+    the largest batch, the middle worker count (any integer knob but the batch: the middle of its
+    sorted values, the upper one of two), and for a categorical knob the first value of
+    `recommended` the device supports (bf16, else fp16, else tf32; compile and jit on), else
+    its reference (or first) value."""
+    config: dict[str, Any] = {}
+    for name, values in space.items():
+        knob = knob_named(name)
+        reference = knob.reference if knob is not None else None
+        config[name] = reference if reference in values else values[0]
+    for name, values in space.items():
+        if is_ordered(values):
+            ordered = sorted(values)
+            config[name] = ordered[-1] if name == BATCH else ordered[len(ordered) // 2]
+            continue
+        for value in recommended(name):
+            if value in values and (unsupported is None or unsupported({**config, name: value}) is None):
+                config[name] = value
+                break
+    return config
+
+
+class LocalSearch:
+    """Configs one knob away from a centre, the best feasible trial; `supported`: whether the
+    device can run a config (the search skips those it cannot)."""
+
+    def __init__(self, space: dict[str, list[Any]], supported: Callable[[dict[str, Any]], bool]):
+        self.space = space
+        self.supported = supported
+
+    def next_config(
+        self, trials: Sequence[FrozenTrial], tried: TriedConfigs, last: int | None
+    ) -> dict[str, Any] | None:
+        """Every fresh neighbour of the centre (first the best feasible trial up to the trial
+        number `last`), ring by ring (`RINGS`); once a ring is used up, the best feasible trial run
+        by then becomes the centre if it is faster; when none is, the search ends (None)."""
+        candidates = [t for t in trials if feasible(t)]
+
+        def best(until: int | None) -> FrozenTrial | None:
+            eligible = (t for t in candidates if until is None or t.number <= until)
+            return max(eligible, key=lambda t: (t.values[0], -t.number), default=None)
+
+        centre = best(last)
+        while centre is not None:
+            scanned, moved = centre.number, False
+            for ring in RINGS:
+                neighbours = list(self.neighbours(centre.params, ring))
+                for params in neighbours:
+                    if tried.fresh(params) and self.supported(params):
+                        return params
+                keys = (config_key(p) for p in neighbours)
+                scanned = max([scanned] + [tried.numbers[k] for k in keys if k in tried.numbers])
+                better = best(scanned)
+                if better is not None and better.values[0] > centre.values[0]:
+                    centre, moved = better, True
+                    break
+            if not moved:
+                return None
+        return None
+
+    def first_fresh_neighbour(self, params: dict[str, Any], tried: TriedConfigs) -> dict[str, Any] | None:
+        """The first fresh config the device supports among the neighbours of `params`, ring by ring."""
+        return next(
+            (p for ring in RINGS for p in self.neighbours(params, ring) if tried.fresh(p) and self.supported(p)),
+            None,
+        )
+
+    def neighbours(self, params: dict[str, Any], ring: int = 1) -> Iterator[dict[str, Any]]:
+        """The configs one knob away from `params`, in the order the local search tries them:
+        `ring` 1, every other value of a categorical knob and an integer knob's next value up
+        and down its sorted values; `ring` 2, an integer knob two values up and down."""
+        names = [n for n in FIRST if n in self.space] + [n for n in self.space if n not in FIRST]
+        for name in names:
+            values = self.space[name]
+            if len(values) < 2 or params.get(name) not in values:
+                continue
+            if is_ordered(values):
+                ordered = sorted(values)
+                i = ordered.index(params[name])
+                others = [ordered[j] for j in (i - ring, i + ring) if 0 <= j < len(ordered)]
+            else:
+                others = [v for v in preferred(name, values) if v != params[name]] if ring == 1 else []
+            for value in others:
+                yield {**params, name: value}
+
+
+@dataclass(frozen=True)
+class StartStep:
+    """Where the start of the guided search stands (`GuidedStart.step`)."""
+
+    run: dict[str, Any] | None = None
+    """The start config to run now; None: none now."""
+    last: int | None = None
+    """The number of the start's last finished trial; None: none."""
+    pending: dict[str, Any] | None = None
+    """A start config another worker is running (or has queued); None: none."""
+
+
+class GuidedStart:
+    """The guided start over `space`: the rule-of-thumb config and its fallbacks, then the local
+    search. `unsupported`: what the device cannot run (skipped)."""
+
+    def __init__(self, space: dict[str, list[Any]], unsupported: Unsupported | None = None):
+        self.space = space
+        self.unsupported = unsupported
+        self.local_search = LocalSearch(space, self.supported)
+
+    def supported(self, params: dict[str, Any]) -> bool:
+        return self.unsupported is None or self.unsupported(params) is None
+
+    def next_config(
+        self, rule: dict[str, Any], trials: Sequence[FrozenTrial], tried: TriedConfigs
+    ) -> dict[str, Any] | None:
+        """The next config from the start at `rule` (`step`), then from the local search; None
+        when it has none left (or none now)."""
+        step = self.step(rule, trials, tried)
+        if step.run is not None:
+            return step.run
+        if step.pending is not None:  # another worker runs the start: its neighbours meanwhile
+            return self.local_search.first_fresh_neighbour(step.pending, tried)
+        return self.local_search.next_config(trials, tried, step.last)
+
+    def starts(self, rule: dict[str, Any]) -> list[dict[str, Any]]:
+        """The rule-of-thumb config, then the same at each smaller batch, largest first."""
+        batches = self.space.get(BATCH, [])
+        if BATCH not in rule or not is_ordered(batches):
+            return [rule]
+        return [rule] + [{**rule, BATCH: b} for b in sorted(batches, reverse=True) if b < rule[BATCH]]
+
+    def step(self, rule: dict[str, Any], trials: Sequence[FrozenTrial], tried: TriedConfigs) -> StartStep:
+        """The rule-of-thumb config; smaller batches of it while it does not fit in memory; at
+        the strict precision when its numerics fail (drift over the tolerance, NaN)."""
+        done = {config_key(t.params): t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+        last = None
+        for start in self.starts(rule):
+            if tried.fresh(start):
+                return StartStep(run=start if self.supported(start) else None, last=last)
+            t = done.get(config_key(start))
+            if t is None:
+                if config_key(start) in tried.numbers:
+                    return StartStep(last=last, pending=start)  # running, or queued
+                continue  # ruled out by an out-of-memory trial: the next smaller batch
+            last = t.number
+            violations = t.system_attrs.get("constraints") or [0.0, 0.0, 0.0]
+            outcome = t.user_attrs.get("outcome")
+            if outcome == "oom" or (len(violations) > 2 and violations[2] > 0):
+                continue  # did not fit: the next smaller batch
+            numerics_failed = outcome == "nan" or (outcome == "ok" and violations[0] > 0)
+            strict = {**start, NUMERICS: PRECISION.reference}
+            if numerics_failed and strict[NUMERICS] in self.space.get(NUMERICS, []):
+                if tried.fresh(strict):
+                    return StartStep(run=strict, last=last)
+                t = done.get(config_key(strict))
+                if t is None:
+                    return StartStep(last=last, pending=strict if config_key(strict) in tried.numbers else None)
+                last = t.number
+            return StartStep(last=last)
+        return StartStep(last=last)

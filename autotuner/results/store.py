@@ -1,0 +1,171 @@
+"""Recording a trial in the study: what a trial process measured becomes user attrs, constraint
+values and Optuna objective values.
+
+Live Optuna trials are written only through `record` (and `give_up`, for a trial a worker asked
+for but does not run); `autotuner.results.records.TrialRecord` is the stored view. What goes on each
+trial is listed in `autotuner.study.storage`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import optuna
+
+from autotuner.config.knobs import Config
+from autotuner.measurement.contention import CONTENDED_SHARE, contention
+from autotuner.results.evidence import Reference, TrialOutput
+from autotuner.results.records import GIVEN_UP, TrialRecord
+from autotuner.spec.job import Job
+from autotuner.study.optuna_adapter import trial_id
+from autotuner.study.storage import CONSTRAINT_NAMES, ENERGY
+from autotuner.trials.launcher import TrialResult
+from autotuner.trials.outcomes import Outcome
+
+DRIFT_CAP = 1e6
+"""Infinite drift is stored as this in constraint values, which must be finite JSON."""
+
+
+def trial_metrics(
+    result: TrialResult[TrialOutput], reference: Reference | None, config: Config, environment: dict[str, Any]
+) -> dict[str, Any]:
+    """Everything measured about one trial, derived from the trial process's output."""
+    metrics: dict[str, Any] = {"startup_s": result.startup_s, "wall_s": result.wall_s}
+    output = result.output
+    if output is not None:
+        metrics.update(_measured(output, config, environment))
+    if result.outcome is Outcome.NAN:  # the loss diverged: no finite drift
+        metrics["drift"] = math.inf
+    elif output is not None and reference is not None and not pruned(result):
+        losses = output.losses
+        drift = reference.drift(losses)
+        metrics.update(drift=drift.heldout, drift_trajectory_max=drift.trajectory_max, heldout_loss=losses.heldout)
+        if losses.skipped_steps is not None:  # fp16's GradScaler skipped these drift steps
+            metrics["drift_skipped_steps"] = int(losses.skipped_steps)
+    return metrics
+
+
+def pruned(result: TrialResult[TrialOutput]) -> str | None:
+    """Why the trial stopped after its first windows (`autotuner.measurement.pruning`), or None."""
+    throughput = result.output.throughput if result.output is not None else None
+    return throughput.stopped if result.outcome is Outcome.OK and throughput is not None else None
+
+
+def _measured(output: TrialOutput, config: Config, environment: dict[str, Any]) -> dict[str, Any]:
+    """What the measured phase gave (nothing for the reference's drift-only run)."""
+    metrics: dict[str, Any] = {}
+    throughput = output.throughput
+    if throughput is not None:
+        rate = throughput.samples_per_s
+        metrics.update(
+            throughput=rate,
+            throughput_spread=throughput.spread,
+            throughput_windows=throughput.window_samples_per_s,
+            warmup_s=throughput.warmup_s,
+            warmup_steps=throughput.warmup_steps,
+            measured_s=throughput.measured_s,
+        )
+        if output.setup_s is not None:
+            metrics["setup_s"] = output.setup_s
+        if output.tokens_per_sample:
+            metrics["tokens_per_s"] = rate * output.tokens_per_sample
+        if output.flops_per_sample:
+            metrics["flops_per_sample"] = output.flops_per_sample
+            metrics["tflops"] = rate * output.flops_per_sample / 1e12
+            peak = (environment.get("peak_flops") or {}).get(config.get("precision", "fp32"))
+            if peak:  # the device's datasheet figure for this precision (autotuner/measurement/hardware.py)
+                metrics["mfu"] = rate * output.flops_per_sample / peak
+    share = contention(output.telemetry or {})
+    if share is not None:
+        metrics.update(contention=share, contended=share > CONTENDED_SHARE)
+    if output.peak_memory_mb is not None:
+        metrics["peak_memory_mb"] = output.peak_memory_mb
+    if output.dataset_items is not None:
+        metrics["dataset_items"] = output.dataset_items
+    if output.compile_cache:  # cold or warm: what warmup_s paid for compiling
+        metrics["compile_cache"] = output.compile_cache
+    if output.prune_held_off:  # behind the best, but other work took the CPU: it ran on
+        metrics["prune_held_off"] = output.prune_held_off
+    metrics.update(output.telemetry or {})
+    return metrics
+
+
+def _finite(value: float) -> float:
+    return min(value, DRIFT_CAP)
+
+
+def record(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    job: Job,
+    config: Config,
+    result: TrialResult[TrialOutput],
+    *,
+    role: str,
+    reference: Reference | None,
+    environment: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> TrialRecord:
+    """Store one finished trial: metrics (and `extra`), outcome, feasibility, constraints,
+    objective values; a pruned one as Optuna PRUNED (`record_pruned`)."""
+    metrics = {**trial_metrics(result, reference, config, environment), **(extra or {})}
+    if (why := pruned(result)) is not None:
+        return record_pruned(study, trial, config, why, metrics, role=role)
+    objective = job.spec.objective
+    drift = metrics.get("drift")
+    memory = metrics.get("peak_memory_mb")
+    outcome, reason = result.outcome, result.reason
+    violations = {
+        "drift": _finite(drift) - objective.max_drift if drift is not None else 0.0,
+        "outcome": 0.0 if outcome is Outcome.OK else 1.0,
+        "memory": memory - objective.max_memory_mb if objective.max_memory_mb and memory is not None else 0.0,
+    }
+    if outcome is Outcome.OK and violations["drift"] > 0:
+        reason = f"drift {drift:.3%} is over the tolerance of {objective.max_drift:.3%}"
+    elif outcome is Outcome.OK and violations["memory"] > 0:
+        reason = f"peak memory {memory:.0f} MiB is over the limit of {objective.max_memory_mb:.0f} MiB"
+    feasible = all(v <= 0 for v in violations.values())
+    attrs = {
+        "config": config,
+        "role": role,
+        "outcome": outcome.value,
+        "reason": reason,
+        "feasible": feasible,
+        **{k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf") for k, v in metrics.items()},
+    }
+    if result.traceback:
+        attrs["traceback"] = result.traceback
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    # The list form of the constraints is read by Optuna's samplers and by optuna-dashboard alike.
+    trial.storage.set_trial_system_attr(trial_id(trial), "constraints", [violations[name] for name in CONSTRAINT_NAMES])
+    values = [metrics.get("throughput", 0.0), drift if drift is not None else math.inf]
+    if len(study.directions) > len(values):  # objective.energy: not measured is no better than any
+        values.append(float(metrics.get(ENERGY) or math.inf))
+    frozen = study.tell(trial, values)
+    return TrialRecord.from_frozen(frozen)
+
+
+def record_pruned(
+    study: optuna.Study, trial: optuna.Trial, config: Config, reason: str, metrics: dict[str, Any], *, role: str
+) -> TrialRecord:
+    """Store a trial stopped after its first windows: its windows' rates as Optuna intermediate
+    values (one per window; `Trial.report` refuses a study of two objectives, the storage does
+    not), its metrics, and the state PRUNED, with no objective values and no constraints: no
+    drift was measured. The samplers rank it with their worse group, by its last window."""
+    attrs = {"config": config, "role": role, "outcome": Outcome.PRUNED.value, "reason": reason, "feasible": False}
+    for key, value in {**attrs, **metrics}.items():
+        trial.set_user_attr(key, value)
+    for window, value in enumerate(metrics.get("throughput_windows") or []):
+        trial.storage.set_trial_intermediate_value(trial_id(trial), window, float(value))
+    return TrialRecord.from_frozen(study.tell(trial, state=optuna.trial.TrialState.PRUNED))
+
+
+def give_up(study: optuna.Study, trial: optuna.Trial, reason: str, **attrs: Any) -> None:
+    """Store a trial this worker asked for but does not run (another trial has its config, or the
+    budget is spent): FAIL, so samplers ignore it, and marked, so it is neither counted, retried
+    nor shown. Optuna cannot delete a trial."""
+    for key, value in {GIVEN_UP: reason, **attrs}.items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)

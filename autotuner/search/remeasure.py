@@ -1,0 +1,327 @@
+"""Re-measurement: the fastest feasible configs and the baseline measured again, together, before
+the best is declared, so that one lucky window or process cannot win.
+
+`autotuner.results.records.to_remeasure` picks the configs. They are measured in rounds: in each, every
+config still in contention and the baseline run one fresh trial process each, measured together
+(`autotuner.trials.lockstep.measure_together`; split into groups the memory holds, `remeasure_groups`
+and `processes_that_fit`). After a round, a config whose speedup is below the leader's by more
+than the noise of the two (`contenders`) is out; the rounds stop when only the leader is left
+and its speedup, the export's promise, is settled (`settled`: its last two processes agree, and
+so do the baseline's), or after `budget.remeasure_runs` rounds. Configs that come in later (a
+re-measurement reordered the top) are judged against those re-measured before them too
+(`earlier_estimates`), so a newcomer that cannot beat the leader is out after one round; and they
+get the rounds the first ones left of `budget.remeasure_runs` (`rounds_left`), one at least. Each
+config's `autotuner.results.evidence.Remeasurement` is stored in its claim
+(`autotuner.workers.coordination.OncePerStudy.remeasure`), where `autotuner.results.records.records` reads it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import statistics
+from dataclasses import dataclass
+
+import optuna
+
+from autotuner.measurement.telemetry import available_memory_mb
+from autotuner.output.console import SearchReporter
+from autotuner.results.evidence import Remeasurement, TrialOutput
+from autotuner.results.records import TrialRecord, baseline, records, to_remeasure
+from autotuner.results.run_time import RunPlan
+from autotuner.spec.job import Job
+from autotuner.spec.requests import PROBE_TIMEOUT_S, trial_request
+from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.lockstep import in_lockstep, measure_together
+from autotuner.trials.outcomes import Outcome
+from autotuner.workers.coordination import OncePerStudy
+
+MEMORY_SHARE = 0.8
+"""The share of the memory available that a re-measurement group's processes may take."""
+
+
+NOISE_FLOOR = 0.03
+"""The smallest lead that settles a re-measurement: two lockstep processes of one config came out up
+to about 3% apart in `benchmarks/fidelity.py`, whatever their windows said."""
+ERROR_MULTIPLE = 2.0
+"""How many standard errors of the difference between two speedups settle which is faster."""
+SETTLED = 2 * NOISE_FLOOR
+"""How far apart a config's last two processes may come out for its figure to be settled. A
+speedup is a ratio of two configs' processes, and one process can come out far from the next (the
+quickstart's baseline: a trial at 3,385 samples/s, its re-measurement at 2,624, later ones at
+about 3,400 again); two that agree within this put the pooled figure within about half of it."""
+
+
+def settled(runs: list[float]) -> bool:
+    """Whether a config's processes (`runs`: their medians, its trial's first, then its
+    re-measurement's) settle its figure: the last two agree within `SETTLED`."""
+    return len(runs) >= 2 and min(runs[-2:]) >= max(runs[-2:]) * (1 - SETTLED)
+
+
+def median_error(windows: list[float]) -> float:
+    """The relative standard error of the median of `windows` (1.2533 sigma / sqrt(n), over the
+    median); infinite with fewer than two windows."""
+    if len(windows) < 2:
+        return math.inf
+    middle = statistics.median(windows)
+    return 1.2533 * statistics.stdev(windows) / math.sqrt(len(windows)) / middle if middle > 0 else math.inf
+
+
+def contenders(estimates: dict[int, tuple[float, float]]) -> list[int]:
+    """The configs that can still win, leader first: `estimates` maps a trial number to its speedup
+    and that speedup's relative standard error (`median_error`). A config is out when its speedup
+    is below the leader's by more than `ERROR_MULTIPLE` standard errors of the difference
+    (sqrt(e_leader^2 + e_config^2)) and by more than `NOISE_FLOOR`."""
+    if not estimates:
+        return []
+    leader = max(estimates, key=lambda n: (estimates[n][0], -n))
+    lead, lead_error = estimates[leader]
+    kept = [leader]
+    for number, (value, error) in sorted(estimates.items(), key=lambda item: -item[1][0]):
+        margin = max(NOISE_FLOOR, ERROR_MULTIPLE * math.hypot(lead_error, error))
+        if number != leader and value >= lead * (1 - margin):
+            kept.append(number)
+    return kept
+
+
+def speedup_estimate(remeasurement: Remeasurement, baseline_windows: list[float]) -> tuple[float, float]:
+    """A config's speedup so far (over the baseline's windows beside it; without them, its
+    throughput) and the relative standard error of its windows' median (`median_error`)."""
+    windows = remeasurement.rerun_windows
+    value = statistics.median(windows)
+    if baseline_windows:
+        value /= statistics.median(baseline_windows)
+    return value, median_error(windows)
+
+
+def earlier_estimates(
+    trials: list[TrialRecord], batch: list[int], baseline_number: int | None
+) -> dict[int, tuple[float, float]]:
+    """The `speedup_estimate` of every config re-measured before this batch (trial numbers
+    `batch`), the baseline and failed re-measurements aside: a newcomer is judged against them
+    too, so one that cannot beat a leader settled earlier is out after its first round."""
+    return {
+        t.number: speedup_estimate(t.remeasured, t.remeasured.baseline_windows or [])
+        for t in trials
+        if t.remeasured is not None
+        and not t.remeasured.error
+        and t.remeasured.rerun_windows
+        and t.number not in batch
+        and t.number != baseline_number
+    }
+
+
+def rounds_left(trials: list[TrialRecord], batch: list[int], runs: int) -> int:
+    """How many rounds the re-measurement of trial numbers `batch` may run: `runs`
+    (`budget.remeasure_runs`) less the rounds of the longest re-measurement before it (the most
+    processes a config re-measured before has), one at least, so that each config is judged.
+    Configs that come in once the first ones ran to the cap (a machine too noisy to settle them)
+    are judged in one round, not in as many again."""
+    ran = max(
+        (len(t.remeasured.throughputs) for t in trials if t.remeasured is not None and t.number not in batch),
+        default=0,
+    )
+    return max(1, runs - ran)
+
+
+def remeasure_groups(
+    configs: list[TrialRecord], baseline: TrialRecord | None, most: int | None
+) -> list[list[TrialRecord]]:
+    """The groups of processes one round of a re-measurement measures together, one after
+    another: a process of every config and of the baseline. One group when it has at most `most`
+    processes (None: no limit); else the configs in parts of `most - 1` with the baseline in each,
+    so that every config's speedup is over the baseline's windows measured beside it."""
+    in_every_group = [baseline] if baseline is not None else []
+    everyone = [*configs, *in_every_group]
+    if most is None or len(everyone) <= most:
+        return [everyone]
+    size = max(1, most - len(in_every_group))
+    return [[*configs[k : k + size], *in_every_group] for k in range(0, len(configs), size)]
+
+
+def processes_that_fit(trials: list[TrialRecord]) -> int | None:
+    """How many trial processes of these configs the memory available now holds at once, judged
+    from the largest peak RSS of their trials (`autotuner.measurement.telemetry.CpuSampler`); None when
+    either is not known (no /proc)."""
+    available = available_memory_mb()
+    peak = max((float(t.metrics.get("peak_rss_mb") or 0.0) for t in trials), default=0.0)
+    if available is None or peak <= 0:
+        return None
+    return max(1, int(MEMORY_SHARE * available / peak))
+
+
+def _why_split(remeasure_group: int | None) -> str:
+    return "budget.remeasure_group" if remeasure_group else "what the memory available holds"
+
+
+@dataclass
+class Remeasurer:
+    """The re-measurement of a study's top configs by one search process, once its budget is
+    spent: on `device`, through `launcher`. Its processes measure throughput only: each config's
+    trial measured its drift (the same config, seed and data)."""
+
+    job: Job
+    study: optuna.Study
+    once: OncePerStudy
+    launcher: TrialLauncher
+    device: str
+    reporter: SearchReporter
+    plan: RunPlan | None = None
+    """The real run, when the spec says it: the configs that can win it are re-measured."""
+
+    def run(self) -> None:
+        """Measure the fastest feasible configs and the baseline again, in rounds of one more trial
+        process each, measured together (`measure_together`), until the leader's lead is beyond the
+        noise (`contenders`) or after `budget.remeasure_runs` rounds in all. A config's throughput is then
+        the median over every window of its processes, and its speedup is over the baseline's
+        windows measured with them; when that reorders the top, the newcomers are re-measured too,
+        and so are the configs within the machine's noise of the best
+        (`autotuner.results.records.to_remeasure`): at most twice `budget.remeasure_top` configs and the
+        baseline in all."""
+        settings = self.job.spec.budget
+        if not settings.remeasure_top:
+            return
+        attempted: set[int] = set()
+        while True:
+            trials = records(self.study)
+            candidates = to_remeasure(trials, settings.remeasure_top, self.plan)
+            fresh = [t for t in candidates if t.remeasured is None and t.number not in attempted]
+            if not fresh:
+                return
+            attempted.update(t.number for t in fresh)
+            allowed = self.once.remeasure_slots([t.number for t in fresh], 2 * settings.remeasure_top + 1)
+            todo = {t.number: t for t in fresh if t.number in allowed}
+            if not todo:
+                continue
+            todo_configs = [t.config for t in todo.values()]
+            base = baseline(trials)
+            measured_baseline = base if base is not None and base.outcome == Outcome.OK.value else None
+            # each config's runs and the baseline's: a group of processes; its lease, generously
+            lease_s = 2 * settings.remeasure_runs * self.job.trial_timeout(*todo_configs) + PROBE_TIMEOUT_S
+            self.once.remeasure(list(todo), functools.partial(self._measure, todo, measured_baseline), lease_s)
+
+    def _measure(
+        self, candidates: dict[int, TrialRecord], baseline: TrialRecord | None, numbers: list[int]
+    ) -> dict[int, Remeasurement]:
+        """Re-measure the configs of trials `numbers` in rounds: in each, a process of every config
+        still in `contenders` and one of the baseline, measured together (in groups the memory
+        holds, `remeasure_groups`), until only the leader is left and its and the baseline's
+        processes are `settled`, or after the rounds left (`rounds_left`)."""
+        budget = self.job.spec.budget
+        trials = [candidates[n] for n in numbers]
+        configs = [t for t in trials if baseline is None or t.number != baseline.number]
+        everyone = [*configs, *([baseline] if baseline is not None else [])]
+        # in lockstep every process of a group is alive at once (on a GPU, one at a time)
+        on_cpu = in_lockstep(self.device)
+        most = budget.remeasure_group or (processes_that_fit(everyone) if on_cpu else None)
+        lockstep = on_cpu and most != 1
+        found = {t.number: Remeasurement() for t in everyone}
+        # each config's share of the baseline's windows: those measured in its groups
+        beside: dict[int, list[float]] = {t.number: [] for t in everyone}
+        groups: dict[int, set[int]] = {t.number: set() for t in everyone}
+        if len(remeasure_groups(configs, baseline, most)) > 1:
+            self.reporter.note(
+                f"re-measuring {', '.join(f'#{t.number}' for t in everyone)} in groups of at most {most} processes "
+                f"({_why_split(budget.remeasure_group)}), the baseline beside the configs in each"
+            )
+        # configs re-measured in an earlier batch: the newcomers must beat them too, in the rounds left
+        known = records(self.study)
+        earlier = earlier_estimates(known, numbers, baseline.number if baseline is not None else None)
+        most_rounds = rounds_left(known, numbers, budget.remeasure_runs)
+        cap = f"{most_rounds} round{'s' if most_rounds > 1 else ''} (budget.remeasure_runs" + (
+            ", what the configs re-measured before left of it)" if most_rounds < budget.remeasure_runs else ")"
+        )
+        alive, still = configs, [t.number for t in everyone]
+        unsettled: list[str] = []
+        for round_number in range(1, most_rounds + 1):
+            parts = remeasure_groups(alive, baseline, most)
+            what = ", ".join(f"#{t.number}" for t in alive) + (" beside the baseline" if alive and baseline else "")
+            how = f" in {len(parts)} groups" if len(parts) > 1 else ""
+            with self.reporter.running(
+                f"re-measuring {what or 'the baseline'}{how}: round {round_number} of at most "
+                f"{most_rounds}, {budget.remeasure_windows} windows a process"
+            ):
+                for part in parts:
+                    self._measure_group(part, baseline, found, beside, groups, lockstep)
+            alive = [t for t in alive if not found[t.number].error]
+            estimates = dict(earlier)
+            estimates.update({t.number: speedup_estimate(found[t.number], beside[t.number]) for t in alive})
+            if baseline is not None and not found[baseline.number].error:
+                estimates[baseline.number] = (1.0, median_error(found[baseline.number].rerun_windows))
+            still = contenders(estimates)
+            alive = [t for t in alive if t.number in still]
+            unsettled = self._unsettled(alive, baseline, found) if len(still) == 1 else []
+            if not alive or (len(still) <= 1 and not unsettled):
+                break
+        if alive and len(still) > 1:
+            self.reporter.note(f"after {cap} {', '.join(f'#{n}' for n in still)} are within the noise of each other")
+        elif alive and unsettled:
+            self.reporter.note(
+                f"after {cap} the last two processes of "
+                f"{' and of '.join(unsettled)} are more than {SETTLED:.0%} apart: #{alive[0].number}'s "
+                "speedup is less certain than that"
+            )
+        baseline_failed = baseline is None or found[baseline.number].error
+        for t in trials:
+            found[t.number].group = sorted(groups[t.number])
+            found[t.number].lockstep = lockstep
+            if not baseline_failed:
+                found[t.number].baseline_windows = beside[t.number]
+        for t in trials:
+            self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
+        return {t.number: found[t.number] for t in trials}
+
+    @staticmethod
+    def _unsettled(
+        alive: list[TrialRecord], baseline: TrialRecord | None, found: dict[int, Remeasurement]
+    ) -> list[str]:
+        """Whose processes do not settle the leader's speedup yet (`settled`): the leader's (the
+        only config left in `alive`) or the baseline's; empty when both are."""
+        whose = [(f"#{t.number}", t) for t in alive[:1]]
+        if baseline is not None and not found[baseline.number].error:
+            whose.append(("the baseline", baseline))
+        return [name for name, t in whose if not settled([t.trial_throughput, *found[t.number].throughputs])]
+
+    def _measure_group(
+        self,
+        part: list[TrialRecord],
+        baseline: TrialRecord | None,
+        found: dict[int, Remeasurement],
+        beside: dict[int, list[float]],
+        groups: dict[int, set[int]],
+        lockstep: bool,
+    ) -> None:
+        """One process of each of `part`'s configs, measured together; their runs added to `found`,
+        the baseline's windows to `beside` of each config measured with it."""
+        job, device = self.job, self.device
+        requests = [
+            dataclasses.replace(
+                trial_request(job, t.config, device, progress=self.reporter.progress),
+                windows=job.spec.budget.remeasure_windows,
+                drift=False,  # its trial measured it: the same config, seed and data
+            )
+            for t in part
+        ]
+        results = measure_together(self.launcher, job, requests, device, lockstep=lockstep)
+        for t, result in zip(part, results, strict=True):
+            self._add_run(found[t.number], result)
+            groups[t.number].update(other.number for other in part)
+        if baseline is not None and not found[baseline.number].error:
+            measured = found[baseline.number].windows[-1]
+            for t in part:  # its windows in this group (the baseline's: its own)
+                beside[t.number].extend(measured)
+
+    def _add_run(self, remeasurement: Remeasurement, result: TrialResult[TrialOutput]) -> None:
+        """Add one re-measurement process's result to its config's `remeasurement`, or its error."""
+        if remeasurement.error:
+            return
+        run = len(remeasurement.throughputs) + 1
+        if result.outcome is not Outcome.OK:
+            remeasurement.error = f"re-run {run}: {result.outcome.value}: {result.reason}"
+            return
+        output = result.output
+        assert output is not None and output.throughput is not None  # it measured, and ended ok
+        remeasurement.throughputs.append(output.throughput.samples_per_s)
+        remeasurement.windows.append(output.throughput.window_samples_per_s)
+        remeasurement.measured_s.append(output.throughput.measured_s)

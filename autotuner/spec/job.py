@@ -1,0 +1,333 @@
+"""The job: a spec validated against its backend, with what follows from it.
+
+`load_spec(path)` reads the YAML file and checks its keys (`autotuner.spec.keys`: the models of
+the spec's sections), then checks it against the backend's knob table (unknown knobs or values,
+empty choice lists, a batch size that does not divide `global_batch`) and resolves the search
+space and the baseline. Any problem is one `SpecError` line naming the file, the key and what is
+allowed. Nothing in a spec is executed except the workload factory it names, which is trusted
+code (like a pytest conftest.py) imported in trial processes.
+
+A study's outputs go into one folder of its own, `output_dir(name)`: `runs/<name>/` in the
+current directory, which a user deletes, archives or shares whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
+from autotuner.config.knobs import DERIVED, Config, Knob
+from autotuner.errors import SpecError, shown
+from autotuner.spec.keys import JobSpec, SamplerSettings, parse_yaml, read_text, validate_spec
+from autotuner.trials.factory import is_import_path
+
+MAX_CONFIGS = 100_000
+"""Most configs a searched space may hold, once narrowed to the device and workload
+(`Job.narrow`): every one is listed for the sampler."""
+MAX_DECLARED_CONFIGS = 1_000_000
+"""Most configs a spec's space may declare: values that cannot matter on the device and workload
+are dropped from it before the search (`Job.narrow`), and the rest must fit `MAX_CONFIGS`."""
+NOT_SEARCHED_ATTR = "not_searched"
+"""The study attribute holding what `Job.narrow` dropped: knob -> value -> why (for the report)."""
+TRIAL_TIMEOUT_S = 600.0
+"""A trial's timeout when the spec sets none, before the backend's factor for its config."""
+
+
+def output_dir(name: str) -> Path:
+    """The folder of study `name`'s outputs (database, export, report, compile cache), relative to
+    the current directory. One folder per study: what a user deletes, archives or shares, and the
+    example specs in `studies/` stay clean. Whoever writes into it creates it."""
+    return Path("runs") / name
+
+
+class Job:
+    """A validated spec, with what follows from it: the resolved space and baseline."""
+
+    def __init__(self, spec: JobSpec, source: str, text: str):
+        self.spec, self.source, self.text = spec, source, text
+        self.backend: Backend = get_backend(spec.backend)
+        self.space: dict[str, list[Any]] = {}
+        """Knob -> the values searched: the declared ones, narrowed by `narrow` once the probe has
+        said what the device and the workload can honour."""
+        self.declared_space: dict[str, list[Any]] = {}
+        """The space as the spec (and its preset) declared it: what the study's identity hashes."""
+        self.baseline: Config = {}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def sampler(self) -> SamplerSettings:
+        s = self.spec.sampler
+        return SamplerSettings(name=s) if isinstance(s, str) else s
+
+    def workload_path(self) -> str:
+        return self.backend.resolve_workload(self.spec.workload)
+
+    def output_dir(self) -> Path:
+        """The study's folder of outputs, `runs/<name>/` (see `output_dir`)."""
+        return output_dir(self.name)
+
+    def storage_url(self, override: str | None = None) -> str:
+        return override or self.spec.storage or f"sqlite:///{(self.output_dir() / 'study.db').as_posix()}"
+
+    def earlier_default_storage(self, override: str | None = None) -> str | None:
+        """The URL of this study's database where autotuner 0.1 kept it by default
+        (`studies/<name>.db`), when the default storage is used, has no database yet, and that one
+        exists: the search then says how to resume it rather than starting afresh in silence."""
+        if override or self.spec.storage or (self.output_dir() / "study.db").exists():
+            return None
+        earlier = Path("studies") / f"{self.name}.db"
+        return f"sqlite:///{earlier.as_posix()}" if earlier.is_file() else None
+
+    def identity(self) -> str:
+        """Hash of everything that changes what a trial measures; a study keeps one identity.
+
+        The device is not part of it (workers of one study use different GPUs; the hardware
+        fingerprint guards what matters), nor the budget, storage, sampler, the run and its cost,
+        the profile, or the trial's timeout and memory limit."""
+        data = self.spec.model_dump(
+            exclude={
+                "budget": True,
+                "storage": True,
+                "sampler": True,
+                "device": True,
+                "run": True,  # a study is ranked for any run: its trials measure the same
+                "cost": True,
+                "profile": True,  # what runs after the search, not what a trial measures
+                "trial": {"timeout", "max_memory_mb"},
+            }
+        )
+        # A quiet knob (one added after the first four) held at its reference value is left out,
+        # so that adding a knob keeps the identity of every study whose space does not search it.
+        knobs = self.backend.knobs
+        fixed = {
+            k
+            for k, values in self.declared_space.items()
+            if knobs[k].quiet and values == [knobs[k].reference] and self.baseline.get(k) == knobs[k].reference
+        }
+        data["space"] = {k: v for k, v in self.declared_space.items() if k not in fixed}
+        data["baseline"] = {k: v for k, v in self.baseline.items() if k not in fixed}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def narrow(self, capabilities: Capabilities) -> dict[str, dict[Any, str]]:
+        """Drop from the space the values that cannot matter on a device with `capabilities`
+        (`Backend.irrelevant`: the probe's device and workload), the baseline's own value aside;
+        return them, knob -> value -> why. A SpecError when the narrowed space is still larger than
+        `MAX_CONFIGS`."""
+        dropped: dict[str, dict[Any, str]] = {}
+        for knob, values in self.space.items():
+            kept = []
+            for value in values:
+                reason = (
+                    None if value == self.baseline.get(knob) else self.backend.irrelevant(knob, value, capabilities)
+                )
+                if reason:
+                    dropped.setdefault(knob, {})[value] = reason
+                else:
+                    kept.append(value)
+            self.space[knob] = kept
+        configs = math.prod(len(values) for values in self.space.values())
+        if configs > MAX_CONFIGS:
+            raise SpecError(
+                f"the space holds {configs:,} configs this device and workload can run; at most {MAX_CONFIGS:,} "
+                "(give fewer choices)",
+                source=self.source,
+                key="space",
+            )
+        return dropped
+
+    def compile_cache_dir(self) -> Path:
+        """The study's own compile cache (torch.compile's), in its folder beside its default storage."""
+        return (self.output_dir() / "compile-cache").resolve()
+
+    def trial_timeout(self, *configs: Config) -> float:
+        """Seconds a trial of the slowest of `configs` may take: `trial.timeout` when the spec sets
+        it, else `TRIAL_TIMEOUT_S` times the backend's factor (a config that compiles longer gets
+        longer); no config: the reference's, which compiles nothing."""
+        if self.spec.trial.timeout is not None:
+            return self.spec.trial.timeout
+        return TRIAL_TIMEOUT_S * max((self.backend.timeout_factor(c) for c in configs), default=1.0)
+
+    def complete(self, params: dict[str, Any]) -> Config:
+        """A full config from sampled params: fixed knobs from the baseline, accumulation derived."""
+        config: Config = {knob: params.get(knob, self.baseline[knob]) for knob in self.space}
+        config["accumulation"] = self.spec.global_batch // int(config["batch_size"])
+        return config
+
+    def unsupported(self, capabilities: Capabilities) -> Callable[[dict[str, Any]], str | None]:
+        """Why a device with `capabilities` cannot run sampled params, or None (what the samplers
+        are given to skip such configs, as the search decides it)."""
+        return lambda params: self.backend.unsupported_reason(self.complete(params), capabilities)
+
+    def configs(self) -> Iterator[dict[str, Any]]:
+        """Every point of the space, as sampled params."""
+        names = list(self.space)
+        for values in itertools.product(*(self.space[n] for n in names)):
+            yield dict(zip(names, values, strict=True))
+
+    def reference_config(self) -> Config:
+        """The numerically strictest config: the baseline's batching, everything else strict."""
+        config = {knob: self.backend.knobs[knob].reference for knob in self.space}
+        config["batch_size"] = self.baseline["batch_size"]
+        config["accumulation"] = self.spec.global_batch // config["batch_size"]
+        return config
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _choices(value: Any, knob: Knob, key: str, source: str) -> list[Any]:
+    if not isinstance(value, list):
+        value = [value]
+    if not value:
+        raise SpecError("the list of choices is empty; give at least one value", source=source, key=key)
+    for item in value:
+        problem = knob.check(item)
+        if problem:
+            raise SpecError(problem, source=source, key=key)
+    return list(dict.fromkeys(value))
+
+
+def _resolve_space(job: Job, source: str) -> None:
+    spec, backend = job.spec, job.backend
+    searchable = [k for k in backend.knobs if k not in DERIVED]
+    raw = spec.space
+    inline: dict[str, Any] = {}
+    preset_name = backend.default_space
+    if isinstance(raw, str):
+        preset_name = raw
+    elif isinstance(raw, dict):
+        inline = dict(raw)
+        preset = inline.pop("preset", preset_name)
+        if not isinstance(preset, str):
+            raise SpecError(
+                f"must be the name of a preset ({', '.join(backend.presets())})",
+                source=source,
+                key="space.preset",
+            )
+        preset_name = preset
+    try:
+        preset = backend.load_preset(preset_name)
+    except KeyError:
+        key = "space.preset" if isinstance(raw, dict) else "space"
+        raise SpecError(
+            f"no preset {shown(preset_name)}; choose between {', '.join(backend.presets())}",
+            source=source,
+            key=key,
+        ) from None
+    for knob in inline:
+        if knob not in searchable:
+            raise SpecError(
+                f"the {backend.name} backend has no knob {shown(knob)}; knobs: {', '.join(searchable)}",
+                source=source,
+                key=f"space.{knob}",
+            )
+    for knob in searchable:
+        if knob in inline:
+            values = _choices(inline[knob], backend.knobs[knob], f"space.{knob}", source)
+            if knob == "batch_size":
+                for b in values:
+                    if spec.global_batch % b:
+                        raise SpecError(
+                            f"{b} does not divide global_batch ({spec.global_batch})",
+                            source=source,
+                            key="space.batch_size",
+                        )
+        elif knob in preset:
+            values = _choices(preset[knob], backend.knobs[knob], f"{preset_name} preset: {knob}", source)
+            if knob == "batch_size":
+                dividing = [b for b in values if spec.global_batch % b == 0]
+                # No preset size divides an odd global batch: use its divisors in the preset's range.
+                values = dividing or [
+                    d for d in range(min(values), min(max(values), spec.global_batch) + 1) if spec.global_batch % d == 0
+                ]
+        else:
+            values = [job.baseline.get(knob, backend.knobs[knob].reference)]
+        job.space[knob] = values
+
+
+def _resolve_baseline(job: Job, source: str) -> None:
+    spec, backend = job.spec, job.backend
+    for knob, value in spec.baseline.items():
+        if knob not in backend.knobs or knob in DERIVED:
+            allowed = ", ".join(k for k in backend.knobs if k not in DERIVED)
+            raise SpecError(
+                f"the {backend.name} backend has no knob {shown(knob)} to set; knobs: {allowed}",
+                source=source,
+                key=f"baseline.{knob}",
+            )
+        problem = backend.knobs[knob].check(value)
+        if problem:
+            raise SpecError(problem, source=source, key=f"baseline.{knob}")
+    baseline = {k: knob.reference for k, knob in backend.knobs.items() if k not in DERIVED}
+    baseline["batch_size"] = spec.global_batch
+    baseline.update(spec.baseline)
+    if spec.global_batch % baseline["batch_size"]:
+        raise SpecError(
+            f"{baseline['batch_size']} does not divide global_batch ({spec.global_batch})",
+            source=source,
+            key="baseline.batch_size",
+        )
+    job.baseline = baseline
+
+
+def parse_spec(data: Any, source: str, text: str = "") -> Job:
+    """Validate already-loaded YAML data: its keys (`autotuner.spec.keys`), then against the backend."""
+    spec = validate_spec(data, source)
+    if spec.backend not in BACKENDS:
+        raise SpecError(
+            f"{shown(spec.backend)} is not a backend; choose between {', '.join(BACKENDS)}",
+            source=source,
+            key="backend",
+        )
+    backend = get_backend(spec.backend)
+    missing = backend.missing_requirements()
+    if missing:
+        raise SpecError(missing, source=source, key="backend")
+    ref = spec.workload
+    if ref.startswith("builtin:"):
+        if ref.removeprefix("builtin:") not in backend.builtin_workloads:
+            choices = ", ".join(f"builtin:{n}" for n in backend.builtin_workloads)
+            raise SpecError(
+                f"no built-in workload {shown(ref)}; choose between {choices} or give package.module:function",
+                source=source,
+                key="workload",
+            )
+    elif not is_import_path(ref):
+        raise SpecError(
+            f"{shown(ref)} is neither builtin:<name> nor package.module:function", source=source, key="workload"
+        )
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", spec.device):
+        raise SpecError(
+            f"{shown(spec.device)} is not a device; use auto, cpu, cuda or cuda:N", source=source, key="device"
+        )
+    job = Job(spec, source, text)
+    _resolve_baseline(job, source)
+    _resolve_space(job, source)
+    for knob, value in job.baseline.items():  # the baseline is trial 0: it is a point of the space
+        if value not in job.space[knob]:
+            job.space[knob] = [value, *job.space[knob]]
+    configs = math.prod(len(values) for values in job.space.values())
+    if configs > MAX_DECLARED_CONFIGS:
+        raise SpecError(
+            f"the space holds {configs:,} configs; at most {MAX_DECLARED_CONFIGS:,} (give fewer choices)",
+            source=source,
+            key="space",
+        )
+    job.declared_space = {knob: list(values) for knob, values in job.space.items()}
+    return job
+
+
+def load_spec(path: str | Path) -> Job:
+    source = str(path)
+    text = read_text(path, "spec")
+    return parse_spec(parse_yaml(text, source), source, text)

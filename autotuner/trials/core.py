@@ -1,0 +1,451 @@
+"""One trial, in a trial process: the algorithm every backend runs, written once.
+
+`run_trial` builds the workload with the trial's seed, measures it (warm-up, calibration, the
+timed windows and their lockstep turns, telemetry: `autotuner.measurement.timing.measure_throughput`),
+counts its FLOPs, restores the initial weights and runs the drift phase (K optimizer steps on the
+dataset's first items in order, then the loss on the held-out items). `probe` reports a device's
+environment. Both call into a `TrialBackend`: the framework's own steps and nothing else.
+
+Each backend's runner module (`Backend.runner`) holds its `TrialBackend` as `TRIAL_BACKEND`: the fork
+server preloads that module (and with it the framework), and a trial process started by
+`autotuner.trials.launcher.TrialLauncher` calls the entry point it is given by name on `TRIAL_BACKEND` (`run` or
+`probe`; in a lockstep group, `run(request, turns=...)`: `autotuner.trials.lockstep`). This module imports
+no framework.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from autotuner.measurement.contention import CONTENDED_SHARE
+from autotuner.measurement.pruning import behind
+from autotuner.measurement.telemetry import Telemetry
+from autotuner.measurement.timing import measure_throughput
+from autotuner.measurement.traces import read_trace, top_operators
+from autotuner.results.evidence import Losses, TrialOutput
+from autotuner.trials.factory import load_factory, workload_problem
+from autotuner.trials.launcher import TrialRequest
+from autotuner.trials.messages import Turns
+from autotuner.trials.outcomes import NonFiniteLoss
+from autotuner.trials.progress import PhaseFile
+
+HELDOUT_DEFAULT = 256
+"""Items of the held-out set when the workload names none: the dataset's last ones."""
+
+
+class Workload(Protocol):
+    """What the core reads of a backend's workload (`TorchWorkload`, `JaxWorkload`, ...)."""
+
+    dataset: Any
+    heldout: Any
+    tokens_per_sample: int | None
+    flops_per_sample: float | None
+
+
+class TrialBackend(ABC):
+    """The trial-process half of a backend: the framework's steps, which `run_trial` and `probe`
+    call in the order their docstrings say. Device, workload, training and loss values are the
+    framework's own objects; the core only passes them back."""
+
+    # ------------------------------------------------------------ the process and its device
+
+    def configure_process(self, device_spec: str, compile_cache: str | None) -> None:  # noqa: B027 - optional hook
+        """First of all, in every trial and probe process, before the framework starts a device.
+        `compile_cache`: the study's compile-cache folder (None in probes, or for the default)."""
+
+    @abstractmethod
+    def resolve_device(self, spec: str) -> Any:
+        """The framework's device for a spec's `device` (`auto`, `cpu`, `cuda:N`); ValueError if none."""
+
+    def on_device(self, device: Any) -> contextlib.AbstractContextManager[Any]:
+        """The context the whole trial (or probe) runs in, after `resolve_device`."""
+        return contextlib.nullcontext()
+
+    def use_device(self, device: Any) -> None:  # noqa: B027 - optional hook
+        """Trials only, before the build: make `device` the process's current one (a probe leaves
+        it alone: on CUDA 12, making a device current creates a context on it)."""
+
+    @abstractmethod
+    def environment(self, device: Any) -> dict[str, Any]:
+        """Probe: `device`'s environment (see `autotuner.backends._base`), `workload_error` aside."""
+
+    @abstractmethod
+    def seed(self, seed: int) -> None:
+        """Seed the framework's random generators (`random` is seeded already): before each build
+        and before the drift phase."""
+
+    # ------------------------------------------------------------ the workload and the config
+
+    @abstractmethod
+    def as_workload(self, built: Any, ref: str) -> Workload:
+        """Check what factory `ref` returned (TypeError saying what is wrong) and return the workload."""
+
+    def first_batch_problem(self, workload: Any, count: int) -> str | None:
+        """Probe, after the build and the dataset's size are checked: what fails when the dataset's
+        first `count` items are batched as the loaders batch them and the model's loss is computed
+        on them, where the factory built the model, in a few words (e.g. `the collate function
+        cannot batch ...: <the exception>`); None when nothing does."""
+        return None
+
+    def workload_capabilities(self, workload: Any, device: Any, count: int) -> dict[str, bool]:
+        """Probe, once the first batch trains: what the workload offers the knobs (a model with
+        convolutions, attention, blocks to checkpoint; an optimizer with a fused variant on
+        `device`), merged into the environment's `capabilities`; `count` items make the batch."""
+        return {}
+
+    def initial_state(self, workload: Any) -> Any:
+        """Right after the build: the initial weights, as `restart` takes them back."""
+        return None
+
+    @abstractmethod
+    def training(self, workload: Any, config: dict[str, Any], device: Any) -> Any:
+        """The backend's `TunedTraining` of `config` over the workload, on `device`."""
+
+    @abstractmethod
+    def restart(self, workload: Any, training: Any, initial: Any) -> Any:
+        """After the measured phase: the training to run the drift phase with, from the initial
+        weights with a fresh optimizer, reusing what was compiled."""
+
+    def compile_lookups(self) -> Any:
+        """Before the training is built: the compile caches' counters, for `compile_cache`."""
+        return None
+
+    def compile_cache(self, before: Any) -> str | None:
+        """After the measured phase: `warm`, `cold` or `partial` by the cache lookups since
+        `before`; None when nothing was compiled or the framework has no such cache."""
+        return None
+
+    # ------------------------------------------------------------ the steps
+
+    @abstractmethod
+    def train_step(self, workload: Any, training: Any, batches: Iterator[Any]) -> Any:
+        """One optimizer step over `accumulation` micro-batches from `batches`, as a user's loop
+        takes it; returns the mean loss, a scalar left on the device."""
+
+    @abstractmethod
+    def synchronize(self, training: Any, pending: Any) -> None:
+        """Wait until the device has finished what it was given (`pending`: the latest loss)."""
+
+    def subset(self, dataset: Any, indices: list[int]) -> Any:
+        """The items of `dataset` at `indices`, in that order, as the backend's loader takes them."""
+        return Subset(dataset, indices)
+
+    @abstractmethod
+    def evaluation(self, workload: Any, training: Any) -> contextlib.AbstractContextManager[Any]:
+        """The context of the held-out evaluation: eager, strict fp32 (the weights are compared,
+        not the evaluation's numerics), no gradients."""
+
+    @abstractmethod
+    def batch_loss(self, workload: Any, training: Any, dataset: Any, indices: range) -> float:
+        """Inside `evaluation`: the mean loss over the items of `dataset` at `indices`."""
+
+    # ------------------------------------------------------------ what is reported
+
+    def gpu_uuid(self, device: Any) -> str | None:
+        """The NVML UUID of `device` when it is a GPU, for telemetry; None on the CPU."""
+        return None
+
+    def after_warmup(self, device: Any, step: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+        """After the warm-up steps, before the first window: reset the peak-memory counters."""
+
+    @abstractmethod
+    def peak_memory_mb(self, device: Any) -> float:
+        """After the measured phase: the peak memory since `after_warmup`, in MiB."""
+
+    def flops_per_sample(self, workload: Any, training: Any) -> float | None:
+        """After the measured phase, for a workload that does not declare them: training FLOPs per
+        sample (forward and backward, no optimizer), or None. Any exception leaves them uncounted."""
+        return None
+
+    def skipped_steps(self, training: Any) -> int | None:
+        """After the drift phase: the optimizer steps the config skipped (fp16 overflow), or None."""
+        return None
+
+    def profiling(self, device: Any, folder: str) -> contextlib.AbstractContextManager[list[str]]:
+        """The framework's profiler around the steps run inside it; after the context, the list it
+        gave holds the path of the Chrome trace it wrote into `folder` (`autotuner.measurement.traces`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no profiler")
+
+    @abstractmethod
+    def classify_exception(self, exc: BaseException) -> str | None:
+        """`oom` when `exc` is the framework's out-of-memory error, else None. In a trial process,
+        on any exception the entry point raised."""
+
+    # ------------------------------------------------------------ entry points
+
+    def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+        """Entry point: one trial of `request`; with `turns`, measured in a lockstep group."""
+        return run_trial(self, request, turns)
+
+    def probe(self, arg: dict[str, Any]) -> dict[str, Any]:
+        """Entry point: the probe (see `autotuner.backends._base`)."""
+        return probe(self, arg)
+
+    def profile(self, arg: dict[str, Any]) -> dict[str, Any]:
+        """Entry point: `arg["steps"]` steps of `arg["request"]`'s config under the profiler (`run_profile`)."""
+        return run_profile(self, arg["request"], arg["steps"], arg["folder"])
+
+
+def cache_state(hits: int, misses: int) -> str | None:
+    """A compile cache as a trial's warm-up found it (`TrialBackend.compile_cache`): `warm`
+    (every lookup hit), `cold` (none did) or `partial`; None without lookups."""
+    if hits + misses == 0:
+        return None
+    return "warm" if misses == 0 else "cold" if hits == 0 else "partial"
+
+
+class Subset:
+    """The items of `dataset` at `indices`, in that order."""
+
+    def __init__(self, dataset: Any, indices: list[int]):
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[self.indices[index]]
+
+
+class EmptyLoader(ValueError):
+    """A trial's loader yields no batch (its dataset holds fewer items than one micro-batch)."""
+
+
+def _forever(loader: Any) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch; `EmptyLoader` when an epoch yields none."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise EmptyLoader("the data loader yields no batch: the dataset holds fewer items than one micro-batch")
+
+
+def _check_finite(loss: Any, where: str) -> float:
+    value = float(loss)
+    if not math.isfinite(value):
+        raise NonFiniteLoss(f"the loss became {value} during {where}")
+    return value
+
+
+def _seed(backend: TrialBackend, seed: int) -> None:
+    random.seed(seed)
+    backend.seed(seed)
+
+
+def probe(backend: TrialBackend, arg: dict[str, Any]) -> dict[str, Any]:
+    """The environment of `arg["device"]`, and whether `arg["workload"]` imports; with
+    `arg["workload_args"]`, whether the factory builds a workload from them, and with
+    `arg["global_batch"]` too, whether its data makes a global batch the model trains on."""
+    backend.configure_process(arg["device"], None)
+    device = backend.resolve_device(arg["device"])
+    built: list[Workload] = []
+
+    def build(factory: Callable[..., Any]) -> None:
+        _seed(backend, 0)
+        built.append(backend.as_workload(factory(**arg["workload_args"]), arg["workload"]))
+
+    with backend.on_device(device):
+        environment = backend.environment(device)
+        problem = workload_problem(arg["workload"], arg.get("workload_args"), build)
+        if problem is None and built and arg.get("global_batch"):
+            problem = _data_problem(backend, built[0], arg["global_batch"])
+            problem = problem and " ".join(f"{arg['workload']}: {problem}".split())[:400]
+            if problem is None:
+                count = min(PROBE_ITEMS, arg["global_batch"])
+                environment["capabilities"].update(backend.workload_capabilities(built[0], device, count))
+        environment["workload_error"] = problem
+    return environment
+
+
+PROBE_ITEMS = 2
+"""Items of the batch the probe runs the model on (two, not one: batch norm cannot train on a
+single sample)."""
+
+
+def _data_problem(backend: TrialBackend, workload: Workload, global_batch: int) -> str | None:
+    """Why the workload's data cannot train with `global_batch` samples per optimizer step, or None:
+    an empty or too small dataset or held-out set, items the collate function cannot batch, a
+    model that fails on the first batch or whose loss cannot be found (`first_batch_problem`)."""
+    size = len(workload.dataset)
+    if size == 0:
+        return "the dataset is empty"
+    if size < global_batch:
+        return f"the dataset holds {size} items, fewer than one global batch ({global_batch}): no step can be taken"
+    if workload.heldout is not None and len(workload.heldout) == 0:
+        return "the held-out dataset is empty"
+    return backend.first_batch_problem(workload, min(PROBE_ITEMS, global_batch))
+
+
+def run_trial(backend: TrialBackend, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+    """One trial of `request` (see `autotuner.backends._base`); with `turns`, its measured phase
+    takes its turns in a lockstep group."""
+    backend.configure_process(request.device, request.compile_cache)
+    device = backend.resolve_device(request.device)
+    backend.use_device(device)
+    with backend.on_device(device):
+        return _run(backend, request, device, turns)
+
+
+def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns | None) -> TrialOutput:
+    started = time.perf_counter()
+    phase = PhaseFile(request.progress)
+    phase("building the workload")
+    _seed(backend, request.seed)
+    workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+    initial = backend.initial_state(workload)
+    lookups = backend.compile_lookups()
+    training = backend.training(workload, request.config, device)
+    output = TrialOutput(
+        losses=Losses(math.nan, []),
+        tokens_per_sample=workload.tokens_per_sample,
+        flops_per_sample=workload.flops_per_sample,
+        dataset_items=len(workload.dataset),
+    )
+    if request.measure:
+        output.setup_s = time.perf_counter() - started  # a real run builds the same before its first step
+        _measure(backend, workload, training, request, device, output, turns, phase)
+        output.compile_cache = backend.compile_cache(lookups)
+        if output.throughput is not None and output.throughput.stopped:  # pruned: no drift to measure
+            return output
+        if not request.drift:
+            return output
+        if workload.flops_per_sample is None:
+            phase("counting FLOPs")
+            output.flops_per_sample = _count_flops(backend, workload, training)
+        training = backend.restart(workload, training, initial)
+    _seed(backend, request.seed)
+    output.losses = _drift_phase(backend, workload, training, request, phase)
+    return output
+
+
+def run_profile(backend: TrialBackend, request: TrialRequest, steps: int, folder: str) -> dict[str, Any]:
+    """`steps` optimizer steps of `request`'s config under the framework's profiler, after its
+    warm-up steps (compilation is not what a step costs), its trace written into `folder`: the
+    trace's path and its operators by self time (`autotuner.measurement.traces.top_operators`)."""
+    backend.configure_process(request.device, request.compile_cache)
+    device = backend.resolve_device(request.device)
+    backend.use_device(device)
+    with backend.on_device(device):
+        phase = PhaseFile(request.progress)
+        phase("building the workload")
+        _seed(backend, request.seed)
+        workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+        training = backend.training(workload, request.config, device)
+        batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
+        phase(f"warm-up, {request.warmup_steps} steps")
+        loss: Any = None
+        for _ in range(max(1, request.warmup_steps)):
+            loss = backend.train_step(workload, training, batches)
+        backend.synchronize(training, loss)
+        phase(f"profiling {steps} steps")
+        with backend.profiling(device, folder) as written:
+            for _ in range(steps):
+                loss = backend.train_step(workload, training, batches)
+            backend.synchronize(training, loss)
+        _check_finite(loss, "the profiled steps")
+    where, total_ms, operators = top_operators(read_trace(written[0]), steps)
+    return {
+        "trace": written[0],
+        "where": where,
+        "total_ms": total_ms,
+        "operators": [asdict(op) for op in operators],
+    }
+
+
+def _count_flops(backend: TrialBackend, workload: Any, training: Any) -> float | None:
+    """MFU is a figure about a trial, and its absence never fails one."""
+    try:
+        return backend.flops_per_sample(workload, training)
+    except Exception:
+        return None
+
+
+def _measure(
+    backend: TrialBackend,
+    workload: Any,
+    training: Any,
+    request: TrialRequest,
+    device: Any,
+    output: TrialOutput,
+    turns: Turns | None,
+    phase: PhaseFile,
+) -> None:
+    batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
+    running: Any = 0.0
+
+    def step() -> None:
+        nonlocal running
+        running = running + backend.train_step(workload, training, batches)
+
+    def after_window() -> None:
+        _check_finite(running, "the measured steps")
+
+    telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device))
+
+    def stop(rates: list[float]) -> str | None:
+        reason = behind(rates, request.prune_best, request.prune_after) if request.prune_best is not None else None
+        if reason is not None and (share := telemetry.cpu.others_share()) > CONTENDED_SHARE:
+            output.prune_held_off.append(share)  # slowed by other work, a trial would look a loser
+            return None
+        return reason
+
+    throughput = measure_throughput(
+        step,
+        lambda: backend.synchronize(training, running),
+        warmup_steps=request.warmup_steps,
+        steps=request.steps,
+        windows=request.windows,
+        samples_per_step=request.global_batch,
+        min_window_s=request.min_window_s,
+        match_steps=request.match_steps,
+        match_most_s=request.match_most_s,
+        after_window=after_window,
+        after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
+        telemetry=telemetry,
+        turns=turns,
+        stop=stop,
+        phase=phase,
+    )
+    measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
+    output.throughput = throughput
+    # NVML's figure holds the CUDA context and what the driver allocated outside the framework's allocator
+    output.peak_memory_mb = max(backend.peak_memory_mb(device), measured.get("gpu_process_memory_mb_max", 0.0))
+    output.telemetry = measured
+
+
+def _drift_phase(
+    backend: TrialBackend, workload: Any, training: Any, request: TrialRequest, phase: PhaseFile
+) -> Losses:
+    """K optimizer steps on the dataset's first K*global_batch items in order, then the loss on
+    the held-out items."""
+    needed = request.drift_steps * request.global_batch
+    size = len(workload.dataset)
+    ordered = backend.subset(workload.dataset, [i % size for i in range(needed)])
+    batches = iter(training.make_loader(ordered, shuffle=False, seed=request.seed))
+    trajectory: list[float] = []
+    for _ in range(request.drift_steps):
+        phase(f"drift step {len(trajectory) + 1} of {request.drift_steps}")
+        loss = backend.train_step(workload, training, batches)
+        trajectory.append(_check_finite(loss, f"drift step {len(trajectory) + 1}"))
+    heldout = workload.heldout
+    if heldout is None:
+        heldout = backend.subset(workload.dataset, list(range(max(0, size - HELDOUT_DEFAULT), size)))
+    count = len(heldout)
+    phase(f"held-out loss, {count} items")
+    chunk = request.heldout_batch  # the same for every trial of a study, so the sums add up alike
+    total = 0.0  # summed on the host in float64
+    with backend.evaluation(workload, training):
+        for start in range(0, count, chunk):
+            indices = range(start, min(count, start + chunk))
+            total += backend.batch_loss(workload, training, heldout, indices) * len(indices)
+    loss = _check_finite(total / count, "the held-out evaluation")
+    return Losses(loss, trajectory, backend.skipped_steps(training))

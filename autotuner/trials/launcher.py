@@ -1,0 +1,295 @@
+"""Trial processes: every config runs in a fresh process, with a timeout, and a crash, a hang or
+an out-of-memory error there never reaches the search.
+
+Processes come from a fork server that has already imported the backend's runner (and with it
+the framework) but never touched the accelerator, so a trial starts in tens of milliseconds
+instead of re-importing torch, and no CUDA state is ever shared between configs. Each trial
+process leads its own process group, so killing it also kills its data-loader workers. If the
+search process dies, even by kill -9, the fork server ends and kills every trial process group
+it started (`autotuner.trials._forkserver`); a trial process also dies with the fork server itself.
+
+What a trial process and the launcher send each other is in `autotuner.trials.messages`; the launcher
+reads it bounded by the trial's deadline. Several trial processes measured together take turns
+(`autotuner.trials.lockstep`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import resource
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from autotuner.trials.messages import GarbledMessage, Started, Turn, Turns, Waiting, receive_message, send_message
+from autotuner.trials.outcomes import Classified, Outcome, ProcessEnd, classify_end, exception_message
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """Everything a trial process needs to run one config. Plain data: it is pickled."""
+
+    workload: str
+    """Import path `package.module:function` of the workload factory."""
+    workload_args: dict[str, Any]
+    device: str
+    config: dict[str, Any]
+    global_batch: int
+    seed: int
+    warmup_steps: int
+    steps: int
+    windows: int
+    drift_steps: int
+    heldout_batch: int
+    """Chunk size of the held-out evaluation: the baseline's micro-batch, which is known to fit."""
+    measure: bool = True
+    """False for the reference: only the drift phase runs."""
+    drift: bool = True
+    """False for a re-measurement, whose config's trial measured its drift: the process ends after
+    its windows, without the restart, drift steps and held-out loss (seconds a process)."""
+    min_window_s: float = 0.0
+    """Shortest measured window (`autotuner.measurement.timing.measure_throughput`)."""
+    match_steps: int = 0
+    """When set, as many windows (of the calibrated length) are measured as it takes to match this
+    many optimizer steps (another trial's), not `windows`."""
+    match_most_s: float = 0.0
+    """With `match_steps`: no more of those windows than last this long at the calibration's pace
+    (0: no bound)."""
+    prune_best: float | None = None
+    """The best feasible throughput of the study so far: with `prune_after`, the trial stops early
+    when its first windows cannot reach it (`autotuner.measurement.pruning`)."""
+    prune_after: int = 0
+    """Windows measured before the trial may be pruned; 0 never prunes it."""
+    progress: str | None = None
+    """The file the trial writes its phase to for the search's console (`autotuner.trials.progress`)."""
+    compile_cache: str | None = None
+    """The folder of the study's compile caches (torch.compile's `TORCHINDUCTOR_CACHE_DIR`), so a
+    trial's compile is warm or cold by this study's trials alone; None: the framework's default."""
+
+
+Output = TypeVar("Output")
+
+
+@dataclass
+class TrialResult(Generic[Output]):
+    """What one trial process produced, classified: `TrialResult[TrialOutput]` for a trial (the
+    runner's `run`), `TrialResult[dict[str, Any]]` for a probe."""
+
+    outcome: Outcome
+    reason: str = ""
+    traceback: str | None = None
+    output: Output | None = None
+    """What the process's function returned (a trial's `autotuner.results.evidence.TrialOutput`, a probe's
+    environment) when it ended ok; else None."""
+    startup_s: float | None = None
+    """From asking for the process to the process running the trial's code."""
+    wall_s: float = 0.0
+
+    @classmethod
+    def unsupported(cls, reason: str) -> TrialResult[Any]:
+        return cls(Outcome.UNSUPPORTED, reason)
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Ask Linux to send this process `signum` when its parent dies (a no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signum)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _limit_memory(limit_mb: float | None) -> None:
+    """Cap what this process may allocate at `limit_mb` MiB (RLIMIT_DATA: its heap and private
+    writable mappings, where tensors live): past it an allocation fails, and the trial is `oom`."""
+    if limit_mb is not None:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        limit = int(limit_mb * 2**20)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def _trial_main(
+    conn: multiprocessing.connection.Connection,
+    runner: str,
+    function: str,
+    arg: Any,
+    memory_limit_mb: float | None = None,
+    turns: multiprocessing.connection.Connection | None = None,
+) -> None:
+    """Entry point of a trial process: `runner.function(arg)`, its result (or the exception that
+    stopped it) sent on `conn`. A backend's runner module holds its `autotuner.trials.core.TrialBackend`
+    as `TRIAL_BACKEND`: then the function is that object's, and its `classify_exception` tells which
+    exceptions are out-of-memory errors; in any other module (a test's helper) it is the module's
+    own. With `turns` (the end of a lockstep group's turn pipe the launcher sends down), the call is
+    `runner.function(arg, turns=...)`: its measurement waits there for its turns
+    (`autotuner.trials.messages.Turns`)."""
+    os.setsid()  # own process group: the launcher kills it together with its workers
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
+    _limit_memory(memory_limit_mb)
+    send_message(conn, Started(time.time()))
+    extra = {} if turns is None else {"turns": Turns(lambda waiting: send_message(conn, waiting), turns.recv)}
+    is_oom = lambda exc: False  # noqa: E731 - replaced once a runner module imports
+    try:
+        module = importlib.import_module(runner)
+        trial = getattr(module, "TRIAL_BACKEND", None)
+        if trial is not None:
+            is_oom = lambda exc: trial.classify_exception(exc) == "oom"  # noqa: E731
+        message = {"status": "ok", "result": getattr(module if trial is None else trial, function)(arg, **extra)}
+    except BaseException as exc:  # everything the user's code raises is a trial outcome
+        message = exception_message(exc, is_oom)
+        if memory_limit_mb is not None and message["kind"] == Outcome.OOM.value:
+            message["reason"] += f" (a trial process may allocate {memory_limit_mb:g} MiB: trial.max_memory_mb)"
+    send_message(conn, message)
+    conn.close()
+    # Skip interpreter teardown: data-loader workers and compile pools are killed with the group.
+    os._exit(0)
+
+
+class TrialProcess:
+    """One trial process as the launcher sees it, from its start to its classified end. Started
+    with `turns` (a member of a lockstep group, `autotuner.trials.lockstep`), it has a second pipe that
+    the launcher sends its turns down, and between its turns it waits (`waiting`)."""
+
+    def __init__(
+        self,
+        context: Any,
+        runner: str,
+        function: str,
+        arg: Any,
+        memory_limit_mb: float | None,
+        timeout_s: float,
+        turns: bool,
+    ):
+        self.timeout_s = timeout_s
+        self.receive, send = context.Pipe(duplex=False)
+        self.turns: multiprocessing.connection.Connection | None = None
+        their_turns = None
+        if turns:
+            their_turns, self.turns = context.Pipe(duplex=False)
+        self.asked_at = time.time()
+        self.process = context.Process(
+            target=_trial_main, args=(send, runner, function, arg, memory_limit_mb, their_turns)
+        )
+        self.process.start()
+        send.close()
+        if their_turns is not None:
+            their_turns.close()
+        self.startup_s: float | None = None
+        self.message: Any = None
+        self.read_error: str | None = None
+        self.timed_out = False
+        self.finished = False
+        """It sent its result or closed its pipe: it is exiting on its own."""
+        self.ended = False
+        self.waiting: Waiting | None = None
+        """What the process last reported while it waits for a turn (lockstep), else None."""
+        self._result: TrialResult | None = None
+
+    def read_until_waiting(self, deadline: float) -> None:
+        """Read what the process sends until it waits for a turn (`waiting`) or ends (then it is
+        reaped). Whatever it sends that is neither `Started` nor, with turns, `Waiting` is its
+        result, which `autotuner.trials.outcomes.classify_end` judges."""
+        self.waiting = None
+        while not self.ended:
+            try:
+                received = receive_message(self.receive, deadline)
+            except TimeoutError:
+                self.timed_out = True
+                break
+            except EOFError:
+                self.finished = True
+                break
+            except GarbledMessage as exc:
+                self.read_error = str(exc)
+                self.finished = True
+                break
+            if isinstance(received, Started) and self.startup_s is None:
+                self.startup_s = max(0.0, received.at - self.asked_at)
+            elif isinstance(received, Waiting) and self.turns is not None:
+                self.waiting = received
+                return
+            else:
+                self.message = received
+                self.finished = True
+                break
+        self.end()
+
+    def send_turn(self, turn: Turn) -> None:
+        """Let the waiting process go on: its turn, or its release."""
+        assert self.turns is not None
+        try:
+            self.turns.send(turn)
+        except OSError:
+            pass  # it is gone: reading from it reads its end
+
+    def run_turn(self, turn: Turn, deadline: float) -> None:
+        """Let the waiting process run its turn, and read until it waits again or ends."""
+        self.send_turn(turn)
+        self.read_until_waiting(deadline)
+
+    def end(self) -> TrialResult:
+        """Reap the whole group (the process, its data-loader workers, anything it forked) and
+        classify how the process ended; once. A process still running (timed out, or the search
+        interrupted) is killed at once; one that is exiting gets a few seconds to do so."""
+        if self._result is None:
+            self.ended = True
+            _kill_group(self.process, wait_s=5 if self.finished else 0)
+            self.receive.close()
+            if self.turns is not None:
+                self.turns.close()
+            end = ProcessEnd(self.message, self.process.exitcode, self.timed_out, self.timeout_s, self.read_error)
+            classified: Classified = classify_end(end)
+            self._result = TrialResult(
+                classified.outcome,
+                classified.reason,
+                classified.traceback,
+                classified.result,
+                self.startup_s,
+                time.time() - self.asked_at,
+            )
+        return self._result
+
+
+class TrialLauncher:
+    """Starts trial processes from a fork server that has `preload` imported."""
+
+    def __init__(self, preload: list[str], memory_limit_mb: float | None = None):
+        self.memory_limit_mb = memory_limit_mb
+        """Host memory each trial process may allocate (`_limit_memory`); None: no limit."""
+        self._context = multiprocessing.get_context("forkserver")
+        # autotuner.trials._forkserver kills every trial's process group when the fork server ends.
+        self._context.set_forkserver_preload(["autotuner.trials._forkserver", *preload])
+
+    def start(self, runner: str, function: str, arg: Any, timeout_s: float, *, turns: bool = False) -> TrialProcess:
+        """Start `runner.function(arg)` in a fresh trial process; with `turns`, as a member of a
+        lockstep group (`autotuner.trials.lockstep.run_in_lockstep`)."""
+        return TrialProcess(self._context, runner, function, arg, self.memory_limit_mb, timeout_s, turns)
+
+    def call(self, runner: str, function: str, arg: Any, timeout_s: float) -> TrialResult:
+        """Run `runner.function(arg)` in a fresh trial process and classify how it ended."""
+        process = self.start(runner, function, arg, timeout_s)
+        try:
+            process.read_until_waiting(time.monotonic() + timeout_s)  # without turns: to its end
+        finally:
+            result = process.end()
+        return result
+
+
+def _kill_group(process: multiprocessing.process.BaseProcess, wait_s: float) -> None:
+    """Let the process exit on its own for `wait_s`, then SIGKILL its whole group."""
+    process.join(timeout=wait_s)
+    pid = process.pid
+    if pid is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if process.is_alive():
+        process.kill()
+    process.join()

@@ -1,0 +1,128 @@
+"""`autotuner search --jobs N`: one search process per GPU of this machine, all on one study.
+
+Process i is an `autotuner search` subprocess with `--device cuda:<i>`; the processes share the
+study through its storage exactly as search processes on separate machines do
+(`autotuner.workers.coordination`), and each prints its lines prefixed with its device. The GPU count
+comes from the backend's probe, in a trial process, so the engine never imports the framework.
+
+On a machine without a GPU, `--jobs` above 1 is refused: search processes on the CPU would share
+the same cores, and each trial's throughput would measure the contention rather than its config.
+One search process per machine (`--storage postgresql://...`) is how a CPU study goes wider.
+
+Each process gets its own share of the cores (`core_shares`: contiguous, as even as they go, set
+as its CPU affinity, which its trial processes inherit). Otherwise one worker's trials would take
+CPU time on the cores of another's, and each trial would be measured as contended by its siblings
+(`autotuner.measurement.contention`) and run again.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Collection, Sequence
+from typing import IO
+
+from autotuner.errors import SpecError
+from autotuner.measurement.telemetry import usable_cpus
+from autotuner.spec.job import Job
+from autotuner.spec.requests import make_launcher, probe_environment
+from autotuner.trials.launcher import die_with_parent
+
+
+def visible_gpus(job: Job) -> int:
+    """How many GPUs a trial process of this job's backend sees."""
+    environment = probe_environment(make_launcher(job.backend), job.backend, "auto", job.workload_path(), job.source)
+    return int(environment.get("device_count") or 0)
+
+
+def check_gpus(jobs: int, gpus: int) -> None:
+    """Refuse `--jobs <jobs>` (one search process per GPU) where fewer than `jobs` GPUs are visible."""
+    if gpus == 0:
+        raise SpecError(
+            f"--jobs {jobs} starts one worker per GPU, and this machine has none visible; CPU workers would "
+            "share the cores and skew each other's timings. Run one worker here, or one per machine "
+            "on a shared --storage",
+            key="--jobs",
+        )
+    if jobs > gpus:
+        raise SpecError(f"--jobs {jobs} starts one worker per GPU, and only {gpus} are visible", key="--jobs")
+
+
+def search_on_gpus(job: Job, jobs: int, passthrough: Sequence[str]) -> int:
+    """One search process per GPU, on cuda:0 to cuda:<jobs - 1>; see `search_on_devices`."""
+    check_gpus(jobs, visible_gpus(job))
+    return search_on_devices(job, [f"cuda:{index}" for index in range(jobs)], passthrough)
+
+
+def search_on_devices(job: Job, devices: Sequence[str], passthrough: Sequence[str]) -> int:
+    """Start one search process per device (`autotuner search --spec ... --device <device>` plus
+    `passthrough`) and wait for them, relaying their lines prefixed with their device. Ctrl-C is
+    passed on to each process once; the exit code is the worst of theirs."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "autotuner", "search", "--spec", job.source, *passthrough]
+    processes = []
+    for device, cores in zip(devices, core_shares(usable_cpus(), len(devices)), strict=True):
+        processes.append(
+            subprocess.Popen(
+                [*command, "--device", device],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=env,
+                start_new_session=True,  # Ctrl-C reaches this process only; it passes it on once
+                preexec_fn=functools.partial(_in_child, cores),
+            )
+        )
+    lock = threading.Lock()
+    readers = [
+        threading.Thread(target=_relay, args=(process.stdout, f"[{device}] ", lock), daemon=True)
+        for process, device in zip(processes, devices, strict=True)
+    ]
+    for reader in readers:
+        reader.start()
+    interrupted = False
+    try:
+        for process in processes:
+            process.wait()
+    except KeyboardInterrupt:
+        interrupted = True
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in processes:
+            process.wait()
+    for reader in readers:
+        reader.join()
+    codes = [process.returncode for process in processes]
+    if interrupted or 130 in codes:
+        return 130
+    if 2 in codes:
+        return 2
+    return 1 if any(codes) else 0
+
+
+def core_shares(cpus: Collection[int], workers: int) -> list[set[int]]:
+    """`cpus` split into `workers` contiguous shares, as even as they go (neighbouring cores, as a
+    socket's are numbered); with fewer cores than workers, every worker shares them all."""
+    ordered = sorted(cpus)
+    if len(ordered) < workers:
+        return [set(ordered) for _ in range(workers)]
+    return [set(ordered[i * len(ordered) // workers : (i + 1) * len(ordered) // workers]) for i in range(workers)]
+
+
+def _in_child(cores: set[int]) -> None:
+    die_with_parent(signal.SIGINT)  # kill -9 of this one stops them cleanly
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+
+
+def _relay(stream: IO[str] | None, prefix: str, lock: threading.Lock) -> None:
+    assert stream is not None
+    for line in stream:
+        with lock:
+            sys.stdout.write(prefix + line)
+            sys.stdout.flush()
