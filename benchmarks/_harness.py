@@ -25,15 +25,16 @@ import optuna
 
 from autotuner.backends import Capabilities
 from autotuner.config.knobs import Config
-from autotuner.results.evidence import Reference, TrialOutput
+from autotuner.measurement.hardware import thread_settings
+from autotuner.results.evidence import Reference
 from autotuner.results.records import TrialRecord
 from autotuner.results.store import record
 from autotuner.search.reference import run_reference
 from autotuner.spec.job import Job
 from autotuner.spec.requests import make_launcher, probe_job, trial_request
-from autotuner.study.fingerprint import thread_settings
 from autotuner.study.storage import DIRECTIONS
 from autotuner.trials.launcher import TrialRequest, TrialResult
+from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -31,7 +31,8 @@ from _harness import ROOT, machine, run_search, write_results
 
 from autotuner.apply import TunedConfig, load_config
 from autotuner.integrations.transformers import training_arguments
-from autotuner.study.fingerprint import describe_threads, thread_settings
+from autotuner.measurement.hardware import thread_settings
+from autotuner.study.fingerprint import describe_threads
 
 sys.path.insert(0, str(ROOT))  # the example's factory imports as examples.huggingface.gpt2, as the spec names it
 SPEC = ROOT / "examples" / "huggingface" / "gpt2.yaml"

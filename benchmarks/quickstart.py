@@ -239,7 +239,11 @@ def _speedup_now(tuned: TunedConfig, job: Job, launcher: TrialLauncher, device: 
         for config in pair
     ]
     windows: tuple[list[float], list[float]] = ([], [])
-    for k, result in enumerate(measure_together(launcher, job, requests, device)):
+    for k, result in enumerate(
+        measure_together(
+            launcher, job.backend.runner, requests, device, job.trial_timeout(*(r.config for r in requests))
+        )
+    ):
         if result.outcome is not Outcome.OK:
             return None
         windows[k % 2].extend(result.output.throughput.window_samples_per_s)

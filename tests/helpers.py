@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autotuner.results.evidence import Losses, Reference, Throughput, TrialOutput  # noqa: E402
+from autotuner.measurement.timing import Throughput  # noqa: E402
+from autotuner.results.evidence import Reference  # noqa: E402
 from autotuner.trials.launcher import TrialRequest  # noqa: E402
+from autotuner.trials.measured import Losses, TrialOutput  # noqa: E402
 
 RUNNER = "autotuner.backends.pytorch.runner"
 FAULTY = "tests.faulty_workloads"

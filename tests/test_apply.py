@@ -25,7 +25,7 @@ from autotuner.errors import SpecError
 from autotuner.export.promise import AppliedRun, apply_config, print_applied
 from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.export.writer import EXPORT_VERSION
-from autotuner.results.evidence import Throughput
+from autotuner.measurement.timing import Throughput
 from autotuner.spec.job import load_spec
 from tests.conftest import ROOT, run_cli, write_spec
 

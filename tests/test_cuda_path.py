@@ -25,7 +25,6 @@ import autotuner.backends.pytorch.runner as torch_runner
 from autotuner.backends.pytorch.apply import TunedTraining
 from autotuner.backends.pytorch.runner import TRIAL_BACKEND
 from autotuner.errors import SpecError
-from autotuner.results.evidence import Losses, TrialOutput
 from autotuner.results.records import TrialRecord
 from autotuner.results.store import trial_metrics
 from autotuner.spec import requests as trial_requests
@@ -33,6 +32,7 @@ from autotuner.spec.job import TRIAL_TIMEOUT_S, load_spec
 from autotuner.study.storage import check_trial_limits
 from autotuner.trials import lockstep
 from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.measured import Losses, TrialOutput
 from autotuner.trials.outcomes import Outcome
 from tests.conftest import SMALL_SPEC
 from tests.helpers import ROOT, RUNNER, reference, request
@@ -366,7 +366,7 @@ def test_measure_together_one_after_another_runs_each_round_shuffled_and_answers
     base = trial_requests.trial_request(job, job.complete({}), "cuda:0")
     requests = [dataclasses.replace(base, seed=i) for i in range(9)]
     recording = Recording()
-    results = lockstep.measure_together(recording, job, requests, "cuda:0", rounds=3)  # type: ignore[arg-type]
+    results = lockstep.measure_together(recording, job.backend.runner, requests, "cuda:0", 60.0, rounds=3)  # type: ignore[arg-type]
     assert [r.output["seed"] for r in results] == list(range(9))
     assert recording.ran == lockstep.sequential_order(9, 3) and recording.ran != list(range(9))
 

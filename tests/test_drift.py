@@ -7,8 +7,8 @@ import math
 import pytest
 
 from autotuner.measurement.drift import Drift, measure_drift, relative_gap
-from autotuner.results.evidence import Losses
 from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.measured import Losses
 from autotuner.trials.outcomes import Outcome
 from tests.helpers import RUNNER, SMALL_MLP, request
 

@@ -119,7 +119,8 @@ def test_the_table_handed_out_is_a_copy() -> None:
 
 
 def test_thread_settings_are_described_and_compared(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autotuner.study.fingerprint import describe_threads, thread_mismatch, thread_settings
+    from autotuner.measurement.hardware import thread_settings
+    from autotuner.study.fingerprint import describe_threads, thread_mismatch
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

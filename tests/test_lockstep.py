@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from autotuner.measurement.timing import measure_throughput
+from autotuner.measurement.turns import Release, SetupTurn, Turns, Waiting, WindowsTurn
 from autotuner.spec.job import load_spec
 from autotuner.trials.launcher import TrialLauncher, TrialRequest
 from autotuner.trials.lockstep import SETTLE_MOST_S, STOPPED, _settle, _share, measure_together, run_in_lockstep
-from autotuner.trials.messages import Release, SetupTurn, Turns, Waiting, WindowsTurn, send_message
+from autotuner.trials.messages import send_message
 from autotuner.trials.outcomes import Outcome
 from tests.conftest import write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
@@ -126,7 +127,9 @@ def test_matching_the_first_nothing_runs_on_once_it_has_failed(
 ) -> None:
     job = load_spec(write_spec(tmp_path))
     # the requests run on the CPU whatever `device` says: it only decides lockstep or not
-    crashed, other = measure_together(launcher, job, [request("segfault"), _measured()], device, match_first=True)
+    crashed, other = measure_together(
+        launcher, job.backend.runner, [request("segfault"), _measured()], device, job.trial_timeout(), match_first=True
+    )
     assert crashed.outcome is Outcome.CRASH
     assert other.outcome is Outcome.ERROR and other.reason == STOPPED and other.output is None
 

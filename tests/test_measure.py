@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from autotuner.measurement.timing import measure_throughput, relative_spread
-from autotuner.results.evidence import Throughput
+from autotuner.measurement.timing import Throughput, measure_throughput, relative_spread
 
 
 class Recorder:

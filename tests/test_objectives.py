@@ -10,11 +10,11 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
-from autotuner.results.evidence import TrialOutput
 from autotuner.results.store import record
 from autotuner.spec.job import parse_spec
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
+from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 from tests.helpers import measured, reference

@@ -1,5 +1,6 @@
 """autotuner installs one import package: `backends/` and `search_spaces/` keep their top-level
-folders but import as `autotuner.backends` and `autotuner.search_spaces`."""
+folders but import as `autotuner.backends` and `autotuner.search_spaces`. Its subpackages are the
+stages of the engine, layered: a module imports only from its own layer and those below."""
 
 from __future__ import annotations
 
@@ -147,3 +148,59 @@ def test_the_package_has_no_import_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+LAYERS = (
+    "autotuner.errors",
+    "autotuner.config",
+    "autotuner.measurement",
+    "autotuner.trials",
+    "autotuner.search_spaces",
+    "autotuner.backends",
+    "autotuner.spec",
+    "autotuner.study",
+    "autotuner.results",
+    "autotuner.proposals",
+    "autotuner.workers",
+    "autotuner.output",
+    "autotuner.export",
+    "autotuner.search",
+    "autotuner",
+)
+"""The engine's layers, lowest first (`docs/architecture.md` draws them). The last is the package's
+public face: `autotuner/__init__.py`, the command line, `autotuner.apply`, the integrations."""
+
+
+def _layer(module: str) -> int:
+    """The index in `LAYERS` of the layer `module` belongs to: the longest that names it or a package above it."""
+    named = [i for i, layer in enumerate(LAYERS) if module == layer or module.startswith(layer + ".")]
+    return max(named, key=lambda i: len(LAYERS[i]))
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """`a -> b` for every module-level import of `graph` from a lower layer to a higher one."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if _layer(b) > _layer(a))
+
+
+def _subpackages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The imports between the layers of `graph`'s modules, by layer name (a layer's own left out)."""
+    edges: dict[str, set[str]] = {layer: set() for layer in LAYERS}
+    for a, targets in graph.items():
+        edges[LAYERS[_layer(a)]].update(LAYERS[_layer(b)] for b in targets if _layer(b) != _layer(a))
+    return edges
+
+
+def test_the_subpackages_are_layers_and_no_module_imports_upward() -> None:
+    """Every module of the package is in one of the `LAYERS`; the imports between layers form no
+    cycle, and none goes from a layer to a higher one (type-only imports included: a layer's
+    types are read by the layers above it, not below)."""
+    modules = _package_modules()
+    graph = {name: _imported(name, path, modules) for name, path in modules.items()}
+    assert _layer("autotuner.search.loop") == LAYERS.index("autotuner.search")
+    assert _layer("autotuner.cli") == _layer("autotuner.integrations.transformers") == len(LAYERS) - 1
+    assert _upward({"autotuner.trials.core": {"autotuner.spec.job"}}) == ["autotuner.trials.core -> autotuner.spec.job"]
+    stray = [name for name in modules if _layer(name) == len(LAYERS) - 1 and name.count(".") > 1]
+    assert stray == [name for name in stray if name.startswith("autotuner.integrations")], stray
+    assert _upward(graph) == []
+    cycle = _cycle(_subpackages(graph))
+    assert cycle is None, "the layers import each other: " + " -> ".join(cycle or [])

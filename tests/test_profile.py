@@ -11,7 +11,7 @@ import optuna.artifacts
 import yaml
 
 from autotuner.measurement.traces import read_trace
-from autotuner.search.profiling import stored_profiles
+from autotuner.results.profiles import stored_profiles
 from tests.conftest import run_cli, write_spec
 
 PROFILED = {"steps": 2}

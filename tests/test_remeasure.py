@@ -115,7 +115,9 @@ def launcher() -> TrialLauncher:
 def test_not_in_lockstep_the_processes_run_one_after_another(launcher: TrialLauncher, tmp_path: Path) -> None:
     job = load_spec(write_spec(tmp_path))
     measured = request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP)
-    results = measure_together(launcher, job, [measured, measured], "cpu", lockstep=False)
+    results = measure_together(
+        launcher, job.backend.runner, [measured, measured], "cpu", job.trial_timeout(), lockstep=False
+    )
     first, second = (r.output.throughput.window_spans for r in results)
     assert first[-1][1] <= second[0][0]  # every window of the first before any of the second
 

@@ -20,7 +20,6 @@ from autotuner.output import charts
 from autotuner.output.dashboard import study_note
 from autotuner.output.formatting import percent
 from autotuner.output.report import load_report, render_html, render_markdown
-from autotuner.results.evidence import TrialOutput
 from autotuner.results.records import TrialRecord, baseline, best, records, speedup, to_remeasure
 from autotuner.results.store import record
 from autotuner.spec.job import parse_spec
@@ -28,6 +27,7 @@ from autotuner.study.claims import Claims
 from autotuner.study.optuna_adapter import study_id
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
+from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
 from tests.conftest import run_cli, write_spec
 from tests.helpers import HELD, measured, reference

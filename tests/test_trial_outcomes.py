@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from autotuner.backends.pytorch.runner import TRIAL_BACKEND
-from autotuner.results.evidence import Losses, TrialOutput
 from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.measured import Losses, TrialOutput
 from autotuner.trials.outcomes import Outcome, ProcessEnd, classify_end, exception_message
 from tests.helpers import FAULTY, ROOT, RUNNER, request
 

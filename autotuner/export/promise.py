@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 from autotuner.config.knobs import Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
-from autotuner.results.evidence import Throughput
+from autotuner.measurement.timing import Throughput
 from autotuner.results.run_time import predicted_run_s
 from autotuner.study.fingerprint import thread_mismatch
 
@@ -227,7 +227,9 @@ def apply_config(
     # A compile cache of their own, empty: the warm-up is a real run's, whatever the study compiled.
     with tempfile.TemporaryDirectory(prefix="autotuner-apply-") as cold_cache:
         requests = [dataclasses.replace(r, compile_cache=cold_cache) for r in requests]
-        results = measure_together(launcher, job, requests, environment["device"], timeout_s=timeout, match_first=True)
+        results = measure_together(
+            launcher, job.backend.runner, requests, environment["device"], timeout, match_first=True
+        )
     for what, result in zip(("config", "baseline config"), results, strict=False):
         if result.outcome is not Outcome.OK:
             raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")

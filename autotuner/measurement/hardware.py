@@ -1,4 +1,7 @@
-"""Peak dense FLOP/s per device and precision, for MFU. Matched by the device's whole name.
+"""What the hardware is: the host CPU's name and the thread settings a step runs under
+(`cpu_name`, `thread_settings`), and peak dense FLOP/s per device and precision, for MFU.
+
+Peak FLOP/s are matched by the device's whole name.
 
 The name is what the framework reports (`torch.cuda.get_device_properties(i).name`, JAX's
 `device.device_kind`), e.g. "NVIDIA H100 80GB HBM3". It is normalised (`normalise_name`: case,
@@ -15,7 +18,34 @@ here gets no MFU rather than a guess.
 
 from __future__ import annotations
 
+import os
+import platform
 import re
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "MKL_NUM_THREADS")
+"""The environment variables that change how the CPU's threads run a step: the thread counts, and
+whether a thread that waits at a barrier spins (OpenMP's default, for a while) or sleeps. On a
+CPU, a small batch's step can run at half the speed with `OMP_WAIT_POLICY=PASSIVE`, so a study's
+figures hold under the settings it was measured with (`thread_settings`)."""
+
+
+def thread_settings(*more: str) -> dict[str, str]:
+    """The `THREAD_VARIABLES` (and the variables `more` names) this process runs with, those set:
+    a trial inherits them from the search, which leaves them as the user's shell has them (as
+    their training run will)."""
+    return {name: os.environ[name] for name in (*THREAD_VARIABLES, *more) if name in os.environ}
+
+
+def cpu_name() -> str:
+    """The host CPU's model and core count, `AMD EPYC (2 cores)`: the device name of a CPU trial."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{model or platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
 
 TFLOPS = 1e12
 

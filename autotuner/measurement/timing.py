@@ -28,11 +28,55 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autotuner.results.evidence import Throughput
-from autotuner.trials.messages import SetupTurn, Turns, Waiting, WindowsTurn
+from autotuner.measurement.turns import SetupTurn, Turns, Waiting, WindowsTurn
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """A trial's measured phase (`autotuner.measurement.timing.measure_throughput`)."""
+
+    samples_per_s: float
+    """Median over windows."""
+    spread: float
+    """(max - min) / median over the windows' throughputs."""
+    window_samples_per_s: list[float]
+    warmup_s: float
+    measured_s: float
+    """Sum of the windows' wall time."""
+    steps: int
+    """Optimizer steps per window: the requested steps, raised to fill the minimum duration."""
+    windows: int
+    """Windows measured."""
+    samples_per_step: int
+    calibration_s: float = 0.0
+    """Wall time of the calibration windows (0 without a minimum window duration)."""
+    window_spans: list[tuple[float, float]] = field(default_factory=list)
+    """When each window began and ended, by `time.monotonic` (one clock for every process of the
+    machine: lockstep processes' windows can be set side by side)."""
+    stopped: str | None = None
+    """Why the windows stopped before all were measured (`autotuner.measurement.pruning`: the trial is pruned,
+    its drift phase not run), or None."""
+    warmup_steps: int = 0
+    """Optimizer steps of the warm-up, whose wall time is `warmup_s`."""
+    steps_taken: int = 0
+    """Every optimizer step the measured phase took: warm-up, calibration, the untimed step that
+    opens each lockstep turn, the windows."""
+    trained_s: float = 0.0
+    """Wall time from the warm-up's first step to the last window's end, less the waits for other
+    processes' turns in lockstep: the time those `steps_taken` steps took to train."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Throughput:
+        """From `as_dict`'s form read back from JSON (the spans come back as lists)."""
+        spans = [(float(start), float(end)) for start, end in data.get("window_spans", [])]
+        return cls(**{**data, "window_spans": spans})
 
 
 def relative_spread(values: list[float]) -> float:

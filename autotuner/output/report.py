@@ -24,6 +24,7 @@ from autotuner.errors import SpecError
 from autotuner.output import charts
 from autotuner.output.formatting import percent, rate, runs
 from autotuner.results.evidence import Reference
+from autotuner.results.profiles import Profile, stored_profiles
 from autotuner.results.records import (
     TrialRecord,
     baseline,
@@ -35,7 +36,6 @@ from autotuner.results.records import (
     stored_reference,
 )
 from autotuner.results.run_time import RunPlan, money, run_plan, verdict
-from autotuner.search.profiling import Profile, stored_profiles
 from autotuner.spec.job import NOT_SEARCHED_ATTR, output_dir
 from autotuner.study.fingerprint import describe, fingerprint
 from autotuner.study.storage import open_storage, shown_url

@@ -15,12 +15,13 @@ import optuna
 
 from autotuner.config.knobs import Config
 from autotuner.measurement.contention import CONTENDED_SHARE, contention
-from autotuner.results.evidence import Reference, TrialOutput
+from autotuner.results.evidence import Reference
 from autotuner.results.records import GIVEN_UP, TrialRecord
 from autotuner.spec.job import Job
 from autotuner.study.optuna_adapter import trial_id
 from autotuner.study.storage import CONSTRAINT_NAMES, ENERGY
 from autotuner.trials.launcher import TrialResult
+from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
 
 DRIFT_CAP = 1e6

@@ -16,7 +16,7 @@ from autotuner.backends import Capabilities
 from autotuner.config.knobs import Config, format_config
 from autotuner.measurement.contention import CONTENDED_SHARE, contention, wait_until_quiet
 from autotuner.output.console import SearchReporter
-from autotuner.results.evidence import Reference, TrialOutput
+from autotuner.results.evidence import Reference
 from autotuner.results.records import TrialRecord
 from autotuner.results.run_time import RunPlan
 from autotuner.results.store import give_up, record
@@ -24,6 +24,7 @@ from autotuner.results.tried import best_feasible, oom_rules_out
 from autotuner.spec.job import Job
 from autotuner.spec.requests import trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
 from autotuner.workers.coordination import BudgetSlots, ConfigClaims
 

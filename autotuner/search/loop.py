@@ -27,10 +27,11 @@ from autotuner.output.console import SearchReporter
 from autotuner.output.dashboard import publish
 from autotuner.proposals.sampler import FreshConfigSampler, make_sampler
 from autotuner.results.evidence import Reference
+from autotuner.results.profiles import describe
 from autotuner.results.records import SearchSummary, baseline, best, records, spent_seconds
 from autotuner.results.run_time import RUN_ATTR, RunPlan
 from autotuner.search.dispatch import TrialDispatch
-from autotuner.search.profiling import artifact_dir, describe, run_profiles
+from autotuner.search.profiling import artifact_dir, run_profiles
 from autotuner.search.reference import REFERENCE_LEASE_TRIALS, run_reference
 from autotuner.search.remeasure import Remeasurer
 from autotuner.spec.job import NOT_SEARCHED_ATTR, Job

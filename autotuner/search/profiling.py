@@ -22,13 +22,13 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from autotuner.measurement.traces import Operator
+from autotuner.results.profiles import ATTR_PREFIX, Profile, stored_profiles
 from autotuner.results.records import TrialRecord, baseline, best, records
 from autotuner.spec.job import Job
 from autotuner.spec.requests import trial_request
@@ -40,50 +40,11 @@ if TYPE_CHECKING:
     from autotuner.results.run_time import RunPlan
     from autotuner.trials.launcher import TrialLauncher
 
-ATTR_PREFIX = "profile:"
-"""Study system attr `profile:<trial number>`: that trial's `Profile`."""
-
-
-@dataclass
-class Profile:
-    trial: int
-    role: str
-    """`baseline` or `best`."""
-    steps: int
-    seconds: float
-    """Wall time of the profiling process, start to end (the price of the profile)."""
-    where: str
-    """`device` (a GPU's kernels) or `host`."""
-    total_ms: float
-    """Self time of everything on that side, per step."""
-    operators: list[Operator] = field(default_factory=list)
-    artifact: str | None = None
-    """The trace's artifact id in the study's artifact store."""
-    artifact_name: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Profile:
-        operators = [Operator(**op) for op in data.get("operators", [])]
-        return cls(**{**data, "operators": operators})
-
 
 def artifact_dir(job: Job) -> Path:
     """The folder of the study's file-system artifact store."""
     folder = job.spec.profile.artifacts
     return Path(folder) if folder else job.output_dir() / "artifacts"
-
-
-def stored_profiles(study: optuna.Study) -> dict[int, Profile]:
-    """The profiles stored with the study, by trial number."""
-    attrs = study_storage(study).get_study_system_attrs(study_id(study))
-    return {
-        int(key.removeprefix(ATTR_PREFIX)): Profile.from_dict(value)
-        for key, value in attrs.items()
-        if key.startswith(ATTR_PREFIX) and isinstance(value, dict)
-    }
 
 
 def profile_targets(trials: list[TrialRecord], best: TrialRecord | None) -> list[tuple[TrialRecord, str]]:
@@ -142,17 +103,6 @@ def run_profiles(
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     return profiles
-
-
-def describe(profile: Profile, top: int = 3) -> str:
-    """One line: `trial #4 (best): 3 steps profiled in 0.3 s; self time on the host 41 ms a step:
-    aten::mm 15%, ...`."""
-    ops = ", ".join(f"{op.name} {op.share:.0%}" for op in profile.operators[:top])
-    return (
-        f"trial #{profile.trial} ({profile.role}): {profile.steps} step{'s' if profile.steps != 1 else ''} "
-        f"profiled in {profile.seconds:.1f} s; "
-        f"self time on the {profile.where} {profile.total_ms:.3g} ms a step: {ops}"
-    )
 
 
 def profile_from_output(output: dict[str, Any], trial: int, role: str, steps: int, started: float) -> Profile:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from autotuner.errors import BackendError
 from autotuner.measurement.drift import measure_drift
-from autotuner.results.evidence import Losses, Reference, TrialOutput
+from autotuner.results.evidence import Reference
 from autotuner.spec.job import Job
 from autotuner.spec.requests import trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.measured import Losses, TrialOutput
 from autotuner.trials.outcomes import Outcome
 
 REFERENCE_LEASE_TRIALS = 3

@@ -27,13 +27,14 @@ import optuna
 
 from autotuner.measurement.telemetry import available_memory_mb
 from autotuner.output.console import SearchReporter
-from autotuner.results.evidence import Remeasurement, TrialOutput
+from autotuner.results.evidence import Remeasurement
 from autotuner.results.records import TrialRecord, baseline, records, to_remeasure
 from autotuner.results.run_time import RunPlan
 from autotuner.spec.job import Job
 from autotuner.spec.requests import PROBE_TIMEOUT_S, trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.lockstep import in_lockstep, measure_together
+from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
 from autotuner.workers.coordination import OncePerStudy
 
@@ -303,7 +304,8 @@ class Remeasurer:
             )
             for t in part
         ]
-        results = measure_together(self.launcher, job, requests, device, lockstep=lockstep)
+        timeout_s = job.trial_timeout(*(r.config for r in requests))
+        results = measure_together(self.launcher, job.backend.runner, requests, device, timeout_s, lockstep=lockstep)
         for t, result in zip(part, results, strict=True):
             self._add_run(found[t.number], result)
             groups[t.number].update(other.number for other in part)

@@ -4,25 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
 from typing import Any
 
 from autotuner.backends import BACKENDS
 
 FINGERPRINT_KEYS = ("backend", "device_name", "driver", "versions")
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "MKL_NUM_THREADS")
-"""The environment variables that change how the CPU's threads run a step: the thread counts, and
-whether a thread that waits at a barrier spins (OpenMP's default, for a while) or sleeps. On a
-CPU, a small batch's step can run at half the speed with `OMP_WAIT_POLICY=PASSIVE`, so a study's
-figures hold under the settings it was measured with (`thread_settings`)."""
-
-
-def thread_settings(*more: str) -> dict[str, str]:
-    """The `THREAD_VARIABLES` (and the variables `more` names) this process runs with, those set:
-    a trial inherits them from the search, which leaves them as the user's shell has them (as
-    their training run will)."""
-    return {name: os.environ[name] for name in (*THREAD_VARIABLES, *more) if name in os.environ}
 
 
 def thread_mismatch(measured: dict[str, Any], environment: dict[str, Any]) -> str | None:
@@ -41,17 +27,6 @@ def describe_threads(threads: dict[str, Any]) -> str:
     parts = [f"{threads['intra_op']} intra-op"] if "intra_op" in threads else []
     parts += [f"{name}={value}" for name, value in threads.items() if name != "intra_op"]
     return ", ".join(parts) or "default"
-
-
-def cpu_name() -> str:
-    """The host CPU's model and core count, `AMD EPYC (2 cores)`: the device name of a CPU trial."""
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{model or platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
 
 
 def fingerprint(environment: dict[str, Any]) -> str:

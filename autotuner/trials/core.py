@@ -29,10 +29,10 @@ from autotuner.measurement.pruning import behind
 from autotuner.measurement.telemetry import Telemetry
 from autotuner.measurement.timing import measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
-from autotuner.results.evidence import Losses, TrialOutput
+from autotuner.measurement.turns import Turns
 from autotuner.trials.factory import load_factory, workload_problem
 from autotuner.trials.launcher import TrialRequest
-from autotuner.trials.messages import Turns
+from autotuner.trials.measured import Losses, TrialOutput
 from autotuner.trials.outcomes import NonFiniteLoss
 from autotuner.trials.progress import PhaseFile
 

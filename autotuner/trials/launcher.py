@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from autotuner.trials.messages import GarbledMessage, Started, Turn, Turns, Waiting, receive_message, send_message
+from autotuner.measurement.turns import Turn, Turns, Waiting
+from autotuner.trials.messages import GarbledMessage, Started, receive_message, send_message
 from autotuner.trials.outcomes import Classified, Outcome, ProcessEnd, classify_end, exception_message
 
 

@@ -39,16 +39,13 @@ import dataclasses
 import multiprocessing.connection
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotuner.measurement.telemetry import groups_cpu_seconds
-from autotuner.results.evidence import TrialOutput
+from autotuner.measurement.turns import Release, SetupTurn, Waiting, WindowsTurn
 from autotuner.trials.launcher import TrialLauncher, TrialProcess, TrialRequest, TrialResult
-from autotuner.trials.messages import Release, SetupTurn, Waiting, WindowsTurn
+from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
-
-if TYPE_CHECKING:
-    from autotuner.spec.job import Job
 
 STOPPED = "stopped: the trial whose optimizer steps it was to match failed"
 
@@ -60,16 +57,17 @@ def in_lockstep(device: str) -> bool:
 
 def measure_together(
     launcher: TrialLauncher,
-    job: Job,
+    runner: str,
     requests: list[TrialRequest],
     device: str,
+    timeout_s: float,
     *,
-    timeout_s: float | None = None,
     match_first: bool = False,
     lockstep: bool | None = None,
     rounds: int = 1,
 ) -> list[TrialResult[TrialOutput]]:
-    """Run trials whose throughputs are to be compared. On a CPU, in lockstep (`run_in_lockstep`).
+    """Run trials of `runner` (a backend's runner module) whose throughputs are to be compared,
+    each within `timeout_s`. On a CPU, in lockstep (`run_in_lockstep`).
     On a GPU one after another, in the order given: there the device's memory is what processes
     would share, and a config that fits alone might not fit while another one runs. With
     `match_first`, all but the first measure as many windows (of their own calibrated length) as
@@ -78,9 +76,8 @@ def measure_together(
     requests are `rounds` rounds of equal length (re-measurement's runs), each run in a fresh
     random order (seeded: the same every time; `match_first` keeps the first one first), so that
     a device's clock and temperature, which change as it works, favour no config."""
-    timeout_s = timeout_s or job.trial_timeout(*(r.config for r in requests))
     if in_lockstep(device) if lockstep is None else lockstep:
-        return run_in_lockstep(launcher, job.backend.runner, "run", requests, timeout_s, match_first=match_first)
+        return run_in_lockstep(launcher, runner, "run", requests, timeout_s, match_first=match_first)
     results: dict[int, TrialResult[TrialOutput]] = {}
     if match_first:  # the first one first: the others match its optimizer steps
         order = [0, *sequential_order(len(requests) - 1, 1, offset=1)]
@@ -95,7 +92,7 @@ def measure_together(
             first = results[0].output
             assert first is not None and first.throughput is not None  # it measured, and ended ok
             request = dataclasses.replace(request, match_steps=first.throughput.steps * first.throughput.windows)
-        results[index] = launcher.call(job.backend.runner, "run", request, timeout_s)
+        results[index] = launcher.call(runner, "run", request, timeout_s)
     return [results[index] for index in range(len(requests))]
 
 

@@ -1,17 +1,14 @@
-"""What a trial process and its launcher send each other: the messages, typed, and their framing.
+"""What a trial process and its launcher send each other on the result pipe, and its framing.
 
-A trial process sends on its result pipe `Started` first, then, in a lockstep group, `Waiting`
-before each of its turns, and last its result: `{"status": "ok", "result": ...}`, or the
-exception that stopped it (`autotuner.trials.outcomes.exception_message`), which
-`autotuner.trials.outcomes.classify_end` reads. In a lockstep group the launcher answers each `Waiting`
-down a second pipe with a turn: a `SetupTurn`, a `WindowsTurn` or the `Release`; `Turns` is the
-process's side of that exchange. When each is sent, and why, is the lockstep protocol
-(`autotuner.trials.lockstep`).
+A trial process sends `Started` first, then, in a lockstep group, `Waiting` before each of its
+turns (`autotuner.measurement.turns`: the turns and the launcher's answers, which go down a second
+pipe), and last its result: `{"status": "ok", "result": ...}`, or the exception that stopped it
+(`autotuner.trials.outcomes.exception_message`), which `autotuner.trials.outcomes.classify_end`
+reads.
 
-On the result pipe a message is an 8-byte big-endian length, then its pickle. The launcher reads
-it in pieces, each bounded by the trial's deadline (`Connection.recv` would wait for a whole
-message however long it takes: a process that wrote a broken length and hung would outlast its
-timeout).
+A message is an 8-byte big-endian length, then its pickle. The launcher reads it in pieces, each
+bounded by the trial's deadline (`Connection.recv` would wait for a whole message however long it
+takes: a process that wrote a broken length and hung would outlast its timeout).
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ import os
 import pickle
 import struct
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,60 +28,6 @@ class Started:
 
     at: float
     """`time.time()` in the trial process."""
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """The process waits for its next turn in a lockstep group, and reports how far it is."""
-
-    measuring: bool
-    """Whether it waits for a measured turn (its setup or windows); False: it has measured all its
-    windows and waits to be released."""
-    steps: int = 0
-    """Optimizer steps per window, once calibrated (0 while it waits for its setup turn)."""
-    windows: int = 1
-    """The windows it measures in all."""
-    measured: int = 0
-    """The windows it has measured so far."""
-
-
-@dataclass(frozen=True)
-class SetupTurn:
-    """Run the warm-up and the calibration."""
-
-    match_steps: int = 0
-    """When set, measure as many windows (of the calibrated length) as it takes to match this many
-    optimizer steps (another process's), not the request's windows."""
-
-
-@dataclass(frozen=True)
-class WindowsTurn:
-    """Measure this many more windows."""
-
-    windows: int = 1
-
-
-@dataclass(frozen=True)
-class Release:
-    """Go on to the end (the drift phase), together with the rest of the group."""
-
-
-Turn = SetupTurn | WindowsTurn | Release
-
-
-class Turns:
-    """A trial process's side of a lockstep group: `wait` tells the launcher that the process is
-    ready for its next turn (and how far it is) and returns the turn once it is given."""
-
-    def __init__(self, send: Callable[[Waiting], None], receive: Callable[[], object]):
-        self._send, self._receive = send, receive
-
-    def wait(self, waiting: Waiting) -> Turn:
-        self._send(waiting)
-        turn = self._receive()
-        if not isinstance(turn, Turn):
-            raise TypeError(f"the launcher sent {turn!r} where a turn was due")
-        return turn
 
 
 _LENGTH = struct.Struct("!Q")

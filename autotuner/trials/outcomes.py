@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from autotuner.results.evidence import TrialOutput
+from autotuner.trials.measured import TrialOutput
 
 
 class Outcome(str, Enum):

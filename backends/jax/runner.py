@@ -46,13 +46,12 @@ from autotuner.backends.jax.apply import (
     use_xla_flags,
 )
 from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem, remat_scope
-from autotuner.measurement.hardware import peak_flops
+from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
 from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
-from autotuner.results.evidence import TrialOutput
-from autotuner.study.fingerprint import cpu_name, thread_settings
+from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
 from autotuner.trials.launcher import TrialRequest
-from autotuner.trials.messages import Turns
+from autotuner.trials.measured import TrialOutput
 
 try:
     RUNTIME_ERROR: type[Exception] = jax.errors.JaxRuntimeError

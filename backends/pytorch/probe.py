@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from autotuner.measurement.hardware import peak_flops
+from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
 from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
-from autotuner.study.fingerprint import cpu_name, thread_settings
 
 if TYPE_CHECKING:
     from autotuner.backends.pytorch.workload import TorchWorkload

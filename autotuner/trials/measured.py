@@ -1,0 +1,83 @@
+"""What a trial process measured and sends back when it ran to its end: a `TrialOutput`, with the
+measured phase's `autotuner.measurement.timing.Throughput` and the drift phase's `Losses`. It is
+pickled through the trial's pipe as it is (`autotuner.trials.launcher`); `as_dict` is its plain
+form where it is kept as JSON (the benchmarks).
+
+This module imports no framework and no Optuna: trial processes and the search both load it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotuner.measurement.timing import Throughput
+
+
+@dataclass(frozen=True)
+class Losses:
+    """The drift phase's losses: the held-out loss after the K steps and each step's loss."""
+
+    heldout: float
+    trajectory: list[float]
+    skipped_steps: int | None = None
+    """The drift steps the config skipped (fp16 overflow), where the backend can tell."""
+
+
+@dataclass
+class TrialOutput:
+    """What a trial process sends back when it ran to its end."""
+
+    losses: Losses
+    tokens_per_sample: int | None = None
+    flops_per_sample: float | None = None
+    throughput: Throughput | None = None
+    """None for the reference, which runs the drift phase only (so do the next three)."""
+    peak_memory_mb: float | None = None
+    telemetry: dict[str, float] | None = None
+    """`autotuner.measurement.telemetry.Telemetry.summary` over the windows."""
+    compile_cache: str | None = None
+    setup_s: float | None = None
+    """Wall time from the trial's start to its warm-up: the workload built, the config applied."""
+    dataset_items: int | None = None
+    """Items of the workload's training dataset (an epoch, for `run: {epochs: E}`)."""
+    prune_held_off: list[float] = field(default_factory=list)
+    """The share of the cores other work had taken by each window after which the trial was behind
+    the best but not pruned, since it was slowed by that work (`autotuner.measurement.pruning`)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """As plain data (the benchmarks keep trial outputs in JSON): what the measured phase
+        gave only where it ran."""
+        data: dict[str, Any] = {
+            "tokens_per_sample": self.tokens_per_sample,
+            "flops_per_sample": self.flops_per_sample,
+            "losses": asdict(self.losses),
+            "dataset_items": self.dataset_items,
+        }
+        if self.throughput is not None:
+            data.update(
+                throughput=self.throughput.as_dict(),
+                peak_memory_mb=self.peak_memory_mb,
+                telemetry=self.telemetry,
+                compile_cache=self.compile_cache,
+                setup_s=self.setup_s,
+                prune_held_off=self.prune_held_off,
+            )
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialOutput:
+        throughput = data.get("throughput")
+        return cls(
+            losses=Losses(**data["losses"]),
+            tokens_per_sample=data.get("tokens_per_sample"),
+            flops_per_sample=data.get("flops_per_sample"),
+            throughput=Throughput.from_dict(throughput) if throughput else None,
+            peak_memory_mb=data.get("peak_memory_mb"),
+            telemetry=data.get("telemetry"),
+            compile_cache=data.get("compile_cache"),
+            setup_s=data.get("setup_s"),
+            dataset_items=data.get("dataset_items"),
+            prune_held_off=data.get("prune_held_off", []),
+        )
