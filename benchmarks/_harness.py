@@ -34,8 +34,8 @@ from autotuner.spec.job import Job
 from autotuner.spec.requests import make_launcher, probe_job, trial_request
 from autotuner.study.storage import DIRECTIONS
 from autotuner.trials.launcher import TrialRequest, TrialResult
-from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import TrialOutput
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"

@@ -75,7 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     launcher = TrialLauncher([JAX.runner])
     probed = launcher.call(
-        JAX.runner, "probe", {"device": args.device, "workload": "autotuner.backends.jax.workloads:mlp"}, 300
+        JAX.runner, "probe", {"device": args.device, "workload": "autotuner.backends.jax.builtin:mlp"}, 300
     )
     environment = probed.output
     runs = []

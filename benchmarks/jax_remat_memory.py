@@ -43,8 +43,8 @@ def main() -> None:
     import numpy as np
 
     from autotuner.backends.jax.apply import TunedTraining, resolve_device
+    from autotuner.backends.jax.builtin import gpt
     from autotuner.backends.jax.workload import REMAT_POLICIES
-    from autotuner.backends.jax.workloads import gpt
 
     device = resolve_device(args.device)
     precision = "bf16" if device.platform == "gpu" else "fp32"

@@ -35,11 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotuner.backends.pytorch import (  # noqa: E402
-    PYTORCH,
-    TorchCapabilities,
-    workloads,  # noqa: E402
-)
+from autotuner.backends.pytorch import PYTORCH, TorchCapabilities  # noqa: E402
+from autotuner.backends.pytorch import builtin as workloads  # noqa: E402
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device  # noqa: E402
 from autotuner.backends.pytorch.probe import environment, workload_capabilities  # noqa: E402
 from autotuner.backends.pytorch.workload import TorchWorkload  # noqa: E402

@@ -41,7 +41,7 @@ def measure_startup(runs: int) -> dict[str, object]:
     launcher.call("json", "loads", "{}", 120)  # starts the fork server (imports torch once)
     server_start_s = time.perf_counter() - started
     probed = launcher.call(
-        RUNNER, "probe", {"device": "cpu", "workload": "autotuner.backends.pytorch.workloads:mlp"}, 120
+        RUNNER, "probe", {"device": "cpu", "workload": "autotuner.backends.pytorch.builtin:mlp"}, 120
     )
     fork_startup, fork_roundtrip = [], []
     for _ in range(runs):

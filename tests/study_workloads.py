@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from autotuner.backends.pytorch.builtin import mlp
 from autotuner.backends.pytorch.workload import TorchWorkload
-from autotuner.backends.pytorch.workloads import mlp
 
 
 class _MemoryCeiling(nn.Module):

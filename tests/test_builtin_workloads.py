@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from autotuner.backends.pytorch.workloads import BasicBlock, mlp, resnet
+from autotuner.backends.pytorch.builtin import BasicBlock, mlp, resnet
 
 STEPS = 1_000
 """Past the ~800 steps it takes AdamW's first moment (x0.9 per step) to decay from a gradient's

@@ -32,8 +32,8 @@ from autotuner.spec.job import TRIAL_TIMEOUT_S, load_spec
 from autotuner.study.storage import check_trial_limits
 from autotuner.trials import lockstep
 from autotuner.trials.launcher import TrialLauncher, TrialResult
-from autotuner.trials.measured import Losses, TrialOutput
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import Losses, TrialOutput
 from tests.conftest import SMALL_SPEC
 from tests.helpers import ROOT, RUNNER, reference, request
 
@@ -300,7 +300,7 @@ def test_bf16_and_tf32_are_decided_by_the_requested_devices_compute_capability(
     for name in ("has_energy_counter", "cuda_uuid"):
         monkeypatch.setattr(torch_probe, name, lambda *a, **k: None)
     monkeypatch.setattr(torch_probe, "nvml_driver", lambda: "test")
-    arg = {"device": "cuda:1", "workload": "autotuner.backends.pytorch.workloads:mlp", "workload_args": None}
+    arg = {"device": "cuda:1", "workload": "autotuner.backends.pytorch.builtin:mlp", "workload_args": None}
     probed = TRIAL_BACKEND.probe(arg)
     assert asked and all(device == torch.device("cuda", 1) for device in asked)
     assert probed["capabilities"]["bf16"] is bf16 and probed["capabilities"]["tf32"] is bf16

@@ -8,11 +8,11 @@ import pytest
 
 from autotuner.measurement.drift import Drift, measure_drift, relative_gap
 from autotuner.trials.launcher import TrialLauncher
-from autotuner.trials.measured import Losses
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import Losses
 from tests.helpers import RUNNER, SMALL_MLP, request
 
-MLP = "autotuner.backends.pytorch.workloads:mlp"
+MLP = "autotuner.backends.pytorch.builtin:mlp"
 TIMEOUT_S = 120.0
 
 

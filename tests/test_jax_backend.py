@@ -86,7 +86,7 @@ def test_a_jax_spec_gets_the_jax_preset_by_default(tmp_path: Path) -> None:
     minimal = {"name": "job", "backend": "jax", "workload": "builtin:gpt", "global_batch": 64}
     job = load_spec(_write(tmp_path, {**minimal, "name": "job"}))
     assert job.space["precision"] == ["fp32", "tf32", "bf16"] and job.space["jit"] == ["off", "on"]
-    assert job.workload_path() == "autotuner.backends.jax.workloads:gpt"
+    assert job.workload_path() == "autotuner.backends.jax.builtin:gpt"
 
 
 @pytest.mark.parametrize(
@@ -138,8 +138,8 @@ def test_a_jax_spec_in_a_python_without_jax_is_one_line_and_exit_2(tmp_path: Pat
 
 
 def test_the_builtin_workloads_are_the_twins_of_the_pytorch_ones() -> None:
-    from autotuner.backends.jax import workloads
-    from autotuner.backends.pytorch import workloads as torch_workloads
+    from autotuner.backends.jax import builtin as workloads
+    from autotuner.backends.pytorch import builtin as torch_workloads
 
     np.random.seed(0)
     tiny_gpt = {"vocab": 32, "length": 16, "dim": 16, "layers": 2, "heads": 2, "samples": 64}
@@ -156,8 +156,8 @@ def test_the_builtin_workloads_are_the_twins_of_the_pytorch_ones() -> None:
 
 
 def test_the_mlp_twins_compute_the_same_function() -> None:
-    from autotuner.backends.jax import workloads
-    from autotuner.backends.pytorch import workloads as torch_workloads
+    from autotuner.backends.jax import builtin as workloads
+    from autotuner.backends.pytorch import builtin as torch_workloads
 
     args = {"features": 16, "hidden": 32, "depth": 2, "samples": 64}
     np.random.seed(0)
@@ -174,7 +174,7 @@ def test_the_mlp_twins_compute_the_same_function() -> None:
 
 
 def test_the_parameters_follow_the_trial_seed_and_the_data_do_not() -> None:
-    from autotuner.backends.jax.workloads import mlp
+    from autotuner.backends.jax.builtin import mlp
 
     def build(seed: int) -> JaxWorkload:
         np.random.seed(seed)

@@ -170,7 +170,7 @@ RECORDED: dict[str, set[str]] = {"params": set(), "loss": set()}
 
 def recording_mlp(**args: Any) -> JaxWorkload:
     """The built-in mlp, recording in RECORDED where its arrays are made."""
-    from autotuner.backends.jax.workloads import mlp
+    from autotuner.backends.jax.builtin import mlp
 
     workload = mlp(**args)
     workload.params = jax.tree.map(jax.numpy.asarray, workload.params)  # made by JAX, as jax.random makes them
@@ -266,7 +266,7 @@ def launcher() -> TrialLauncher:
 
 
 def test_probe_and_trials_run_through_the_trial_launcher(launcher: TrialLauncher) -> None:
-    mlp = "autotuner.backends.jax.workloads:mlp"
+    mlp = "autotuner.backends.jax.builtin:mlp"
     probed = launcher.call(RUNNER, "probe", {"device": "cpu", "workload": mlp, "workload_args": SMALL_MLP}, 120)
     assert probed.outcome is Outcome.OK, probed.reason
     assert probed.output["device"] == "cpu" and probed.output["workload_error"] is None

@@ -27,9 +27,9 @@ import yaml
 from autotuner.backends._base import Capabilities
 from autotuner.backends.jax import JAX, XLA_FLAG_BUNDLES, FlagBundle, JaxCapabilities
 from autotuner.backends.jax.apply import TunedTraining
+from autotuner.backends.jax.builtin import gpt, mlp
 from autotuner.backends.jax.runner import _flags_known, _start_flag_check
 from autotuner.backends.jax.workload import JaxWorkload, remat_block, remat_scope
-from autotuner.backends.jax.workloads import gpt, mlp
 from autotuner.search_spaces import load_preset
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome

@@ -103,7 +103,7 @@ def test_backend_registry() -> None:
     assert BACKENDS["pytorch"] is PYTORCH and get_backend("pytorch") is PYTORCH
     with pytest.raises(KeyError):
         get_backend("tensorflow")
-    assert PYTORCH.resolve_workload("builtin:mlp") == "autotuner.backends.pytorch.workloads:mlp"
+    assert PYTORCH.resolve_workload("builtin:mlp") == "autotuner.backends.pytorch.builtin:mlp"
     assert PYTORCH.resolve_workload("my.pkg:job") == "my.pkg:job"
     assert "jit" not in PYTORCH.knobs
 

@@ -24,7 +24,7 @@ from autotuner.trials.outcomes import Outcome
 from tests.conftest import write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
 
-MLP = "autotuner.backends.pytorch.workloads:mlp"
+MLP = "autotuner.backends.pytorch.builtin:mlp"
 
 
 @pytest.fixture(scope="module")

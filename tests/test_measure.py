@@ -182,7 +182,7 @@ def test_training_flops_are_counted_for_a_workload_that_does_not_declare_them() 
     from autotuner.backends.pytorch import runner
     from tests.helpers import SMALL_MLP, request
 
-    result = runner.TRIAL_BACKEND.run(request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP))
+    result = runner.TRIAL_BACKEND.run(request("autotuner.backends.pytorch.builtin:mlp", SMALL_MLP))
     # 16 -> 32 -> 32 -> 10: forward 2*in*out per layer, backward the weight gradient of every layer
     # and the input gradient of all but the first (the inputs need none).
     layers = [(16, 32), (32, 32), (32, 10)]
@@ -190,7 +190,7 @@ def test_training_flops_are_counted_for_a_workload_that_does_not_declare_them() 
     assert result.flops_per_sample == forward + forward + sum(2 * i * o for i, o in layers[1:])
     assert (
         runner.TRIAL_BACKEND.run(
-            request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP, measure=False)
+            request("autotuner.backends.pytorch.builtin:mlp", SMALL_MLP, measure=False)
         ).flops_per_sample
         is None
     )

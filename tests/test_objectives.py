@@ -14,8 +14,8 @@ from autotuner.results.store import record
 from autotuner.spec.job import parse_spec
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
-from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import TrialOutput
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 from tests.helpers import measured, reference
 

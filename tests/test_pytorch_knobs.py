@@ -19,9 +19,9 @@ from torch import nn
 from autotuner.apply import load_config
 from autotuner.backends.pytorch import PYTORCH, TorchCapabilities
 from autotuner.backends.pytorch.apply import TunedTraining, enable_checkpointing, rebuilt_optimizer, repeated_blocks
+from autotuner.backends.pytorch.builtin import Block, cnn, gpt, mlp, resnet
 from autotuner.backends.pytorch.probe import environment, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload
-from autotuner.backends.pytorch.workloads import Block, cnn, gpt, mlp, resnet
 from autotuner.config.knobs import format_config, needs_as_much_memory
 from autotuner.errors import SpecError
 from autotuner.output.report import peak_memory

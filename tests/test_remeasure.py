@@ -114,7 +114,7 @@ def launcher() -> TrialLauncher:
 
 def test_not_in_lockstep_the_processes_run_one_after_another(launcher: TrialLauncher, tmp_path: Path) -> None:
     job = load_spec(write_spec(tmp_path))
-    measured = request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP)
+    measured = request("autotuner.backends.pytorch.builtin:mlp", SMALL_MLP)
     results = measure_together(
         launcher, job.backend.runner, [measured, measured], "cpu", job.trial_timeout(), lockstep=False
     )
@@ -123,7 +123,7 @@ def test_not_in_lockstep_the_processes_run_one_after_another(launcher: TrialLaun
 
 
 def test_a_remeasurement_process_measures_throughput_and_skips_the_drift_phase(launcher: TrialLauncher) -> None:
-    trial = request("autotuner.backends.pytorch.workloads:mlp", SMALL_MLP)
+    trial = request("autotuner.backends.pytorch.builtin:mlp", SMALL_MLP)
     rerun = dataclasses.replace(trial, drift=False)
     full, measured_only = (launcher.call(RUNNER, "run", r, 120).output for r in (trial, rerun))
     assert full.losses.trajectory and math.isfinite(full.losses.heldout)

@@ -27,8 +27,8 @@ from autotuner.study.claims import Claims
 from autotuner.study.optuna_adapter import study_id
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
-from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import TrialOutput
 from tests.conftest import run_cli, write_spec
 from tests.helpers import HELD, measured, reference
 

@@ -75,7 +75,7 @@ def test_minimal_spec_has_the_documented_defaults(tmp_path: Path) -> None:
     assert job.sampler.name == "tpe" and job.sampler.seed is None
     assert job.storage_url() == "sqlite:///runs/job/study.db"
     assert job.storage_url("sqlite:///x.db") == "sqlite:///x.db"
-    assert job.workload_path() == "autotuner.backends.pytorch.workloads:mlp"
+    assert job.workload_path() == "autotuner.backends.pytorch.builtin:mlp"
     # the baseline: the strict reference values, the whole global batch in one micro-batch
     references = {
         "memory_format": "contiguous",

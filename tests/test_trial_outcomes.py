@@ -16,8 +16,8 @@ import torch
 
 from autotuner.backends.pytorch.runner import TRIAL_BACKEND
 from autotuner.trials.launcher import TrialLauncher, TrialResult
-from autotuner.trials.measured import Losses, TrialOutput
 from autotuner.trials.outcomes import Outcome, ProcessEnd, classify_end, exception_message
+from autotuner.trials.trial_output import Losses, TrialOutput
 from tests.helpers import FAULTY, ROOT, RUNNER, request
 
 TIMEOUT_S = 60.0

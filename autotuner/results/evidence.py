@@ -15,7 +15,7 @@ from typing import Any
 
 from autotuner.config.knobs import Config
 from autotuner.measurement.drift import Drift, measure_drift
-from autotuner.trials.measured import Losses
+from autotuner.trials.trial_output import Losses
 
 
 @dataclass(frozen=True)

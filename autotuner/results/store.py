@@ -21,8 +21,8 @@ from autotuner.spec.job import Job
 from autotuner.study.optuna_adapter import trial_id
 from autotuner.study.storage import CONSTRAINT_NAMES, ENERGY
 from autotuner.trials.launcher import TrialResult
-from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import TrialOutput
 
 DRIFT_CAP = 1e6
 """Infinite drift is stored as this in constraint values, which must be finite JSON."""

@@ -24,8 +24,8 @@ from autotuner.results.tried import best_feasible, oom_rules_out
 from autotuner.spec.job import Job
 from autotuner.spec.requests import trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
-from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import TrialOutput
 from autotuner.workers.coordination import BudgetSlots, ConfigClaims
 
 

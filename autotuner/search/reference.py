@@ -13,8 +13,8 @@ from autotuner.results.evidence import Reference
 from autotuner.spec.job import Job
 from autotuner.spec.requests import trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
-from autotuner.trials.measured import Losses, TrialOutput
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import Losses, TrialOutput
 
 REFERENCE_LEASE_TRIALS = 3
 """A worker running the reference (two trial runs) holds it for this many trial timeouts, plus

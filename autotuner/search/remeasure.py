@@ -34,8 +34,8 @@ from autotuner.spec.job import Job
 from autotuner.spec.requests import PROBE_TIMEOUT_S, trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.lockstep import in_lockstep, measure_together
-from autotuner.trials.measured import TrialOutput
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.trial_output import TrialOutput
 from autotuner.workers.coordination import OncePerStudy
 
 MEMORY_SHARE = 0.8

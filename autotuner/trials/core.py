@@ -32,9 +32,9 @@ from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.factory import load_factory, workload_problem
 from autotuner.trials.launcher import TrialRequest
-from autotuner.trials.measured import Losses, TrialOutput
 from autotuner.trials.outcomes import NonFiniteLoss
 from autotuner.trials.progress import PhaseFile
+from autotuner.trials.trial_output import Losses, TrialOutput
 
 HELDOUT_DEFAULT = 256
 """Items of the held-out set when the workload names none: the dataset's last ones."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from autotuner.trials.measured import TrialOutput
+from autotuner.trials.trial_output import TrialOutput
 
 
 class Outcome(str, Enum):

@@ -104,8 +104,8 @@ class JaxBackend(Backend):
     )
     capabilities_type = JaxCapabilities
     builtin_workloads = {
-        "mlp": "autotuner.backends.jax.workloads:mlp",
-        "gpt": "autotuner.backends.jax.workloads:gpt",
+        "mlp": "autotuner.backends.jax.builtin:mlp",
+        "gpt": "autotuner.backends.jax.builtin:gpt",
     }
     default_space = "jax"
     requires = ("jax", "optax")

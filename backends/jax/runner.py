@@ -51,7 +51,7 @@ from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_
 from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
 from autotuner.trials.launcher import TrialRequest
-from autotuner.trials.measured import TrialOutput
+from autotuner.trials.trial_output import TrialOutput
 
 try:
     RUNTIME_ERROR: type[Exception] = jax.errors.JaxRuntimeError

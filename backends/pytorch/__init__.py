@@ -121,10 +121,10 @@ class PyTorchBackend(Backend):
     knobs = knob_table(*PYTORCH_KNOBS)
     capabilities_type = TorchCapabilities
     builtin_workloads = {
-        "mlp": "autotuner.backends.pytorch.workloads:mlp",
-        "cnn": "autotuner.backends.pytorch.workloads:cnn",
-        "gpt": "autotuner.backends.pytorch.workloads:gpt",
-        "resnet": "autotuner.backends.pytorch.workloads:resnet",
+        "mlp": "autotuner.backends.pytorch.builtin:mlp",
+        "cnn": "autotuner.backends.pytorch.builtin:cnn",
+        "gpt": "autotuner.backends.pytorch.builtin:gpt",
+        "resnet": "autotuner.backends.pytorch.builtin:resnet",
     }
     default_space = "pytorch"
     requires = ("torch",)

@@ -5,7 +5,7 @@
   its training FLOPs per token known.
 
 Same shapes, sizes, initialisations (PyTorch's defaults) and optimizer (AdamW with PyTorch's
-weight decay) as `autotuner.backends.pytorch.workloads`; the data follow the same recipe from the same
+weight decay) as `autotuner.backends.pytorch.builtin`; the data follow the same recipe from the same
 seeds, drawn with numpy's generator instead of torch's. Parameters are drawn from the trial's
 seed (the runner seeds `numpy.random`), on the host: no device work and nothing to compile
 before the trial starts.
