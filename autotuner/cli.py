@@ -11,12 +11,15 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rich.console import Console
 from rich.table import Table
 
 from autotuner.errors import AutotunerError, SpecError, shown
+
+if TYPE_CHECKING:
+    from autotuner.export.file import ExportFile
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,23 +126,23 @@ def cmd_export(args: argparse.Namespace) -> int:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         raise SpecError(f"no study {name!r} in {url}", key="name") from None
-    data = export_data(study, url, top=args.top or 0)
+    export = export_data(study, url, top=args.top or 0)
     if args.format in FORMATS:
-        return _export_code(data, name, args)
-    path = write_export(data, Path(args.output) if args.output else export_path(name, args.format), args.format)
-    for entry in data.get("top", []):
-        print(f"{entry['rank']:>3}. #{entry['trial']} {format_config(entry['params'])}: {entry['throughput']:,.0f}/s")
+        return _export_code(export, name, args)
+    path = write_export(export, Path(args.output) if args.output else export_path(name, args.format), args.format)
+    for entry in export.top or []:
+        print(f"{entry.rank:>3}. #{entry.trial} {format_config(entry.params)}: {entry.throughput:,.0f}/s")
     print(path)
     return 0
 
 
-def _export_code(data: dict[str, Any], name: str, args: argparse.Namespace) -> int:
+def _export_code(export: ExportFile, name: str, args: argparse.Namespace) -> int:
     """Print the best config as a trainer's arguments, in Python, and write it to a file."""
     from autotuner.export.reader import parse_config
     from autotuner.export.writer import export_path, write_text
     from autotuner.integrations import snippet
 
-    code = snippet(args.format, parse_config(data, f"study {name}"))
+    code = snippet(args.format, parse_config(export.as_data(), f"study {name}"))
     path = write_text(code, Path(args.output) if args.output else export_path(name, f"{args.format}.py"))
     print(code, end="")
     print(path)
@@ -164,15 +167,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     from autotuner.backends import BACKENDS
-    from autotuner.spec.requests import make_launcher, probe_environment
     from autotuner.study.fingerprint import describe
+    from autotuner.trials.request import ProbeRequest
 
     backend = BACKENDS[args.backend]
     missing = backend.missing_requirements()
     if missing:
         raise SpecError(missing, key="--backend")
     workload = backend.resolve_workload(f"builtin:{next(iter(backend.builtin_workloads))}")
-    environment = probe_environment(make_launcher(backend), backend, args.device, workload, "--device")
+    environment = backend.probe(backend.launcher(), ProbeRequest(args.device, workload), "--device")
     table = Table(show_header=False, title="autotuner environment")
     for what, value in describe(environment):
         table.add_row(what, value)

@@ -13,26 +13,25 @@ A backend has three parts:
   `autotuner.trials.core.TrialBackend`, the framework's steps of the one trial algorithm
   (`autotuner.trials.core`), as the module attribute ``TRIAL_BACKEND``: a trial process imports the module and
   calls on ``TRIAL_BACKEND`` the entry point the engine names (`autotuner.trials.launcher`). `TrialBackend`
-  provides ``probe`` and ``run`` over the backend's steps; the backend writes
+  provides ``probe``, ``run`` and ``profile`` over the backend's steps; the backend writes
   ``classify_exception``:
 
-  ``probe(arg: dict) -> dict``
-      Called once per search in a trial process, before anything is stored, with ``device``,
-      ``workload`` (an import path), ``workload_args`` (None: only import the factory; else
-      also build a workload with them) and ``global_batch`` (given with them by a search: also
-      check the workload's data). Returns ``workload_error``, one line (why the factory cannot
-      be imported or does not build a workload from them; why its data cannot train: an empty
-      dataset, one smaller than ``global_batch``, or what the backend's optional
-      ``first_batch_problem`` finds when it batches the first items and computes the loss on
-      them; None when nothing is wrong) and the
-      environment: ``device`` (resolved, e.g. ``cuda:0``), ``device_name``, ``driver``,
-      ``versions`` (framework and its toolchain), ``capabilities`` (a dict the
-      `Capabilities` fields can be built from), ``peak_flops`` (per precision, or empty) and
-      ``device_count`` (the GPUs this process sees: `search --jobs` starts one worker per GPU).
-  ``run(request: autotuner.trials.launcher.TrialRequest, turns=None) -> autotuner.results.evidence.TrialOutput``
-      One trial: `autotuner.trials.core.run_trial`; with ``turns`` (`autotuner.trials.messages.Turns`),
+  ``probe(request: autotuner.trials.request.ProbeRequest) -> autotuner.trials.probe.ProbeResult``
+      Called once per search in a trial process, before anything is stored
+      (`autotuner.trials.core.probe`, over the backend's ``environment(device)``, which returns
+      an `autotuner.trials.probe.Environment` named with the trial side's ``name``). The result
+      holds the environment and ``workload_error``, one line (why the factory cannot be
+      imported or does not build a workload from the request's ``workload_args``; why its data
+      cannot train: an empty dataset, one smaller than ``global_batch``, or what the backend's
+      optional ``first_batch_problem`` finds when it batches the first items and computes the
+      loss on them; None when nothing is wrong).
+  ``run(request: autotuner.trials.request.TrialRequest, turns=None) -> autotuner.trials.trial_output.TrialOutput``
+      One trial: `autotuner.trials.core.run_trial`; with ``turns`` (`autotuner.measurement.turns.Turns`),
       measured in a lockstep group (`autotuner.trials.lockstep`). A non-finite loss raises
       `autotuner.trials.outcomes.NonFiniteLoss`; a loader that yields no batch, `autotuner.trials.core.EmptyLoader`.
+  ``profile(request: autotuner.trials.request.ProfileRequest) -> autotuner.trials.trial_output.ProfileOutput``
+      A config's steps under the framework's profiler (`autotuner.trials.core.run_profile`, over
+      the backend's ``profiling``).
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None; the
       trial process asks it about any exception the entry point raised.
@@ -75,11 +74,16 @@ from __future__ import annotations
 import importlib.util
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
 from autotuner.config.knobs import Config, Knob
+from autotuner.errors import BackendError, SpecError
 from autotuner.search_spaces import available, load_preset
+from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import PROBE_TIMEOUT_S, Environment, ProbeResult
+from autotuner.trials.request import ProbeRequest
 
 
 def capability(label: str) -> Any:
@@ -145,6 +149,26 @@ class Backend(ABC):
     def capabilities(self, data: Mapping[str, Any]) -> Capabilities:
         """The probe's `capabilities` report as this backend's `capabilities_type`."""
         return self.capabilities_type.from_dict(data)
+
+    def launcher(self, memory_limit_mb: float | None = None) -> TrialLauncher:
+        """A launcher of this backend's trial processes (its fork server preloads the runner); with
+        `memory_limit_mb`, each process may allocate that much (`trial.max_memory_mb`)."""
+        return TrialLauncher([self.runner], memory_limit_mb=memory_limit_mb)
+
+    def probe(self, launcher: TrialLauncher, request: ProbeRequest, source: str | None = None) -> Environment:
+        """The environment `request`'s probe finds, from a trial process of `launcher`. A device
+        that does not exist, or a workload that cannot be tuned, is a `SpecError` (of `source`, the
+        spec); a backend that cannot start, a `BackendError`."""
+        probed: TrialResult[ProbeResult] = launcher.call(self.runner, "probe", request, PROBE_TIMEOUT_S)
+        if probed.outcome is not Outcome.OK or probed.output is None:
+            if probed.outcome is Outcome.ERROR and probed.reason.startswith("ValueError: device"):
+                raise SpecError(probed.reason.removeprefix("ValueError: "), source=source)
+            raise BackendError(f"the {self.name} backend could not start: {probed.outcome}: {probed.reason}")
+        if probed.output.workload_error:
+            raise SpecError(probed.output.workload_error, source=source, key="workload")
+        # The first process of a launcher waits for its fork server to start: the interpreter and the
+        # framework's import, which every run of the job pays before its first line.
+        return replace(probed.output.environment, framework_start_s=probed.startup_s)
 
     def missing_requirements(self) -> str | None:
         """Why this backend cannot run in this Python (its framework is not installed), or None."""

@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -31,10 +32,11 @@ from autotuner.results.records import TrialRecord
 from autotuner.results.store import record
 from autotuner.search.reference import run_reference
 from autotuner.spec.job import Job
-from autotuner.spec.requests import make_launcher, probe_job, trial_request
-from autotuner.study.storage import DIRECTIONS
-from autotuner.trials.launcher import TrialRequest, TrialResult
+from autotuner.study.names import DIRECTIONS
+from autotuner.trials.launcher import TrialResult
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import Environment
+from autotuner.trials.request import TrialRequest
 from autotuner.trials.trial_output import TrialOutput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,22 +45,30 @@ TRIAL_SETTINGS = ("warmup_steps", "steps", "windows", "min_window_s", "drift_ste
 """The spec's trial settings that change what a trial measures."""
 
 
-def machine(environment: dict[str, Any]) -> str:
+def _environment(environment: Environment | Mapping[str, Any]) -> Environment:
+    """A probed environment as it is; a stored one (a study's, an export's) read back."""
+    return environment if isinstance(environment, Environment) else Environment.from_dict(environment)
+
+
+def machine(environment: Environment | Mapping[str, Any]) -> str:
     """`AMD EPYC (2 cores), torch 2.13.0+cpu`: the device as the study's environment names it."""
-    versions = environment.get("versions", {})
+    environment = _environment(environment)
+    versions = environment.versions
     framework = next((f"{name} {versions[name]}" for name in ("torch", "jax") if versions.get(name)), "")
-    return ", ".join(part for part in (environment.get("device_name"), framework) if part)
+    return ", ".join(part for part in (environment.device_name, framework) if part)
 
 
-def cores(environment: dict[str, Any]) -> int:
+def cores(environment: Environment | Mapping[str, Any]) -> int:
     """The CPU cores of the machine a study's environment describes (`... (2 cores)`), else this one's."""
-    name = str(environment.get("device_name", ""))
+    name = _environment(environment).device_name
     if name.endswith(" cores)"):
         return int(name.rsplit("(", 1)[1].split()[0])
     return os.cpu_count() or 1
 
 
-def guide_config(job: Job, capabilities: Capabilities, environment: dict[str, Any], batch: int | None = None) -> Config:
+def guide_config(
+    job: Job, capabilities: Capabilities, environment: Environment | Mapping[str, Any], batch: int | None = None
+) -> Config:
     """The config the optimization guides recommend: bf16 (fp16 where bf16 is not supported),
     the largest batch that fits (`batch`, by default the largest the global batch allows), one
     loader worker per core, and `torch.compile` on where it can build kernels."""
@@ -142,20 +152,20 @@ class Trials:
 
     def __init__(self, job: Job, device: str | None = None):
         self.job = job
-        self.launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-        self.environment = probe_job(self.launcher, job, device or job.spec.device)
-        self.capabilities = job.backend.capabilities(self.environment["capabilities"])
+        self.launcher = job.backend.launcher(job.spec.trial.max_memory_mb)
+        self.environment = job.probe(self.launcher, device or job.spec.device)
+        self.capabilities = job.backend.capabilities(self.environment.capabilities)
 
     @property
     def device(self) -> str:
-        return str(self.environment["device"])
+        return self.environment.device
 
     def reference(self) -> Reference:
         return run_reference(self.launcher, self.job, self.device)
 
     def request(self, config: Config, **changes: Any) -> TrialRequest:
         """The request the search would send for `config`, with `changes` to its fields."""
-        return dataclasses.replace(trial_request(self.job, config, self.device), **changes)
+        return dataclasses.replace(self.job.trial_request(config, self.device), **changes)
 
     def run(self, config: Config, request: TrialRequest | None = None) -> TrialResult[TrialOutput]:
         reason = self.job.backend.unsupported_reason(config, self.capabilities)
@@ -166,10 +176,15 @@ class Trials:
 
 
 def stored(
-    job: Job, config: Config, result: TrialResult[TrialOutput], reference: Reference, environment: dict[str, Any]
+    job: Job,
+    config: Config,
+    result: TrialResult[TrialOutput],
+    reference: Reference,
+    environment: Environment | Mapping[str, Any],
 ) -> TrialRecord:
     """What `autotuner.results.store.record` stores for this trial (in a throwaway in-memory study)."""
-    study = optuna.create_study(directions=DIRECTIONS)
+    study = optuna.create_study(directions=list(DIRECTIONS))
+    environment = _environment(environment)
     return record(study, study.ask(), job, config, result, role="search", reference=reference, environment=environment)
 
 

@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.backends.jax import JAX
-from autotuner.trials.launcher import TrialLauncher, TrialRequest
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.request import (
+    ProbeRequest,  # noqa: E402
+    TrialRequest,
+)
 
 BATCHINGS = {
     # workload: (global batch, [micro-batches])
@@ -74,10 +78,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
     launcher = TrialLauncher([JAX.runner])
-    probed = launcher.call(
-        JAX.runner, "probe", {"device": args.device, "workload": "autotuner.backends.jax.builtin:mlp"}, 300
-    )
-    environment = probed.output
+    environment = JAX.probe(launcher, ProbeRequest(args.device, "autotuner.backends.jax.builtin:mlp"))
     runs = []
     for workload, (global_batch, micros) in BATCHINGS.items():
         for micro in micros:
@@ -89,8 +90,8 @@ def main() -> None:
         key = f"{off['workload']} {off['micro_batch']}x{off['accumulation']}"
         speedups[key] = on["samples_per_s"] / off["samples_per_s"]
     results = {
-        "device": environment["device_name"],
-        "versions": environment["versions"],
+        "device": environment.device_name,
+        "versions": dict(environment.versions),
         "settings": {k: v for k, v in vars(args).items() if k != "timeout"},
         "runs": runs,
         "jit_speedup": speedups,

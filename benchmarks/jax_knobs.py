@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.backends.jax import JAX, REMAT, XLA_FLAG_BUNDLES
-from autotuner.trials.launcher import TrialLauncher, TrialRequest
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.request import (
+    ProbeRequest,  # noqa: E402
+    TrialRequest,
+)
 
 
 def _configs(precision: str, global_batch: int) -> dict[str, dict[str, Any]]:
@@ -90,10 +94,8 @@ def main() -> None:
     args = parser.parse_args()
     launcher = TrialLauncher([JAX.runner])
     workload = JAX.resolve_workload(f"builtin:{args.workload}")
-    environment = launcher.call(JAX.runner, "probe", {"device": args.device, "workload": workload}, 300).output
-    if environment is None:
-        raise SystemExit(f"the probe of {args.device} failed")
-    capabilities = JAX.capabilities(environment["capabilities"])
+    environment = JAX.probe(launcher, ProbeRequest(args.device, workload))
+    capabilities = JAX.capabilities(environment.capabilities)
     precision = "bf16" if capabilities.accelerator and capabilities.bf16 else "fp32"
     configs = _configs(precision, args.global_batch)
     if args.configs:
@@ -119,9 +121,9 @@ def main() -> None:
             "heldout_loss": ok[-1]["heldout_loss"],
         }
     results = {
-        "device": environment["device_name"],
-        "versions": environment["versions"],
-        "capabilities": environment["capabilities"],
+        "device": environment.device_name,
+        "versions": dict(environment.versions),
+        "capabilities": dict(environment.capabilities),
         "settings": {k: v for k, v in vars(args).items() if k not in ("timeout", "out")},
         "precision": precision,
         "runs": runs,

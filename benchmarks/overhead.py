@@ -56,6 +56,7 @@ from autotuner.results.store import record
 from autotuner.search.loop import job_sampler
 from autotuner.spec.job import Job, load_spec
 from autotuner.study.storage import open_storage, open_study
+from autotuner.trials.probe import Environment  # noqa: E402
 
 
 def startup(runs: int, folder: Path) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
     """`study.ask` and `record` timed on SQLite, over every config of the grid."""
     table = {config_key(e["params"]): e for e in grid["trials"]}
     storage = open_storage(f"sqlite:///{folder}/bookkeeping.db", heartbeat=True)
-    study = open_study(storage, job, grid["environment"])
+    study = open_study(storage, job, Environment.from_dict(grid["environment"]))
     sampler = job_sampler(job, job.backend.capabilities(grid["environment"]["capabilities"]))
     study.sampler = sampler
     study.enqueue_trial(job.baseline, user_attrs={"role": "baseline"})
@@ -140,7 +141,7 @@ def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
             result_from_json(entry),
             role=trial.user_attrs.get("role", "search"),
             reference=reference,
-            environment=grid["environment"],
+            environment=Environment.from_dict(grid["environment"]),
         )
         ask_s.append(asked - started)
         record_s.append(time.perf_counter() - asked)

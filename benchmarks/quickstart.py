@@ -39,10 +39,10 @@ import optuna
 from autotuner.apply import TunedConfig
 from autotuner.results.records import baseline, best, records, speedup, stored_reference
 from autotuner.spec.job import Job
-from autotuner.spec.requests import make_launcher, probe_environment, trial_request
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.lockstep import measure_together
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.request import ProbeRequest
 
 
 def main() -> None:
@@ -141,8 +141,8 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     from autotuner.spec.job import load_spec
 
     tuned, job = load_config(export), load_spec(spec)
-    launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-    device = probe_environment(launcher, job.backend, job.spec.device, job.workload_path(), job.source)["device"]
+    launcher = job.backend.launcher(job.spec.trial.max_memory_mb)
+    device = job.backend.probe(launcher, ProbeRequest(job.spec.device, job.workload_path()), job.source).device
     now, applied = [], []
     for _ in range(runs):
         now.append(_speedup_now(tuned, job, launcher, device))
@@ -219,7 +219,7 @@ def _run_time(export: Path, spec: Path, seconds: float) -> dict[str, object]:
             tuned.throughput,
             job.spec.global_batch,
             steps,
-            float(tuned.environment.get("framework_start_s") or 0.0),
+            tuned.machine.framework_start_s or 0.0,
         ),
     }
 
@@ -234,7 +234,7 @@ def _speedup_now(tuned: TunedConfig, job: Job, launcher: TrialLauncher, device: 
     budget = job.spec.budget
     pair = [job.complete(tuned.params), job.complete(tuned.baseline["params"])]
     requests = [
-        dataclasses.replace(trial_request(job, config, device), windows=budget.remeasure_windows)
+        dataclasses.replace(job.trial_request(config, device), windows=budget.remeasure_windows)
         for _ in range(budget.remeasure_runs)
         for config in pair
     ]

@@ -67,8 +67,9 @@ from autotuner.results.store import give_up, record
 from autotuner.results.tried import oom_rules_out
 from autotuner.spec.job import Job, load_spec
 from autotuner.spec.keys import SamplerSettings
-from autotuner.study.storage import DIRECTIONS
+from autotuner.study.names import DIRECTIONS
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import Environment  # noqa: E402
 
 DEFAULT_SPECS = ["studies/bench-mlp.yaml", "studies/bench-cnn.yaml"]
 CLOSE_BAR = 0.9
@@ -162,7 +163,7 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
         "spec": job.source,
         "job": measured_job(job),
         "machine": machine(trials.environment),
-        "environment": trials.environment,
+        "environment": trials.environment.as_dict(),
         "recorded_at": datetime.now().isoformat(timespec="seconds"),
         "repeats": repeats,
         "record_wall_s": time.perf_counter() - started,
@@ -234,7 +235,7 @@ def replay(
             result_from_json(entry),
             role=trial.user_attrs.get("role", "search"),
             reference=reference,
-            environment=grid["environment"],
+            environment=Environment.from_dict(grid["environment"]),
         )
         if done.ran:
             curve.append(max(curve[-1] if curve else 0.0, done.throughput if done.feasible else 0.0))

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 
 from autotuner.measurement.timing import Throughput  # noqa: E402
 from autotuner.results.evidence import Reference  # noqa: E402
-from autotuner.trials.launcher import TrialRequest  # noqa: E402
+from autotuner.trials.request import TrialRequest  # noqa: E402
 from autotuner.trials.trial_output import Losses, TrialOutput  # noqa: E402
 
 RUNNER = "autotuner.backends.pytorch.runner"

@@ -26,6 +26,7 @@ from autotuner.backends import Backend, Capabilities, register
 from autotuner.backends._base import TunedLoop
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, knob_table
 from autotuner.trials.core import TrialBackend
+from autotuner.trials.probe import Environment
 
 # ---------------------------------------------------------------- engine side
 
@@ -227,21 +228,22 @@ class TunedTraining(TunedLoop):
 
 
 class NumpyTrial(TrialBackend):
+    name = NUMPY.name
+
     def resolve_device(self, spec: str) -> str:
         if spec not in ("auto", "cpu"):
             raise ValueError(f"device {spec!r}: the numpy backend runs on the cpu")
         return "cpu"
 
-    def environment(self, device: str) -> dict[str, Any]:
-        return {
-            "device": device,
-            "device_name": platform.processor() or platform.machine(),
-            "device_count": 0,
-            "driver": platform.release(),
-            "versions": {"python": platform.python_version(), "numpy": np.__version__},
-            "capabilities": {"accelerator": False},
-            "peak_flops": {},
-        }
+    def environment(self, device: str) -> Environment:
+        return Environment(
+            backend=self.name,
+            device=device,
+            device_name=platform.processor() or platform.machine(),
+            driver=platform.release(),
+            versions={"python": platform.python_version(), "numpy": np.__version__},
+            capabilities={"accelerator": False},
+        )
 
     def seed(self, seed: int) -> None:
         np.random.seed(seed)

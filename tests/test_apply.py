@@ -27,6 +27,7 @@ from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, pa
 from autotuner.export.writer import EXPORT_VERSION
 from autotuner.measurement.timing import Throughput
 from autotuner.spec.job import load_spec
+from autotuner.trials.probe import Environment
 from tests.conftest import ROOT, run_cli, write_spec
 
 FP32 = {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"}
@@ -426,7 +427,7 @@ def _applied(
     return AppliedRun(
         tuned=tuned,
         config=dict(tuned.params),
-        environment={"device": "cpu", "device_name": "test CPU"},
+        environment=Environment("pytorch", "cpu", "test CPU", "6.1", {"python": "3.11"}, {"accelerator": False}),
         throughput=measured(tuned_samples_per_s, windows),
         heldout_loss=None,
         drift_steps=3,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import pairwise
 from typing import Any
 
@@ -23,8 +24,9 @@ from autotuner.apply import TunedConfig
 from autotuner.backends import BACKENDS, Backend, Capabilities
 from autotuner.config.knobs import COMMON_KNOBS, DERIVED
 from autotuner.measurement.drift import measure_drift
-from autotuner.trials.launcher import TrialLauncher, TrialRequest, TrialResult
+from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.request import ProbeRequest, TrialRequest
 from tests.helpers import ROOT, small_request  # noqa: F401 - ROOT: puts the repository on sys.path for the trial processes
 from tests.numpy_backend import NUMPY  # registers the numpy backend: nothing under autotuner/ names it
 
@@ -519,31 +521,34 @@ class TestBackendContract:
     # ------------------------------------------------------------ the runner, in trial processes
 
     def test_the_probe_reports_the_environment(self, harness: Harness, launcher: TrialLauncher) -> None:
-        arg = {"device": "cpu", "workload": _mlp(harness), "workload_args": SMALL_MLP}
-        probed = launcher.call(harness.backend.runner, "probe", arg, TIMEOUT_S)
+        request = ProbeRequest("cpu", _mlp(harness), SMALL_MLP)
+        probed = launcher.call(harness.backend.runner, "probe", request, TIMEOUT_S)
         assert probed.outcome is Outcome.OK, probed.reason
-        environment = probed.output
-        assert environment["device"] == "cpu" and environment["device_name"] and environment["driver"]
-        assert environment["device_count"] == 0 and environment["peak_flops"] == {}
-        assert environment["workload_error"] is None
-        assert environment["versions"]["python"] and len(environment["versions"]) > 1
-        capabilities = harness.backend.capabilities(environment["capabilities"])
+        assert probed.output.workload_error is None
+        environment = probed.output.environment
+        assert environment.backend == harness.backend.name
+        assert environment.device == "cpu" and environment.device_name and environment.driver
+        assert environment.device_count == 0 and environment.peak_flops == {}
+        assert environment.versions["python"] and len(environment.versions) > 1
+        capabilities = harness.backend.capabilities(environment.capabilities)
         assert isinstance(capabilities, harness.backend.capabilities_type)
         assert not capabilities.accelerator and not capabilities.tf32
         assert harness.backend.unsupported_reason(harness.reference(), capabilities) is None
         assert harness.backend.unsupported_reason(harness.reference(precision="tf32"), capabilities) is not None
-        bad = launcher.call(harness.backend.runner, "probe", {**arg, "workload_args": {"depth": "two"}}, TIMEOUT_S)
-        assert bad.outcome is Outcome.OK and "does not build a workload" in bad.output["workload_error"]
+        bad = launcher.call(
+            harness.backend.runner, "probe", replace(request, workload_args={"depth": "two"}), TIMEOUT_S
+        )
+        assert bad.outcome is Outcome.OK and "does not build a workload" in bad.output.workload_error
 
     def test_the_probe_refuses_a_dataset_smaller_than_the_global_batch(
         self, harness: Harness, launcher: TrialLauncher
     ) -> None:
-        arg = {"device": "cpu", "workload": _mlp(harness), "workload_args": SMALL_MLP, "global_batch": 128}
-        fits = launcher.call(harness.backend.runner, "probe", arg, TIMEOUT_S)
-        assert fits.outcome is Outcome.OK and fits.output["workload_error"] is None, fits.reason
-        small = launcher.call(harness.backend.runner, "probe", {**arg, "global_batch": 129}, TIMEOUT_S)
+        request = ProbeRequest("cpu", _mlp(harness), SMALL_MLP, global_batch=128)
+        fits = launcher.call(harness.backend.runner, "probe", request, TIMEOUT_S)
+        assert fits.outcome is Outcome.OK and fits.output.workload_error is None, fits.reason
+        small = launcher.call(harness.backend.runner, "probe", replace(request, global_batch=129), TIMEOUT_S)
         assert small.outcome is Outcome.OK, small.reason
-        assert small.output["workload_error"] == (
+        assert small.output.workload_error == (
             f"{_mlp(harness)}: the dataset holds 128 items, fewer than one global batch (129): no step can be taken"
         )
 

@@ -6,6 +6,7 @@ without it, or with the server unreachable, they are skipped, except where CI is
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -31,6 +32,7 @@ from autotuner.study.claims import Claims
 from autotuner.study.fingerprint import fingerprint
 from autotuner.study.optuna_adapter import study_id, study_storage, trial_id
 from autotuner.study.storage import open_storage, open_study
+from autotuner.trials.probe import Environment
 from autotuner.workers.coordination import BudgetSlots, ConfigClaims, OncePerStudy
 from autotuner.workers.multi_gpu import core_shares, search_on_devices
 from autotuner.workers.ownership import MAX_CUT_OFFS, OWNER, Recovery, SearchProcess, still_running
@@ -302,14 +304,14 @@ def test_kill_9_leaves_no_trial_process_and_the_rerun_resumes(tmp_path: Path) ->
 
 # ---------------------------------------------------------------- other hardware
 
-OTHER_MACHINE = {
-    "backend": "pytorch",
-    "device": "cuda:0",
-    "device_name": "NVIDIA H100 80GB HBM3",
-    "driver": "550.54.15",
-    "versions": {"python": "3.11.7", "torch": "2.3.0", "cuda": "12.1", "cudnn": 8902},
-    "capabilities": {"accelerator": True, "bf16": True, "fp16": True, "tf32": True},
-}
+OTHER_MACHINE = Environment(
+    backend="pytorch",
+    device="cuda:0",
+    device_name="NVIDIA H100 80GB HBM3",
+    driver="550.54.15",
+    versions={"python": "3.11.7", "torch": "2.3.0", "cuda": "12.1", "cudnn": 8902},
+    capabilities={"accelerator": True, "bf16": True, "fp16": True, "tf32": True},
+)
 
 
 def test_workers_on_other_hardware_refuse_to_join_and_run_nothing(tmp_path: Path) -> None:
@@ -326,7 +328,7 @@ def test_workers_on_other_hardware_refuse_to_join_and_run_nothing(tmp_path: Path
     assert "reference" not in theirs.user_attrs
 
 
-def _open_with(url: str, spec: str, environment: dict[str, Any], barrier: Any, results: Any) -> None:
+def _open_with(url: str, spec: str, environment: Environment, barrier: Any, results: Any) -> None:
     job = load_spec(spec)
     storage = open_storage(url)
     barrier.wait()
@@ -343,7 +345,7 @@ def test_two_machines_creating_one_study_at_once_cannot_both_join(tmp_path: Path
     spec = write_spec(tmp_path, name="race")
     url = f"sqlite:///{tmp_path}/race.db"
     open_storage(url)  # the tables exist; the study does not
-    here = {**OTHER_MACHINE, "device_name": "another GPU"}
+    here = dataclasses.replace(OTHER_MACHINE, device_name="another GPU")
     context = multiprocessing.get_context("fork")
     barrier, results = context.Barrier(2), context.Queue()
     workers = [
@@ -364,12 +366,16 @@ def test_a_worker_joining_while_the_study_is_being_created_is_not_refused(tmp_pa
     job = load_spec(spec)
     storage = open_storage(f"sqlite:///{tmp_path}/halfway.db")
     study = optuna.create_study(study_name="halfway", storage=storage, directions=["maximize", "minimize"])
-    creator = {"fingerprint": fingerprint(OTHER_MACHINE), "identity": job.identity(), "environment": OTHER_MACHINE}
+    creator = {
+        "fingerprint": fingerprint(OTHER_MACHINE),
+        "identity": job.identity(),
+        "environment": OTHER_MACHINE.as_dict(),
+    }
     assert Claims(storage, study_id(study)).claim("identity", creator) is None
     study.set_user_attr("autotuner", {"identity": job.identity()})
     with pytest.raises(HardwareMismatch):
-        open_study(storage, job, {**OTHER_MACHINE, "device_name": "another GPU"})
-    joined = open_study(storage, job, dict(OTHER_MACHINE))
+        open_study(storage, job, dataclasses.replace(OTHER_MACHINE, device_name="another GPU"))
+    joined = open_study(storage, job, OTHER_MACHINE)
     assert joined.user_attrs["fingerprint"] == fingerprint(OTHER_MACHINE)
 
 

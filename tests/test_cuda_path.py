@@ -27,7 +27,6 @@ from autotuner.backends.pytorch.runner import TRIAL_BACKEND
 from autotuner.errors import SpecError
 from autotuner.results.records import TrialRecord
 from autotuner.results.store import trial_metrics
-from autotuner.spec import requests as trial_requests
 from autotuner.spec.job import TRIAL_TIMEOUT_S, load_spec
 from autotuner.study.storage import check_trial_limits
 from autotuner.trials import lockstep
@@ -363,7 +362,7 @@ def test_measure_together_one_after_another_runs_each_round_shuffled_and_answers
             self.ran.append(arg.seed)
             return TrialResult(Outcome.OK, output={"seed": arg.seed})
 
-    base = trial_requests.trial_request(job, job.complete({}), "cuda:0")
+    base = job.trial_request(job.complete({}), "cuda:0")
     requests = [dataclasses.replace(base, seed=i) for i in range(9)]
     recording = Recording()
     results = lockstep.measure_together(recording, job.backend.runner, requests, "cuda:0", 60.0, rounds=3)  # type: ignore[arg-type]
@@ -383,7 +382,7 @@ def _job(tmp_path: Path, **changes: Any) -> Any:
 def test_each_study_compiles_into_its_own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     job = _job(tmp_path)
-    request_ = trial_requests.trial_request(job, job.complete({}), "cpu")
+    request_ = job.trial_request(job.complete({}), "cpu")
     assert request_.compile_cache == str(tmp_path / "runs" / "small" / "compile-cache")
 
 

@@ -25,7 +25,6 @@ from autotuner.backends.jax.apply import TunedTraining
 from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload, as_workload
 from autotuner.errors import SpecError
 from autotuner.spec.job import load_spec
-from autotuner.spec.requests import trial_request
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome
 from tests.conftest import ROOT, run_cli
@@ -271,13 +270,13 @@ def test_a_jax_configs_later_processes_load_its_executables_from_the_studys_cach
     cache = tmp_path / "cache"
     for jit in ("off", "on"):
         config = job.complete({**job.baseline, "jit": jit})
-        compiled = dataclasses.replace(trial_request(job, config, "cpu"), compile_cache=str(cache / jit))
+        compiled = dataclasses.replace(job.trial_request(config, "cpu"), compile_cache=str(cache / jit))
         first, second = (launcher.call(job.backend.runner, "run", compiled, 120) for _ in range(2))
         assert first.outcome is Outcome.OK and second.outcome is Outcome.OK, (first.reason, second.reason)
         assert (first.output.compile_cache, second.output.compile_cache) == ("cold", "warm"), jit
         assert any((cache / jit / "jax").iterdir())
         assert first.output.losses.heldout == second.output.losses.heldout  # the same executables
-    uncached = dataclasses.replace(trial_request(job, config, "cpu"), compile_cache=None)
+    uncached = dataclasses.replace(job.trial_request(config, "cpu"), compile_cache=None)
     unused = launcher.call(job.backend.runner, "run", uncached, 120)
     assert unused.outcome is Outcome.OK and unused.output.compile_cache is None  # no study cache: nothing said
 

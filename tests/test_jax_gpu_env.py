@@ -25,6 +25,7 @@ from autotuner.backends.jax import apply
 from autotuner.backends.jax.workload import JaxWorkload
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.request import ProbeRequest
 from tests.conftest import ROOT
 from tests.helpers import SMALL_MLP, small_request
 
@@ -267,10 +268,11 @@ def launcher() -> TrialLauncher:
 
 def test_probe_and_trials_run_through_the_trial_launcher(launcher: TrialLauncher) -> None:
     mlp = "autotuner.backends.jax.builtin:mlp"
-    probed = launcher.call(RUNNER, "probe", {"device": "cpu", "workload": mlp, "workload_args": SMALL_MLP}, 120)
+    probed = launcher.call(RUNNER, "probe", ProbeRequest("cpu", mlp, SMALL_MLP), 120)
     assert probed.outcome is Outcome.OK, probed.reason
-    assert probed.output["device"] == "cpu" and probed.output["workload_error"] is None
-    assert probed.output["capabilities"]["jit"] and probed.output["device_count"] == 0
+    assert probed.output.workload_error is None
+    environment = probed.output.environment
+    assert environment.device == "cpu" and environment.capabilities["jit"] and environment.device_count == 0
     for jit in ("on", "off"):
         request = small_request(mlp, {**JAX_CONFIG, "jit": jit}, SMALL_MLP, heldout_batch=4)
         done = launcher.call(RUNNER, "run", request, 120)

@@ -33,6 +33,7 @@ from autotuner.backends.jax.workload import JaxWorkload, remat_block, remat_scop
 from autotuner.search_spaces import load_preset
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.request import ProbeRequest
 from tests.conftest import ROOT, run_cli
 from tests.helpers import small_request
 
@@ -353,11 +354,10 @@ def test_the_probe_finds_donation_the_cpu_bundles_flags_and_the_blocks_a_loss_ma
     launcher: TrialLauncher, workload: str, arguments: dict[str, Any], marks: bool
 ) -> None:
     ref = JAX.resolve_workload(f"builtin:{workload}")
-    arg = {"device": "cpu", "workload": ref, "workload_args": arguments, "global_batch": 8}
-    probed = launcher.call(RUNNER, "probe", arg, 120)
+    probed = launcher.call(RUNNER, "probe", ProbeRequest("cpu", ref, arguments, global_batch=8), 120)
     assert probed.outcome is Outcome.OK and probed.output is not None, probed.reason
-    assert probed.output["workload_error"] is None
-    capabilities = probed.output["capabilities"]
+    assert probed.output.workload_error is None
+    capabilities = probed.output.environment.capabilities
     assert capabilities["donate"] is True and capabilities["xla_flags"] is True
     assert capabilities["remat_blocks"] is marks
 

@@ -17,10 +17,11 @@ import pytest
 from autotuner.measurement.timing import measure_throughput
 from autotuner.measurement.turns import Release, SetupTurn, Turns, Waiting, WindowsTurn
 from autotuner.spec.job import load_spec
-from autotuner.trials.launcher import TrialLauncher, TrialRequest
+from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.lockstep import SETTLE_MOST_S, STOPPED, _settle, _share, measure_together, run_in_lockstep
 from autotuner.trials.messages import send_message
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.request import TrialRequest
 from tests.conftest import write_spec
 from tests.helpers import RUNNER, SMALL_MLP, request
 

@@ -15,19 +15,20 @@ from autotuner.spec.job import parse_spec
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import Environment
 from autotuner.trials.trial_output import TrialOutput
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 from tests.helpers import measured, reference
 
-GPU = {
-    "backend": "pytorch",
-    "device": "cuda:0",
-    "device_name": "NVIDIA H100 80GB HBM3",
-    "driver": "550.54.15",
-    "versions": {"python": "3.11.7", "torch": "2.3.0", "cuda": "12.1"},
-    "capabilities": {"accelerator": True, "bf16": True, "fp16": True, "tf32": True},
-    "energy_counter": True,
-}
+GPU = Environment(
+    backend="pytorch",
+    device="cuda:0",
+    device_name="NVIDIA H100 80GB HBM3",
+    driver="550.54.15",
+    versions={"python": "3.11.7", "torch": "2.3.0", "cuda": "12.1"},
+    capabilities={"accelerator": True, "bf16": True, "fp16": True, "tf32": True},
+    energy_counter=True,
+)
 
 
 def _job(name: str, energy: bool) -> Any:

@@ -28,18 +28,19 @@ from autotuner.study.optuna_adapter import study_id
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import Environment
 from autotuner.trials.trial_output import TrialOutput
 from tests.conftest import run_cli, write_spec
 from tests.helpers import HELD, measured, reference
 
-ENVIRONMENT = {
-    "backend": "pytorch",
-    "device": "cpu",
-    "device_name": "test CPU",
-    "driver": "test",
-    "versions": {"python": "3.11", "torch": "2.x"},
-    "capabilities": {"bf16": True, "fp16": True},
-}
+ENVIRONMENT = Environment(
+    backend="pytorch",
+    device="cpu",
+    device_name="test CPU",
+    driver="test",
+    versions={"python": "3.11", "torch": "2.x"},
+    capabilities={"bf16": True, "fp16": True},
+)
 REFERENCE = reference(2.0, [2.5, 2.2], {"precision": "fp32"})
 MARKUP = "<script>alert('reason')</script>"
 
@@ -94,7 +95,16 @@ def _store(url: str, name: str, trials: list[tuple[dict[str, Any], TrialResult[T
         study.enqueue_trial({"workers": 0, "compile": "none", **params})
         trial = study.ask(space)
         role = "baseline" if number == 0 else "search"
-        record(study, trial, job, job.complete(trial.params), result, role=role, reference=REFERENCE, environment={})
+        record(
+            study,
+            trial,
+            job,
+            job.complete(trial.params),
+            result,
+            role=role,
+            reference=REFERENCE,
+            environment=ENVIRONMENT,
+        )
     return study
 
 
@@ -235,7 +245,7 @@ def test_the_storage_password_stays_out_of_the_report(stored: tuple[str, list[Tr
 def test_the_storage_password_stays_out_of_the_export(stored: tuple[str, list[TrialRecord]]) -> None:
     url, _ = stored
     study = optuna.load_study(study_name="synthetic", storage=url)
-    export = export_data(study, "postgresql://tuner:s3cret@db/studies")
+    export = export_data(study, "postgresql://tuner:s3cret@db/studies").as_data()
     assert export["study"]["storage"] == "postgresql://tuner:***@db/studies"
 
 
@@ -299,7 +309,7 @@ def test_a_lucky_trial_does_not_win_once_the_top_is_remeasured(tmp_path: Path) -
     assert winner.trial_throughput == 2000.0 and winner.run_spread == pytest.approx(200.0 / 2150.0)
     lucky = next(t for t in trials if t.number == 1)
     assert lucky.throughput == 2050.0 and lucky.remeasured is not None and lucky.remeasure_error is None
-    export = export_data(study, "sqlite:///x.db", top=2)
+    export = export_data(study, "sqlite:///x.db", top=2).as_data()
     assert export["study"]["trial"] == 4 and export["metrics"]["throughput"] == 2175.0
     assert export["metrics"]["throughput_runs"] == [2000.0, 2150.0, 2200.0] and export["metrics"]["remeasured"]
     assert export["baseline"]["throughput"] == 1000.0
@@ -348,7 +358,7 @@ def test_a_config_remeasured_later_is_compared_through_the_baseline_measured_bes
     trials = records(study)
     winner = best(trials)
     assert winner.number == 4 and speedup(winner, baseline(trials)) == pytest.approx(2.375)
-    export = export_data(study, "sqlite:///x.db", top=2)
+    export = export_data(study, "sqlite:///x.db", top=2).as_data()
     assert export["speedup"] == pytest.approx(2.375) and export["metrics"]["throughput"] == 1900.0
     assert [(row["trial"], row["speedup"]) for row in export["top"]] == [(4, pytest.approx(2.375)), (1, 2.1)]
 

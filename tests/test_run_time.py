@@ -10,9 +10,10 @@ import optuna
 import pytest
 import yaml
 
-from autotuner.results.records import COLD_WARMUP, TrialRecord, best, ranked, to_remeasure, with_cold_warmups
+from autotuner.results.records import TrialRecord, best, ranked, to_remeasure, with_cold_warmups
 from autotuner.results.run_time import RunPlan, verdict
 from autotuner.spec.job import load_spec
+from autotuner.study.names import COLD_WARMUP
 from tests.conftest import run_cli, write_spec
 
 GLOBAL_BATCH = 100

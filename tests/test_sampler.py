@@ -24,6 +24,9 @@ from autotuner.proposals.sampler import ATTEMPTS, FreshConfigSampler, make_base_
 from autotuner.results.store import record_pruned
 from autotuner.results.tried import oom_rules_out
 from autotuner.study.optuna_adapter import study_storage, trial_id
+from autotuner.trials.probe import Environment
+
+CPU_MACHINE = Environment("pytorch", "cpu", "test CPU", "test", {"python": "3.11"}, {"accelerator": False})
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -375,7 +378,14 @@ def test_record_stores_infeasible_trials_as_complete_with_violated_constraints()
         study.enqueue_trial(params)
         trial = study.ask(space)
         study_record(
-            study, trial, job, job.complete(trial.params), result, role="search", reference=reference, environment={}
+            study,
+            trial,
+            job,
+            job.complete(trial.params),
+            result,
+            role="search",
+            reference=reference,
+            environment=CPU_MACHINE,
         )
         return study.trials[-1]
 

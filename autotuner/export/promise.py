@@ -15,7 +15,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from autotuner.config.knobs import Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
@@ -23,6 +23,7 @@ from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
 from autotuner.measurement.timing import Throughput
 from autotuner.results.run_time import predicted_run_s
 from autotuner.study.fingerprint import thread_mismatch
+from autotuner.trials.probe import Environment
 
 if TYPE_CHECKING:
     from autotuner.spec.job import Job
@@ -48,7 +49,7 @@ class AppliedRun:
     tuned: TunedConfig
     config: Config
     """The config as run (accumulation derived from this job's global batch)."""
-    environment: dict[str, Any]
+    environment: Environment
     throughput: Throughput
     """Its median, spread, windows, warm-up."""
     heldout_loss: float | None
@@ -81,7 +82,7 @@ class AppliedRun:
         if self.tuned.throughput <= 0 or self.throughput.steps_taken <= 0:
             return None
         steps = self.throughput.steps_taken
-        start_s = float(self.tuned.environment.get("framework_start_s") or 0.0)
+        start_s = self.tuned.machine.framework_start_s or 0.0
         return predicted_run_s(
             self.tuned.metrics, self.tuned.throughput, self.throughput.samples_per_step, steps, start_s
         )
@@ -156,7 +157,6 @@ def apply_config(
     `BASELINE_MOST_S` at most), so the speedup delivered can be set beside the export's: on a CPU
     in lockstep with the config (turn by turn, `autotuner.trials.lockstep.measure_together`), elsewhere
     after it. A config tuned for another job or other hardware is refused unless `force`."""
-    from autotuner.spec.requests import make_launcher, probe_job, trial_request
 
     # autotuner.study.storage imports Optuna: only here
     from autotuner.study.storage import check_trial_limits
@@ -172,15 +172,15 @@ def apply_config(
     other_job = job_mismatch(tuned, job)
     if other_job and not force:
         raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
-    launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-    environment = probe_job(launcher, job, device or job.spec.device)  # as the search probes it
+    launcher = job.backend.launcher(job.spec.trial.max_memory_mb)
+    environment = job.probe(launcher, device or job.spec.device)  # as the search probes it
     check_trial_limits(job, environment)
     other_machine = machine_mismatch(tuned, environment)
     if other_machine and not force:
         raise HardwareMismatch(f"{tuned.source}: {other_machine}. Use --force to run it anyway")
     for problem in filter(None, (other_job, other_machine)):
         warn(f"{tuned.source}: {problem} (--force)")
-    other_threads = thread_mismatch(tuned.environment, environment)
+    other_threads = thread_mismatch(tuned.machine, environment)
     if other_threads:
         warn(f"{tuned.source}: {other_threads}: on a CPU they change the throughput")
 
@@ -192,7 +192,7 @@ def apply_config(
             key="params.batch_size",
         )
     config = job.complete(tuned.params)
-    unsupported = job.backend.unsupported_reason(config, job.backend.capabilities(environment["capabilities"]))
+    unsupported = job.backend.unsupported_reason(config, job.backend.capabilities(environment.capabilities))
     if unsupported:
         raise SpecError(f"this machine cannot run it: {unsupported}", source=tuned.source, key="params")
 
@@ -202,7 +202,7 @@ def apply_config(
     windows = math.ceil(total / per_window)
 
     request = dataclasses.replace(
-        trial_request(job, config, environment["device"]),
+        job.trial_request(config, environment.device),
         steps=per_window,
         windows=windows,
         # `steps` asked: as many windows as cover them; by default, as many windows as that many
@@ -228,7 +228,7 @@ def apply_config(
     with tempfile.TemporaryDirectory(prefix="autotuner-apply-") as cold_cache:
         requests = [dataclasses.replace(r, compile_cache=cold_cache) for r in requests]
         results = measure_together(
-            launcher, job.backend.runner, requests, environment["device"], timeout, match_first=True
+            launcher, job.backend.runner, requests, environment.device, timeout, match_first=True
         )
     for what, result in zip(("config", "baseline config"), results, strict=False):
         if result.outcome is not Outcome.OK:
@@ -246,9 +246,9 @@ def apply_config(
         drift_steps=settings.drift_steps,
         wall_s=result.wall_s,
         baseline=base.throughput if base is not None else None,
-        lockstep=base is not None and in_lockstep(environment["device"]),
+        lockstep=base is not None and in_lockstep(environment.device),
         setup_s=output.setup_s or 0.0,
-        start_s=float(environment.get("framework_start_s") or 0.0),
+        start_s=environment.framework_start_s or 0.0,
         compile_cache=output.compile_cache,
     )
 
@@ -265,7 +265,7 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
     print(
         f"ran {measured.steps * measured.windows} optimizer steps of {measured.samples_per_step} samples "
         f"({measured.windows} windows of {measured.steps}, after {measured.warmup_s:.2f} s of warm-up) "
-        f"on {run.environment['device']} ({run.environment['device_name']})",
+        f"on {run.environment.device} ({run.environment.device_name})",
         file=out,
     )
     print(

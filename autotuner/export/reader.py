@@ -17,66 +17,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from autotuner.backends import BACKENDS
 from autotuner.backends._base import with_defaults
-from autotuner.config.knobs import Config, format_config
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config
 from autotuner.errors import SpecError
+from autotuner.export.file import READS_VERSIONS, ExportFile
 from autotuner.spec.keys import parse_yaml, read_text
-from autotuner.study.fingerprint import fingerprint, framework_versions
+from autotuner.study.fingerprint import fingerprint, machine
+from autotuner.trials.probe import Environment
 
 if TYPE_CHECKING:
     from autotuner.spec.job import Job
 
-READS_VERSIONS = (1,)
-"""The `autotuner.export.writer.EXPORT_VERSION` values this reader understands."""
-
-
 # ------------------------------------------------------------------ reading an export
-
-
-class _Section(BaseModel):
-    # The export carries more evidence than applying needs: keep it, check only what is used.
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
-
-
-class _Metrics(_Section):
-    throughput: float = Field(gt=0)
-
-
-class _Baseline(_Section):
-    params: dict[str, Any] | None = None
-    throughput: float | None = None
-
-
-class _Environment(_Section):
-    backend: str
-    fingerprint: str
-
-
-class _SpecRef(_Section):
-    identity: str
-    global_batch: int | None = Field(None, gt=0)
-
-
-class _StudyRef(_Section):
-    name: str
-    trial: int | None = None
-
-
-class _ExportFile(BaseModel):
-    # A newer export may add top-level evidence; what changes its meaning bumps `version`.
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
-    version: int
-    params: dict[str, Any]
-    metrics: _Metrics
-    baseline: _Baseline
-    speedup: float | None
-    environment: _Environment
-    spec: _SpecRef
-    study: _StudyRef
-    drift: dict[str, Any] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -115,6 +70,11 @@ class TunedConfig:
     def identity(self) -> str:
         return str(self.spec["identity"])
 
+    @property
+    def machine(self) -> Environment:
+        """`environment` as the probe's type: the machine it was tuned on."""
+        return Environment.from_dict(self.environment)
+
     def __str__(self) -> str:
         return (
             f"{format_config(self.params)} (trial #{self.study.get('trial')} of study {self.study['name']}, "
@@ -147,7 +107,7 @@ def parse_config(data: Any, source: str) -> TunedConfig:
             source=source,
         )
     try:
-        export = _ExportFile.model_validate(data)
+        export = ExportFile.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc, source) from None
     if export.version not in READS_VERSIONS:
@@ -183,10 +143,10 @@ def parse_config(data: Any, source: str) -> TunedConfig:
         if problem:
             raise SpecError(problem, source=source, key=f"params.{knob}")
     global_batch = export.spec.global_batch
-    if global_batch is not None and params["batch_size"] * params["accumulation"] != global_batch:
+    batch, accumulation = params[BATCH_SIZE.name], params[ACCUMULATION.name]
+    if global_batch is not None and batch * accumulation != global_batch:
         raise SpecError(
-            f"batch_size x accumulation is {params['batch_size']} x {params['accumulation']}, "
-            f"but spec.global_batch is {global_batch}",
+            f"batch_size x accumulation is {batch} x {accumulation}, but spec.global_batch is {global_batch}",
             source=source,
             key="params.accumulation",
         )
@@ -222,10 +182,6 @@ def load_config(path: str | Path) -> TunedConfig:
 # ------------------------------------------------------------------ does it fit this job and machine
 
 
-def _machine(environment: dict[str, Any]) -> str:
-    return f"{environment.get('device_name')} ({framework_versions(environment)}, driver {environment.get('driver')})"
-
-
 def job_mismatch(tuned: TunedConfig, job: Job) -> str | None:
     """Why `tuned` was not tuned for `job`, or None when it was (same identity)."""
     if tuned.identity == job.identity():
@@ -236,12 +192,12 @@ def job_mismatch(tuned: TunedConfig, job: Job) -> str | None:
     )
 
 
-def machine_mismatch(tuned: TunedConfig, environment: dict[str, Any]) -> str | None:
+def machine_mismatch(tuned: TunedConfig, environment: Environment) -> str | None:
     """Why `tuned` was not tuned on this hardware and software, or None when it was."""
     ours = fingerprint(environment)
     if tuned.fingerprint == ours:
         return None
     return (
-        f"it was tuned on {_machine(tuned.environment)}, fingerprint {tuned.fingerprint}; "
-        f"this machine is {_machine(environment)}, fingerprint {ours}: its figures need not hold here"
+        f"it was tuned on {machine(tuned.machine)}, fingerprint {tuned.fingerprint}; "
+        f"this machine is {machine(environment)}, fingerprint {ours}: its figures need not hold here"
     )

@@ -1,10 +1,10 @@
-"""The exported best config (`runs/<name>/best.yaml`), built from the storage alone."""
+"""The exported best config (`runs/<name>/best.yaml`, `autotuner.export.file.ExportFile`), built
+from the storage alone, and written whole."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +12,22 @@ import optuna
 import yaml
 
 from autotuner.errors import AutotunerError
+from autotuner.export.file import (
+    EXPORT_VERSION,
+    Baseline,
+    Drift,
+    EnvironmentSection,
+    ExportFile,
+    Metrics,
+    Ranked,
+    SpecRef,
+    StudyRef,
+)
 from autotuner.results.records import TrialRecord, baseline, best, ranked, records, speedup, stored_reference
-from autotuner.results.run_time import RunPlan, run_plan
+from autotuner.results.run_time import run_plan
 from autotuner.spec.job import output_dir
-from autotuner.study.storage import shown_url
-
-EXPORT_VERSION = 1
+from autotuner.study.names import ENVIRONMENT, FINGERPRINT
+from autotuner.study.storage import StudySettings, shown_url, study_settings
 
 
 class NoFeasibleConfig(AutotunerError):
@@ -26,18 +36,7 @@ class NoFeasibleConfig(AutotunerError):
     exit_code = 1
 
 
-def _plain(value: Any) -> Any:
-    """YAML- and JSON-safe: infinities become the string 'inf'."""
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return "inf" if value > 0 else "-inf"
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str, Any]:
+def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFile:
     """Everything `best.yaml` holds, read from the study; with `top`, the `top` best feasible
     configs too (rank 1 is the best)."""
     trials = records(study)
@@ -48,53 +47,61 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> dict[str
         raise NoFeasibleConfig(f"study {study.study_name!r} has no feasible config yet ({ran} trials ran)")
     base: TrialRecord | None = baseline(trials)
     attrs = study.user_attrs
-    settings = attrs.get("autotuner", {})
+    settings = study_settings(attrs) or StudySettings()
     reference = stored_reference(study)
     steps = plan.optimizer_steps(trials) if plan is not None else None
-    estimate: Callable[[TrialRecord], dict[str, Any]] = (
-        (lambda t: plan.estimate(t, steps)) if plan is not None else (lambda t: {})
-    )
-    metrics = {**winner.metrics, **_measurements(winner), **estimate(winner)}
-    return _plain(
-        {
-            "version": EXPORT_VERSION,
-            "params": winner.config,
-            "metrics": metrics,
-            "baseline": {
-                "params": base.config if base else None,
-                "outcome": base.outcome if base else None,
-                **(_measurements(base) if base else {"throughput": None}),
-                **(estimate(base) if base else {}),
-            },
-            "speedup": speedup(winner, base),
-            "drift": {
-                "tolerance": settings.get("max_drift"),
-                "reference_noise_floor": reference.noise_floor if reference else None,
-                "reference_config": reference.config if reference else None,
-            },
-            "environment": {**attrs.get("environment", {}), "fingerprint": attrs.get("fingerprint")},
-            "spec": {
-                "path": settings.get("spec_path"),
-                "identity": settings.get("identity"),
-                "workload": settings.get("workload"),
-                "global_batch": settings.get("global_batch"),
-            },
-            "study": {
-                "name": study.study_name,
-                "storage": shown_url(storage_url),
-                "trial": winner.number,
-                "trials_ran": sum(t.ran for t in trials),
-            },
-            **({"run": {**plan.as_dict(), "description": plan.describe(), "optimizer_steps": steps}} if plan else {}),
-            **({"top": _top(trials, base, top, plan, estimate)} if top else {}),
-        }
+
+    def estimate(t: TrialRecord) -> dict[str, Any]:
+        return plan.estimate(t, steps) if plan is not None else {}
+
+    return ExportFile(
+        version=EXPORT_VERSION,
+        params=winner.config,
+        metrics=Metrics(**{**winner.metrics, **_measured(winner), **estimate(winner)}),
+        baseline=Baseline(params=base.config, outcome=base.outcome, **_measured(base), **estimate(base))
+        if base is not None
+        else Baseline(),
+        speedup=speedup(winner, base),
+        drift=Drift(
+            tolerance=settings.max_drift,
+            reference_noise_floor=reference.noise_floor if reference else None,
+            reference_config=reference.config if reference else None,
+        ),
+        environment=EnvironmentSection(**{**attrs.get(ENVIRONMENT, {}), FINGERPRINT: attrs.get(FINGERPRINT)}),
+        spec=SpecRef(
+            path=settings.spec_path,
+            identity=settings.identity or "",
+            workload=settings.workload,
+            global_batch=settings.global_batch,
+        ),
+        study=StudyRef(
+            name=study.study_name,
+            storage=shown_url(storage_url),
+            trial=winner.number,
+            trials_ran=sum(t.ran for t in trials),
+        ),
+        run={**plan.as_dict(), "description": plan.describe(), "optimizer_steps": steps} if plan else None,
+        top=[
+            Ranked(
+                rank=rank,
+                trial=t.number,
+                params=t.config,
+                speedup=speedup(t, base),
+                drift=t.metrics.get("drift"),
+                throughput_spread=t.metrics.get("throughput_spread"),
+                **{**_measured(t), **estimate(t)},
+            )
+            for rank, t in enumerate(ranked(trials, plan)[:top], start=1)
+        ]
+        if top
+        else None,
     )
 
 
-def _measurements(t: TrialRecord) -> dict[str, Any]:
+def _measured(t: TrialRecord) -> dict[str, Any]:
     """A config's throughput (its trial's median window, or once re-measured, the median over
     every window of its re-measurement processes) and how it was measured: each process's median
-    (the trial's first), and how far apart they are."""
+    (the trial's first), and how far apart they are (`autotuner.export.file.Measured`)."""
     return {
         "throughput": t.throughput,
         "trial_throughput": t.trial_throughput,
@@ -104,36 +111,14 @@ def _measurements(t: TrialRecord) -> dict[str, Any]:
     }
 
 
-def _top(
-    trials: list[TrialRecord],
-    base: TrialRecord | None,
-    count: int,
-    plan: RunPlan | None,
-    estimate: Callable[[TrialRecord], dict[str, Any]],
-) -> list[dict[str, Any]]:
-    return [
-        {
-            "rank": rank,
-            "trial": t.number,
-            "params": t.config,
-            "throughput": t.throughput,
-            "speedup": speedup(t, base),
-            "drift": t.metrics.get("drift"),
-            "throughput_spread": t.metrics.get("throughput_spread"),
-            "throughput_runs": t.throughputs,
-            "throughput_run_spread": t.run_spread,
-            **estimate(t),
-        }
-        for rank, t in enumerate(ranked(trials, plan)[:count], start=1)
-    ]
-
-
 def export_path(name: str, fmt: str = "yaml") -> Path:
     """Where study `name`'s export goes unless told otherwise: `runs/<name>/best.<fmt>`."""
     return output_dir(name) / f"best.{fmt}"
 
 
-def write_export(data: dict[str, Any], path: Path, fmt: str = "yaml") -> Path:
+def write_export(export: ExportFile, path: Path, fmt: str = "yaml") -> Path:
+    """Write `export` to `path` as YAML or JSON (`fmt`), whole (`write_text`)."""
+    data = export.as_data()
     text = json.dumps(data, indent=2) + "\n" if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
     return write_text(text, path)
 

@@ -100,7 +100,7 @@ def accumulation_per_process(config: TunedConfig, world_size: int) -> int:
 
 def on_cuda(config: TunedConfig) -> bool:
     """Whether the config was tuned on a CUDA device."""
-    return str(config.environment.get("device", "")).startswith("cuda")
+    return config.machine.device.startswith("cuda")
 
 
 def pin_memory(config: TunedConfig) -> bool:

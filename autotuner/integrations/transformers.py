@@ -93,7 +93,7 @@ def _training_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
         **(_checkpointing_arguments() if params["checkpointing"] == "blocks" else {}),
         **_optim(config),
         # tuned on a CPU: train there (TrainingArguments refuses bf16 without a GPU otherwise)
-        **({"use_cpu": True} if str(config.environment.get("device", "")).startswith("cpu") else {}),
+        **({"use_cpu": True} if config.machine.device.startswith("cpu") else {}),
     }
 
 

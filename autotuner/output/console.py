@@ -19,6 +19,7 @@ from autotuner.output.formatting import percent, rate
 from autotuner.results.evidence import Reference
 from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup
 from autotuner.results.run_time import RunPlan, money, verdict
+from autotuner.trials.probe import Environment
 from autotuner.trials.progress import duration, phase_path, read_phase, time_left
 
 if TYPE_CHECKING:
@@ -61,11 +62,11 @@ class SearchReporter:
         self._trials_began: float | None = None
         """When the first trial this process reported began, in the search's elapsed seconds."""
 
-    def start(self, job: Job, storage_url: str, environment: dict[str, Any], budget: int) -> None:
+    def start(self, job: Job, storage_url: str, environment: Environment, budget: int) -> None:
         if self.console.is_terminal:
             self.phase_file = phase_path(job.output_dir())
         self.console.print(
-            f"[bold]{job.name}[/]: {job.spec.workload} on {environment['device']} ({environment['device_name']}), "
+            f"[bold]{job.name}[/]: {job.spec.workload} on {environment.device} ({environment.device_name}), "
             f"global batch {job.spec.global_batch}, {budget} trials, storage {escape(storage_url)}"
         )
 

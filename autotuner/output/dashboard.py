@@ -15,6 +15,8 @@ from autotuner.output.formatting import percent, rate, runs
 from autotuner.results.records import baseline, best, records, speedup, stored_reference
 from autotuner.results.run_time import run_plan, verdict
 from autotuner.study.fingerprint import fingerprint
+from autotuner.study.names import FINGERPRINT
+from autotuner.study.storage import StudySettings, study_environment, study_settings
 
 CHARTS = ("throughput-by-knob", "pareto-front")
 
@@ -25,7 +27,7 @@ def study_note(study: optuna.Study) -> str:
     attrs = study.user_attrs
     plan = run_plan(attrs)
     winner, base = best(trials, plan), baseline(trials)
-    settings, environment = attrs.get("autotuner", {}), attrs.get("environment", {})
+    settings, environment = study_settings(attrs) or StudySettings(), study_environment(attrs)
     reference = stored_reference(study)
     lines = [f"## autotuner: {study.study_name}", ""]
     if winner is None:
@@ -62,16 +64,16 @@ def study_note(study: optuna.Study) -> str:
         "",
         "| | |",
         "|---|---|",
-        f"| drift tolerance | {percent(settings.get('max_drift'))} |",
+        f"| drift tolerance | {percent(settings.max_drift)} |",
         f"| reference noise floor | {percent(reference.noise_floor if reference else None)} "
         f"(fp32 eager, `{format_config(reference.config if reference else {})}`) |",
-        f"| memory limit | {f'{limit:g} MiB' if (limit := settings.get('max_memory_mb')) else 'none'} |",
+        f"| memory limit | {f'{limit:g} MiB' if (limit := settings.max_memory_mb) else 'none'} |",
         f"| trials ran | {sum(t.ran for t in trials)} |",
         f"| outcomes | {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))} |",
-        f"| workload | `{settings.get('workload')}`, global batch {settings.get('global_batch')} |",
-        f"| device | {environment.get('device')}: {environment.get('device_name')} |",
-        f"| versions | {', '.join(f'{k} {v}' for k, v in (environment.get('versions') or {}).items() if v)} |",
-        f"| fingerprint | `{attrs.get('fingerprint') or fingerprint(environment)}` |",
+        f"| workload | `{settings.workload}`, global batch {settings.global_batch} |",
+        f"| device | {environment.device}: {environment.device_name} |",
+        f"| versions | {', '.join(f'{k} {v}' for k, v in environment.versions.items() if v)} |",
+        f"| fingerprint | `{attrs.get(FINGERPRINT) or fingerprint(environment)}` |",
         "",
         "Each trial's metrics, outcome and reason are its user attributes; infeasible trials "
         "(failed, or drift or memory over the limit) are marked infeasible in the plots. A pruned "
@@ -88,7 +90,8 @@ def publish(study: optuna.Study) -> None:
 
     save_note(study, study_note(study))
     trials = records(study)
-    tolerance = float(study.user_attrs.get("autotuner", {}).get("max_drift", 0.01))
+    settings = study_settings(study.user_attrs)
+    tolerance = float(settings.max_drift if settings is not None and settings.max_drift is not None else 0.01)
     figures = {
         "throughput-by-knob": throughput_by_knob_figure(trials),
         "pareto-front": pareto_figure(trials, tolerance),

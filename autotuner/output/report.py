@@ -36,9 +36,11 @@ from autotuner.results.records import (
     stored_reference,
 )
 from autotuner.results.run_time import RunPlan, money, run_plan, verdict
-from autotuner.spec.job import NOT_SEARCHED_ATTR, output_dir
+from autotuner.spec.job import output_dir
 from autotuner.study.fingerprint import describe, fingerprint
-from autotuner.study.storage import open_storage, shown_url
+from autotuner.study.names import FINGERPRINT, NOT_SEARCHED
+from autotuner.study.storage import StudySettings, open_storage, shown_url, study_environment, study_settings
+from autotuner.trials.probe import Environment
 from autotuner.trials.progress import duration
 
 FORMATS = ("html", "md")
@@ -55,10 +57,10 @@ class Report:
     name: str
     storage_url: str
     trials: list[TrialRecord]
-    settings: dict[str, Any]
+    settings: StudySettings
     reference: Reference | None
     """None before the study's reference has run."""
-    environment: dict[str, Any]
+    environment: Environment
     fingerprint: str
     plan: RunPlan | None = None
     """The real run the configs are ranked for (`autotuner.results.run_time`), or None."""
@@ -86,7 +88,7 @@ class Report:
 
     @property
     def tolerance(self) -> float:
-        return float(self.settings.get("max_drift") or 0.01)
+        return float(self.settings.max_drift or 0.01)
 
     def speedup(self, trial: TrialRecord) -> str:
         value = speedup(trial, self.baseline)
@@ -106,20 +108,21 @@ def load_report(storage_url: str, name: str, *, default: bool = False) -> Report
     except KeyError:
         raise SpecError(f"no study {name!r} in {storage_url}", key="name") from None
     attrs = study.user_attrs
-    if "autotuner" not in attrs:
+    settings = study_settings(attrs)
+    if settings is None:
         raise SpecError(f"study {name!r} in {storage_url} was not made by autotuner", key="name")
-    environment = attrs.get("environment") or {}
+    environment = study_environment(attrs)
     return Report(
         name=study.study_name,
         storage_url=storage_url,
         trials=records(study),
-        settings=attrs["autotuner"],
+        settings=settings,
         reference=stored_reference(study),
         environment=environment,
-        fingerprint=attrs.get("fingerprint") or fingerprint(environment),
+        fingerprint=attrs.get(FINGERPRINT) or fingerprint(environment),
         plan=run_plan(attrs),
         profiles=stored_profiles(study),
-        not_searched=attrs.get(NOT_SEARCHED_ATTR) or {},
+        not_searched=attrs.get(NOT_SEARCHED) or {},
     )
 
 
@@ -148,7 +151,7 @@ def headline(report: Report) -> str:
             return "No feasible config: no trial has run yet."
         return (
             f"No feasible config: none of the {ran} trials that ran was both ok and within the drift "
-            f"tolerance{' and memory limit' if report.settings.get('max_memory_mb') else ''}."
+            f"tolerance{' and memory limit' if report.settings.max_memory_mb else ''}."
         )
     versus = f", {report.speedup(winner)} the baseline's {rate(base.throughput)}" if base and base.throughput else ""
     return (
@@ -161,19 +164,19 @@ def summary_table(report: Report) -> Table:
     winner, base = report.best, report.baseline
     settings, reference = report.settings, report.reference
     counts = Counter(t.outcome for t in report.trials)
-    limit = settings.get("max_memory_mb")
+    limit = settings.max_memory_mb
     plan = report.plan
     run_line = verdict(plan, report.trials, winner, base) if plan is not None and winner is not None else None
     rows = [
         ["study", f"{report.name} ({shown_url(report.storage_url)})"],
-        ["workload", f"{settings.get('workload')}, global batch {settings.get('global_batch')}"],
+        ["workload", f"{settings.workload}, global batch {settings.global_batch}"],
         ["best config", f"#{winner.number} {format_config(winner.config)}" if winner else "none feasible"],
         ["best throughput", rate(winner.throughput) if winner else "-"],
         ["speedup over baseline", report.speedup(winner) if winner else "-"],
         *([["the run", run_line]] if run_line else []),
         ["baseline config", f"#{base.number} {format_config(base.config)}" if base else "not run yet"],
         ["baseline throughput", f"{rate(base.throughput)} ({base.outcome})" if base else "-"],
-        ["drift tolerance", percent(settings.get("max_drift"), 2)],
+        ["drift tolerance", percent(settings.max_drift, 2)],
         [
             "reference noise floor",
             f"{charts.drift_text(reference.noise_floor)} (fp32 eager, {format_config(reference.config)})"
@@ -285,7 +288,7 @@ def trial_table(report: Report) -> Table:
             _processes(t),
             charts.trial_drift_text(t),
             metric(t, "warmup_s", "{:.2f} s"),
-            peak_memory(t.metrics.get("peak_memory_mb"), report.environment.get("memory_mb")),
+            peak_memory(t.metrics.get("peak_memory_mb"), report.environment.memory_mb),
         ]
         for t in sorted(report.trials, key=lambda t: t.number)
     ]

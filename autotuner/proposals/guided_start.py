@@ -25,15 +25,17 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.backends import knob_named
-from autotuner.config.knobs import PRECISION, config_key
+from autotuner.config.knobs import BATCH_SIZE, PRECISION, config_key
 from autotuner.proposals.wrapped_sampler import is_ordered
-from autotuner.results.tried import BATCH, TriedConfigs, feasible
+from autotuner.results.tried import TriedConfigs, feasible
+from autotuner.study.names import CONSTRAINT_NAMES, DRIFT_LIMIT, MEMORY_LIMIT, OUTCOME, TRIAL_CONSTRAINTS
+from autotuner.trials.outcomes import Outcome
 
 RINGS = (1, 2)
 """The local search's neighbourhoods of a centre, nearest first (`LocalSearch.neighbours`)."""
-FIRST = ("precision",)
+FIRST = (PRECISION.name,)
 """Knobs the local search changes before the others (in the space's order)."""
-NUMERICS = "precision"
+NUMERICS = PRECISION.name
 
 Unsupported = Callable[[dict[str, Any]], str | None]
 """Why the device cannot run a config (sampled params), or None: the backend's
@@ -68,7 +70,7 @@ def rule_of_thumb(space: dict[str, list[Any]], unsupported: Unsupported | None =
     for name, values in space.items():
         if is_ordered(values):
             ordered = sorted(values)
-            config[name] = ordered[-1] if name == BATCH else ordered[len(ordered) // 2]
+            config[name] = ordered[-1] if name == BATCH_SIZE.name else ordered[len(ordered) // 2]
             continue
         for value in recommended(name):
             if value in values and (unsupported is None or unsupported({**config, name: value}) is None):
@@ -179,10 +181,12 @@ class GuidedStart:
 
     def starts(self, rule: dict[str, Any]) -> list[dict[str, Any]]:
         """The rule-of-thumb config, then the same at each smaller batch, largest first."""
-        batches = self.space.get(BATCH, [])
-        if BATCH not in rule or not is_ordered(batches):
+        batches = self.space.get(BATCH_SIZE.name, [])
+        if BATCH_SIZE.name not in rule or not is_ordered(batches):
             return [rule]
-        return [rule] + [{**rule, BATCH: b} for b in sorted(batches, reverse=True) if b < rule[BATCH]]
+        return [rule] + [
+            {**rule, BATCH_SIZE.name: b} for b in sorted(batches, reverse=True) if b < rule[BATCH_SIZE.name]
+        ]
 
     def step(self, rule: dict[str, Any], trials: Sequence[FrozenTrial], tried: TriedConfigs) -> StartStep:
         """The rule-of-thumb config; smaller batches of it while it does not fit in memory; at
@@ -198,11 +202,12 @@ class GuidedStart:
                     return StartStep(last=last, pending=start)  # running, or queued
                 continue  # ruled out by an out-of-memory trial: the next smaller batch
             last = t.number
-            violations = t.system_attrs.get("constraints") or [0.0, 0.0, 0.0]
-            outcome = t.user_attrs.get("outcome")
-            if outcome == "oom" or (len(violations) > 2 and violations[2] > 0):
+            violations = dict(zip(CONSTRAINT_NAMES, t.system_attrs.get(TRIAL_CONSTRAINTS) or (), strict=False))
+            outcome = t.user_attrs.get(OUTCOME)
+            if outcome == Outcome.OOM.value or violations.get(MEMORY_LIMIT, 0.0) > 0:
                 continue  # did not fit: the next smaller batch
-            numerics_failed = outcome == "nan" or (outcome == "ok" and violations[0] > 0)
+            drifted = outcome == Outcome.OK.value and violations.get(DRIFT_LIMIT, 0.0) > 0
+            numerics_failed = outcome == Outcome.NAN.value or drifted
             strict = {**start, NUMERICS: PRECISION.reference}
             if numerics_failed and strict[NUMERICS] in self.space.get(NUMERICS, []):
                 if tried.fresh(strict):

@@ -11,10 +11,8 @@ from typing import Any
 import optuna
 
 from autotuner.measurement.traces import Operator
+from autotuner.study.names import PROFILE_PREFIX
 from autotuner.study.optuna_adapter import study_id, study_storage
-
-ATTR_PREFIX = "profile:"
-"""Study system attr `profile:<trial number>`: that trial's `Profile`."""
 
 
 @dataclass
@@ -47,9 +45,9 @@ def stored_profiles(study: optuna.Study) -> dict[int, Profile]:
     """The profiles stored with the study, by trial number."""
     attrs = study_storage(study).get_study_system_attrs(study_id(study))
     return {
-        int(key.removeprefix(ATTR_PREFIX)): Profile.from_dict(value)
+        int(key.removeprefix(PROFILE_PREFIX)): Profile.from_dict(value)
         for key, value in attrs.items()
-        if key.startswith(ATTR_PREFIX) and isinstance(value, dict)
+        if key.startswith(PROFILE_PREFIX) and isinstance(value, dict)
     }
 
 

@@ -22,14 +22,26 @@ from optuna.trial import FrozenTrial
 from autotuner.config.knobs import Config
 from autotuner.measurement.pruning import TRIAL_NOISE
 from autotuner.results.evidence import Reference, Remeasurement
-from autotuner.study.claims import PREFIX
+from autotuner.study.names import (
+    BASELINE,
+    CLAIM_PREFIX,
+    COLD_WARMUP,
+    CONFIG,
+    FEASIBLE,
+    GIVEN_UP,
+    OUTCOME,
+    REASON,
+    RECORD_ATTRS,
+    REFERENCE,
+    REMEASURE_CLAIM,
+    ROLE,
+    SEARCH,
+)
 from autotuner.study.optuna_adapter import study_id, study_storage
 from autotuner.trials.outcomes import Outcome
 
-REMEASURE_PREFIX = PREFIX + "remeasure:"
-"""Study system attr (a claim, `autotuner.study.claims`) holding the re-measurement of a trial's config."""
-GIVEN_UP = "given_up"
-"""Trial user attr: why a worker gave the trial up without running it (`autotuner.results.store.give_up`)."""
+REMEASURE_PREFIX = CLAIM_PREFIX + REMEASURE_CLAIM
+"""The keys of the study system attrs (claims) holding the re-measurement of a trial's config."""
 CUT_OFF = "its worker stopped while it ran (killed, or cut off from the storage); it is retried"
 """The reason of a trial failed for a missing heartbeat, which Optuna fails without one."""
 
@@ -101,18 +113,17 @@ class TrialRecord:
     @classmethod
     def from_frozen(cls, t: FrozenTrial, remeasured: Remeasurement | None = None) -> TrialRecord:
         attrs = dict(t.user_attrs)
-        known = {"config", "role", "outcome", "reason", "feasible", "traceback"}
         state = t.state.name
         return cls(
             number=t.number,
             state=state,
-            config=attrs.get("config") or dict(t.params),
+            config=attrs.get(CONFIG) or dict(t.params),
             params=dict(t.params),
-            role=attrs.get("role", "search"),
-            outcome=attrs.get("outcome", "interrupted" if state == "FAIL" else state.lower()),
-            reason=attrs.get("reason", CUT_OFF if state == "FAIL" else ""),
-            feasible=bool(attrs.get("feasible", False)) and state == "COMPLETE",
-            metrics={k: v for k, v in attrs.items() if k not in known},
+            role=attrs.get(ROLE, SEARCH),
+            outcome=attrs.get(OUTCOME, "interrupted" if state == "FAIL" else state.lower()),
+            reason=attrs.get(REASON, CUT_OFF if state == "FAIL" else ""),
+            feasible=bool(attrs.get(FEASIBLE, False)) and state == "COMPLETE",
+            metrics={k: v for k, v in attrs.items() if k not in RECORD_ATTRS},
             remeasured=remeasured,
         )
 
@@ -129,10 +140,6 @@ def records(study: optuna.Study) -> list[TrialRecord]:
             if GIVEN_UP not in t.user_attrs
         ]
     )
-
-
-COLD_WARMUP = "cold_warmup_s"
-"""Trial metric: the warm-up its config pays from a cold compile cache, where its own found it warm."""
 
 
 def with_cold_warmups(trials: list[TrialRecord]) -> list[TrialRecord]:
@@ -173,7 +180,7 @@ def remeasurements(study: optuna.Study) -> dict[int, Remeasurement]:
 
 def stored_reference(study: optuna.Study) -> Reference | None:
     """The study's fp32 reference (its `reference` user attr), or None before it is run."""
-    stored = study.user_attrs.get("reference")
+    stored = study.user_attrs.get(REFERENCE)
     return Reference.from_dict(stored) if stored is not None else None
 
 
@@ -252,7 +259,7 @@ def best(trials: list[TrialRecord], plan: RunLength | None = None) -> TrialRecor
 
 
 def baseline(trials: list[TrialRecord]) -> TrialRecord | None:
-    return next((t for t in trials if t.role == "baseline" and t.state == "COMPLETE"), None)
+    return next((t for t in trials if t.role == BASELINE and t.state == "COMPLETE"), None)
 
 
 def spent_seconds(trials: list[TrialRecord]) -> float:

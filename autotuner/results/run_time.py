@@ -31,13 +31,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from autotuner.results.records import COLD_WARMUP, TrialRecord, baseline, ranked
+from autotuner.results.records import TrialRecord, baseline, ranked
 from autotuner.spec.job import Job
-from autotuner.study.storage import ENERGY
+from autotuner.study.names import COLD_WARMUP, ENERGY, RUN
 from autotuner.trials.progress import duration
-
-RUN_ATTR = "run"
-"""The study user attr holding the `RunPlan` its latest search was started with."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +71,7 @@ class RunPlan:
 
     @classmethod
     def from_dict(cls, data: Any) -> RunPlan | None:
-        """From the study's `RUN_ATTR`; None when it holds none."""
+        """From the study's `autotuner.study.names.RUN` attr; None when it holds none."""
         if not isinstance(data, dict) or not data.get("global_batch"):
             return None
         known = {k: data.get(k) for k in ("steps", "epochs", "hours", "per_hour")}
@@ -180,7 +177,7 @@ def _warmup_steps(metrics: Mapping[str, Any]) -> int:
 
 def run_plan(study_attrs: dict[str, Any]) -> RunPlan | None:
     """The `RunPlan` a study's latest search was started with (its user attrs), or None."""
-    return RunPlan.from_dict(study_attrs.get(RUN_ATTR))
+    return RunPlan.from_dict(study_attrs.get(RUN))
 
 
 def verdict(plan: RunPlan, trials: list[TrialRecord], best: TrialRecord, base: TrialRecord | None) -> str | None:

@@ -13,26 +13,42 @@ from typing import Any
 
 import optuna
 
-from autotuner.config.knobs import Config
+from autotuner.config.knobs import PRECISION, Config
 from autotuner.measurement.contention import CONTENDED_SHARE, contention
 from autotuner.results.evidence import Reference
-from autotuner.results.records import GIVEN_UP, TrialRecord
+from autotuner.results.records import TrialRecord
 from autotuner.spec.job import Job
+from autotuner.study.names import (
+    CONFIG,
+    ENERGY,
+    FEASIBLE,
+    GIVEN_UP,
+    OUTCOME,
+    REASON,
+    ROLE,
+    TRACEBACK,
+    TRIAL_CONSTRAINTS,
+)
 from autotuner.study.optuna_adapter import trial_id
-from autotuner.study.storage import CONSTRAINT_NAMES, ENERGY
 from autotuner.trials.launcher import TrialResult
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import Environment
 from autotuner.trials.trial_output import TrialOutput
+
+Metrics = dict[str, Any]
+"""A trial's metrics, stored as its user attrs: an open set of keys, the telemetry's among them
+(its GPU's samplers add theirs), that the storage keeps as they are and `TrialRecord.metrics`
+reads back."""
 
 DRIFT_CAP = 1e6
 """Infinite drift is stored as this in constraint values, which must be finite JSON."""
 
 
 def trial_metrics(
-    result: TrialResult[TrialOutput], reference: Reference | None, config: Config, environment: dict[str, Any]
-) -> dict[str, Any]:
+    result: TrialResult[TrialOutput], reference: Reference | None, config: Config, environment: Environment
+) -> Metrics:
     """Everything measured about one trial, derived from the trial process's output."""
-    metrics: dict[str, Any] = {"startup_s": result.startup_s, "wall_s": result.wall_s}
+    metrics: Metrics = {"startup_s": result.startup_s, "wall_s": result.wall_s}
     output = result.output
     if output is not None:
         metrics.update(_measured(output, config, environment))
@@ -53,9 +69,9 @@ def pruned(result: TrialResult[TrialOutput]) -> str | None:
     return throughput.stopped if result.outcome is Outcome.OK and throughput is not None else None
 
 
-def _measured(output: TrialOutput, config: Config, environment: dict[str, Any]) -> dict[str, Any]:
+def _measured(output: TrialOutput, config: Config, environment: Environment) -> Metrics:
     """What the measured phase gave (nothing for the reference's drift-only run)."""
-    metrics: dict[str, Any] = {}
+    metrics: Metrics = {}
     throughput = output.throughput
     if throughput is not None:
         rate = throughput.samples_per_s
@@ -74,7 +90,7 @@ def _measured(output: TrialOutput, config: Config, environment: dict[str, Any]) 
         if output.flops_per_sample:
             metrics["flops_per_sample"] = output.flops_per_sample
             metrics["tflops"] = rate * output.flops_per_sample / 1e12
-            peak = (environment.get("peak_flops") or {}).get(config.get("precision", "fp32"))
+            peak = environment.peak_flops.get(config.get(PRECISION.name, PRECISION.reference))
             if peak:  # the device's datasheet figure for this precision (autotuner/measurement/hardware.py)
                 metrics["mfu"] = rate * output.flops_per_sample / peak
     share = contention(output.telemetry or {})
@@ -105,8 +121,8 @@ def record(
     *,
     role: str,
     reference: Reference | None,
-    environment: dict[str, Any],
-    extra: dict[str, Any] | None = None,
+    environment: Environment,
+    extra: Metrics | None = None,
 ) -> TrialRecord:
     """Store one finished trial: metrics (and `extra`), outcome, feasibility, constraints,
     objective values; a pruned one as Optuna PRUNED (`record_pruned`)."""
@@ -117,30 +133,28 @@ def record(
     drift = metrics.get("drift")
     memory = metrics.get("peak_memory_mb")
     outcome, reason = result.outcome, result.reason
-    violations = {
-        "drift": _finite(drift) - objective.max_drift if drift is not None else 0.0,
-        "outcome": 0.0 if outcome is Outcome.OK else 1.0,
-        "memory": memory - objective.max_memory_mb if objective.max_memory_mb and memory is not None else 0.0,
-    }
-    if outcome is Outcome.OK and violations["drift"] > 0:
+    drift_over = _finite(drift) - objective.max_drift if drift is not None else 0.0
+    memory_over = memory - objective.max_memory_mb if objective.max_memory_mb and memory is not None else 0.0
+    violations = [drift_over, 0.0 if outcome is Outcome.OK else 1.0, memory_over]  # names.CONSTRAINT_NAMES
+    if outcome is Outcome.OK and drift_over > 0:
         reason = f"drift {drift:.3%} is over the tolerance of {objective.max_drift:.3%}"
-    elif outcome is Outcome.OK and violations["memory"] > 0:
+    elif outcome is Outcome.OK and memory_over > 0:
         reason = f"peak memory {memory:.0f} MiB is over the limit of {objective.max_memory_mb:.0f} MiB"
-    feasible = all(v <= 0 for v in violations.values())
+    feasible = all(v <= 0 for v in violations)
     attrs = {
-        "config": config,
-        "role": role,
-        "outcome": outcome.value,
-        "reason": reason,
-        "feasible": feasible,
+        CONFIG: config,
+        ROLE: role,
+        OUTCOME: outcome.value,
+        REASON: reason,
+        FEASIBLE: feasible,
         **{k: (v if not (isinstance(v, float) and math.isinf(v)) else "inf") for k, v in metrics.items()},
     }
     if result.traceback:
-        attrs["traceback"] = result.traceback
+        attrs[TRACEBACK] = result.traceback
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
     # The list form of the constraints is read by Optuna's samplers and by optuna-dashboard alike.
-    trial.storage.set_trial_system_attr(trial_id(trial), "constraints", [violations[name] for name in CONSTRAINT_NAMES])
+    trial.storage.set_trial_system_attr(trial_id(trial), TRIAL_CONSTRAINTS, violations)
     values = [metrics.get("throughput", 0.0), drift if drift is not None else math.inf]
     if len(study.directions) > len(values):  # objective.energy: not measured is no better than any
         values.append(float(metrics.get(ENERGY) or math.inf))
@@ -149,13 +163,13 @@ def record(
 
 
 def record_pruned(
-    study: optuna.Study, trial: optuna.Trial, config: Config, reason: str, metrics: dict[str, Any], *, role: str
+    study: optuna.Study, trial: optuna.Trial, config: Config, reason: str, metrics: Metrics, *, role: str
 ) -> TrialRecord:
     """Store a trial stopped after its first windows: its windows' rates as Optuna intermediate
     values (one per window; `Trial.report` refuses a study of two objectives, the storage does
     not), its metrics, and the state PRUNED, with no objective values and no constraints: no
     drift was measured. The samplers rank it with their worse group, by its last window."""
-    attrs = {"config": config, "role": role, "outcome": Outcome.PRUNED.value, "reason": reason, "feasible": False}
+    attrs = {CONFIG: config, ROLE: role, OUTCOME: Outcome.PRUNED.value, REASON: reason, FEASIBLE: False}
     for key, value in {**attrs, **metrics}.items():
         trial.set_user_attr(key, value)
     for window, value in enumerate(metrics.get("throughput_windows") or []):

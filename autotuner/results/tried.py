@@ -19,10 +19,8 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.config.knobs import COMMON_TABLE, DERIVED, Knob, config_key, needs_as_much_memory
-
-LIVE = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-"""The states of a trial whose config is taken."""
-BATCH = "batch_size"
+from autotuner.study.names import FIXED_PARAMS, LIVE, OUTCOME, TRIAL_CONSTRAINTS
+from autotuner.trials.outcomes import Outcome
 
 
 def trial_params(trial: FrozenTrial) -> dict[str, Any]:
@@ -30,13 +28,13 @@ def trial_params(trial: FrozenTrial) -> dict[str, Any]:
     it was enqueued with (derived knobs left out, as in sampled params)."""
     if trial.params or trial.state is not TrialState.WAITING:
         return dict(trial.params)
-    fixed = trial.system_attrs.get("fixed_params") or {}
+    fixed = trial.system_attrs.get(FIXED_PARAMS) or {}
     return {k: v for k, v in fixed.items() if k not in DERIVED}
 
 
 def ran_out_of_memory(trial: FrozenTrial) -> bool:
     """A complete trial whose outcome is `oom`."""
-    return trial.state is TrialState.COMPLETE and trial.user_attrs.get("outcome") == "oom"
+    return trial.state is TrialState.COMPLETE and trial.user_attrs.get(OUTCOME) == Outcome.OOM.value
 
 
 def oom_rules_out(
@@ -54,7 +52,7 @@ def feasible(trial: FrozenTrial) -> bool:
     return (
         trial.state is TrialState.COMPLETE
         and bool(trial.values)
-        and all(v <= 0 for v in trial.system_attrs.get("constraints") or ())
+        and all(v <= 0 for v in trial.system_attrs.get(TRIAL_CONSTRAINTS) or ())
     )
 
 

@@ -22,9 +22,9 @@ from autotuner.results.run_time import RunPlan
 from autotuner.results.store import give_up, record
 from autotuner.results.tried import best_feasible, oom_rules_out
 from autotuner.spec.job import Job
-from autotuner.spec.requests import trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import Environment
 from autotuner.trials.trial_output import TrialOutput
 from autotuner.workers.coordination import BudgetSlots, ConfigClaims
 
@@ -41,7 +41,7 @@ class TrialDispatch:
     slots: BudgetSlots
     launcher: TrialLauncher
     capabilities: Capabilities
-    environment: dict[str, Any]
+    environment: Environment
     reference: Reference
     reporter: SearchReporter
     max_trials: int
@@ -111,8 +111,8 @@ class TrialDispatch:
 
     def _run(self, config: Config, best: float | None) -> TrialResult[TrialOutput]:
         """Run `config` in a trial process; with `best`, stopped early if it cannot reach it."""
-        device = self.environment["device"]
-        request = trial_request(self.job, config, device, prune_best=best, progress=self.reporter.progress)
+        device = self.environment.device
+        request = self.job.trial_request(config, device, prune_best=best, progress=self.reporter.progress)
         return self.launcher.call(self.job.backend.runner, "run", request, self.job.trial_timeout(config))
 
     def _when_contended(

@@ -2,7 +2,7 @@
 
 Optuna proposes configs (through `autotuner.proposals.sampler`), the backend runs each one in its own
 process (`autotuner.trials.launcher`), and this loop orchestrates: it probes the hardware
-(`autotuner.spec.requests`), opens the study, runs the fp32 reference once per study
+(`autotuner.spec.job.Job.probe`), opens the study, runs the fp32 reference once per study
 (`autotuner.search.reference`), makes the baseline trial 0, has every trial it asks for run and recorded
 (`autotuner.search.dispatch`), keeps to the budget (per study, across runs and workers), re-measures the
 top configs (`autotuner.search.remeasure`) and writes the export. What only one of several workers may do
@@ -29,14 +29,14 @@ from autotuner.proposals.sampler import FreshConfigSampler, make_sampler
 from autotuner.results.evidence import Reference
 from autotuner.results.profiles import describe
 from autotuner.results.records import SearchSummary, baseline, best, records, spent_seconds
-from autotuner.results.run_time import RUN_ATTR, RunPlan
+from autotuner.results.run_time import RunPlan
 from autotuner.search.dispatch import TrialDispatch
 from autotuner.search.profiling import artifact_dir, run_profiles
 from autotuner.search.reference import REFERENCE_LEASE_TRIALS, run_reference
 from autotuner.search.remeasure import Remeasurer
-from autotuner.spec.job import NOT_SEARCHED_ATTR, Job
-from autotuner.spec.requests import PROBE_TIMEOUT_S, make_launcher, probe_job
+from autotuner.spec.job import Job
 from autotuner.study.claims import Claims
+from autotuner.study.names import NOT_SEARCHED, RUN
 from autotuner.study.optuna_adapter import study_id
 from autotuner.study.storage import (
     check_objectives,
@@ -47,6 +47,7 @@ from autotuner.study.storage import (
     shown_url,
 )
 from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.probe import PROBE_TIMEOUT_S
 from autotuner.workers.coordination import POLL_S, BudgetSlots, ConfigClaims, OncePerStudy, enqueue_baseline
 from autotuner.workers.ownership import Recovery, SearchProcess, TrialOwnership
 
@@ -106,19 +107,17 @@ class Search:
     def _search(self) -> SearchSummary:
         job = self.job
         check_storage_url(self.storage_url, default=self.is_default_storage)  # not after a probe's seconds
-        launcher = make_launcher(job.backend, job.spec.trial.max_memory_mb)
-        environment = probe_job(launcher, job, self.device, self.device_source)
-        capabilities = job.backend.capabilities(environment["capabilities"])
+        launcher = job.backend.launcher(job.spec.trial.max_memory_mb)
+        environment = job.probe(launcher, self.device, self.device_source)
+        capabilities = job.backend.capabilities(environment.capabilities)
         not_searched = job.narrow(capabilities)
         check_objectives(job, environment)
         check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
         study = open_study(storage, job, environment)
-        self.plan = RunPlan.from_job(job, start_s=environment.get("framework_start_s") or 0.0)
-        study.set_user_attr(RUN_ATTR, self.plan.as_dict() if self.plan else None)  # the export ranks by it
-        study.set_user_attr(
-            NOT_SEARCHED_ATTR, {k: {str(v): why for v, why in d.items()} for k, d in not_searched.items()}
-        )
+        self.plan = RunPlan.from_job(job, start_s=environment.framework_start_s or 0.0)
+        study.set_user_attr(RUN, self.plan.as_dict() if self.plan else None)  # the export ranks by it
+        study.set_user_attr(NOT_SEARCHED, {k: {str(v): why for v, why in d.items()} for k, d in not_searched.items()})
         process, claims = SearchProcess.this(), Claims(storage, study_id(study))
         recovery = Recovery(study, storage, claims, process)
         once = OncePerStudy(study, claims, process)
@@ -136,7 +135,7 @@ class Search:
             recovery.recover()  # first: a cut-off baseline is retried, not enqueued afresh
             enqueue_baseline(study, self.job.baseline)
             reference = once.reference(
-                lambda: self._run_reference(launcher, environment["device"]),
+                lambda: self._run_reference(launcher, environment.device),
                 REFERENCE_LEASE_TRIALS * job.trial_timeout() + PROBE_TIMEOUT_S,
                 lambda: self.reporter.note("waiting for the fp32 reference, which another worker is running"),
             )
@@ -189,9 +188,9 @@ class Search:
                         baseline(trials),
                     )
             self.reporter.left_s = None  # the trials are over
-            Remeasurer(job, study, once, launcher, environment["device"], self.reporter, self.plan).run()
+            Remeasurer(job, study, once, launcher, environment.device, self.reporter, self.plan).run()
             if self.profile:
-                for profile in run_profiles(job, study, launcher, environment["device"], self.reporter, self.plan):
+                for profile in run_profiles(job, study, launcher, environment.device, self.reporter, self.plan):
                     self.reporter.note(f"profile: {describe(profile)}")
         except KeyboardInterrupt:
             interrupted = True

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from autotuner.measurement.traces import Operator
-from autotuner.results.profiles import ATTR_PREFIX, Profile, stored_profiles
+from autotuner.results.profiles import Profile, stored_profiles
 from autotuner.results.records import TrialRecord, baseline, best, records
 from autotuner.spec.job import Job
-from autotuner.spec.requests import trial_request
+from autotuner.study.names import PROFILE_PREFIX
 from autotuner.study.optuna_adapter import study_id, study_storage
 from autotuner.trials.outcomes import Outcome
 
@@ -69,7 +69,7 @@ def store_profile(study: optuna.Study, job: Job, profile: Profile, trace: Path) 
         artifact_store=store, file_path=str(named), study_or_trial=study, storage=study_storage(study)
     )
     profile.artifact_name = name
-    study_storage(study).set_study_system_attr(study_id(study), f"{ATTR_PREFIX}{profile.trial}", profile.as_dict())
+    study_storage(study).set_study_system_attr(study_id(study), f"{PROFILE_PREFIX}{profile.trial}", profile.as_dict())
     return profile
 
 
@@ -90,7 +90,7 @@ def run_profiles(
         job.output_dir().mkdir(parents=True, exist_ok=True)  # with another storage, nothing may be there yet
         folder = Path(tempfile.mkdtemp(prefix=f"profile-{trial.number}-", dir=job.output_dir())).resolve()
         try:
-            request = trial_request(job, trial.config, device, progress=reporter.progress)
+            request = job.trial_request(trial.config, device, progress=reporter.progress)
             arg = {"request": request, "steps": steps, "folder": str(folder)}
             started = time.monotonic()
             with reporter.running(f"profiling the {role}, trial #{trial.number}: {steps} steps after its warm-up"):

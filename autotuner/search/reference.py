@@ -11,7 +11,6 @@ from autotuner.errors import BackendError
 from autotuner.measurement.drift import measure_drift
 from autotuner.results.evidence import Reference
 from autotuner.spec.job import Job
-from autotuner.spec.requests import trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.trial_output import Losses, TrialOutput
@@ -25,7 +24,7 @@ def run_reference(launcher: TrialLauncher, job: Job, device: str, progress: str 
     """Run the fp32 eager reference twice; the gap between the two runs is its noise floor.
     `progress`: the phase file of the search's console (`autotuner.trials.progress`)."""
     config = job.reference_config()
-    request = trial_request(job, config, device, measure=False, progress=progress)
+    request = job.trial_request(config, device, measure=False, progress=progress)
     runs: list[Losses] = []
     wall_s = 0.0
     for _ in range(2):

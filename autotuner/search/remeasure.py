@@ -31,10 +31,10 @@ from autotuner.results.evidence import Remeasurement
 from autotuner.results.records import TrialRecord, baseline, records, to_remeasure
 from autotuner.results.run_time import RunPlan
 from autotuner.spec.job import Job
-from autotuner.spec.requests import PROBE_TIMEOUT_S, trial_request
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.lockstep import in_lockstep, measure_together
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import PROBE_TIMEOUT_S
 from autotuner.trials.trial_output import TrialOutput
 from autotuner.workers.coordination import OncePerStudy
 
@@ -298,7 +298,7 @@ class Remeasurer:
         job, device = self.job, self.device
         requests = [
             dataclasses.replace(
-                trial_request(job, t.config, device, progress=self.reporter.progress),
+                job.trial_request(t.config, device, progress=self.reporter.progress),
                 windows=job.spec.budget.remeasure_windows,
                 drift=False,  # its trial measured it: the same config, seed and data
             )

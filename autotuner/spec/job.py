@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
-from autotuner.config.knobs import DERIVED, Config, Knob
+from autotuner.config.knobs import BATCH_SIZE, DERIVED, Config, Knob
 from autotuner.errors import SpecError, shown
 from autotuner.spec.keys import JobSpec, SamplerSettings, parse_yaml, read_text, validate_spec
 from autotuner.trials.factory import is_import_path
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.probe import Environment
+from autotuner.trials.request import ProbeRequest, TrialRequest
 
 MAX_CONFIGS = 100_000
 """Most configs a searched space may hold, once narrowed to the device and workload
@@ -34,8 +37,6 @@ MAX_CONFIGS = 100_000
 MAX_DECLARED_CONFIGS = 1_000_000
 """Most configs a spec's space may declare: values that cannot matter on the device and workload
 are dropped from it before the search (`Job.narrow`), and the rest must fit `MAX_CONFIGS`."""
-NOT_SEARCHED_ATTR = "not_searched"
-"""The study attribute holding what `Job.narrow` dropped: knob -> value -> why (for the report)."""
 TRIAL_TIMEOUT_S = 600.0
 """A trial's timeout when the spec sets none, before the backend's factor for its config."""
 
@@ -156,6 +157,50 @@ class Job:
         if self.spec.trial.timeout is not None:
             return self.spec.trial.timeout
         return TRIAL_TIMEOUT_S * max((self.backend.timeout_factor(c) for c in configs), default=1.0)
+
+    def probe_request(self, device: str) -> ProbeRequest:
+        """The probe of `device` for this job: its workload built from the spec's arguments and its
+        data checked against its global batch, before anything is stored or run."""
+        return ProbeRequest(device, self.workload_path(), dict(self.spec.workload_args), self.spec.global_batch)
+
+    def probe(self, launcher: TrialLauncher, device: str, source: str | None = None) -> Environment:
+        """`probe_request(device)` run by `launcher` (`autotuner.backends.Backend.probe`); a device
+        that does not exist is an error of `source` (the spec unless told)."""
+        return self.backend.probe(launcher, self.probe_request(device), source or self.source)
+
+    def trial_request(
+        self,
+        config: Config,
+        device: str,
+        *,
+        measure: bool = True,
+        prune_best: float | None = None,
+        progress: str | None = None,
+    ) -> TrialRequest:
+        """The request that runs `config` on `device`; with `prune_best` (a search trial: the best
+        feasible throughput so far), one stopped early when it cannot reach it
+        (`trial.prune_after`); with `progress`, one that writes its phase there
+        (`autotuner.trials.progress`)."""
+        settings = self.spec.trial
+        return TrialRequest(
+            workload=self.workload_path(),
+            workload_args=dict(self.spec.workload_args),
+            device=device,
+            config=dict(config),
+            global_batch=self.spec.global_batch,
+            seed=settings.seed,
+            warmup_steps=settings.warmup_steps,
+            steps=settings.steps,
+            windows=settings.windows,
+            drift_steps=settings.drift_steps,
+            heldout_batch=self.baseline[BATCH_SIZE.name],
+            measure=measure,
+            min_window_s=settings.min_window_s,
+            prune_best=prune_best,
+            prune_after=settings.prune_after if prune_best is not None else 0,
+            progress=progress,
+            compile_cache=str(self.compile_cache_dir()),
+        )
 
     def complete(self, params: dict[str, Any]) -> Config:
         """A full config from sampled params: fixed knobs from the baseline, accumulation derived."""

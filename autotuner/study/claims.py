@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy
 from optuna.storages import RDBStorage
 
-PREFIX = "autotuner:"
+from autotuner.study.names import CLAIM_PREFIX
 
 # The columns of Optuna's study system attrs table that a claim uses (Optuna's stable schema).
 _TABLE = sqlalchemy.table(
@@ -55,7 +55,7 @@ class Claims:
 
     def claim(self, name: str, value: dict[str, Any]) -> Held | None:
         """Create the claim `name`: None when this worker now holds it, else the current holder."""
-        key = PREFIX + name
+        key = CLAIM_PREFIX + name
         try:
             with self.engine.begin() as connection:
                 connection.execute(
@@ -83,7 +83,7 @@ class Claims:
         return bool(done.rowcount == 1)
 
     def get(self, name: str) -> Held | None:
-        key = PREFIX + name
+        key = CLAIM_PREFIX + name
         with self.engine.begin() as connection:
             raw = connection.execute(
                 sqlalchemy.select(_TABLE.c.value_json).where(_TABLE.c.study_id == self.study_id, _TABLE.c.key == key)
@@ -92,7 +92,7 @@ class Claims:
 
     def all(self, prefix: str = "") -> dict[str, Held]:
         """Every claim whose name starts with `prefix`, by key."""
-        pattern = PREFIX + prefix
+        pattern = CLAIM_PREFIX + prefix
         with self.engine.begin() as connection:
             rows = connection.execute(
                 sqlalchemy.select(_TABLE.c.key, _TABLE.c.value_json).where(

@@ -1,22 +1,11 @@
-"""The study in its RDB storage: opening the storage and the study, and what is stored on it.
+"""The study in its RDB storage: opening the storage and the study, checking that a job and a
+machine may join it, and what its creator writes on it.
 
 Everything a report or an export needs lives in the storage, so `autotuner export` and the
-dashboard work from the storage alone:
-
-* on the study (user attrs): `autotuner` (spec identity and path, tolerance, memory limit,
-  global batch), `environment` and `fingerprint`, `reference` (the fp32 run drift is measured
-  against, with its noise floor: `autotuner.results.evidence.Reference`), `constraints` (the names of the
-  constraint values);
-* on each trial (user attrs): `config` (every knob, accumulation included), `role` (baseline or
-  search), `outcome`, `reason`, `traceback` (for `error`), `feasible`, and the metrics;
-  the constraint values as the `constraints` system attr (what Optuna's samplers and
-  optuna-dashboard both read).
-
-Trials are written by `autotuner.results.store` and read back by `autotuner.results.records`. Trial user
-attrs that say how a trial relates to others: `retry_of` (the cut-off trial it runs again),
-`given_up` and `duplicate_of`. The claims that coordinate the workers of a study are its
-`autotuner:*` system attrs (`autotuner.study.claims`, `autotuner.workers.coordination`,
-`autotuner.workers.ownership`), a config's re-measurement (`autotuner.results.evidence.Remeasurement`) among them.
+dashboard work from the storage alone. What is stored where, and under which name, is
+`autotuner.study.names`; trials are written by `autotuner.results.store` and read back by
+`autotuner.results.records`, and the claims that coordinate the workers of a study are kept by
+`autotuner.study.claims`, `autotuner.workers.coordination` and `autotuner.workers.ownership`.
 """
 
 from __future__ import annotations
@@ -24,6 +13,8 @@ from __future__ import annotations
 import random
 import time
 import warnings
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,11 +25,19 @@ from autotuner.errors import HardwareMismatch, SpecError
 from autotuner.spec.job import Job
 from autotuner.study.claims import Claims
 from autotuner.study.fingerprint import fingerprint, framework_versions
-
-METRIC_NAMES = ["throughput", "drift"]
-DIRECTIONS: list[Literal["maximize", "minimize"]] = ["maximize", "minimize"]
-ENERGY = "energy_j_per_sample"
-"""The optional third objective (`objective.energy`), minimized."""
+from autotuner.study.names import (
+    CONSTRAINT_NAMES,
+    CONSTRAINTS,
+    DIRECTIONS,
+    ENERGY,
+    ENVIRONMENT,
+    FINGERPRINT,
+    IDENTITY_CLAIM,
+    METRIC_NAMES,
+    SETTINGS,
+    STUDY_ATTRS,
+)
+from autotuner.trials.probe import Environment
 
 
 def objectives(job: Job) -> tuple[list[str], list[Literal["maximize", "minimize"]]]:
@@ -48,9 +47,6 @@ def objectives(job: Job) -> tuple[list[str], list[Literal["maximize", "minimize"
     return list(METRIC_NAMES), list(DIRECTIONS)
 
 
-CONSTRAINT_NAMES = ["drift", "outcome", "memory"]
-"""The constraint values in the order a trial's `constraints` system attr lists them."""
-
 HEARTBEAT_S = 10
 """How often a search process records, in the storage, that its running trial is alive."""
 GRACE_S = 60
@@ -58,10 +54,59 @@ GRACE_S = 60
 SQLITE_BUSY_S = 30
 """How long an SQLite writer waits for another worker's transaction before it gives up."""
 OPEN_ATTEMPTS = 5
-STUDY_ATTRS = ("autotuner", "environment", "fingerprint", "constraints")
-"""The study user attrs a study's creator writes; until all are there, its `identity` claim decides."""
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """The job's settings a study's creator stores on it (`autotuner.study.names.SETTINGS`): what
+    the export, the report and the dashboard say of the job. A study made by an older autotuner
+    may lack some: None."""
+
+    identity: str | None = None
+    """`autotuner.spec.job.Job.identity`: the job a study measures."""
+    spec_path: str | None = None
+    backend: str | None = None
+    workload: str | None = None
+    """The spec's `workload`, as written (`builtin:mlp`, `package.module:function`)."""
+    global_batch: int | None = None
+    max_drift: float | None = None
+    """The drift tolerance (`objective.max_drift`)."""
+    max_memory_mb: float | None = None
+    """The peak-memory limit (`objective.max_memory_mb`), or None."""
+
+    @classmethod
+    def of(cls, job: Job) -> StudySettings:
+        return cls(
+            identity=job.identity(),
+            spec_path=job.source,
+            backend=job.backend.name,
+            workload=job.spec.workload,
+            global_batch=job.spec.global_batch,
+            max_drift=job.spec.objective.max_drift,
+            max_memory_mb=job.spec.objective.max_memory_mb,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stored form (JSON)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StudySettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def study_settings(attrs: Mapping[str, Any]) -> StudySettings | None:
+    """The settings among a study's user attrs, or None for a study autotuner did not make."""
+    stored = attrs.get(SETTINGS)
+    return StudySettings.from_dict(stored) if isinstance(stored, Mapping) else None
+
+
+def study_environment(attrs: Mapping[str, Any]) -> Environment:
+    """The environment among a study's user attrs (empty fields where it has none)."""
+    return Environment.from_dict(attrs.get(ENVIRONMENT) or {})
 
 
 def shown_url(url: str) -> str:
@@ -174,25 +219,25 @@ def _serialize_sqlite(engine: sqlalchemy.engine.Engine) -> None:
     engine.dispose()  # connections opened while the storage was created predate the hooks
 
 
-def check_objectives(job: Job, environment: dict[str, Any]) -> None:
+def check_objectives(job: Job, environment: Environment) -> None:
     """Refuse an objective this device cannot measure (before anything is stored)."""
-    if job.spec.objective.energy and not environment.get("energy_counter"):
+    if job.spec.objective.energy and not environment.energy_counter:
         raise SpecError(
-            f"objective.energy needs a GPU whose energy counter NVML reads; {environment.get('device')} "
-            f"({environment.get('device_name')}) has none",
+            f"objective.energy needs a GPU whose energy counter NVML reads; {environment.device} "
+            f"({environment.device_name}) has none",
             source=job.source,
             key="objective.energy",
         )
 
 
-def check_trial_limits(job: Job, environment: dict[str, Any]) -> None:
+def check_trial_limits(job: Job, environment: Environment) -> None:
     """Refuse `trial.max_memory_mb` on a GPU: RLIMIT_DATA counts the private writable mappings the
     CUDA driver makes for device and pinned memory, so the limit would fail trials that fit, and
     it could not say what it limits. Device memory is `objective.max_memory_mb`'s."""
     limit = job.spec.trial.max_memory_mb
-    if limit is not None and (environment.get("capabilities") or {}).get("accelerator"):
+    if limit is not None and environment.accelerator:
         raise SpecError(
-            f"trial.max_memory_mb ({limit:g}) limits a CPU trial's host memory; on {environment.get('device')} "
+            f"trial.max_memory_mb ({limit:g}) limits a CPU trial's host memory; on {environment.device} "
             "the GPU driver's mappings would count against it. Remove it, and limit device memory with "
             "objective.max_memory_mb",
             source=job.source,
@@ -200,7 +245,7 @@ def check_trial_limits(job: Job, environment: dict[str, Any]) -> None:
         )
 
 
-def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[str, Any]) -> optuna.Study:
+def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: Environment) -> optuna.Study:
     """Create the study, or load it and check that this spec and this hardware match it.
 
     Workers that start together race to create it: the one that wins the `identity` claim
@@ -219,26 +264,26 @@ def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[
         )
     attrs = study.user_attrs
     if not all(key in attrs for key in STUDY_ATTRS):  # new, or another worker is writing them now
-        mine = {"fingerprint": ours, "identity": job.identity(), "environment": environment}
-        claimed = Claims(storage, storage.get_study_id_from_name(job.name)).claim("identity", mine)
+        mine = {FINGERPRINT: ours, "identity": job.identity(), ENVIRONMENT: environment.as_dict()}
+        claimed = Claims(storage, storage.get_study_id_from_name(job.name)).claim(IDENTITY_CLAIM, mine)
         theirs = claimed.value if claimed is not None else mine
-        if (theirs.get("fingerprint"), theirs.get("identity")) == (ours, job.identity()):
+        if (theirs.get(FINGERPRINT), theirs.get("identity")) == (ours, job.identity()):
             _write_study_attrs(study, job, environment, ours)  # every matching worker alike: idempotent
             return study
         # The worker creating this study has other hardware or another job: refused below.
         attrs = {
-            "autotuner": {"identity": theirs.get("identity")},
-            "fingerprint": theirs.get("fingerprint"),
-            "environment": theirs.get("environment", {}),
+            SETTINGS: {"identity": theirs.get("identity")},
+            FINGERPRINT: theirs.get(FINGERPRINT),
+            ENVIRONMENT: theirs.get(ENVIRONMENT, {}),
         }
-    if attrs.get("fingerprint") != ours:
-        theirs = attrs.get("environment", {})
+    if attrs.get(FINGERPRINT) != ours:
+        measured = Environment.from_dict(attrs.get(ENVIRONMENT, {}))
         raise HardwareMismatch(
-            f"study {job.name!r} was measured on {_machine(theirs)}, fingerprint {attrs.get('fingerprint')}; "
+            f"study {job.name!r} was measured on {_machine(measured)}, fingerprint {attrs.get(FINGERPRINT)}; "
             f"this worker is {_machine(environment)}, fingerprint {ours}: its timings would not compare. "
             "Use another study name for this hardware."
         )
-    if attrs["autotuner"].get("identity") != job.identity():
+    if StudySettings.from_dict(attrs[SETTINGS]).identity != job.identity():
         raise SpecError(
             f"study {job.name!r} was made from a different job (workload, batch, space, tolerance or trial "
             "settings changed); rename the study to start a new one, or restore the spec",
@@ -248,26 +293,15 @@ def open_study(storage: optuna.storages.RDBStorage, job: Job, environment: dict[
     return study
 
 
-def _write_study_attrs(study: optuna.Study, job: Job, environment: dict[str, Any], fingerprint: str) -> None:
+def _write_study_attrs(study: optuna.Study, job: Job, environment: Environment, fingerprint: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(objectives(job)[0])
-    study.set_user_attr(
-        "autotuner",
-        {
-            "identity": job.identity(),
-            "spec_path": job.source,
-            "backend": job.backend.name,
-            "workload": job.spec.workload,
-            "global_batch": job.spec.global_batch,
-            "max_drift": job.spec.objective.max_drift,
-            "max_memory_mb": job.spec.objective.max_memory_mb,
-        },
-    )
-    study.set_user_attr("environment", environment)
-    study.set_user_attr("fingerprint", fingerprint)
-    study.set_user_attr("constraints", CONSTRAINT_NAMES)
+    study.set_user_attr(SETTINGS, StudySettings.of(job).as_dict())
+    study.set_user_attr(ENVIRONMENT, environment.as_dict())
+    study.set_user_attr(FINGERPRINT, fingerprint)
+    study.set_user_attr(CONSTRAINTS, list(CONSTRAINT_NAMES))
 
 
-def _machine(environment: dict[str, Any]) -> str:
-    return f"{environment.get('device_name')} ({framework_versions(environment)})"
+def _machine(environment: Environment) -> str:
+    return f"{environment.device_name} ({framework_versions(environment)})"

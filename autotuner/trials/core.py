@@ -21,7 +21,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import replace
 from typing import Any, Protocol
 
 from autotuner.measurement.contention import CONTENDED_SHARE
@@ -31,10 +31,11 @@ from autotuner.measurement.timing import measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.factory import load_factory, workload_problem
-from autotuner.trials.launcher import TrialRequest
 from autotuner.trials.outcomes import NonFiniteLoss
+from autotuner.trials.probe import Environment, ProbeResult
 from autotuner.trials.progress import PhaseFile
-from autotuner.trials.trial_output import Losses, TrialOutput
+from autotuner.trials.request import ProbeRequest, ProfileRequest, TrialRequest
+from autotuner.trials.trial_output import Losses, ProfileOutput, TrialOutput
 
 HELDOUT_DEFAULT = 256
 """Items of the held-out set when the workload names none: the dataset's last ones."""
@@ -53,6 +54,9 @@ class TrialBackend(ABC):
     """The trial-process half of a backend: the framework's steps, which `run_trial` and `probe`
     call in the order their docstrings say. Device, workload, training and loss values are the
     framework's own objects; the core only passes them back."""
+
+    name: str
+    """The backend's name, as its engine side registers it (`autotuner.backends.Backend.name`)."""
 
     # ------------------------------------------------------------ the process and its device
 
@@ -73,8 +77,9 @@ class TrialBackend(ABC):
         it alone: on CUDA 12, making a device current creates a context on it)."""
 
     @abstractmethod
-    def environment(self, device: Any) -> dict[str, Any]:
-        """Probe: `device`'s environment (see `autotuner.backends._base`), `workload_error` aside."""
+    def environment(self, device: Any) -> Environment:
+        """Probe: `device`'s environment, before the workload is built (its capabilities are added
+        to the environment's own: `workload_capabilities`)."""
 
     @abstractmethod
     def seed(self, seed: int) -> None:
@@ -184,13 +189,13 @@ class TrialBackend(ABC):
         """Entry point: one trial of `request`; with `turns`, measured in a lockstep group."""
         return run_trial(self, request, turns)
 
-    def probe(self, arg: dict[str, Any]) -> dict[str, Any]:
-        """Entry point: the probe (see `autotuner.backends._base`)."""
-        return probe(self, arg)
+    def probe(self, request: ProbeRequest) -> ProbeResult:
+        """Entry point: the probe of `request`'s device and workload (`probe`)."""
+        return probe(self, request)
 
-    def profile(self, arg: dict[str, Any]) -> dict[str, Any]:
-        """Entry point: `arg["steps"]` steps of `arg["request"]`'s config under the profiler (`run_profile`)."""
-        return run_profile(self, arg["request"], arg["steps"], arg["folder"])
+    def profile(self, request: ProfileRequest) -> ProfileOutput:
+        """Entry point: `request.steps` steps of its trial's config under the profiler (`run_profile`)."""
+        return run_profile(self, request)
 
 
 def cache_state(hits: int, misses: int) -> str | None:
@@ -241,29 +246,32 @@ def _seed(backend: TrialBackend, seed: int) -> None:
     backend.seed(seed)
 
 
-def probe(backend: TrialBackend, arg: dict[str, Any]) -> dict[str, Any]:
-    """The environment of `arg["device"]`, and whether `arg["workload"]` imports; with
-    `arg["workload_args"]`, whether the factory builds a workload from them, and with
-    `arg["global_batch"]` too, whether its data makes a global batch the model trains on."""
-    backend.configure_process(arg["device"], None)
-    device = backend.resolve_device(arg["device"])
+def probe(backend: TrialBackend, request: ProbeRequest) -> ProbeResult:
+    """The environment of `request.device`, and whether `request.workload` imports; with its
+    `workload_args`, whether the factory builds a workload from them, and with its `global_batch`
+    too, whether its data makes a global batch the model trains on (and what the workload offers
+    the knobs, added to the environment's capabilities)."""
+    backend.configure_process(request.device, None)
+    device = backend.resolve_device(request.device)
     built: list[Workload] = []
+    args = dict(request.workload_args or {})
 
     def build(factory: Callable[..., Any]) -> None:
         _seed(backend, 0)
-        built.append(backend.as_workload(factory(**arg["workload_args"]), arg["workload"]))
+        built.append(backend.as_workload(factory(**args), request.workload))
 
     with backend.on_device(device):
         environment = backend.environment(device)
-        problem = workload_problem(arg["workload"], arg.get("workload_args"), build)
-        if problem is None and built and arg.get("global_batch"):
-            problem = _data_problem(backend, built[0], arg["global_batch"])
-            problem = problem and " ".join(f"{arg['workload']}: {problem}".split())[:400]
+        workload_args = None if request.workload_args is None else args
+        problem = workload_problem(request.workload, workload_args, build)
+        if problem is None and built and request.global_batch:
+            problem = _data_problem(backend, built[0], request.global_batch)
+            problem = problem and " ".join(f"{request.workload}: {problem}".split())[:400]
             if problem is None:
-                count = min(PROBE_ITEMS, arg["global_batch"])
-                environment["capabilities"].update(backend.workload_capabilities(built[0], device, count))
-        environment["workload_error"] = problem
-    return environment
+                count = min(PROBE_ITEMS, request.global_batch)
+                offered = backend.workload_capabilities(built[0], device, count)
+                environment = replace(environment, capabilities={**environment.capabilities, **offered})
+    return ProbeResult(environment, problem)
 
 
 PROBE_ITEMS = 2
@@ -327,10 +335,12 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
     return output
 
 
-def run_profile(backend: TrialBackend, request: TrialRequest, steps: int, folder: str) -> dict[str, Any]:
-    """`steps` optimizer steps of `request`'s config under the framework's profiler, after its
-    warm-up steps (compilation is not what a step costs), its trace written into `folder`: the
-    trace's path and its operators by self time (`autotuner.measurement.traces.top_operators`)."""
+def run_profile(backend: TrialBackend, profile: ProfileRequest) -> ProfileOutput:
+    """`profile.steps` optimizer steps of its trial's config under the framework's profiler, after
+    the trial's warm-up steps (compilation is not what a step costs), the trace written into
+    `profile.folder`: the trace's path and its operators by self time
+    (`autotuner.measurement.traces.top_operators`)."""
+    request = profile.trial
     backend.configure_process(request.device, request.compile_cache)
     device = backend.resolve_device(request.device)
     backend.use_device(device)
@@ -346,19 +356,14 @@ def run_profile(backend: TrialBackend, request: TrialRequest, steps: int, folder
         for _ in range(max(1, request.warmup_steps)):
             loss = backend.train_step(workload, training, batches)
         backend.synchronize(training, loss)
-        phase(f"profiling {steps} steps")
-        with backend.profiling(device, folder) as written:
-            for _ in range(steps):
+        phase(f"profiling {profile.steps} steps")
+        with backend.profiling(device, profile.folder) as written:
+            for _ in range(profile.steps):
                 loss = backend.train_step(workload, training, batches)
             backend.synchronize(training, loss)
         _check_finite(loss, "the profiled steps")
-    where, total_ms, operators = top_operators(read_trace(written[0]), steps)
-    return {
-        "trace": written[0],
-        "where": where,
-        "total_ms": total_ms,
-        "operators": [asdict(op) for op in operators],
-    }
+    where, total_ms, operators = top_operators(read_trace(written[0]), profile.steps)
+    return ProfileOutput(trace=written[0], where=where, total_ms=total_ms, operators=operators)
 
 
 def _count_flops(backend: TrialBackend, workload: Any, training: Any) -> float | None:

@@ -30,49 +30,6 @@ from autotuner.measurement.turns import Turn, Turns, Waiting
 from autotuner.trials.messages import GarbledMessage, Started, receive_message, send_message
 from autotuner.trials.outcomes import Classified, Outcome, ProcessEnd, classify_end, exception_message
 
-
-@dataclass(frozen=True)
-class TrialRequest:
-    """Everything a trial process needs to run one config. Plain data: it is pickled."""
-
-    workload: str
-    """Import path `package.module:function` of the workload factory."""
-    workload_args: dict[str, Any]
-    device: str
-    config: dict[str, Any]
-    global_batch: int
-    seed: int
-    warmup_steps: int
-    steps: int
-    windows: int
-    drift_steps: int
-    heldout_batch: int
-    """Chunk size of the held-out evaluation: the baseline's micro-batch, which is known to fit."""
-    measure: bool = True
-    """False for the reference: only the drift phase runs."""
-    drift: bool = True
-    """False for a re-measurement, whose config's trial measured its drift: the process ends after
-    its windows, without the restart, drift steps and held-out loss (seconds a process)."""
-    min_window_s: float = 0.0
-    """Shortest measured window (`autotuner.measurement.timing.measure_throughput`)."""
-    match_steps: int = 0
-    """When set, as many windows (of the calibrated length) are measured as it takes to match this
-    many optimizer steps (another trial's), not `windows`."""
-    match_most_s: float = 0.0
-    """With `match_steps`: no more of those windows than last this long at the calibration's pace
-    (0: no bound)."""
-    prune_best: float | None = None
-    """The best feasible throughput of the study so far: with `prune_after`, the trial stops early
-    when its first windows cannot reach it (`autotuner.measurement.pruning`)."""
-    prune_after: int = 0
-    """Windows measured before the trial may be pruned; 0 never prunes it."""
-    progress: str | None = None
-    """The file the trial writes its phase to for the search's console (`autotuner.trials.progress`)."""
-    compile_cache: str | None = None
-    """The folder of the study's compile caches (torch.compile's `TORCHINDUCTOR_CACHE_DIR`), so a
-    trial's compile is warm or cold by this study's trials alone; None: the framework's default."""
-
-
 Output = TypeVar("Output")
 
 

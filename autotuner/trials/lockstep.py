@@ -43,8 +43,9 @@ from typing import Any
 
 from autotuner.measurement.telemetry import groups_cpu_seconds
 from autotuner.measurement.turns import Release, SetupTurn, Waiting, WindowsTurn
-from autotuner.trials.launcher import TrialLauncher, TrialProcess, TrialRequest, TrialResult
+from autotuner.trials.launcher import TrialLauncher, TrialProcess, TrialResult
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.request import TrialRequest
 from autotuner.trials.trial_output import TrialOutput
 
 STOPPED = "stopped: the trial whose optimizer steps it was to match failed"

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from autotuner.trials.trial_output import TrialOutput
+from autotuner.trials.probe import ProbeResult
+from autotuner.trials.trial_output import ProfileOutput, TrialOutput
+
+OUTPUTS = (TrialOutput, ProbeResult, ProfileOutput, dict)
+"""What a trial process's entry point may return: a trial's, a probe's or a profile's output, or a
+mapping (a test's helper function)."""
 
 
 class Outcome(str, Enum):
@@ -111,8 +116,8 @@ def classify_end(end: ProcessEnd) -> Classified:
         return Classified(Outcome.CRASH, _one_line(f"the trial process sent an unreadable result: {message!r}"))
     if message["status"] == "ok":
         result = message.get("result")
-        if not isinstance(result, (TrialOutput, dict)):
-            return Classified(Outcome.CRASH, "the trial process sent a result that is not a trial output or a mapping")
+        if not isinstance(result, OUTPUTS):
+            return Classified(Outcome.CRASH, "the trial process sent a result that no entry point returns")
         return Classified(Outcome.OK, "", result=result)
     try:
         outcome = Outcome(message.get("kind"))

@@ -1,7 +1,7 @@
-"""What a trial process measured and sends back when it ran to its end: a `TrialOutput`, with the
+"""What a trial process sends back when it ran to its end: a trial's `TrialOutput`, with the
 measured phase's `autotuner.measurement.timing.Throughput` and the drift phase's `Losses`. It is
 pickled through the trial's pipe as it is (`autotuner.trials.launcher`); `as_dict` is its plain
-form where it is kept as JSON (the benchmarks).
+form where it is kept as JSON (the benchmarks). A profile process sends a `ProfileOutput`.
 
 This module imports no framework and no Optuna: trial processes and the search both load it.
 """
@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotuner.measurement.timing import Throughput
+from autotuner.measurement.traces import Operator
 
 
 @dataclass(frozen=True)
@@ -81,3 +82,17 @@ class TrialOutput:
             dataset_items=data.get("dataset_items"),
             prune_held_off=data.get("prune_held_off", []),
         )
+
+
+@dataclass(frozen=True)
+class ProfileOutput:
+    """What a profile process sends back (`autotuner.trials.core.run_profile`): where its trace is,
+    and the trace's operators by self time (`autotuner.measurement.traces.top_operators`)."""
+
+    trace: str
+    """The path of the Chrome trace the profiler wrote."""
+    where: str
+    """`device` (a GPU's kernels) or `host`."""
+    total_ms: float
+    """Self time of everything on that side, per step."""
+    operators: list[Operator]

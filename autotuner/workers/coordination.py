@@ -40,12 +40,25 @@ from autotuner.config.knobs import config_key
 from autotuner.errors import BackendError
 from autotuner.results.evidence import Reference, Remeasurement
 from autotuner.results.records import stored_reference
-from autotuner.results.tried import LIVE
-from autotuner.study.claims import PREFIX, Claims, Held
+from autotuner.study.claims import Claims, Held
+from autotuner.study.names import (
+    BASELINE,
+    CLAIM_PREFIX,
+    CONFIG_CLAIM,
+    LIVE,
+    OUTCOME,
+    REFERENCE,
+    REFERENCE_CLAIM,
+    REMEASURE_CLAIM,
+    REMEASURE_SLOT_CLAIM,
+    ROLE,
+    SLOT,
+    SLOT_CLAIM,
+)
 from autotuner.study.optuna_adapter import trial_id
+from autotuner.trials.outcomes import Outcome
 from autotuner.workers.ownership import SearchProcess, still_running
 
-SLOT = "autotuner:slot"
 """Trial system attr: the budget slot the trial spent."""
 POLL_S = 1.0
 """How often a waiting search process looks at the storage again."""
@@ -74,7 +87,7 @@ class OncePerStudy:
             if stored is not None:
                 return stored
             mine = {"worker": self.process.as_dict(), "until": time.time() + lease_s}
-            held = self.claims.claim("reference", mine)
+            held = self.claims.claim(REFERENCE_CLAIM, mine)
             if held is not None:
                 theirs = held.value
                 if theirs.get("error") and seen_running:
@@ -87,7 +100,7 @@ class OncePerStudy:
                     continue
                 if not self.claims.take_over(held, mine):
                     continue
-            ours = Held(PREFIX + "reference", json.dumps(mine))
+            ours = Held(CLAIM_PREFIX + REFERENCE_CLAIM, json.dumps(mine))
             try:
                 reference = run()
             except KeyboardInterrupt:
@@ -96,7 +109,7 @@ class OncePerStudy:
             except Exception as exc:
                 self.claims.take_over(ours, {**mine, "error": str(exc)})
                 raise
-            self.study.set_user_attr("reference", reference.as_dict())
+            self.study.set_user_attr(REFERENCE, reference.as_dict())
             return reference
 
     def remeasure_slots(self, numbers: list[int], slots: int) -> list[int]:
@@ -106,7 +119,7 @@ class OncePerStudy:
         allowed = []
         for number in numbers:
             for k in range(slots):
-                held = self.claims.claim(f"remeasure-slot:{k}", {"trial": number})
+                held = self.claims.claim(f"{REMEASURE_SLOT_CLAIM}{k}", {"trial": number})
                 if held is None or held.value.get("trial") == number:
                     allowed.append(number)
                     break
@@ -127,9 +140,9 @@ class OncePerStudy:
             for number in todo:
                 until = time.time() + lease_s * len(todo)
                 value = {"worker": self.process.as_dict(), "until": until, "status": "running"}
-                held = self.claims.claim(f"remeasure:{number}", value)
+                held = self.claims.claim(f"{REMEASURE_CLAIM}{number}", value)
                 if held is None:
-                    mine.append((number, Held(f"{PREFIX}remeasure:{number}", json.dumps(value)), value))
+                    mine.append((number, Held(f"{CLAIM_PREFIX}{REMEASURE_CLAIM}{number}", json.dumps(value)), value))
                     continue
                 theirs = held.value
                 if theirs.get("status") == "done":
@@ -189,7 +202,7 @@ class ConfigClaims:
         """Claim `trial`'s config for it: None when it may run it, else the number of the trial
         (running or finished) that has it."""
         mine = _holder(trial, self.process)
-        name = "config:" + _digest(trial.params)
+        name = CONFIG_CLAIM + _digest(trial.params)
         while True:
             held = self.claims.claim(name, mine)
             if held is None or held.value.get("trial_id") == trial_id(trial):
@@ -205,7 +218,7 @@ def _gave_slot_back(trial: FrozenTrial) -> bool:
     found the config unsupported (`autotuner.trials.outcomes.Unsupported`), which the budget does not
     count, as it counts no unsupported config."""
     return trial.state is TrialState.FAIL or (
-        trial.state is TrialState.COMPLETE and trial.user_attrs.get("outcome") == "unsupported"
+        trial.state is TrialState.COMPLETE and trial.user_attrs.get(OUTCOME) == Outcome.UNSUPPORTED.value
     )
 
 
@@ -222,12 +235,12 @@ class BudgetSlots:
         """Spend one of the budget's trials on `trial`: its slot, or None when every slot is spent
         or held by a running trial."""
         trials = self.study.get_trials(deepcopy=False)
-        held_slots = self.claims.all("slot:")
+        held_slots = self.claims.all(SLOT_CLAIM)
         mine = _holder(trial, self.process)
         for k in range(_unslotted(trials), self.budget):
-            held = held_slots.get(f"{PREFIX}slot:{k}")
+            held = held_slots.get(f"{CLAIM_PREFIX}{SLOT_CLAIM}{k}")
             if held is None:
-                held = self.claims.claim(f"slot:{k}", mine)
+                held = self.claims.claim(f"{SLOT_CLAIM}{k}", mine)
                 if held is None:
                     break
             holder = _holder_trial(self.storage, held)
@@ -242,9 +255,9 @@ class BudgetSlots:
         """Whether a slot of the budget is free now (unclaimed, or held by a cut-off trial)."""
         trials = self.study.get_trials(deepcopy=False)
         released = {t.number for t in trials if _gave_slot_back(t)}
-        held_slots = self.claims.all("slot:")
+        held_slots = self.claims.all(SLOT_CLAIM)
         for k in range(_unslotted(trials), self.budget):
-            held = held_slots.get(f"{PREFIX}slot:{k}")
+            held = held_slots.get(f"{CLAIM_PREFIX}{SLOT_CLAIM}{k}")
             if held is None or int(held.value.get("trial", -1)) in released:
                 return True
         return False
@@ -253,7 +266,9 @@ class BudgetSlots:
 def _unslotted(trials: list[FrozenTrial]) -> int:
     """Trials that ran before budget slots existed (studies made by an older autotuner)."""
     return sum(
-        t.state is TrialState.COMPLETE and t.user_attrs.get("outcome") != "unsupported" and SLOT not in t.system_attrs
+        t.state is TrialState.COMPLETE
+        and t.user_attrs.get(OUTCOME) != Outcome.UNSUPPORTED.value
+        and SLOT not in t.system_attrs
         for t in trials
     )
 
@@ -262,5 +277,5 @@ def enqueue_baseline(study: optuna.Study, params: dict[str, Any]) -> None:
     """Trial 0 is the baseline. Two search processes starting together may both enqueue it: the
     config claim lets one of them run."""
     trials = study.get_trials(deepcopy=False)
-    if not any(t.user_attrs.get("role") == "baseline" for t in trials if t.state in LIVE):
-        study.enqueue_trial(params, user_attrs={"role": "baseline"})
+    if not any(t.user_attrs.get(ROLE) == BASELINE for t in trials if t.state in LIVE):
+        study.enqueue_trial(params, user_attrs={ROLE: BASELINE})

@@ -29,14 +29,14 @@ from typing import IO
 from autotuner.errors import SpecError
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.spec.job import Job
-from autotuner.spec.requests import make_launcher, probe_environment
 from autotuner.trials.launcher import die_with_parent
+from autotuner.trials.request import ProbeRequest
 
 
 def visible_gpus(job: Job) -> int:
     """How many GPUs a trial process of this job's backend sees."""
-    environment = probe_environment(make_launcher(job.backend), job.backend, "auto", job.workload_path(), job.source)
-    return int(environment.get("device_count") or 0)
+    environment = job.backend.probe(job.backend.launcher(), ProbeRequest("auto", job.workload_path()), job.source)
+    return environment.device_count
 
 
 def check_gpus(jobs: int, gpus: int) -> None:

@@ -28,13 +28,12 @@ from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.config.knobs import config_key
-from autotuner.results.records import GIVEN_UP
-from autotuner.results.tried import LIVE, trial_params
+from autotuner.results.tried import trial_params
 from autotuner.study.claims import Claims
+from autotuner.study.names import GIVEN_UP, LIVE, OWNER, RETRY_CLAIM, RETRY_OF, ROLE, SEARCH
 from autotuner.study.optuna_adapter import trial_id
 from autotuner.study.storage import GRACE_S
 
-OWNER = "autotuner:worker"
 """Trial system attr: the search process (`SearchProcess.as_dict`) that runs the trial."""
 MAX_CUT_OFFS = 3
 """A config cut off this many times in a row (its search process died or was stopped each time)
@@ -146,7 +145,7 @@ class TrialOwnership:
 def _cut_offs(trial: FrozenTrial, by_number: Mapping[int, FrozenTrial]) -> int:
     """How many times in a row `trial`'s config was cut off: it, and the trials it retries."""
     count, seen = 1, {trial.number}
-    while (previous := by_number.get(trial.user_attrs.get("retry_of", -1))) is not None and previous.number not in seen:
+    while (previous := by_number.get(trial.user_attrs.get(RETRY_OF, -1))) is not None and previous.number not in seen:
         count, trial = count + 1, previous
         seen.add(trial.number)
     return count
@@ -188,7 +187,7 @@ class Recovery:
     def _enqueue_retries(self) -> None:
         trials = self.study.get_trials(deepcopy=False)
         live = {config_key(trial_params(t)) for t in trials if t.state in LIVE}
-        retried = {t.user_attrs.get("retry_of") for t in trials} | {
+        retried = {t.user_attrs.get(RETRY_OF) for t in trials} | {
             int(key.rsplit(":", 1)[1]) for key in self.claims.all("retry:")
         }
         by_number = {t.number: t for t in trials}
@@ -199,7 +198,7 @@ class Recovery:
                 continue  # the config ran again anyway (proposed afresh)
             if _cut_offs(t, by_number) >= MAX_CUT_OFFS:
                 continue  # it takes its search process down with it, or is stopped every time: not again
-            if self.claims.claim(f"retry:{t.number}", {"worker": self.process.token}) is None:
-                role = t.user_attrs.get("role", "search")
-                self.study.enqueue_trial(dict(t.params), user_attrs={"role": role, "retry_of": t.number})
+            if self.claims.claim(f"{RETRY_CLAIM}{t.number}", {"worker": self.process.token}) is None:
+                role = t.user_attrs.get(ROLE, SEARCH)
+                self.study.enqueue_trial(dict(t.params), user_attrs={ROLE: role, RETRY_OF: t.number})
                 live.add(config_key(t.params))

@@ -32,7 +32,7 @@ import jaxlib
 import numpy as np
 import optax
 
-from autotuner.backends.jax import XLA_FLAG_BUNDLES
+from autotuner.backends.jax import JAX, XLA_FLAG_BUNDLES
 from autotuner.backends.jax.apply import (
     STRICT_MATMULS,
     XLA_FLAGS_VARIABLE,
@@ -50,8 +50,9 @@ from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
 from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
-from autotuner.trials.launcher import TrialRequest
-from autotuner.trials.trial_output import TrialOutput
+from autotuner.trials.probe import Environment
+from autotuner.trials.request import ProfileRequest, TrialRequest
+from autotuner.trials.trial_output import ProfileOutput, TrialOutput
 
 try:
     RUNTIME_ERROR: type[Exception] = jax.errors.JaxRuntimeError
@@ -131,13 +132,15 @@ class JaxTrial(TrialBackend):
     throughout, so what the workload and its loss make lands there, not on the process's first
     device."""
 
+    name = JAX.name
+
     def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
         use_xla_flags(request.config)  # first: XLA reads XLA_FLAGS when the backend starts, once
         return super().run(request, turns)
 
-    def profile(self, arg: dict[str, Any]) -> dict[str, Any]:
-        use_xla_flags(arg["request"].config)
-        return super().profile(arg)
+    def profile(self, request: ProfileRequest) -> ProfileOutput:
+        use_xla_flags(request.trial.config)
+        return super().profile(request)
 
     def configure_process(self, device_spec: str, compile_cache: str | None) -> None:
         configure_process(device_spec)
@@ -160,7 +163,7 @@ class JaxTrial(TrialBackend):
     def on_device(self, device: jax.Device) -> contextlib.AbstractContextManager[Any]:
         return jax.default_device(device)
 
-    def environment(self, device: jax.Device) -> dict[str, Any]:
+    def environment(self, device: jax.Device) -> Environment:
         """A probe of `cuda:i` opens GPU i only, and reports it as `cuda:i` all the same;
         `device_count` is the GPUs the process sees (all of them for `auto`, what `search --jobs` probes)."""
         flag_check = _start_flag_check("gpu" if device.platform == "gpu" else "cpu")
@@ -185,22 +188,23 @@ class JaxTrial(TrialBackend):
         capabilities["jit"] = _jit_works(device)
         capabilities["donate"] = _donation_works(device)
         capabilities["xla_flags"] = _flags_known(flag_check)
-        return {
-            "device": device_name(device),
-            "device_name": name,
-            "device_count": len(gpus()),
-            "driver": driver,
-            "versions": {
+        return Environment(
+            backend=JAX.name,
+            device=device_name(device),
+            device_name=name,
+            device_count=len(gpus()),
+            driver=driver,
+            versions={
                 "python": platform.python_version(),
                 "jax": jax.__version__,
                 "jaxlib": jaxlib.__version__,
                 "optax": optax.__version__,
             },
-            "capabilities": capabilities,
-            "threads": thread_settings("XLA_FLAGS"),  # XLA's CPU threads are its own (Eigen's), not OpenMP's
-            "peak_flops": peak_flops(name) if device.platform == "gpu" else {},
+            capabilities=capabilities,
+            threads=thread_settings("XLA_FLAGS"),  # XLA's CPU threads are its own (Eigen's), not OpenMP's
+            peak_flops=peak_flops(name) if device.platform == "gpu" else {},
             **extra,
-        }
+        )
 
     def seed(self, seed: int) -> None:
         np.random.seed(seed)

@@ -17,16 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from autotuner.backends.pytorch import PYTORCH
 from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
 from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.trials.probe import Environment
 
 if TYPE_CHECKING:
     from autotuner.backends.pytorch.workload import TorchWorkload
 
 
-def environment(device: torch.device) -> dict[str, Any]:
-    """`device`'s environment as `autotuner.backends._base` describes the probe's result, the
-    workload aside."""
+def environment(device: torch.device) -> Environment:
+    """`device`'s environment (`autotuner.trials.probe.Environment`), the workload aside."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         name = props.name
@@ -44,7 +45,7 @@ def environment(device: torch.device) -> dict[str, Any]:
             "sdpa_efficient": props.major >= 5,
             "sdpa_cudnn": ampere and torch.backends.cudnn.is_available(),
         }
-        extra = {
+        extra: dict[str, Any] = {
             "compute_capability": f"{props.major}.{props.minor}",
             "memory_mb": props.total_memory // 2**20,
             "energy_counter": has_energy_counter(gpu_uuid(device)),
@@ -65,22 +66,23 @@ def environment(device: torch.device) -> dict[str, Any]:
         }
         extra = {"memory_mb": _host_memory_mb()}
     capabilities["compile"] = _compile_works(device)
-    return {
-        "device": str(device),
-        "device_name": name,
-        "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-        "driver": driver,
-        "versions": {
+    return Environment(
+        backend=PYTORCH.name,
+        device=str(device),
+        device_name=name,
+        device_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        driver=driver,
+        versions={
             "python": platform.python_version(),
             "torch": str(torch.__version__),  # a TorchVersion: unpickling it would import torch
             "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         },
-        "capabilities": capabilities,
-        "threads": {"intra_op": torch.get_num_threads(), **thread_settings()},
-        "peak_flops": peak_flops(name) if device.type == "cuda" else {},
+        capabilities=capabilities,
+        threads={"intra_op": torch.get_num_threads(), **thread_settings()},
+        peak_flops=peak_flops(name) if device.type == "cuda" else {},
         **extra,
-    }
+    )
 
 
 def workload_capabilities(workload: TorchWorkload, device: torch.device, count: int) -> dict[str, bool]:

@@ -20,10 +20,12 @@ from typing import Any
 import torch
 import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): let the fork server pay once
 
+from autotuner.backends.pytorch import PYTORCH
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
 from autotuner.backends.pytorch.probe import environment, gpu_uuid, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload, first_batch_problem
 from autotuner.trials.core import TrialBackend, cache_state
+from autotuner.trials.probe import Environment
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """c10's CPU allocator has no exception type of its own: when the host (or the trial's memory
@@ -77,6 +79,8 @@ def _cache_lookups() -> dict[str, int]:
 class PyTorchTrial(TrialBackend):
     """PyTorch's steps of a trial (`autotuner.trials.core.TrialBackend`)."""
 
+    name = PYTORCH.name
+
     def configure_process(self, device_spec: str, compile_cache: str | None) -> None:
         if compile_cache:  # the study's own: warm-up must not depend on other studies' compiles
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache
@@ -88,7 +92,7 @@ class PyTorchTrial(TrialBackend):
         if device.type == "cuda":
             torch.cuda.set_device(device)
 
-    def environment(self, device: torch.device) -> dict[str, Any]:
+    def environment(self, device: torch.device) -> Environment:
         return environment(device)
 
     def seed(self, seed: int) -> None:

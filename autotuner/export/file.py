@@ -1,0 +1,132 @@
+"""The export file (`runs/<name>/best.yaml`, or `.json`): one model, `ExportFile`, that
+`autotuner.export.writer` fills from a study's storage and `autotuner.export.reader` reads back.
+
+Each section names the fields the writer always fills and the reader relies on; the evidence
+around them (a trial's metrics, its predicted run time and cost, the environment's details) is
+kept as it is (`extra="allow"`), so a newer autotuner may add evidence without a new version. A
+change of what a field means bumps `EXPORT_VERSION`; the reader accepts `READS_VERSIONS`.
+Infinite values (the drift of a run whose loss diverged) are written as the string `inf`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotuner.config.knobs import Config
+
+EXPORT_VERSION = 1
+"""The version the writer writes."""
+READS_VERSIONS = (1,)
+"""The versions the reader understands."""
+
+
+class _Section(BaseModel):
+    # The evidence beyond the named fields is kept as it is: a reader checks what it uses.
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+
+class Measured(_Section):
+    """How a config was measured: its throughput (samples/s: its trial's median window, or once
+    re-measured the median over every window of its re-measurement processes), each process's
+    median (the trial's first) and how far apart they are."""
+
+    throughput: float | None = None
+    trial_throughput: float | None = None
+    throughput_runs: list[float] | None = None
+    throughput_run_spread: float | None = None
+    remeasured: bool | None = None
+
+
+class Metrics(Measured):
+    """The best config's evidence: `Measured`, its trial's metrics (drift, spread, peak memory,
+    warm-up, ...) and, with a `run:`, its predicted run time and cost."""
+
+    throughput: float = Field(gt=0)  # type: ignore[assignment]
+
+
+class Baseline(Measured):
+    """The baseline's config and evidence (params None where the study has no baseline)."""
+
+    params: dict[str, Any] | None = None
+    outcome: str | None = None
+
+
+class Drift(_Section):
+    tolerance: float | None = None
+    reference_noise_floor: float | None = None
+    reference_config: dict[str, Any] | None = None
+
+
+class EnvironmentSection(_Section):
+    """The hardware and software the config was tuned on (`autotuner.trials.probe.Environment`'s
+    stored form) and its fingerprint."""
+
+    backend: str
+    fingerprint: str
+
+
+class SpecRef(_Section):
+    """The job it was tuned for."""
+
+    path: str | None = None
+    identity: str
+    """`autotuner.spec.job.Job.identity`."""
+    workload: str | None = None
+    global_batch: int | None = Field(None, gt=0)
+
+
+class StudyRef(_Section):
+    name: str
+    storage: str | None = None
+    """The storage URL, without its password."""
+    trial: int | None = None
+    """The best config's trial number."""
+    trials_ran: int | None = None
+
+
+class Ranked(_Section):
+    """One of the `top` best feasible configs (rank 1 is the best)."""
+
+    rank: int
+    trial: int
+    params: dict[str, Any]
+    throughput: float
+    speedup: float | None = None
+
+
+class ExportFile(BaseModel):
+    """The whole file."""
+
+    # A newer export may add top-level evidence; what changes its meaning bumps `version`.
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+    version: int
+    params: Config
+    metrics: Metrics
+    baseline: Baseline
+    speedup: float | None
+    drift: Drift = Field(default_factory=Drift)
+    environment: EnvironmentSection
+    spec: SpecRef
+    study: StudyRef
+    run: dict[str, Any] | None = None
+    """The real run the configs were ranked for (`autotuner.results.run_time.RunPlan`'s form, its
+    description and optimizer steps), where the spec has a `run:`."""
+    top: list[Ranked] | None = None
+
+    def as_data(self) -> dict[str, Any]:
+        """The file's content: plain YAML- and JSON-safe data, the sections that are set."""
+        unset = {name for name in ("run", "top") if getattr(self, name) is None}
+        return dict(plain(self.model_dump(exclude=unset)))
+
+
+def plain(value: Any) -> Any:
+    """YAML- and JSON-safe: infinities become the string 'inf'."""
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value

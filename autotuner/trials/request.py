@@ -1,0 +1,81 @@
+"""What the engine asks of a trial process, as plain data (each is pickled to the process): one
+config's trial (`TrialRequest`), the probe of a device and a workload (`ProbeRequest`), and a
+config's steps under the framework's profiler (`ProfileRequest`). `autotuner.spec.job.Job` builds
+them from a spec; a backend's `autotuner.trials.core.TrialBackend` runs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autotuner.config.knobs import Config
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """Everything a trial process needs to run one config. Plain data: it is pickled."""
+
+    workload: str
+    """Import path `package.module:function` of the workload factory."""
+    workload_args: dict[str, Any]
+    """The keyword arguments the factory is called with: the spec's `workload_args`, the user's own."""
+    device: str
+    config: Config
+    global_batch: int
+    seed: int
+    warmup_steps: int
+    steps: int
+    windows: int
+    drift_steps: int
+    heldout_batch: int
+    """Chunk size of the held-out evaluation: the baseline's micro-batch, which is known to fit."""
+    measure: bool = True
+    """False for the reference: only the drift phase runs."""
+    drift: bool = True
+    """False for a re-measurement, whose config's trial measured its drift: the process ends after
+    its windows, without the restart, drift steps and held-out loss (seconds a process)."""
+    min_window_s: float = 0.0
+    """Shortest measured window (`autotuner.measurement.timing.measure_throughput`)."""
+    match_steps: int = 0
+    """When set, as many windows (of the calibrated length) are measured as it takes to match this
+    many optimizer steps (another trial's), not `windows`."""
+    match_most_s: float = 0.0
+    """With `match_steps`: no more of those windows than last this long at the calibration's pace
+    (0: no bound)."""
+    prune_best: float | None = None
+    """The best feasible throughput of the study so far: with `prune_after`, the trial stops early
+    when its first windows cannot reach it (`autotuner.measurement.pruning`)."""
+    prune_after: int = 0
+    """Windows measured before the trial may be pruned; 0 never prunes it."""
+    progress: str | None = None
+    """The file the trial writes its phase to for the search's console (`autotuner.trials.progress`)."""
+    compile_cache: str | None = None
+    """The folder of the study's compile caches (torch.compile's `TORCHINDUCTOR_CACHE_DIR`), so a
+    trial's compile is warm or cold by this study's trials alone; None: the framework's default."""
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """What a probe process checks: the device, and that the workload factory imports; with
+    `workload_args`, that the factory builds a workload from them; with `global_batch` too, that its
+    data makes a global batch the model computes a loss on."""
+
+    device: str
+    """The spec's device: `auto`, `cpu` or `cuda:N`."""
+    workload: str
+    """Import path `package.module:function` of the workload factory."""
+    workload_args: Mapping[str, Any] | None = None
+    """None: only import the factory."""
+    global_batch: int | None = None
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """`steps` optimizer steps of `trial`'s config under the framework's profiler, after its warm-up
+    steps, the trace written into `folder`."""
+
+    trial: TrialRequest
+    steps: int
+    folder: str
