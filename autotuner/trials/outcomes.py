@@ -53,7 +53,7 @@ class Classified:
     outcome: Outcome
     reason: str
     traceback: str | None = None
-    result: TrialOutput | dict[str, Any] | None = None
+    result: TrialOutput | ProbeResult | ProfileOutput | dict[str, Any] | None = None
     """What the process's function returned: a trial's output, or a mapping (a probe's environment)."""
 
 
