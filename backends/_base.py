@@ -77,7 +77,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
-from autotuner.config.knobs import Config, Knob
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob
 from autotuner.errors import BackendError, SpecError
 from autotuner.search_spaces import available, load_preset
 from autotuner.trials.launcher import TrialLauncher, TrialResult
@@ -253,10 +253,10 @@ class TunedLoop:
 
     def __init__(self, backend: Backend, config: Any):
         self.config = backend.config_params(config)
-        self.precision: str = self.config["precision"]
-        self.batch_size = int(self.config["batch_size"])
-        self.accumulation = int(self.config["accumulation"])
-        self.workers = int(self.config["workers"])
+        self.precision: str = self.config[PRECISION.name]
+        self.batch_size = int(self.config[BATCH_SIZE.name])
+        self.accumulation = int(self.config[ACCUMULATION.name])
+        self.workers = int(self.config[WORKERS.name])
 
     @property
     def global_batch(self) -> int:

@@ -121,15 +121,17 @@ def test_the_table_handed_out_is_a_copy() -> None:
 def test_thread_settings_are_described_and_compared(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotuner.measurement.hardware import thread_settings
     from autotuner.study.fingerprint import describe_threads, thread_mismatch
+    from autotuner.trials.probe import Environment
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert thread_settings()["OMP_WAIT_POLICY"] == "PASSIVE" and "OMP_NUM_THREADS" not in thread_settings()
     assert describe_threads({"intra_op": 2, "OMP_WAIT_POLICY": "PASSIVE"}) == "2 intra-op, OMP_WAIT_POLICY=PASSIVE"
     assert describe_threads({}) == "default"
-    same = {"threads": {"intra_op": 2}}
+    same = Environment.from_dict({"threads": {"intra_op": 2}})
     assert thread_mismatch(same, same) is None
-    assert thread_mismatch({}, same) is None  # an export from before they were recorded
-    assert thread_mismatch({"threads": {"intra_op": 2, "OMP_WAIT_POLICY": "PASSIVE"}}, same) == (
+    assert thread_mismatch(Environment.from_dict({}), same) is None  # an export from before they were recorded
+    passive = Environment.from_dict({"threads": {"intra_op": 2, "OMP_WAIT_POLICY": "PASSIVE"}})
+    assert thread_mismatch(passive, same) == (
         "its figures were measured with threads 2 intra-op, OMP_WAIT_POLICY=PASSIVE; this run has 2 intra-op"
     )

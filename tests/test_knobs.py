@@ -24,6 +24,7 @@ from autotuner.config.knobs import (
     needs_as_much_memory,
 )
 from autotuner.study.fingerprint import describe
+from autotuner.trials.probe import Environment
 
 CPU = TorchCapabilities(accelerator=False, bf16=True, fp16=True, tf32=False, compile=True, cuda_graphs=False)
 GPU = TorchCapabilities(accelerator=True, bf16=True, fp16=True, tf32=True, compile=True, cuda_graphs=True)
@@ -91,12 +92,14 @@ def test_each_backend_reads_its_own_capabilities_from_the_probe() -> None:
     assert PYTORCH.capabilities(report) == TorchCapabilities(bf16=True, compile=True)
     assert JAX.capabilities(report) == JaxCapabilities(bf16=True, jit=True)
     assert not hasattr(Capabilities(), "compile") and not hasattr(Capabilities(), "jit")
-    rows = dict(describe({"backend": "pytorch", "capabilities": report}))
+    rows = dict(describe(Environment.from_dict({"backend": "pytorch", "capabilities": report})))
     assert rows["torch.compile"] == "yes" and rows["CUDA graphs"] == "no" and "XLA jit" not in rows
-    rows = dict(describe({"backend": "jax", "capabilities": report}))
+    rows = dict(describe(Environment.from_dict({"backend": "jax", "capabilities": report})))
     assert rows["XLA jit"] == "yes" and "torch.compile" not in rows
     # a study stored by a backend this Python does not have: its capabilities under their own names
-    assert dict(describe({"backend": "tensorflow", "capabilities": {"xla": True}}))["xla"] == "yes"
+    assert (
+        dict(describe(Environment.from_dict({"backend": "tensorflow", "capabilities": {"xla": True}})))["xla"] == "yes"
+    )
 
 
 def test_backend_registry() -> None:

@@ -21,7 +21,12 @@ from typing import Any, Literal
 from autotuner.errors import shown
 
 Config = dict[str, Any]
-"""One value per knob, `accumulation` included. Plain data: it is stored as trial params."""
+"""One value per knob, `accumulation` included: an open set of keys, since each backend has knobs
+of its own (`Backend.knobs`). Plain data: it is stored with its trial."""
+Params = dict[str, Any]
+"""A config as Optuna samples and stores it (a trial's params): one value per searched knob,
+`accumulation` left out, since it is derived (`autotuner.spec.job.Job.complete` makes a `Config`
+of it)."""
 
 QUIET: dict[str, Any] = {}
 """Knob name -> the reference value `format_config` leaves it out at (every `quiet` knob's)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
 
-from autotuner.config.knobs import Config, format_config
+from autotuner.config.knobs import BATCH_SIZE, Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
 from autotuner.measurement.timing import Throughput
@@ -184,7 +184,7 @@ def apply_config(
     if other_threads:
         warn(f"{tuned.source}: {other_threads}: on a CPU they change the throughput")
 
-    batch = tuned.params["batch_size"]
+    batch = tuned.params[BATCH_SIZE.name]
     if job.spec.global_batch % batch:
         raise SpecError(
             f"batch_size {batch} does not divide the job's global_batch ({job.spec.global_batch})",

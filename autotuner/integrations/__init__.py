@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from autotuner.backends.pytorch import PREFETCH_FACTOR
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS
 from autotuner.errors import SpecError
 
 if TYPE_CHECKING:
@@ -88,14 +89,14 @@ def knobs(config: TunedConfig) -> dict[str, Any]:
 def accumulation_per_process(config: TunedConfig, world_size: int) -> int:
     """The micro-steps per optimizer step that keep the study's global batch over `world_size` processes."""
     params = config.params
-    if world_size < 1 or params["accumulation"] % world_size:
+    if world_size < 1 or params[ACCUMULATION.name] % world_size:
         raise SpecError(
             f"the global batch {params['batch_size'] * params['accumulation']} "
             f"({params['batch_size']} x {params['accumulation']}) cannot be kept over {world_size} processes: "
             f"the accumulation {params['accumulation']} is not a multiple of {world_size}",
             source=config.source,
         )
-    return int(params["accumulation"]) // world_size
+    return int(params[ACCUMULATION.name]) // world_size
 
 
 def on_cuda(config: TunedConfig) -> bool:
@@ -113,9 +114,9 @@ def loader_arguments(config: TunedConfig) -> dict[str, Any]:
     """`torch.utils.data.DataLoader` keyword arguments for the tuned micro-batch, workers, pinned
     memory and, with workers, a prefetch depth other than DataLoader's default (the reference, 2)."""
     params = knobs(config)
-    workers, prefetch = params["workers"], params["prefetch_factor"]
+    workers, prefetch = params[WORKERS.name], params[PREFETCH_FACTOR.name]
     return {
-        "batch_size": params["batch_size"],
+        "batch_size": params[BATCH_SIZE.name],
         "num_workers": workers,
         "pin_memory": pin_memory(config),
         "persistent_workers": workers > 0,  # DataLoader refuses it without workers
@@ -182,7 +183,7 @@ def common_setup(params: Mapping[str, Any], *, held: Collection[str] = ()) -> li
     """The setup lines of every format for the knobs its arguments do not hold (`held` names those
     they do), in the order `TunedTraining` applies them: TF32, cuDNN's benchmark mode and the SDPA
     kernel (process-wide flags), then the model's channels_last layout."""
-    lines = list(TF32_CODE) if params["precision"] == "tf32" and "precision" not in held else []
+    lines = list(TF32_CODE) if params[PRECISION.name] == "tf32" and PRECISION.name not in held else []
     if params["cudnn_benchmark"] and "cudnn_benchmark" not in held:
         lines.append(CUDNN_BENCHMARK_CODE)
     lines += sdpa_code(params["attention"])
@@ -211,7 +212,7 @@ def model_setup(params: Mapping[str, Any]) -> list[str]:
 def header(config: TunedConfig, fmt: str) -> list[str]:
     """The comment lines a snippet starts with: where the config comes from and the batch rule."""
     params = config.params
-    global_batch = params["batch_size"] * params["accumulation"]
+    global_batch = params[BATCH_SIZE.name] * params[ACCUMULATION.name]
     speedup = f", {config.speedup:.2f}x the baseline" if config.speedup else ""
     return [
         f"# autotuner export --format {fmt}: {config}{speedup}",

@@ -16,6 +16,8 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from autotuner.backends.pytorch import COMPILE
+from autotuner.config.knobs import PRECISION
 from autotuner.integrations import (
     TUNED_IMPORT,
     Code,
@@ -39,7 +41,7 @@ MIXED_PRECISION = {"fp32": "no", "tf32": "no", "bf16": "bf16", "fp16": "fp16"}
 def _arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
     params = knobs(config)
     return {
-        "mixed_precision": MIXED_PRECISION[params["precision"]],
+        "mixed_precision": MIXED_PRECISION[params[PRECISION.name]],
         "gradient_accumulation_steps": accumulation_per_process(config, world_size),
     }
 
@@ -53,7 +55,7 @@ def accelerator_arguments(config: TunedConfig, world_size: int = 1) -> dict[str,
             f"the Accelerator has no argument for part of this config; run: {'; '.join(needed)}", stacklevel=2
         )
     arguments = _arguments(config, world_size)
-    mode = knobs(config)["compile"]
+    mode = knobs(config)[COMPILE.name]
     if mode != "none":
         from accelerate.utils import TorchDynamoPlugin
 
@@ -85,7 +87,7 @@ def setup_code(config: TunedConfig) -> list[str]:
 def snippet(config: TunedConfig) -> str:
     """Python code building the Accelerator and the DataLoader with the tuned knobs."""
     arguments: dict[str, Any] = _arguments(config, 1)
-    mode = knobs(config)["compile"]
+    mode = knobs(config)[COMPILE.name]
     if mode != "none":
         arguments["dynamo_plugin"] = Code(f'TorchDynamoPlugin(backend="inductor", mode="{mode}")')
     setup = setup_code(config)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from autotuner.backends.pytorch import COMPILE
+from autotuner.config.knobs import PRECISION
 from autotuner.integrations import (
     accumulation_per_process,
     assignment,
@@ -38,7 +40,7 @@ PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16"
 def _trainer_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
     params = knobs(config)
     return {
-        "precision": PRECISIONS[params["precision"]],
+        "precision": PRECISIONS[params[PRECISION.name]],
         "accumulate_grad_batches": accumulation_per_process(config, world_size),
         **({"benchmark": True} if params["cudnn_benchmark"] else {}),  # torch.backends.cudnn.benchmark
     }
@@ -66,8 +68,8 @@ def setup_code(config: TunedConfig) -> list[str]:
     attention, torch.compile's mode, and a comment for the optimizer flag."""
     params = knobs(config)
     lines = [*common_setup(params, held=("cudnn_benchmark",)), *model_setup(params)]
-    if params["compile"] != "none":
-        lines.append(f'model = torch.compile(model, mode="{params["compile"]}")  # the LightningModule, before fit')
+    if params[COMPILE.name] != "none":
+        lines.append(f'model = torch.compile(model, mode="{params[COMPILE.name]}")  # the LightningModule, before fit')
     if params["optimizer"] != "as-given":
         flag = params["optimizer"]
         lines.append(f"# optimizer={flag}: build the optimizer in configure_optimizers with {flag}=True")

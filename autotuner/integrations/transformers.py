@@ -26,6 +26,8 @@ import dataclasses
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from autotuner.backends.pytorch import COMPILE, PREFETCH_FACTOR
+from autotuner.config.knobs import BATCH_SIZE, PRECISION
 from autotuner.integrations import (
     SDPA_FLAGS,
     accumulation_per_process,
@@ -77,17 +79,17 @@ def _optim(config: TunedConfig) -> dict[str, Any]:
 def _training_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
     params = knobs(config)
     loader = loader_arguments(config)
-    precision, mode = params["precision"], params["compile"]
+    precision, mode = params[PRECISION.name], params[COMPILE.name]
     return {
         "bf16": precision == "bf16",
         "fp16": precision == "fp16",
         "tf32": precision == "tf32",
-        "per_device_train_batch_size": params["batch_size"],
+        "per_device_train_batch_size": params[BATCH_SIZE.name],
         "gradient_accumulation_steps": accumulation_per_process(config, world_size),
         "dataloader_num_workers": loader["num_workers"],
         "dataloader_pin_memory": loader["pin_memory"],
         "dataloader_persistent_workers": loader["persistent_workers"],
-        **({"dataloader_prefetch_factor": loader["prefetch_factor"]} if "prefetch_factor" in loader else {}),
+        **({"dataloader_prefetch_factor": loader[PREFETCH_FACTOR.name]} if "prefetch_factor" in loader else {}),
         "torch_compile": mode != "none",
         **({"torch_compile_mode": mode} if mode != "none" else {}),
         **(_checkpointing_arguments() if params["checkpointing"] == "blocks" else {}),
@@ -126,7 +128,7 @@ def setup_code(config: TunedConfig) -> list[str]:
     the attention implementation (its `sdpa` one for an SDPA kernel, as the study switched it), and,
     off a GPU, an AdamW with foreach=True for the Trainer."""
     params = knobs(config)
-    lines = common_setup(params, held=("precision",))
+    lines = common_setup(params, held=(PRECISION.name,))
     attention = params["attention"]
     if attention == "eager" or attention in SDPA_FLAGS:
         implementation = "eager" if attention == "eager" else "sdpa"

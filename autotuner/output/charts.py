@@ -17,7 +17,7 @@ from plotly.graph_objects import Bar, Box, Figure, Scatter
 from plotly.subplots import make_subplots
 
 from autotuner.backends import knob_named
-from autotuner.config.knobs import Config, format_config, shown_knobs
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config, shown_knobs
 from autotuner.results.records import TrialRecord, ranked, speedup
 
 THROUGHPUT_TITLE = "throughput (samples/s)"
@@ -264,7 +264,7 @@ def speedup_figure(trials: Sequence[TrialRecord], baseline: TrialRecord | None, 
 
 def knob_value(config: Config, knob: str) -> str:
     """The knob's value as a category label; the batch size as micro-batch x accumulation."""
-    if knob == "batch_size":
+    if knob == BATCH_SIZE.name:
         return f"{config.get('batch_size')}x{config.get('accumulation', 1)}"
     return str(config.get(knob))
 
@@ -286,7 +286,7 @@ def knobs_of(trials: Sequence[TrialRecord]) -> list[str]:
     a quiet knob only where some trial moved it from its reference value (`shown_knobs`)."""
     names: dict[str, None] = {}
     for t in trials:
-        names.update(dict.fromkeys(k for k in t.config if k != "accumulation"))
+        names.update(dict.fromkeys(k for k in t.config if k != ACCUMULATION.name))
     shown = set(shown_knobs([t.config for t in trials]))
     return [name for name in names if name in shown]
 
@@ -297,7 +297,7 @@ def throughput_by_knob_figure(trials: Sequence[TrialRecord]) -> Figure:
     knobs = knobs_of(ok)
     columns = max(1, len(knobs)) if len(knobs) <= 4 else 3  # four knobs fit one row; more wrap by three
     rows = max(1, math.ceil(len(knobs) / columns))
-    titles = [("batch_size (micro x accumulation)" if k == "batch_size" else k) for k in knobs]
+    titles = [("batch_size (micro x accumulation)" if k == BATCH_SIZE.name else k) for k in knobs]
     figure = make_subplots(rows=rows, cols=columns, subplot_titles=titles or None, horizontal_spacing=0.08)
     for index, knob in enumerate(knobs):
         row, col = index // columns + 1, index % columns + 1

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from autotuner.config.knobs import format_config, shown_knobs
+from autotuner.config.knobs import BATCH_SIZE, format_config, shown_knobs
 from autotuner.output.formatting import percent, rate
 from autotuner.results.evidence import Reference
 from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup
@@ -203,7 +203,7 @@ class SearchReporter:
             ratio = speedup(t, base)
             label = f"#{t.number}" + (" base" if t.role == "baseline" else "")
             values = [
-                f"{t.config[k]}x{t.config.get('accumulation', 1)}" if k == "batch_size" else str(t.config.get(k))
+                f"{t.config[k]}x{t.config.get('accumulation', 1)}" if k == BATCH_SIZE.name else str(t.config.get(k))
                 for k in knobs
             ]
             table.add_row(

@@ -19,7 +19,7 @@ from typing import Any
 
 import optuna
 
-from autotuner.config.knobs import format_config
+from autotuner.config.knobs import BATCH_SIZE, format_config
 from autotuner.errors import SpecError
 from autotuner.output import charts
 from autotuner.output.formatting import percent, rate, runs
@@ -256,7 +256,7 @@ def knob_tables(report: Report) -> list[tuple[str, Table]]:
             [value, str(len(by_value[value])), rate(max(by_value[value])), rate(statistics.median(by_value[value]))]
             for value in charts.value_order(knob, ok)
         ]
-        title = "batch_size (micro x accumulation)" if knob == "batch_size" else knob
+        title = "batch_size (micro x accumulation)" if knob == BATCH_SIZE.name else knob
         tables.append((title, (["value", "ok trials", "best", "median"], rows)))
     return tables
 

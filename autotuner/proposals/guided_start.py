@@ -25,7 +25,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.backends import knob_named
-from autotuner.config.knobs import BATCH_SIZE, PRECISION, config_key
+from autotuner.config.knobs import BATCH_SIZE, PRECISION, Params, config_key
 from autotuner.proposals.wrapped_sampler import is_ordered
 from autotuner.results.tried import TriedConfigs, feasible
 from autotuner.study.names import CONSTRAINT_NAMES, DRIFT_LIMIT, MEMORY_LIMIT, OUTCOME, TRIAL_CONSTRAINTS
@@ -37,7 +37,7 @@ FIRST = (PRECISION.name,)
 """Knobs the local search changes before the others (in the space's order)."""
 NUMERICS = PRECISION.name
 
-Unsupported = Callable[[dict[str, Any]], str | None]
+Unsupported = Callable[[Params], str | None]
 """Why the device cannot run a config (sampled params), or None: the backend's
 `unsupported_reason` with the probe's capabilities."""
 
@@ -56,13 +56,13 @@ def preferred(name: str, values: Sequence[Any]) -> list[Any]:
     return first + [v for v in values if v not in first]
 
 
-def rule_of_thumb(space: dict[str, list[Any]], unsupported: Unsupported | None = None) -> dict[str, Any]:
+def rule_of_thumb(space: dict[str, list[Any]], unsupported: Unsupported | None = None) -> Params:
     """The config the optimisation guides recommend, within `space` and what the device supports:
     the largest batch, the middle worker count (any integer knob but the batch: the middle of its
     sorted values, the upper one of two), and for a categorical knob the first value of
     `recommended` the device supports (bf16, else fp16, else tf32; compile and jit on), else
     its reference (or first) value."""
-    config: dict[str, Any] = {}
+    config: Params = {}
     for name, values in space.items():
         knob = knob_named(name)
         reference = knob.reference if knob is not None else None
@@ -83,13 +83,11 @@ class LocalSearch:
     """Configs one knob away from a centre, the best feasible trial; `supported`: whether the
     device can run a config (the search skips those it cannot)."""
 
-    def __init__(self, space: dict[str, list[Any]], supported: Callable[[dict[str, Any]], bool]):
+    def __init__(self, space: dict[str, list[Any]], supported: Callable[[Params], bool]):
         self.space = space
         self.supported = supported
 
-    def next_config(
-        self, trials: Sequence[FrozenTrial], tried: TriedConfigs, last: int | None
-    ) -> dict[str, Any] | None:
+    def next_config(self, trials: Sequence[FrozenTrial], tried: TriedConfigs, last: int | None) -> Params | None:
         """Every fresh neighbour of the centre (first the best feasible trial up to the trial
         number `last`), ring by ring (`RINGS`); once a ring is used up, the best feasible trial run
         by then becomes the centre if it is faster; when none is, the search ends (None)."""
@@ -117,14 +115,14 @@ class LocalSearch:
                 return None
         return None
 
-    def first_fresh_neighbour(self, params: dict[str, Any], tried: TriedConfigs) -> dict[str, Any] | None:
+    def first_fresh_neighbour(self, params: Params, tried: TriedConfigs) -> Params | None:
         """The first fresh config the device supports among the neighbours of `params`, ring by ring."""
         return next(
             (p for ring in RINGS for p in self.neighbours(params, ring) if tried.fresh(p) and self.supported(p)),
             None,
         )
 
-    def neighbours(self, params: dict[str, Any], ring: int = 1) -> Iterator[dict[str, Any]]:
+    def neighbours(self, params: Params, ring: int = 1) -> Iterator[Params]:
         """The configs one knob away from `params`, in the order the local search tries them:
         `ring` 1, every other value of a categorical knob and an integer knob's next value up
         and down its sorted values; `ring` 2, an integer knob two values up and down."""
@@ -147,11 +145,11 @@ class LocalSearch:
 class StartStep:
     """Where the start of the guided search stands (`GuidedStart.step`)."""
 
-    run: dict[str, Any] | None = None
+    run: Params | None = None
     """The start config to run now; None: none now."""
     last: int | None = None
     """The number of the start's last finished trial; None: none."""
-    pending: dict[str, Any] | None = None
+    pending: Params | None = None
     """A start config another worker is running (or has queued); None: none."""
 
 
@@ -164,12 +162,10 @@ class GuidedStart:
         self.unsupported = unsupported
         self.local_search = LocalSearch(space, self.supported)
 
-    def supported(self, params: dict[str, Any]) -> bool:
+    def supported(self, params: Params) -> bool:
         return self.unsupported is None or self.unsupported(params) is None
 
-    def next_config(
-        self, rule: dict[str, Any], trials: Sequence[FrozenTrial], tried: TriedConfigs
-    ) -> dict[str, Any] | None:
+    def next_config(self, rule: Params, trials: Sequence[FrozenTrial], tried: TriedConfigs) -> Params | None:
         """The next config from the start at `rule` (`step`), then from the local search; None
         when it has none left (or none now)."""
         step = self.step(rule, trials, tried)
@@ -179,7 +175,7 @@ class GuidedStart:
             return self.local_search.first_fresh_neighbour(step.pending, tried)
         return self.local_search.next_config(trials, tried, step.last)
 
-    def starts(self, rule: dict[str, Any]) -> list[dict[str, Any]]:
+    def starts(self, rule: Params) -> list[Params]:
         """The rule-of-thumb config, then the same at each smaller batch, largest first."""
         batches = self.space.get(BATCH_SIZE.name, [])
         if BATCH_SIZE.name not in rule or not is_ordered(batches):
@@ -188,7 +184,7 @@ class GuidedStart:
             {**rule, BATCH_SIZE.name: b} for b in sorted(batches, reverse=True) if b < rule[BATCH_SIZE.name]
         ]
 
-    def step(self, rule: dict[str, Any], trials: Sequence[FrozenTrial], tried: TriedConfigs) -> StartStep:
+    def step(self, rule: Params, trials: Sequence[FrozenTrial], tried: TriedConfigs) -> StartStep:
         """The rule-of-thumb config; smaller batches of it while it does not fit in memory; at
         the strict precision when its numerics fail (drift over the tolerance, NaN)."""
         done = {config_key(t.params): t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}

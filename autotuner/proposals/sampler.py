@@ -27,10 +27,11 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.config.knobs import COMMON_TABLE, Knob
+from autotuner.config.knobs import COMMON_TABLE, Knob, Params
 from autotuner.proposals.guided_start import GuidedStart, Unsupported, rule_of_thumb
 from autotuner.proposals.wrapped_sampler import WrappedSampler
 from autotuner.results.tried import TriedConfigs, feasible
+from autotuner.study.names import FIXED_PARAMS
 
 ATTEMPTS = 2
 """Proposals asked of the wrapped sampler before the fresh config nearest to them is run."""
@@ -58,7 +59,7 @@ def make_sampler(
     name: str,
     seed: int | None,
     space: dict[str, list[Any]],
-    configs: Callable[[], list[dict[str, Any]]],
+    configs: Callable[[], list[Params]],
     unsupported: Unsupported | None = None,
     knobs: Mapping[str, Knob] = COMMON_TABLE,
 ) -> FreshConfigSampler:
@@ -87,9 +88,7 @@ def value_evidence(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Any], float
     return {k: v / top for k, v in best.items()} if top > 0 else {}
 
 
-def nearest_fresh(
-    fresh: list[dict[str, Any]], proposals: list[dict[str, Any]], evidence: dict[tuple[str, Any], float]
-) -> list[dict[str, Any]]:
+def nearest_fresh(fresh: list[Params], proposals: list[Params], evidence: dict[tuple[str, Any], float]) -> list[Params]:
     """The configs of `fresh` fewest knobs away from any of `proposals`, among those the ones whose
     knob values did best (`evidence`, summed), in `fresh`'s order."""
     rank = {
@@ -111,7 +110,7 @@ class FreshConfigSampler(BaseSampler):
         self,
         base: BaseSampler,
         space: dict[str, list[Any]],
-        configs: Callable[[], list[dict[str, Any]]],
+        configs: Callable[[], list[Params]],
         seed: int | None = None,
         *,
         guided: bool = False,
@@ -126,20 +125,20 @@ class FreshConfigSampler(BaseSampler):
         """Picks among equally near fresh configs (`nearest_fresh`)."""
         self.wrapped = WrappedSampler(base, values)
         self.guided_start = GuidedStart(values, unsupported)
-        self.rule: dict[str, Any] | None = rule_of_thumb(values, unsupported) if guided else None
+        self.rule: Params | None = rule_of_thumb(values, unsupported) if guided else None
         """The rule-of-thumb config (`rule_of_thumb`) the guided start begins at; None: not guided."""
 
     def reseed_rng(self) -> None:
         self.wrapped.base.reseed_rng()
         self.rng.seed()
 
-    def is_fresh(self, params: dict[str, Any], trials: Sequence[FrozenTrial], exclude: int | None = None) -> bool:
+    def is_fresh(self, params: Params, trials: Sequence[FrozenTrial], exclude: int | None = None) -> bool:
         return self.tried(trials, exclude).fresh(params)
 
     def tried(self, trials: Sequence[FrozenTrial], exclude: int | None = None) -> TriedConfigs:
         return TriedConfigs(trials, exclude, self.knobs)
 
-    def fresh_configs(self, study: Study, exclude: int | None = None) -> list[dict[str, Any]]:
+    def fresh_configs(self, study: Study, exclude: int | None = None) -> list[Params]:
         tried = self.tried(study.get_trials(deepcopy=False), exclude)
         return [c for c in self.configs() if tried.fresh(c)]
 
@@ -149,7 +148,7 @@ class FreshConfigSampler(BaseSampler):
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        if not search_space or trial.system_attrs.get("fixed_params"):
+        if not search_space or trial.system_attrs.get(FIXED_PARAMS):
             return {}  # an enqueued trial (the baseline, a retry) carries its own params
         trials = study.get_trials(deepcopy=False)
         tried = self.tried(trials, exclude=trial.number)

@@ -21,6 +21,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from autotuner.config.knobs import Params
 from autotuner.study.optuna_adapter import StudyView, study_id, study_storage, trial_id
 
 
@@ -41,7 +42,7 @@ class SpaceEncoding:
             if len(values) > 1
         }
 
-    def encode(self, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
+    def encode(self, params: Params) -> tuple[dict[str, Any], dict[str, BaseDistribution]]:
         """A trial's params and distributions as the wrapped sampler sees them (values the space
         lacks left out, so the trial does not count where they are needed)."""
         encoded, distributions = {}, {}
@@ -114,7 +115,7 @@ class WrappedSampler:
 
         return StudyView(study, show)  # type: ignore[return-value]
 
-    def propose(self, study: Study, trial: FrozenTrial) -> dict[str, Any]:
+    def propose(self, study: Study, trial: FrozenTrial) -> Params:
         """One proposal of the wrapped sampler, in the study's knob values."""
         view = self.view(study)
         base_space = {

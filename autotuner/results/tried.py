@@ -14,16 +14,15 @@ study and a resumed study agree on it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.config.knobs import COMMON_TABLE, DERIVED, Knob, config_key, needs_as_much_memory
+from autotuner.config.knobs import COMMON_TABLE, DERIVED, Knob, Params, config_key, needs_as_much_memory
 from autotuner.study.names import FIXED_PARAMS, LIVE, OUTCOME, TRIAL_CONSTRAINTS
 from autotuner.trials.outcomes import Outcome
 
 
-def trial_params(trial: FrozenTrial) -> dict[str, Any]:
+def trial_params(trial: FrozenTrial) -> Params:
     """The config a trial runs: its params, or for a trial still waiting in the queue, the params
     it was enqueued with (derived knobs left out, as in sampled params)."""
     if trial.params or trial.state is not TrialState.WAITING:
@@ -38,7 +37,7 @@ def ran_out_of_memory(trial: FrozenTrial) -> bool:
 
 
 def oom_rules_out(
-    params: dict[str, Any], trials: Sequence[FrozenTrial], knobs: Mapping[str, Knob] = COMMON_TABLE
+    params: Params, trials: Sequence[FrozenTrial], knobs: Mapping[str, Knob] = COMMON_TABLE
 ) -> FrozenTrial | None:
     """The out-of-memory trial that rules `params` out, if any: one whose config `params` needs at
     least as much memory as, knob by knob, by `knobs` (the backend's table; by default the knobs
@@ -77,6 +76,6 @@ class TriedConfigs:
         self.ooms = [t for t in trials if ran_out_of_memory(t)]
         self.knobs = knobs
 
-    def fresh(self, params: dict[str, Any]) -> bool:
+    def fresh(self, params: Params) -> bool:
         """Neither live nor ruled out by an out-of-memory trial: a config worth running."""
         return config_key(params) not in self.numbers and oom_rules_out(params, self.ooms, self.knobs) is None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
-from autotuner.config.knobs import BATCH_SIZE, DERIVED, Config, Knob
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, DERIVED, Config, Knob, Params
 from autotuner.errors import SpecError, shown
 from autotuner.spec.keys import JobSpec, SamplerSettings, parse_yaml, read_text, validate_spec
 from autotuner.trials.factory import is_import_path
@@ -202,18 +202,18 @@ class Job:
             compile_cache=str(self.compile_cache_dir()),
         )
 
-    def complete(self, params: dict[str, Any]) -> Config:
+    def complete(self, params: Params) -> Config:
         """A full config from sampled params: fixed knobs from the baseline, accumulation derived."""
         config: Config = {knob: params.get(knob, self.baseline[knob]) for knob in self.space}
-        config["accumulation"] = self.spec.global_batch // int(config["batch_size"])
+        config[ACCUMULATION.name] = self.spec.global_batch // int(config[BATCH_SIZE.name])
         return config
 
-    def unsupported(self, capabilities: Capabilities) -> Callable[[dict[str, Any]], str | None]:
+    def unsupported(self, capabilities: Capabilities) -> Callable[[Params], str | None]:
         """Why a device with `capabilities` cannot run sampled params, or None (what the samplers
         are given to skip such configs, as the search decides it)."""
         return lambda params: self.backend.unsupported_reason(self.complete(params), capabilities)
 
-    def configs(self) -> Iterator[dict[str, Any]]:
+    def configs(self) -> Iterator[Params]:
         """Every point of the space, as sampled params."""
         names = list(self.space)
         for values in itertools.product(*(self.space[n] for n in names)):
@@ -222,8 +222,8 @@ class Job:
     def reference_config(self) -> Config:
         """The numerically strictest config: the baseline's batching, everything else strict."""
         config = {knob: self.backend.knobs[knob].reference for knob in self.space}
-        config["batch_size"] = self.baseline["batch_size"]
-        config["accumulation"] = self.spec.global_batch // config["batch_size"]
+        config[BATCH_SIZE.name] = self.baseline[BATCH_SIZE.name]
+        config[ACCUMULATION.name] = self.spec.global_batch // config[BATCH_SIZE.name]
         return config
 
 
@@ -279,7 +279,7 @@ def _resolve_space(job: Job, source: str) -> None:
     for knob in searchable:
         if knob in inline:
             values = _choices(inline[knob], backend.knobs[knob], f"space.{knob}", source)
-            if knob == "batch_size":
+            if knob == BATCH_SIZE.name:
                 for b in values:
                     if spec.global_batch % b:
                         raise SpecError(
@@ -289,7 +289,7 @@ def _resolve_space(job: Job, source: str) -> None:
                         )
         elif knob in preset:
             values = _choices(preset[knob], backend.knobs[knob], f"{preset_name} preset: {knob}", source)
-            if knob == "batch_size":
+            if knob == BATCH_SIZE.name:
                 dividing = [b for b in values if spec.global_batch % b == 0]
                 # No preset size divides an odd global batch: use its divisors in the preset's range.
                 values = dividing or [
@@ -314,9 +314,9 @@ def _resolve_baseline(job: Job, source: str) -> None:
         if problem:
             raise SpecError(problem, source=source, key=f"baseline.{knob}")
     baseline = {k: knob.reference for k, knob in backend.knobs.items() if k not in DERIVED}
-    baseline["batch_size"] = spec.global_batch
+    baseline[BATCH_SIZE.name] = spec.global_batch
     baseline.update(spec.baseline)
-    if spec.global_batch % baseline["batch_size"]:
+    if spec.global_batch % baseline[BATCH_SIZE.name]:
         raise SpecError(
             f"{baseline['batch_size']} does not divide global_batch ({spec.global_batch})",
             source=source,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any, Protocol
 
+from autotuner.config.knobs import Config
 from autotuner.measurement.contention import CONTENDED_SHARE
 from autotuner.measurement.pruning import behind
 from autotuner.measurement.telemetry import Telemetry
@@ -110,7 +111,7 @@ class TrialBackend(ABC):
         return None
 
     @abstractmethod
-    def training(self, workload: Any, config: dict[str, Any], device: Any) -> Any:
+    def training(self, workload: Any, config: Config, device: Any) -> Any:
         """The backend's `TunedTraining` of `config` over the workload, on `device`."""
 
     @abstractmethod

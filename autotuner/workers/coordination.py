@@ -36,7 +36,7 @@ import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.config.knobs import config_key
+from autotuner.config.knobs import Params, config_key
 from autotuner.errors import BackendError
 from autotuner.results.evidence import Reference, Remeasurement
 from autotuner.results.records import stored_reference
@@ -273,7 +273,7 @@ def _unslotted(trials: list[FrozenTrial]) -> int:
     )
 
 
-def enqueue_baseline(study: optuna.Study, params: dict[str, Any]) -> None:
+def enqueue_baseline(study: optuna.Study, params: Params) -> None:
     """Trial 0 is the baseline. Two search processes starting together may both enqueue it: the
     config claim lets one of them run."""
     trials = study.get_trials(deepcopy=False)

@@ -132,7 +132,7 @@ class JaxBackend(Backend):
         return None
 
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
-        precision = self.unsupported_precision(config.get("precision", "fp32"), capabilities)
+        precision = self.unsupported_precision(config.get(PRECISION.name, "fp32"), capabilities)
         if precision:
             return precision
         for knob, value in config.items():

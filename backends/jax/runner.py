@@ -46,6 +46,7 @@ from autotuner.backends.jax.apply import (
     use_xla_flags,
 )
 from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem, remat_scope
+from autotuner.config.knobs import Config
 from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
 from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.measurement.turns import Turns
@@ -222,7 +223,7 @@ class JaxTrial(TrialBackend):
     def initial_state(self, workload: JaxWorkload) -> Any:
         return workload.params
 
-    def training(self, workload: JaxWorkload, config: dict[str, Any], device: jax.Device) -> TunedTraining:
+    def training(self, workload: JaxWorkload, config: Config, device: jax.Device) -> TunedTraining:
         return TunedTraining(config, workload.loss_fn, workload.optimizer, device=device, params=workload.params)
 
     def restart(self, workload: JaxWorkload, training: TunedTraining, initial: Any) -> TunedTraining:

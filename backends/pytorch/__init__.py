@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotuner.backends._base import Backend, Capabilities, capability
-from autotuner.config.knobs import COMMON_KNOBS, Config, Knob, knob_table
+from autotuner.config.knobs import COMMON_KNOBS, PRECISION, WORKERS, Config, Knob, knob_table
 
 COMPILE = Knob(
     "compile",
@@ -131,13 +131,13 @@ class PyTorchBackend(Backend):
     install = "pip install torch"
 
     def timeout_factor(self, config: Config) -> float:
-        return COMPILE_TIMEOUT_FACTOR[config.get("compile", "none")]
+        return COMPILE_TIMEOUT_FACTOR[config.get(COMPILE.name, "none")]
 
     def irrelevant(self, knob: str, value: object, capabilities: Capabilities) -> str | None:
         caps = capabilities if isinstance(capabilities, TorchCapabilities) else TorchCapabilities()
         if value == self.knobs[knob].reference:
             return None
-        if knob == "compile":
+        if knob == COMPILE.name:
             if not caps.compile:
                 return f"compile={value}: torch.compile cannot build kernels here"
             if value == "reduce-overhead" and not caps.cuda_graphs:
@@ -163,7 +163,7 @@ class PyTorchBackend(Backend):
         return None
 
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
-        precision = self.unsupported_precision(config.get("precision", "fp32"), capabilities)
+        precision = self.unsupported_precision(config.get(PRECISION.name, "fp32"), capabilities)
         if precision:
             return precision
         for knob, value in config.items():
@@ -175,10 +175,10 @@ class PyTorchBackend(Backend):
         if (
             attention in HALF_PRECISION_ONLY
             and capabilities.accelerator
-            and config.get("precision", "fp32") not in ("bf16", "fp16")
+            and config.get(PRECISION.name, "fp32") not in ("bf16", "fp16")
         ):
             return f"attention={attention}: its CUDA kernels compute in bf16 or fp16 only"
-        if config.get("prefetch_factor", 2) != PREFETCH_FACTOR.reference and config.get("workers", 0) == 0:
+        if config.get(PREFETCH_FACTOR.name, 2) != PREFETCH_FACTOR.reference and config.get(WORKERS.name, 0) == 0:
             return "prefetch_factor: only loader workers prefetch (workers=0 loads in the training process)"
         return None
 

@@ -46,7 +46,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from autotuner.backends._base import ExportedConfig, TunedLoop
-from autotuner.backends.pytorch import PYTORCH
+from autotuner.backends.pytorch import COMPILE, PREFETCH_FACTOR, PYTORCH
 from autotuner.trials.outcomes import Unsupported
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -302,14 +302,14 @@ class TunedTraining(TunedLoop):
         if self.config["checkpointing"] == "blocks":
             enable_checkpointing(model, checkpoint_blocks)
         self._attention = choose_attention(model, self.config["attention"])
-        self.model = _compiled(model, self.config["compile"])
+        self.model = _compiled(model, self.config[COMPILE.name])
         self.optimizer = rebuilt_optimizer(optimizer, self.config["optimizer"])
         optimizer = self.optimizer
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.skipped_steps = 0
         """Optimizer steps the GradScaler skipped because fp16 gradients overflowed (fp16 only)."""
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        cuda_graphs = uses_cuda_graphs(self.config["compile"], self.device)
+        cuda_graphs = uses_cuda_graphs(self.config[COMPILE.name], self.device)
         self._mark_step: Callable[[], None] = torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
         self._keep_grads = cuda_graphs and self.accumulation > 1
         if self._keep_grads:
@@ -394,7 +394,7 @@ class TunedTraining(TunedLoop):
             num_workers=workers,
             pin_memory=self._pin_memory,
             persistent_workers=workers > 0,
-            prefetch_factor=int(self.config["prefetch_factor"]) if workers > 0 else None,
+            prefetch_factor=int(self.config[PREFETCH_FACTOR.name]) if workers > 0 else None,
             # Linux's usual fork: workers start in milliseconds. (A trial process comes from a fork
             # server, whose default would start a second fork server and re-import torch.)
             multiprocessing_context="fork" if fork else None,

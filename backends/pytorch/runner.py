@@ -24,6 +24,7 @@ from autotuner.backends.pytorch import PYTORCH
 from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
 from autotuner.backends.pytorch.probe import environment, gpu_uuid, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload, first_batch_problem
+from autotuner.config.knobs import Config
 from autotuner.trials.core import TrialBackend, cache_state
 from autotuner.trials.probe import Environment
 
@@ -117,7 +118,7 @@ class PyTorchTrial(TrialBackend):
         now = _cache_lookups()
         return cache_state(now["hit"] - before["hit"], now["miss"] - before["miss"])
 
-    def training(self, workload: TorchWorkload, config: dict[str, Any], device: torch.device) -> TunedTraining:
+    def training(self, workload: TorchWorkload, config: Config, device: torch.device) -> TunedTraining:
         workload.model.to(device).train()
         return self._tuned(workload, workload.model, config, device)
 
@@ -126,9 +127,7 @@ class PyTorchTrial(TrialBackend):
         return self._tuned(workload, training.model, training.config, training.device)  # compiled once, not twice
 
     @staticmethod
-    def _tuned(
-        workload: TorchWorkload, model: torch.nn.Module, config: dict[str, Any], device: torch.device
-    ) -> TunedTraining:
+    def _tuned(workload: TorchWorkload, model: torch.nn.Module, config: Config, device: torch.device) -> TunedTraining:
         """The config applied to `model`, with a fresh optimizer (and so a fresh GradScaler)."""
         optimizer = workload.optimizer(workload.model.parameters())
         return TunedTraining(
