@@ -128,7 +128,7 @@ def measure(
     make: Callable[[], TorchWorkload], batch: int, device: torch.device, rounds: int, steps: int
 ) -> dict[str, Any]:
     probe = make()
-    caps = PYTORCH.capabilities({**environment(device)["capabilities"], **workload_capabilities(probe, device, 2)})
+    caps = PYTORCH.capabilities({**environment(device).capabilities, **workload_capabilities(probe, device, 2)})
     precision = "bf16" if device.type == "cuda" else "fp32"
     base = {
         **{name: knob.reference for name, knob in PYTORCH.knobs.items()},
@@ -225,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(device)
     out = args.out or RESULTS / f"knobs-{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     result: dict[str, Any] = {
-        "device": env["device_name"],
-        "versions": env["versions"],
+        "device": env.device_name,
+        "versions": dict(env.versions),
         "python": platform.python_version(),
         "command": "python benchmarks/knobs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "rounds": args.rounds,

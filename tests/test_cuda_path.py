@@ -32,6 +32,8 @@ from autotuner.study.storage import check_trial_limits
 from autotuner.trials import lockstep
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.probe import Environment
+from autotuner.trials.request import ProbeRequest
 from autotuner.trials.trial_output import Losses, TrialOutput
 from tests.conftest import SMALL_SPEC
 from tests.helpers import ROOT, RUNNER, reference, request
@@ -299,10 +301,10 @@ def test_bf16_and_tf32_are_decided_by_the_requested_devices_compute_capability(
     for name in ("has_energy_counter", "cuda_uuid"):
         monkeypatch.setattr(torch_probe, name, lambda *a, **k: None)
     monkeypatch.setattr(torch_probe, "nvml_driver", lambda: "test")
-    arg = {"device": "cuda:1", "workload": "autotuner.backends.pytorch.builtin:mlp", "workload_args": None}
-    probed = TRIAL_BACKEND.probe(arg)
+    probed = TRIAL_BACKEND.probe(ProbeRequest("cuda:1", "autotuner.backends.pytorch.builtin:mlp"))
     assert asked and all(device == torch.device("cuda", 1) for device in asked)
-    assert probed["capabilities"]["bf16"] is bf16 and probed["capabilities"]["tf32"] is bf16
+    capabilities = probed.environment.capabilities
+    assert capabilities["bf16"] is bf16 and capabilities["tf32"] is bf16
 
 
 # ---------------------------------------------------------------- 13. fp16's skipped steps
@@ -420,8 +422,8 @@ def test_the_default_trial_timeout_grows_with_the_compile_mode(tmp_path: Path) -
 
 def test_a_host_memory_limit_is_refused_on_a_gpu_and_kept_on_a_cpu(tmp_path: Path) -> None:
     job = _job(tmp_path, trial={**SMALL_SPEC["trial"], "max_memory_mb": 4096})
-    check_trial_limits(job, {"device": "cpu", "capabilities": {"accelerator": False}})
+    check_trial_limits(job, Environment("pytorch", "cpu", "CPU", "test", {}, {"accelerator": False}))
     with pytest.raises(SpecError) as refused:
-        check_trial_limits(job, {"device": "cuda:0", "capabilities": {"accelerator": True}})
+        check_trial_limits(job, Environment("pytorch", "cuda:0", "GPU", "test", {}, {"accelerator": True}))
     assert "trial.max_memory_mb" in str(refused.value) and "objective.max_memory_mb" in str(refused.value)
-    check_trial_limits(_job(tmp_path), {"device": "cuda:0", "capabilities": {"accelerator": True}})
+    check_trial_limits(_job(tmp_path), Environment("pytorch", "cuda:0", "GPU", "test", {}, {"accelerator": True}))

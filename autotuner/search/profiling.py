@@ -23,22 +23,23 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import optuna
 
-from autotuner.measurement.traces import Operator
 from autotuner.results.profiles import Profile, stored_profiles
 from autotuner.results.records import TrialRecord, baseline, best, records
 from autotuner.spec.job import Job
 from autotuner.study.names import PROFILE_PREFIX
 from autotuner.study.optuna_adapter import study_id, study_storage
 from autotuner.trials.outcomes import Outcome
+from autotuner.trials.request import ProfileRequest
+from autotuner.trials.trial_output import ProfileOutput
 
 if TYPE_CHECKING:
     from autotuner.output.console import SearchReporter
     from autotuner.results.run_time import RunPlan
-    from autotuner.trials.launcher import TrialLauncher
+    from autotuner.trials.launcher import TrialLauncher, TrialResult
 
 
 def artifact_dir(job: Job) -> Path:
@@ -91,21 +92,19 @@ def run_profiles(
         folder = Path(tempfile.mkdtemp(prefix=f"profile-{trial.number}-", dir=job.output_dir())).resolve()
         try:
             request = job.trial_request(trial.config, device, progress=reporter.progress)
-            arg = {"request": request, "steps": steps, "folder": str(folder)}
+            asked = ProfileRequest(request, steps, str(folder))
             started = time.monotonic()
             with reporter.running(f"profiling the {role}, trial #{trial.number}: {steps} steps after its warm-up"):
-                result = launcher.call(job.backend.runner, "profile", arg, job.trial_timeout(trial.config))
+                result: TrialResult[ProfileOutput] = launcher.call(
+                    job.backend.runner, "profile", asked, job.trial_timeout(trial.config)
+                )
             if result.outcome is not Outcome.OK or result.output is None:
                 reporter.note(f"no profile of trial #{trial.number}: {result.outcome.value}: {result.reason}")
                 continue
-            profile = profile_from_output(result.output, trial.number, role, steps, started)
-            profiles.append(store_profile(study, job, profile, Path(result.output["trace"])))
+            output = result.output
+            seconds = time.monotonic() - started
+            profile = Profile(trial.number, role, steps, seconds, output.where, output.total_ms, output.operators)
+            profiles.append(store_profile(study, job, profile, Path(output.trace)))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     return profiles
-
-
-def profile_from_output(output: dict[str, Any], trial: int, role: str, steps: int, started: float) -> Profile:
-    """The `Profile` of what `run_profile` returned, timed from `started` (time.monotonic)."""
-    where, total, operators = output["where"], output["total_ms"], [Operator(**op) for op in output["operators"]]
-    return Profile(trial, role, steps, time.monotonic() - started, where, total, operators)
