@@ -195,18 +195,17 @@ def test_peak_gpu_memory_is_the_reserved_peak_reset_after_the_warmup(monkeypatch
 
 
 def test_measure_throughput_calls_after_warmup_between_the_warmup_and_the_first_window() -> None:
-    from autotuner.measurement.timing import measure_throughput
+    from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
 
     events: list[str] = []
     measure_throughput(
-        lambda: events.append("step"),
-        lambda: None,
-        warmup_steps=2,
-        steps=1,
-        windows=2,
-        samples_per_step=1,
-        after_warmup=lambda step: events.append("after_warmup"),
-        after_window=lambda: events.append("window"),
+        WindowTimer(
+            lambda: events.append("step"),
+            lambda: None,
+            after_warmup=lambda step: events.append("after_warmup"),
+            after_window=lambda: events.append("window"),
+        ),
+        Measuring(warmup_steps=2, steps=1, windows=2, samples_per_step=1),
     )
     assert events == ["step", "step", "after_warmup", "step", "window", "step", "window"]
 

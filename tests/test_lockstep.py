@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.measurement.timing import measure_throughput
+from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
 from autotuner.measurement.turns import Release, SetupTurn, Turns, Waiting, WindowsTurn
 from autotuner.spec.job import load_spec
 from autotuner.trials.launcher import TrialLauncher
@@ -156,7 +156,9 @@ def test_the_measurement_waits_before_its_setup_each_turn_and_its_release() -> N
     given = iter([SetupTurn(match_steps=9), WindowsTurn(2), WindowsTurn(1), WindowsTurn(1), WindowsTurn(1), Release()])
     turns = Turns(reports.append, lambda: next(given))
     result = measure_throughput(
-        lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=4, turns=turns
+        WindowTimer(lambda: None, lambda: None),
+        Measuring(warmup_steps=1, steps=2, windows=3, samples_per_step=4),
+        turns=turns,
     )
     assert result.windows == 5 and len(result.window_samples_per_s) == 5  # 9 steps matched, 2 a window
     # setup; a turn of 2 windows, then of 1 each; the release
@@ -179,12 +181,8 @@ def test_each_turn_begins_with_one_unmeasured_step() -> None:
 
     given = iter([SetupTurn(match_steps=9), WindowsTurn(2), WindowsTurn(1), WindowsTurn(1), WindowsTurn(1), Release()])
     measure_throughput(
-        lambda: events.append("s"),
-        lambda: None,
-        warmup_steps=1,
-        steps=2,
-        windows=3,
-        samples_per_step=4,
+        WindowTimer(lambda: events.append("s"), lambda: None),
+        Measuring(warmup_steps=1, steps=2, windows=3, samples_per_step=4),
         telemetry=Window(),
         turns=Turns(lambda report: events.append("|"), lambda: next(given)),
     )
@@ -196,7 +194,9 @@ def test_what_is_no_turn_stops_the_trial_with_an_error_saying_what_came() -> Non
     turns = Turns(lambda report: None, lambda: {"run": 2})  # the form a turn had before it was typed
     with pytest.raises(TypeError, match=r"the launcher sent \{'run': 2\} where a turn was due"):
         measure_throughput(
-            lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=4, turns=turns
+            WindowTimer(lambda: None, lambda: None),
+            Measuring(warmup_steps=1, steps=2, windows=3, samples_per_step=4),
+            turns=turns,
         )
 
 
@@ -213,7 +213,9 @@ def waits_or_sends_what_is_no_message(arg: str, turns: Turns) -> dict[str, int]:
         send_message(pipe, {"status": "waiting", "measuring": True})
         return {}
     measured = measure_throughput(
-        lambda: None, lambda: None, warmup_steps=1, steps=2, windows=3, samples_per_step=1, turns=turns
+        WindowTimer(lambda: None, lambda: None),
+        Measuring(warmup_steps=1, steps=2, windows=3, samples_per_step=1),
+        turns=turns,
     )
     return {"windows": len(measured.window_samples_per_s)}
 

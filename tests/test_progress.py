@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotuner.measurement.timing import measure_throughput
+from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
 from autotuner.output.console import PHASE_POLL_S, SearchReporter
 from autotuner.results.records import TrialRecord
 from autotuner.trials.progress import PhaseFile, duration, phase_path, read_phase, time_left
@@ -30,9 +30,10 @@ def test_a_phase_file_holds_the_last_phase_whole(tmp_path: Path) -> None:
 def test_the_measured_phase_tells_each_phase_outside_the_timed_windows() -> None:
     told: list[str] = []
     measure_throughput(
-        lambda: time.sleep(0.001), lambda: None, warmup_steps=2, steps=2, windows=3, samples_per_step=1,
-        min_window_s=0.001, phase=told.append,
-    )  # fmt: skip
+        WindowTimer(lambda: time.sleep(0.001), lambda: None),
+        Measuring(warmup_steps=2, steps=2, windows=3, samples_per_step=1, min_window_s=0.001),
+        phase=told.append,
+    )
     assert told == ["warm-up, 2 steps", "calibration", "window 1 of 3", "window 2 of 3", "window 3 of 3"]
 
 

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from autotuner.measurement.contention import CONTENDED_SHARE
 from autotuner.measurement.pruning import TRIAL_NOISE, behind
-from autotuner.measurement.timing import measure_throughput
+from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
 from tests.conftest import SMALL_SPEC, run_cli, write_spec
 
 
@@ -38,7 +38,9 @@ def test_windows_stop_when_asked_and_count_what_was_measured() -> None:
         return "enough" if len(rates) == 2 else None
 
     result = measure_throughput(
-        lambda: None, lambda: None, warmup_steps=0, steps=2, windows=5, samples_per_step=1, stop=stop
+        WindowTimer(lambda: None, lambda: None),
+        Measuring(warmup_steps=0, steps=2, windows=5, samples_per_step=1),
+        stop=stop,
     )
     assert [len(r) for r in asked] == [1, 2]
     assert (result.windows, len(result.window_samples_per_s), len(result.window_spans)) == (2, 2, 2)

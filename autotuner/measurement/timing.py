@@ -20,6 +20,11 @@ than the one it matches would otherwise run many times as long.
 With `turns`, the process is one of a lockstep group (`autotuner.trials.lockstep`): it waits for its turn
 before its warm-up and calibration, before each turn of windows and, after its last window, to be
 released.
+
+The pieces: `Measuring` holds what to measure (the caller builds it once); a `WindowTimer` takes
+the caller's steps, counts them, runs the warm-up and times windows; `calibrate` sizes the
+windows; `measure_solo` and `measure_in_lockstep` drive the windows of a process measured alone
+or in its turns; `measure_throughput` picks between the two.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from autotuner.measurement.turns import SetupTurn, Turns, Waiting, WindowsTurn
@@ -84,170 +89,279 @@ def relative_spread(values: list[float]) -> float:
     return (max(values) - min(values)) / middle if middle > 0 else 0.0
 
 
-def measure_throughput(
-    step: Callable[[], None],
-    synchronize: Callable[[], None],
-    *,
-    warmup_steps: int,
-    steps: int,
-    windows: int,
-    samples_per_step: int,
-    min_window_s: float = 0.0,
-    match_steps: int = 0,
-    match_most_s: float = 0.0,
-    after_window: Callable[[], None] | None = None,
-    after_warmup: Callable[[Callable[[], None]], None] | None = None,
-    telemetry: contextlib.AbstractContextManager[Any] | None = None,
-    turns: Turns | None = None,
-    stop: Callable[[list[float]], str | None] | None = None,
-    phase: Callable[[str], None] = lambda text: None,
-) -> Throughput:
-    """Time `step` (one optimizer step of `samples_per_step` samples).
+@dataclass(frozen=True)
+class Measuring:
+    """What `measure_throughput` measures: the caller's settings, built once."""
 
-    `after_window` runs after each window's closing synchronization, outside the timed span
-    (a backend checks there that the loss stayed finite); `after_warmup` once after the warm-up
+    warmup_steps: int
+    steps: int
+    """Optimizer steps per window, raised by the calibration to fill `min_window_s`."""
+    windows: int
+    """Windows to measure, unless `match_steps` sets how many."""
+    samples_per_step: int
+    """Samples in one optimizer step."""
+    min_window_s: float = 0.0
+    """Shortest window; 0: no calibration, windows of `steps` steps."""
+    match_steps: int = 0
+    """When set, as many windows as it takes to match this many optimizer steps, not `windows`."""
+    match_most_s: float = 0.0
+    """When set, no more matching windows than last this long at the calibration's pace (without
+    calibration, no bound)."""
+
+    def windows_for(self, steps: int, step_s: float) -> int:
+        """The windows to measure, of `steps` steps at `step_s` seconds a step (0: pace unknown):
+        `windows`, or those that match `match_steps` within `match_most_s`."""
+        if self.match_steps <= 0:
+            return self.windows
+        count = math.ceil(self.match_steps / steps)
+        if self.match_most_s > 0 and step_s > 0:
+            count = min(count, max(1, math.floor(self.match_most_s / (steps * step_s))))
+        return count
+
+
+class WindowTimer:
+    """Takes a process's optimizer steps and times them: one per measurement.
+
+    Every step it takes (warm-up, calibration, windows, the untimed step that opens a lockstep
+    turn) is counted in `taken`; each window's span, by `time.monotonic`, is kept in `spans`.
+    `after_window` runs after each window's closing synchronization, outside the timed span (a
+    backend checks there that the loss stayed finite); `after_warmup` once after the warm-up
     steps, given the step to take any it needs (a backend resets its peak-memory counters there,
-    so compiling and autotuning are not counted). `telemetry` (an
-    `autotuner.measurement.telemetry.Telemetry`) is entered around the timed windows only (in lockstep,
-    around each one). With `turns`, the setup turn may carry the optimizer steps to match (another
-    process's), and every later turn how many windows to measure in it; each turn of windows
-    begins with one untimed step. `match_most_s` bounds the matching windows' time (at the
-    calibration's pace; without calibration, no bound). `stop` (not in lockstep) is asked after
-    each window, with the windows' rates so far, whether to stop there; the reason it gives is
-    kept as `stopped`.
-    `phase` is told each phase as it begins, outside the timed spans (`autotuner.trials.progress`).
+    so compiling and autotuning are not counted).
     """
-    setup = turns.wait(Waiting(measuring=True)) if turns is not None else None
-    taken, waited = 0, 0.0
-    user_step = step
 
-    def counted() -> None:
-        nonlocal taken
-        user_step()
-        taken += 1
+    def __init__(
+        self,
+        step: Callable[[], None],
+        synchronize: Callable[[], None],
+        *,
+        after_window: Callable[[], None] | None = None,
+        after_warmup: Callable[[Callable[[], None]], None] | None = None,
+    ) -> None:
+        self._step, self.synchronize = step, synchronize
+        self._after_window, self._after_warmup = after_window, after_warmup
+        self.taken = 0
+        self.spans: list[tuple[float, float]] = []
+        self.started = 0.0
+        """`time.perf_counter` when the warm-up began: the training's start."""
+        self.warmup_s = 0.0
+        """The warm-up's wall time."""
 
-    step = counted  # every step below is counted in `steps_taken`
+    def step(self) -> None:
+        """One step, counted."""
+        self._step()
+        self.taken += 1
 
-    def wait(waiting: Waiting) -> Any:
-        nonlocal waited
-        began = time.perf_counter()
-        try:
-            assert turns is not None
-            return turns.wait(waiting)
-        finally:
-            waited += time.perf_counter() - began
+    def warm_up(self, steps: int) -> None:
+        """Take `steps` steps and synchronize, timed as `warmup_s`; then `after_warmup`."""
+        self.started = start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        self.synchronize()
+        self.warmup_s = time.perf_counter() - start
+        if self._after_warmup is not None:
+            self._after_warmup(self.step)  # given the step, so that one it takes is counted
 
-    phase(f"warm-up, {warmup_steps} steps")
-    start = trained_from = time.perf_counter()
-    for _ in range(warmup_steps):
-        step()
-    synchronize()
-    warmup_s = time.perf_counter() - start
-    if after_warmup is not None:
-        after_warmup(step)  # given the step, so that one it takes is counted
-
-    spans: list[tuple[float, float]] = []
-
-    def window(count: int) -> float:
-        synchronize()
+    def window(self, count: int) -> float:
+        """Take `count` steps between two synchronizations; their wall time."""
+        self.synchronize()
         began = time.monotonic()
         start = time.perf_counter()
         for _ in range(count):
-            step()
-        synchronize()
+            self.step()
+        self.synchronize()
         elapsed = time.perf_counter() - start
-        spans.append((began, time.monotonic()))
-        if after_window is not None:
-            after_window()
+        self.spans.append((began, time.monotonic()))
+        if self._after_window is not None:
+            self._after_window()
         return elapsed
 
-    calibration_s, step_s = 0.0, 0.0
-    if min_window_s > 0:
-        phase("calibration")
-        # From one step, then windows sized at the last one's pace to last a quarter of the minimum,
-        # until one does, two at least: a slow config learns its pace from a step or two, not from
-        # a whole window, and a hiccup in the first step or in a window of a few milliseconds
-        # cannot shorten every window after it many times over.
-        quarter, count, timed = min_window_s / 4, 1, 1
-        last = calibration_s = window(count)
-        while timed < 2 or last < quarter:
-            at_least = 2 * count if last < quarter else 1
-            count = max(at_least, math.ceil(count * quarter / max(last, 1e-9)))
-            last = window(count)
-            calibration_s += last
-            timed += 1
-        steps = max(steps, math.ceil(count * min_window_s / last))
-        step_s = last / count
+    def trained_s(self) -> float:
+        """Wall time since the warm-up began."""
+        return time.perf_counter() - self.started
 
-    def matching(steps: int) -> int:
-        """The windows of `steps` steps that match `match_steps`, within `match_most_s`."""
-        count = math.ceil(match_steps / steps)
-        if match_most_s > 0 and step_s > 0:
-            count = min(count, max(1, math.floor(match_most_s / (steps * step_s))))
-        return count
 
-    if isinstance(setup, SetupTurn) and setup.match_steps > 0:
-        match_steps = setup.match_steps
-    if match_steps > 0:
-        windows = matching(steps)
-    telemetry = telemetry or contextlib.nullcontext()
-    stopped = None
-    durations: list[float] = []
-    if turns is None:
+@dataclass(frozen=True)
+class Calibration:
+    """The windows' length and the pace it was set by."""
 
-        def measure_windows() -> None:
-            nonlocal stopped
-            with telemetry:
-                while len(durations) < windows and stopped is None:
-                    phase(f"window {len(durations) + 1} of {windows}")
-                    durations.append(window(steps))
-                    if stop is not None:
-                        stopped = stop([steps * samples_per_step / d for d in durations])
+    steps: int
+    """Optimizer steps per window."""
+    step_s: float
+    """Seconds a step (0 without calibration: the pace is unknown)."""
+    seconds: float = 0.0
+    """Wall time of the calibration windows."""
 
-        measure_windows()
-        # A calibration that other work slowed (a process starting beside it, say) sizes windows
-        # many times shorter than the minimum once the machine is itself again: too short to time
-        # well or to tell contention in. They are measured again, once, at the length their own
-        # pace asks for.
-        if min_window_s > 0 and stopped is None and statistics.median(durations) < min_window_s / 4:
-            step_s = statistics.median(durations) / steps
-            steps = math.ceil(steps * min_window_s / statistics.median(durations))
-            if match_steps > 0:
-                windows = matching(steps)
-            durations.clear()
-            measure_windows()
-    else:
-        while len(durations) < windows:
-            turn = wait(Waiting(measuring=True, steps=steps, windows=windows, measured=len(durations)))
-            run = max(1, turn.windows) if isinstance(turn, WindowsTurn) else 1
-            # The first step after the wait runs cold (the others' windows emptied the caches,
-            # the CPU idled while the group settled): timed, windows that open a turn (every one,
-            # in re-measurement) came out 1.7-4.0% slower than those after them on the quickstart's
-            # baseline, and a speedup would depend on how many windows a turn holds.
-            step()
-            synchronize()
-            for _ in range(min(run, windows - len(durations))):
-                phase(f"window {len(durations) + 1} of {windows}")
-                with telemetry:
-                    durations.append(window(steps))
-        trained_s = time.perf_counter() - trained_from - waited
-        turns.wait(Waiting(measuring=False))
-    if turns is None:
-        trained_s = time.perf_counter() - trained_from
-    rates = [steps * samples_per_step / d for d in durations]
+
+def calibrate(window: Callable[[int], float], steps: int, min_window_s: float) -> Calibration:
+    """Size windows of at least `steps` steps to last `min_window_s` (> 0), timing windows of
+    `window(count)` steps (`WindowTimer.window`)."""
+    # From one step, then windows sized at the last one's pace to last a quarter of the minimum,
+    # until one does, two at least: a slow config learns its pace from a step or two, not from
+    # a whole window, and a hiccup in the first step or in a window of a few milliseconds
+    # cannot shorten every window after it many times over.
+    quarter, count, timed = min_window_s / 4, 1, 1
+    last = seconds = window(count)
+    while timed < 2 or last < quarter:
+        at_least = 2 * count if last < quarter else 1
+        count = max(at_least, math.ceil(count * quarter / max(last, 1e-9)))
+        last = window(count)
+        seconds += last
+        timed += 1
+    return Calibration(steps=max(steps, math.ceil(count * min_window_s / last)), step_s=last / count, seconds=seconds)
+
+
+def _quiet(text: str) -> None:
+    """A `phase` that tells no one."""
+
+
+def _set_up(timer: WindowTimer, settings: Measuring, phase: Callable[[str], None]) -> Calibration:
+    """The warm-up, then the calibration where there is a minimum window."""
+    phase(f"warm-up, {settings.warmup_steps} steps")
+    timer.warm_up(settings.warmup_steps)
+    if settings.min_window_s <= 0:
+        return Calibration(steps=settings.steps, step_s=0.0)
+    phase("calibration")
+    return calibrate(timer.window, settings.steps, settings.min_window_s)
+
+
+def _throughput(
+    timer: WindowTimer,
+    settings: Measuring,
+    calibration: Calibration,
+    durations: list[float],
+    *,
+    trained_s: float,
+    stopped: str | None = None,
+) -> Throughput:
+    """The measured windows, of `calibration.steps` steps each: the last `timer.spans` (the
+    calibration's windows, and those measured again, come before them)."""
+    rates = [calibration.steps * settings.samples_per_step / d for d in durations]
     return Throughput(
         samples_per_s=statistics.median(rates),
         spread=relative_spread(rates),
         window_samples_per_s=rates,
-        warmup_s=warmup_s,
-        warmup_steps=warmup_steps,
+        warmup_s=timer.warmup_s,
+        warmup_steps=settings.warmup_steps,
         measured_s=sum(durations),
-        steps=steps,
+        steps=calibration.steps,
         windows=len(durations),
-        samples_per_step=samples_per_step,
-        calibration_s=calibration_s,
-        window_spans=spans[-len(durations) :],
+        samples_per_step=settings.samples_per_step,
+        calibration_s=calibration.seconds,
+        window_spans=timer.spans[-len(durations) :],
         stopped=stopped,
-        steps_taken=taken,
+        steps_taken=timer.taken,
         trained_s=trained_s,
     )
+
+
+def _solo_windows(
+    timer: WindowTimer,
+    settings: Measuring,
+    calibration: Calibration,
+    stop: Callable[[list[float]], str | None] | None,
+    phase: Callable[[str], None],
+) -> tuple[list[float], str | None]:
+    """The windows' durations, until all are measured or `stop` gives a reason, and the reason."""
+    steps = calibration.steps
+    windows = settings.windows_for(steps, calibration.step_s)
+    durations: list[float] = []
+    stopped = None
+    while len(durations) < windows and stopped is None:
+        phase(f"window {len(durations) + 1} of {windows}")
+        durations.append(timer.window(steps))
+        if stop is not None:
+            stopped = stop([steps * settings.samples_per_step / d for d in durations])
+    return durations, stopped
+
+
+def measure_solo(
+    timer: WindowTimer,
+    settings: Measuring,
+    *,
+    telemetry: contextlib.AbstractContextManager[Any] | None = None,
+    stop: Callable[[list[float]], str | None] | None = None,
+    phase: Callable[[str], None] = _quiet,
+) -> Throughput:
+    """Measure a process alone: `telemetry` is entered around the windows, and `stop` asked after
+    each window, with the windows' rates so far, whether to stop there."""
+    calibration = _set_up(timer, settings, phase)
+    telemetry = telemetry or contextlib.nullcontext()
+    with telemetry:
+        durations, stopped = _solo_windows(timer, settings, calibration, stop, phase)
+    # A calibration that other work slowed (a process starting beside it, say) sizes windows
+    # many times shorter than the minimum once the machine is itself again: too short to time
+    # well or to tell contention in. They are measured again, once, at the length their own
+    # pace asks for.
+    min_window_s = settings.min_window_s
+    if min_window_s > 0 and stopped is None and statistics.median(durations) < min_window_s / 4:
+        median, steps = statistics.median(durations), calibration.steps
+        calibration = replace(calibration, steps=math.ceil(steps * min_window_s / median), step_s=median / steps)
+        with telemetry:
+            durations, stopped = _solo_windows(timer, settings, calibration, stop, phase)
+    return _throughput(timer, settings, calibration, durations, trained_s=timer.trained_s(), stopped=stopped)
+
+
+def measure_in_lockstep(
+    timer: WindowTimer,
+    settings: Measuring,
+    turns: Turns,
+    *,
+    telemetry: contextlib.AbstractContextManager[Any] | None = None,
+    phase: Callable[[str], None] = _quiet,
+) -> Throughput:
+    """Measure a process in its turns of a lockstep group: the setup turn (the warm-up and the
+    calibration; it may carry the optimizer steps to match, another process's), then turns of
+    windows, each opened by one untimed step and holding as many windows as it says,
+    `telemetry` entered around each window; then wait to be released. The waits for other
+    processes' turns are not in `trained_s`."""
+    setup = turns.wait(Waiting(measuring=True))
+    if isinstance(setup, SetupTurn) and setup.match_steps > 0:
+        settings = replace(settings, match_steps=setup.match_steps)
+    calibration = _set_up(timer, settings, phase)
+    steps = calibration.steps
+    windows = settings.windows_for(steps, calibration.step_s)
+    telemetry = telemetry or contextlib.nullcontext()
+    durations: list[float] = []
+    waited = 0.0
+    while len(durations) < windows:
+        began = time.perf_counter()
+        turn = turns.wait(Waiting(measuring=True, steps=steps, windows=windows, measured=len(durations)))
+        waited += time.perf_counter() - began
+        run = max(1, turn.windows) if isinstance(turn, WindowsTurn) else 1
+        # The first step after the wait runs cold (the others' windows emptied the caches,
+        # the CPU idled while the group settled): timed, windows that open a turn (every one,
+        # in re-measurement) came out 1.7-4.0% slower than those after them on the quickstart's
+        # baseline, and a speedup would depend on how many windows a turn holds.
+        timer.step()
+        timer.synchronize()
+        for _ in range(min(run, windows - len(durations))):
+            phase(f"window {len(durations) + 1} of {windows}")
+            with telemetry:
+                durations.append(timer.window(steps))
+    trained_s = timer.trained_s() - waited
+    turns.wait(Waiting(measuring=False))
+    return _throughput(timer, settings, calibration, durations, trained_s=trained_s)
+
+
+def measure_throughput(
+    timer: WindowTimer,
+    settings: Measuring,
+    *,
+    telemetry: contextlib.AbstractContextManager[Any] | None = None,
+    turns: Turns | None = None,
+    stop: Callable[[list[float]], str | None] | None = None,
+    phase: Callable[[str], None] = _quiet,
+) -> Throughput:
+    """Time `timer`'s step (one optimizer step of `settings.samples_per_step` samples): alone
+    (`measure_solo`), or with `turns` in a lockstep group (`measure_in_lockstep`).
+
+    `telemetry` (an `autotuner.measurement.telemetry.Telemetry`) is entered around the timed
+    windows only (in lockstep, around each one). `stop` (not in lockstep) is asked after each
+    window, with the windows' rates so far, whether to stop there; the reason it gives is kept as
+    `stopped`. `phase` is told each phase as it begins, outside the timed spans
+    (`autotuner.trials.progress`).
+    """
+    if turns is None:
+        return measure_solo(timer, settings, telemetry=telemetry, stop=stop, phase=phase)
+    return measure_in_lockstep(timer, settings, turns, telemetry=telemetry, phase=phase)

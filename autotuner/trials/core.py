@@ -28,7 +28,7 @@ from autotuner.config.knobs import Config
 from autotuner.measurement.contention import CONTENDED_SHARE
 from autotuner.measurement.pruning import behind
 from autotuner.measurement.telemetry import Telemetry
-from autotuner.measurement.timing import measure_throughput
+from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.factory import load_factory, workload_problem
@@ -404,9 +404,13 @@ def _measure(
             return None
         return reason
 
-    throughput = measure_throughput(
+    timer = WindowTimer(
         step,
         lambda: backend.synchronize(training, running),
+        after_window=after_window,
+        after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
+    )
+    settings = Measuring(
         warmup_steps=request.warmup_steps,
         steps=request.steps,
         windows=request.windows,
@@ -414,13 +418,8 @@ def _measure(
         min_window_s=request.min_window_s,
         match_steps=request.match_steps,
         match_most_s=request.match_most_s,
-        after_window=after_window,
-        after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
-        telemetry=telemetry,
-        turns=turns,
-        stop=stop,
-        phase=phase,
     )
+    throughput = measure_throughput(timer, settings, telemetry=telemetry, turns=turns, stop=stop, phase=phase)
     measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
     output.throughput = throughput
     # NVML's figure holds the CUDA context and what the driver allocated outside the framework's allocator
