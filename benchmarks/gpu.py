@@ -87,6 +87,7 @@ import optuna
 import yaml
 from _harness import RESULTS, machine, write_results
 
+from autotuner.output.formatting import percent, times
 from autotuner.results.records import baseline, best, records, speedup, stored_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -690,14 +691,6 @@ def run_part(ctx: Context, part: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ the summary
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
 def summary_line(result: dict[str, Any]) -> str:
     part = result["part"]
     head = f"{part:<12} {result['status']:<10} {result.get('wall_s', 0):6.0f} s  {result.get('machine') or '-'}"
@@ -705,22 +698,23 @@ def summary_line(result: dict[str, Any]) -> str:
         best_ = result.get("best") or {}
         energy = (result.get("energy") or {}).get("best_j_per_sample")
         return (
-            f"{head}\n{'':<12} tuned over baseline {_x(result.get('speedup'))}, MFU {_pct(result.get('mfu'))}, "
+            f"{head}\n{'':<12} tuned over baseline {times(result.get('speedup'))}, "
+            f"MFU {percent(result.get('mfu'), 1)}, "
             f"{result.get('trials_ran', 0)} trials, best {best_.get('config')}"
             + (f", {energy:.3g} J/sample" if energy else "")
         )
     if part == "apply":
         promise = result.get("promise") or {}
         return (
-            f"{head}\n{'':<12} delivered {_x(promise.get('speedup_delivered'))} of the export's "
-            f"{_x(promise.get('export_speedup'))}: ratio {promise.get('ratio', float('nan')):.3f}"
+            f"{head}\n{'':<12} delivered {times(promise.get('speedup_delivered'))} of the export's "
+            f"{times(promise.get('export_speedup'))}: ratio {promise.get('ratio', float('nan')):.3f}"
         )
     rows = []
     for name, w in (result.get("workloads") or {}).items():
         if w.get("error"):
             rows.append(f"{'':<12} {name}: error: {w['error'].splitlines()[0][:100]}")
             continue
-        ratios = ", ".join(f"{label} {_x(row.get('over_baseline'))}" for label, row in w["configs"].items())
+        ratios = ", ".join(f"{label} {times(row.get('over_baseline'))}" for label, row in w["configs"].items())
         rows.append(f"{'':<12} {name}: {ratios}")
     return "\n".join([head, *rows])
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotuner.backends.pytorch import PREFETCH_FACTOR
 from autotuner.errors import SpecError
+from autotuner.output.formatting import times
 
 if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig
@@ -212,7 +213,7 @@ def header(config: TunedConfig, fmt: str) -> list[str]:
     """The comment lines a snippet starts with: where the config comes from and the batch rule."""
     params = config.params
     global_batch = params["batch_size"] * params["accumulation"]
-    speedup = f", {config.speedup:.2f}x the baseline" if config.speedup else ""
+    speedup = f", {times(config.speedup)} the baseline" if config.speedup else ""
     return [
         f"# autotuner export --format {fmt}: {config}{speedup}",
         f"# Global batch {global_batch} = {params['batch_size']} per micro-batch x {params['accumulation']} "

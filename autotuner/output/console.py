@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotuner.config.knobs import format_config, shown_knobs
-from autotuner.output.formatting import percent, rate
+from autotuner.output.formatting import percent, rate, times
 from autotuner.results.evidence import Reference
 from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup
 from autotuner.results.run_time import RunPlan, money, verdict
@@ -162,7 +162,7 @@ class SearchReporter:
         best_text = ""
         if best is not None:
             ratio = speedup(best, baseline)
-            best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({ratio:.2f}x)" if ratio else "")
+            best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({times(ratio)})" if ratio else "")
         tag = " (baseline)" if done.role == "baseline" else ""
         if self._trials_began is None:  # the pace leaves out the start-up and the reference
             self._trials_began = max(0.0, elapsed_s - float(done.metrics.get("wall_s") or 0.0))
@@ -209,7 +209,7 @@ class SearchReporter:
                 label,
                 *values,
                 rate(t.throughput),
-                f"{ratio:.2f}x" if ratio else "-",
+                times(ratio),
                 percent(t.metrics.get("drift")),
                 percent(t.metrics.get("throughput_spread"), 1),
                 processes(t),
@@ -228,7 +228,7 @@ class SearchReporter:
         else:
             b = summary.best
             ratio = speedup(b, base)
-            versus = f", {ratio:.2f}x the baseline" if ratio else ""
+            versus = f", {times(ratio)} the baseline" if ratio else ""
             self.console.print(
                 f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{versus}"
             )
