@@ -1,4 +1,4 @@
-"""One command on one GPU: the GPU benchmarks of issue 18, each part within 9 minutes on one H100.
+"""One command on one GPU: the GPU benchmarks, each part within 9 minutes on one H100.
 
     python benchmarks/gpu.py [--part study|apply|alternatives|jax|all] [--device cuda:0] [--tiny] [--out DIR]
 
@@ -12,9 +12,10 @@ may stop a command at 10 minutes):
 * `apply`: `autotuner apply` of that study's winner (`runs/gpu-gpt/best.yaml` in the work
   folder: run `study` first, with the same `--work`), the baseline run after it: the speedup
   delivered against the export's (the promise: within 5%). Writes `gpu-apply.json`.
-* `alternatives`: benchmark b (`benchmarks/alternatives.py`: baseline, rule of thumb, the
-  Lightning and Accelerate batch-size finders, tuned) on `gpt` (the `study` part's study when the
-  work folder holds it: its search resumes and stops at once) and `cnn` (`studies/gpu-cnn.yaml`).
+* `alternatives`: the tuned config against the alternatives (`benchmarks/alternatives.py`:
+  baseline, rule of thumb, the Lightning and Accelerate batch-size finders, tuned) on `gpt` (the
+  `study` part's study when the work folder holds it: its search resumes and stops at once) and
+  `cnn` (`studies/gpu-cnn.yaml`).
   `--workload gpt` or `--workload cnn` runs one (the other's finished entry in the file is kept).
   Writes `gpu-alternatives.json`.
 * `jax`: `autotuner search` of `studies/gpu-gpt-jax.yaml` (the JAX twin of the GPT, the full `jax`
@@ -135,7 +136,8 @@ TINY_BUDGET = {"trials": 3, "remeasure_top": 0}
 TINY_GLOBAL_BATCH, TINY_BASELINE_BATCH = 16, 4
 
 TARGETS = {"speedup": 3.0, "speedup_stretch": 5.0, "mfu": 0.45, "mfu_stretch": 0.50, "promise": 0.05}
-"""Issue 18, acceptance 4, on one H100: tuned over baseline on gpt, tuned gpt MFU, the promise."""
+"""What the GPU run is to reach on one H100: the tuned gpt's speedup over its baseline (and the
+stretch), the tuned gpt's MFU (and the stretch), and `autotuner apply` within 5% of the export's speedup."""
 
 
 class PartError(Exception):
@@ -404,7 +406,7 @@ def part_study(ctx: Context, result: dict[str, Any]) -> None:
     fresh_study(ctx.work, data["name"])
     result["commands"].append(run_command(ctx.search(spec), ctx.work, ctx.until(), ctx.work / "logs" / "study.log"))
     result.update(study_summary(ctx.work, data["name"], energy))
-    result["targets"] = {  # acceptance 4's, for one H100
+    result["targets"] = {  # TARGETS, for one H100
         name: {"bar": bar, "stretch": stretch, "value": value, "met": None if value is None else value >= bar}
         for name, bar, stretch, value in (
             ("speedup", TARGETS["speedup"], TARGETS["speedup_stretch"], result["speedup"]),

@@ -373,8 +373,8 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
 GPU_PARTS = ("study", "apply", "alternatives", "jax")
 """benchmarks/gpu.py's parts, each writing results/gpu-<part>.json."""
 GPU_TARGETS = {"speedup": (3.0, 5.0), "mfu": (0.45, 0.50), "promise": 0.05}
-"""Issue 18, acceptance 4, on one H100: tuned over baseline on gpt >= 3x (stretch 5x), the tuned
-gpt's MFU >= 45% (stretch 50%), the promise within 5% (as benchmarks/gpu.py's TARGETS)."""
+"""What the GPU run is to reach on one H100: tuned over baseline on gpt >= 3x (stretch 5x), the
+tuned gpt's MFU >= 45% (stretch 50%), the promise within 5% (as benchmarks/gpu.py's TARGETS)."""
 
 
 def _met(value: float | None, bar: float, stretch: float | None = None) -> str:
@@ -529,7 +529,7 @@ def _gpu_apply(data: dict[str, Any]) -> list[str]:
 
 
 def _gpu_alternatives(data: dict[str, Any]) -> list[str]:
-    lines = _gpu_heading(data, "Benchmark b: the tuned config against the alternatives")
+    lines = _gpu_heading(data, "The tuned config against the alternatives")
     done = {name: w for name, w in (data.get("workloads") or {}).items() if not w.get("error")}
     if done:
         tables = alternatives({**data, "workloads": done, "machine": data.get("machine") or "-"})
@@ -552,7 +552,7 @@ def gpu(results: dict[str, dict[str, Any]]) -> list[str]:
         "### On one GPU: `python benchmarks/gpu.py`",
         "",
         "Each part is one command (see **GPU** above), its figures read from the study's storage "
-        "(`results/gpu-<part>.json`). The targets are issue 18's, for one H100.",
+        "(`results/gpu-<part>.json`). The targets are for one H100.",
         "",
     ]
     if data := results.get("study"):

@@ -1,4 +1,4 @@
-"""Real CUDA studies end to end (issue 18): `autotuner search` through the CLI on cuda:0, every
+"""Real CUDA studies end to end: `autotuner search` through the CLI on cuda:0, every
 trial a process from the fork server, read back from the storage as the dashboard reads it.
 
 What they prove on a GPU: every precision (bf16, fp16 with its GradScaler, tf32) and every
