@@ -35,29 +35,7 @@ CPU end to end (tests/test_gpu_benchmark.py runs it so it cannot rot): configs a
 and the json says so, and the rule of thumb leaves `torch.compile` out (a CPU compile costs more
 than the rest of the dry run).
 
-On a GPU machine without network (benchmarks/README.md, section "GPU", has the details):
-autotuner must be installed there (its backends import as `autotuner.backends` through the
-install), next to the machine's CUDA torch. Carry the wheels of the dependencies the machine lacks
-(`python -m pip list` there says which): on a machine with network, for the GPU machine's Python
-(3.12 here) and platform,
-
-    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
-        --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 -d .whl NAME==VERSION ...
-
-for autotuner's dependencies and what they pull in (optuna, optuna-dashboard, alembic, Mako,
-MarkupSafe, colorlog, tqdm, sqlalchemy, pyyaml, pydantic, pydantic-core, annotated-types,
-typing-inspection, typing-extensions, rich, markdown-it-py, mdurl, pygments, plotly, narwhals,
-packaging, bottle, numpy, nvidia-ml-py; the versions of a working install: `pip freeze`), and for
-the `jax` part jax, jaxlib, ml-dtypes, opt-einsum, scipy, optax, absl-py, jax-cuda12-plugin,
-jax-cuda12-pjrt and the nvidia-*-cu12 libraries torch's install lacks. Then, on the GPU machine:
-
-    pip install --no-index --no-deps .whl/*.whl
-    pip install --no-index --no-deps --no-build-isolation -e .   # setuptools>=68 must be there
-    python benchmarks/gpu.py --part study
-    python benchmarks/gpu.py --part apply
-    python benchmarks/gpu.py --part alternatives
-    python benchmarks/gpu.py --part jax
-    python benchmarks/tables.py
+Installing autotuner and the GPU packages on a GPU machine: benchmarks/README.md, "Installing on a GPU machine".
 """
 
 from __future__ import annotations
@@ -628,7 +606,7 @@ def check_device(ctx: Context, part: str) -> None:
     env = _env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        framework = "jax (a CUDA jaxlib: pip install 'jax[cuda12]')" if part == "jax" else "torch"
+        framework = "jax (a CUDA jaxlib: pip install 'jax[cuda13]')" if part == "jax" else "torch"
         raise PartError(
             f"{framework} sees no GPU here; the full sizes are for a GPU (`--device cpu --tiny` is the CPU dry run): "
             + (done.stderr.strip().splitlines() or [""])[-1][:300]
