@@ -25,7 +25,7 @@ compute-bound and a memory-bound matmul, since a shared VM's memory bandwidth ca
 compute holds.
 Writes benchmarks/results/fidelity.json.
 
-Target (issue 6): two trials of one config differ by at most 3% in median throughput on the
+Target: two trials of one config differ by at most 3% in median throughput on the
 quickstart.
 """
 

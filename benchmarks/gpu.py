@@ -1,4 +1,4 @@
-"""One command on one GPU: the GPU benchmarks of issue 18, each part within 9 minutes on one H100.
+"""One command on one GPU: the GPU benchmarks, each part within 9 minutes on one H100.
 
     python benchmarks/gpu.py [--part study|apply|alternatives|jax|all] [--device cuda:0] [--tiny] [--out DIR]
 
@@ -12,9 +12,10 @@ may stop a command at 10 minutes):
 * `apply`: `autotuner apply` of that study's winner (`runs/gpu-gpt/best.yaml` in the work
   folder: run `study` first, with the same `--work`), the baseline run after it: the speedup
   delivered against the export's (the promise: within 5%). Writes `gpu-apply.json`.
-* `alternatives`: benchmark b (`benchmarks/alternatives.py`: baseline, rule of thumb, the
-  Lightning and Accelerate batch-size finders, tuned) on `gpt` (the `study` part's study when the
-  work folder holds it: its search resumes and stops at once) and `cnn` (`studies/gpu-cnn.yaml`).
+* `alternatives`: the tuned config against the alternatives (`benchmarks/alternatives.py`:
+  baseline, rule of thumb, the Lightning and Accelerate batch-size finders, tuned) on `gpt` (the
+  `study` part's study when the work folder holds it: its search resumes and stops at once) and
+  `cnn` (`studies/gpu-cnn.yaml`).
   `--workload gpt` or `--workload cnn` runs one (the other's finished entry in the file is kept).
   Writes `gpu-alternatives.json`.
 * `jax`: `autotuner search` of `studies/gpu-gpt-jax.yaml` (the JAX twin of the GPT, the full `jax`
@@ -34,29 +35,7 @@ CPU end to end (tests/test_gpu_benchmark.py runs it so it cannot rot): configs a
 and the json says so, and the rule of thumb leaves `torch.compile` out (a CPU compile costs more
 than the rest of the dry run).
 
-On a GPU machine without network (benchmarks/README.md, section "GPU", has the details):
-autotuner must be installed there (its backends import as `autotuner.backends` through the
-install), next to the machine's CUDA torch. Carry the wheels of the dependencies the machine lacks
-(`python -m pip list` there says which): on a machine with network, for the GPU machine's Python
-(3.12 here) and platform,
-
-    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \\
-        --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 -d .whl NAME==VERSION ...
-
-for autotuner's dependencies and what they pull in (optuna, optuna-dashboard, alembic, Mako,
-MarkupSafe, colorlog, tqdm, sqlalchemy, pyyaml, pydantic, pydantic-core, annotated-types,
-typing-inspection, typing-extensions, rich, markdown-it-py, mdurl, pygments, plotly, narwhals,
-packaging, bottle, numpy, nvidia-ml-py; the versions of a working install: `pip freeze`), and for
-the `jax` part jax, jaxlib, ml-dtypes, opt-einsum, scipy, optax, absl-py, jax-cuda12-plugin,
-jax-cuda12-pjrt and the nvidia-*-cu12 libraries torch's install lacks. Then, on the GPU machine:
-
-    pip install --no-index --no-deps .whl/*.whl
-    pip install --no-index --no-deps --no-build-isolation -e .   # setuptools>=68 must be there
-    python benchmarks/gpu.py --part study
-    python benchmarks/gpu.py --part apply
-    python benchmarks/gpu.py --part alternatives
-    python benchmarks/gpu.py --part jax
-    python benchmarks/tables.py
+Installing autotuner and the GPU packages on a GPU machine: benchmarks/README.md, "Installing on a GPU machine".
 """
 
 from __future__ import annotations
@@ -87,6 +66,7 @@ import optuna
 import yaml
 from _harness import RESULTS, machine, write_results
 
+from autotuner.output.formatting import percent, times
 from autotuner.results.records import baseline, best, records, speedup, stored_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +114,8 @@ TINY_BUDGET = {"trials": 3, "remeasure_top": 0}
 TINY_GLOBAL_BATCH, TINY_BASELINE_BATCH = 16, 4
 
 TARGETS = {"speedup": 3.0, "speedup_stretch": 5.0, "mfu": 0.45, "mfu_stretch": 0.50, "promise": 0.05}
-"""Issue 18, acceptance 4, on one H100: tuned over baseline on gpt, tuned gpt MFU, the promise."""
+"""What the GPU run is to reach on one H100: the tuned gpt's speedup over its baseline (and the
+stretch), the tuned gpt's MFU (and the stretch), and `autotuner apply` within 5% of the export's speedup."""
 
 
 class PartError(Exception):
@@ -403,7 +384,7 @@ def part_study(ctx: Context, result: dict[str, Any]) -> None:
     fresh_study(ctx.work, data["name"])
     result["commands"].append(run_command(ctx.search(spec), ctx.work, ctx.until(), ctx.work / "logs" / "study.log"))
     result.update(study_summary(ctx.work, data["name"], energy))
-    result["targets"] = {  # acceptance 4's, for one H100
+    result["targets"] = {  # TARGETS, for one H100
         name: {"bar": bar, "stretch": stretch, "value": value, "met": None if value is None else value >= bar}
         for name, bar, stretch, value in (
             ("speedup", TARGETS["speedup"], TARGETS["speedup_stretch"], result["speedup"]),
@@ -625,7 +606,7 @@ def check_device(ctx: Context, part: str) -> None:
     env = _env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        framework = "jax (a CUDA jaxlib: pip install 'jax[cuda12]')" if part == "jax" else "torch"
+        framework = "jax (a CUDA jaxlib: pip install 'jax[cuda13]')" if part == "jax" else "torch"
         raise PartError(
             f"{framework} sees no GPU here; the full sizes are for a GPU (`--device cpu --tiny` is the CPU dry run): "
             + (done.stderr.strip().splitlines() or [""])[-1][:300]
@@ -690,14 +671,6 @@ def run_part(ctx: Context, part: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ the summary
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
 def summary_line(result: dict[str, Any]) -> str:
     part = result["part"]
     head = f"{part:<12} {result['status']:<10} {result.get('wall_s', 0):6.0f} s  {result.get('machine') or '-'}"
@@ -705,22 +678,23 @@ def summary_line(result: dict[str, Any]) -> str:
         best_ = result.get("best") or {}
         energy = (result.get("energy") or {}).get("best_j_per_sample")
         return (
-            f"{head}\n{'':<12} tuned over baseline {_x(result.get('speedup'))}, MFU {_pct(result.get('mfu'))}, "
+            f"{head}\n{'':<12} tuned over baseline {times(result.get('speedup'))}, "
+            f"MFU {percent(result.get('mfu'), 1)}, "
             f"{result.get('trials_ran', 0)} trials, best {best_.get('config')}"
             + (f", {energy:.3g} J/sample" if energy else "")
         )
     if part == "apply":
         promise = result.get("promise") or {}
         return (
-            f"{head}\n{'':<12} delivered {_x(promise.get('speedup_delivered'))} of the export's "
-            f"{_x(promise.get('export_speedup'))}: ratio {promise.get('ratio', float('nan')):.3f}"
+            f"{head}\n{'':<12} delivered {times(promise.get('speedup_delivered'))} of the export's "
+            f"{times(promise.get('export_speedup'))}: ratio {promise.get('ratio', float('nan')):.3f}"
         )
     rows = []
     for name, w in (result.get("workloads") or {}).items():
         if w.get("error"):
             rows.append(f"{'':<12} {name}: error: {w['error'].splitlines()[0][:100]}")
             continue
-        ratios = ", ".join(f"{label} {_x(row.get('over_baseline'))}" for label, row in w["configs"].items())
+        ratios = ", ".join(f"{label} {times(row.get('over_baseline'))}" for label, row in w["configs"].items())
         rows.append(f"{'':<12} {name}: {ratios}")
     return "\n".join([head, *rows])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from _harness import RESULTS
 
 from autotuner.backends import BACKENDS  # noqa: F401  (defines every backend's knobs, quiet ones included)
 from autotuner.config.knobs import QUIET
+from autotuner.output.formatting import percent, rate, times
 
 README = Path(__file__).parent / "README.md"
 START = "<!-- results: written by python benchmarks/tables.py from benchmarks/results/; do not edit by hand -->"
@@ -31,21 +31,6 @@ END = "<!-- results end -->"
 def _load(name: str, folder: Path = RESULTS) -> dict[str, Any] | None:
     path = folder / name
     return json.loads(path.read_text()) if path.exists() else None
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}/s"
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _drift(value: float | str | None) -> str:
-    if value is None:
-        return "-"
-    value = float(value)
-    return "inf" if math.isinf(value) else f"{value:.3%}"
 
 
 def _seconds(value: float) -> str:
@@ -94,8 +79,8 @@ def search_efficiency(data: dict[str, Any]) -> list[str]:
             f"**{name}** (`{grid['spec']}`: {grid['grid_configs']} configs, {grid['grid_configs_run']} run; "
             f"recorded on {grid['machine']}, load average {grid['load_1m_median']:.1f} (median over its trials), "
             f"each config the median of {grid['repeats']} sweep(s), in {_seconds(grid['record_wall_s'])}). "
-            f"Best: {_config(best['config'])}, {_rate(best['throughput'])}, "
-            f"{_ratio(grid['best_over_baseline'])} the baseline, drift {_drift(best['drift'])}. Configs at "
+            f"Best: {_config(best['config'])}, {rate(best['throughput'])}, "
+            f"{times(grid['best_over_baseline'])} the baseline, drift {percent(best['drift'])}. Configs at "
             f"{data['target']:.0%} of it: {grid['configs_at_bar']}; at {grid['close_bar_share']:.0%}: "
             f"{grid['configs_at_close_bar']}. Random search's expected count: {grid['random_expected_trials']:.1f}; "
             f"the budget: {grid['budget_trials']:.1f} trials.",
@@ -136,8 +121,8 @@ def alternatives(data: dict[str, Any]) -> list[str]:
     for name, w in data["workloads"].items():
         for label, row in w["configs"].items():
             lines.append(
-                f"| {name} | {label} | {_config(row['config'])} | {_rate(row['throughput'])} | "
-                f"{_ratio(row['over_baseline'])} | {_drift(row['drift'])} | {_yes(row['feasible'])} | "
+                f"| {name} | {label} | {_config(row['config'])} | {rate(row['throughput'])} | "
+                f"{times(row['over_baseline'])} | {percent(row['drift'])} | {_yes(row['feasible'])} | "
                 f"{_seconds(row['warmups_s'][0])} |"
             )
     lines += [
@@ -153,7 +138,7 @@ def alternatives(data: dict[str, Any]) -> list[str]:
         )
         lines.append(
             f"| {name} | {_seconds(s['wall_s'])} | {s['trials_ran']} ({s['space_size']}) | "
-            f"{_ratio(s['speedup_in_study'])} | {finders} | {'yes' if f['any_oom'] else 'no'} |"
+            f"{times(s['speedup_in_study'])} | {finders} | {'yes' if f['any_oom'] else 'no'} |"
         )
     return [*lines, ""]
 
@@ -177,14 +162,14 @@ def overhead(data: dict[str, Any]) -> list[str]:
         ),
         (
             "search wall time over the trials' measured windows (re-measurement runs in the wall time only)",
-            _ratio(study["wall_over_measured_windows"]),
+            times(study["wall_over_measured_windows"]),
         ),
         *(
             [
                 (
                     "re-measurement's measured windows / the search wall time over every measured window "
                     "(the trials' and re-measurement's)",
-                    f"{_seconds(study['remeasured_windows_s'])} / {_ratio(study['wall_over_all_measured_windows'])}",
+                    f"{_seconds(study['remeasured_windows_s'])} / {times(study['wall_over_all_measured_windows'])}",
                 )
             ]
             if study.get("remeasured_windows_s") is not None
@@ -236,7 +221,7 @@ def run_length(data: dict[str, Any]) -> list[str]:
         f"On {data['machine']}{_load_note(data)} (`results/run_length.json`): one study of the built-in GPT "
         f"({args}; global batch {data['global_batch']}, fp32) with `compile: none` (the baseline) and "
         f"`compile: {mode}`, both re-measured in lockstep, ranked for runs of each length as `run: {{steps: N}}` "
-        f"ranks them. Compiled steps are {_ratio(data['compiled_speedup_per_step'])} as fast; the compile costs "
+        f"ranks them. Compiled steps are {times(data['compiled_speedup_per_step'])} as fast; the compile costs "
         f"{_seconds(data['extra_warmup_s'])} more warm-up (cold cache), so the break-even run is "
         f"{data['break_even_steps']:,.0f} optimizer steps.",
         "",
@@ -271,11 +256,11 @@ def _overhead_before(data: dict[str, Any]) -> list[str]:
         ("search wall time", lambda s: _seconds(s["search_wall_s"])),
         ("sum of the trials' wall time", lambda s: _seconds(s["trials_wall_s"])),
         ("sum of their measured windows", lambda s: _seconds(s["measured_windows_s"])),
-        ("search wall time over the trials' measured windows", lambda s: _ratio(s["wall_over_measured_windows"])),
+        ("search wall time over the trials' measured windows", lambda s: times(s["wall_over_measured_windows"])),
         ("re-measurement's measured windows", lambda s: _unless_none(_seconds, s.get("remeasured_windows_s"))),
         (
             "search wall time over every measured window (trials' and re-measurement's)",
-            lambda s: _unless_none(_ratio, s.get("wall_over_all_measured_windows")),
+            lambda s: _unless_none(times, s.get("wall_over_all_measured_windows")),
         ),
         (
             "before the first trial / after the last",
@@ -287,7 +272,7 @@ def _overhead_before(data: dict[str, Any]) -> list[str]:
         f"The same study by autotuner as of `{data['before']['revision']}` and as of "
         f"`{data.get('revision', 'the commit of the file')}`, alternately "
         f"(`--before {data['before']['revision']}`): the search's wall time now is "
-        f"{data['search_wall_now_over_before']:.2f}x what it was (median over the pairs).",
+        f"{times(data['search_wall_now_over_before'])} what it was (median over the pairs).",
         "",
         f"| figure | {header} |",
         "| --- |" + " --- |" * (2 * len(pairs)),
@@ -301,8 +286,8 @@ def _unless_none(show: Callable[[float], str], value: float | None) -> str:
 
 
 def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[str]:
-    def rate(config: str, value: float) -> str:
-        return f"{value:,.0f} matmuls/s" if config.startswith("machine floor") else _rate(value)
+    def throughput(config: str, value: float) -> str:
+        return f"{value:,.0f} matmuls/s" if config.startswith("machine floor") else rate(value)
 
     lines = [
         "### Measurement fidelity: `python benchmarks/fidelity.py`, and the promise: `python benchmarks/quickstart.py`",
@@ -326,19 +311,19 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
     ]
     for mode, measured in data["modes"].items():
         label = mode
-        speedups = ", ".join(f"{s:.2f}x" for s in measured["speedup_runs"])
+        speedups = ", ".join(times(s) for s in measured["speedup_runs"])
         moved = f"{measured['speedup_gap']['median']:.1%} ({measured['speedup_gap_max']:.1%})"
         for config, summary in measured["configs"].items():
             gap = summary["trial_gap"]
             lines.append(
-                f"| {label} | {config} | {rate(config, statistics.median(summary['throughputs']))} | "
+                f"| {label} | {config} | {throughput(config, statistics.median(summary['throughputs']))} | "
                 f"{gap['median']:.1%} ({summary['trial_gap_max']:.1%}) | {summary['spread_all_runs']:.1%} | "
                 f"{speedups} | {moved} | {measured['steal_share']:.1%} |"
             )
             label = speedups = moved = ""
     if quickstart and quickstart.get("apply") and quickstart["apply"].get("promise_ratios"):
         apply = quickstart["apply"]
-        delivered = ", ".join(f"{s:.2f}x" for s in apply["speedups_delivered"])
+        delivered = ", ".join(times(s) for s in apply["speedups_delivered"])
         ratios = ", ".join(f"{r:.3f}" for r in apply["promise_ratios"])
         ran = apply.get("steps_run") or [apply["steps"]]
         steps = f"{min(ran):,}-{max(ran):,}" if min(ran) != max(ran) else f"{ran[0]:,}"
@@ -346,13 +331,13 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
         lines += [
             "",
             f"The promise (`results/quickstart.json`, key `apply`): best.yaml says "
-            f"{_ratio(apply['export_speedup'])}; `autotuner apply` (at least {apply['steps']} steps, {steps} once "
+            f"{times(apply['export_speedup'])}; `autotuner apply` (at least {apply['steps']} steps, {steps} once "
             f"its windows were lengthened, the baseline in lockstep with it over as many steps in windows of its own "
             f"length) delivered {delivered}: ratios {ratios}, {apply['promise_within_5_percent']} of "
             f"{len(apply['promise_ratios'])} within 5%."
             + (
                 " The same two configs measured the study's way right before each apply (the speedup now): "
-                + ", ".join(_ratio(n) for n in apply["speedups_now"] if n)
+                + ", ".join(times(n) for n in apply["speedups_now"] if n)
                 + "; apply over now "
                 + ", ".join(f"{r:.3f}" for r in apply["apply_over_now"] if r)
                 + " (how far apply measures from the study's way), now over the export "
@@ -388,12 +373,8 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
 GPU_PARTS = ("study", "apply", "alternatives", "jax")
 """benchmarks/gpu.py's parts, each writing results/gpu-<part>.json."""
 GPU_TARGETS = {"speedup": (3.0, 5.0), "mfu": (0.45, 0.50), "promise": 0.05}
-"""Issue 18, acceptance 4, on one H100: tuned over baseline on gpt >= 3x (stretch 5x), the tuned
-gpt's MFU >= 45% (stretch 50%), the promise within 5% (as benchmarks/gpu.py's TARGETS)."""
-
-
-def _percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+"""What the GPU run is to reach on one H100: tuned over baseline on gpt >= 3x (stretch 5x), the
+tuned gpt's MFU >= 45% (stretch 50%), the promise within 5% (as benchmarks/gpu.py's TARGETS)."""
 
 
 def _met(value: float | None, bar: float, stretch: float | None = None) -> str:
@@ -451,28 +432,28 @@ def _gpu_study(data: dict[str, Any], title: str, targets: bool) -> list[str]:
         ("search", f"{_seconds(search.get('wall_s') or 0.0)}, {data.get('trials_ran', 0)} trials ({outcomes})", "", ""),
         (
             "baseline",
-            f"{_gpu_knobs(base.get('config'))}: {_rate(base.get('throughput'))}"
+            f"{_gpu_knobs(base.get('config'))}: {rate(base.get('throughput'))}"
             + (f" ({base['tokens_per_s']:,.0f} tokens/s)" if base.get("tokens_per_s") else ""),
             "",
             "",
         ),
         (
             "tuned",
-            f"{_gpu_knobs(tuned.get('config'))}: {_rate(tuned.get('throughput'))}"
+            f"{_gpu_knobs(tuned.get('config'))}: {rate(tuned.get('throughput'))}"
             + (f" ({tuned['tokens_per_s']:,.0f} tokens/s)" if tuned.get("tokens_per_s") else "")
-            + f", drift {_drift(tuned.get('drift'))}",
+            + f", drift {percent(tuned.get('drift'))}",
             "",
             "",
         ),
         (
             "tuned over baseline",
-            _ratio(data.get("speedup")),
+            times(data.get("speedup")),
             f">= {bar:g}x (stretch {stretch:g}x)" if targets else "",
             _met(data.get("speedup"), bar, stretch) if targets else "",
         ),
         (
             "tuned MFU",
-            _percent(data.get("mfu")),
+            percent(data.get("mfu"), 1),
             f">= {mfu_bar:.0%} (stretch {mfu_stretch:.0%})" if targets else "",
             _met(data.get("mfu"), mfu_bar, mfu_stretch) if targets else "",
         ),
@@ -495,11 +476,11 @@ def _gpu_study(data: dict[str, Any], title: str, targets: bool) -> list[str]:
     ]
     for t in data.get("trials") or []:
         reason = (t.get("reason") or "").replace("|", "/").splitlines()[0][:120] if t.get("reason") else ""
-        rate = _rate(t.get("throughput")) if t["outcome"] == "ok" else "-"
+        measured = rate(t.get("throughput")) if t["outcome"] == "ok" else "-"
         warmup = _seconds(t["warmup_s"]) if t.get("warmup_s") else "-"
         lines.append(
             f"| #{t['trial']}{' (baseline)' if t.get('role') == 'baseline' else ''} | {_gpu_knobs(t.get('config'))} | "
-            f"{t['outcome']} | {rate} | {_percent(t.get('mfu'))} | {_joules(t.get('energy_j_per_sample'))} | "
+            f"{t['outcome']} | {measured} | {percent(t.get('mfu'), 1)} | {_joules(t.get('energy_j_per_sample'))} | "
             f"{warmup} | {reason} |"
         )
     return [*lines, ""]
@@ -512,10 +493,10 @@ def _gpu_apply(data: dict[str, Any]) -> list[str]:
     within = None if ratio is None else abs(ratio - 1)
     target = GPU_TARGETS["promise"]
     rows = [
-        ("the export's speedup (best.yaml)", _ratio(promise.get("export_speedup")), "", ""),
+        ("the export's speedup (best.yaml)", times(promise.get("export_speedup")), "", ""),
         (
             "delivered by `autotuner apply` (the export's baseline run as many optimizer steps)",
-            _ratio(promise.get("speedup_delivered")),
+            times(promise.get("speedup_delivered")),
             "",
             "",
         ),
@@ -527,7 +508,7 @@ def _gpu_apply(data: dict[str, Any]) -> list[str]:
         ),
         (
             "the config's throughput here / in the study",
-            f"{_rate(applied.get('throughput_here'))} / {_rate(applied.get('throughput_study'))}",
+            f"{rate(applied.get('throughput_here'))} / {rate(applied.get('throughput_study'))}",
             "",
             "",
         ),
@@ -548,7 +529,7 @@ def _gpu_apply(data: dict[str, Any]) -> list[str]:
 
 
 def _gpu_alternatives(data: dict[str, Any]) -> list[str]:
-    lines = _gpu_heading(data, "Benchmark b: the tuned config against the alternatives")
+    lines = _gpu_heading(data, "The tuned config against the alternatives")
     done = {name: w for name, w in (data.get("workloads") or {}).items() if not w.get("error")}
     if done:
         tables = alternatives({**data, "workloads": done, "machine": data.get("machine") or "-"})
@@ -571,7 +552,7 @@ def gpu(results: dict[str, dict[str, Any]]) -> list[str]:
         "### On one GPU: `python benchmarks/gpu.py`",
         "",
         "Each part is one command (see **GPU** above), its figures read from the study's storage "
-        "(`results/gpu-<part>.json`). The targets are issue 18's, for one H100.",
+        "(`results/gpu-<part>.json`). The targets are for one H100.",
         "",
     ]
     if data := results.get("study"):

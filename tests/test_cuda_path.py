@@ -1,8 +1,8 @@
-"""The CUDA path's fixes, proven on the CPU: what a GPU would do is driven through the same code
-with real exception types, mocked device properties and flags recorded by the workload.
+"""The CUDA path, checked on the CPU: what a GPU would do is driven through the same code with
+real exception types, mocked device properties and flags recorded by the workload.
 
-Each test names the finding of the GPU-readiness review it proves (the NVML and MFU findings are
-tested in tests/test_telemetry.py and tests/test_hardware.py, JAX's in tests/test_jax_gpu_env.py).
+NVML and MFU are tested in tests/test_telemetry.py and tests/test_hardware.py, a JAX trial on a
+GPU machine in tests/test_jax_gpu_env.py.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from autotuner.cli import build_parser
@@ -90,6 +91,42 @@ def test_the_benchmark_page_holds_the_generated_tables(site: Path) -> None:
     html = page(site, "benchmarks")
     for heading in headings:
         assert re.sub(r"`([^`]*)`", r"<code>\1</code>", heading) in html
+
+
+def _nav_pages() -> dict[str, list[str]]:
+    """The pages of the MkDocs nav by group ("" for the top level), the home page left out: it is
+    the page docs/index.md's list is on, and the README is its counterpart in the repository."""
+    groups: dict[str, list[str]] = {"": []}
+    for entry in yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]:
+        ((title, target),) = entry.items()
+        if isinstance(target, list):
+            groups[title] = [page for item in target for page in item.values()]
+        elif target != "index.md":
+            groups[""].append(target)
+    return groups
+
+
+def _listed_pages(page: Path, heading: str, prefix: str) -> dict[str, list[str]]:
+    """The pages the list under `heading` in `page` links, by the group a bullet starts with
+    (`Guides:` or `**Guides**:`; "" for a bullet that names none), as paths under docs/."""
+    text = page.read_text()
+    match = re.search(rf"^## {heading}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert match is not None, f"{page.name} has no section {heading!r}"
+    groups: dict[str, list[str]] = {"": []}
+    for bullet in re.split(r"^- ", match.group(1), flags=re.M)[1:]:
+        label = re.match(r"\**(\w+)\**:", bullet)
+        links = re.findall(r"\]\(([^)#\s]+)", bullet)
+        # the README links the benchmarks' own README, which the site's benchmarks page is built from
+        pages = ["benchmarks.md" if link == "benchmarks/README.md" else link.removeprefix(prefix) for link in links]
+        groups.setdefault(label.group(1) if label else "", []).extend(pages)
+    return groups
+
+
+def test_the_readme_and_the_home_page_list_the_pages_of_the_nav_in_its_groups() -> None:
+    nav = _nav_pages()
+    assert {"Guides", "Concepts", "Reference"} <= set(nav) and "concepts/run-time.md" in nav["Concepts"]
+    assert _listed_pages(ROOT / "README.md", "Documentation", "docs/") == nav
+    assert _listed_pages(ROOT / "docs" / "index.md", "Where to go next", "") == nav
 
 
 def _imports(code: str) -> list[tuple[str, list[str]]]:

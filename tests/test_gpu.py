@@ -1,4 +1,4 @@
-"""Real CUDA studies end to end (issue 18): `autotuner search` through the CLI on cuda:0, every
+"""Real CUDA studies end to end: `autotuner search` through the CLI on cuda:0, every
 trial a process from the fork server, read back from the storage as the dashboard reads it.
 
 What they prove on a GPU: every precision (bf16, fp16 with its GradScaler, tf32) and every
@@ -273,7 +273,7 @@ def _jax_sees_a_gpu() -> bool:
 
 def test_a_jax_study_runs_on_the_gpu(tmp_path: Path) -> None:
     if not _jax_sees_a_gpu():
-        pytest.skip("JAX has no GPU backend here (a CUDA jaxlib is `pip install 'jax[cuda12]'`)")
+        pytest.skip("JAX has no GPU backend here (a CUDA jaxlib is `pip install 'jax[cuda13]'`)")
     space = {"precision": ["fp32", "tf32", "bf16"], "batch_size": [MICRO_BATCH], "workers": [0], "jit": ["off", "on"]}
     held = {"remat": ["none"], "donate": ["off"], "xla_flags": ["default"]}  # the jax preset would search them
     spec = write_spec(

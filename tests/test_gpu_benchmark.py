@@ -1,7 +1,7 @@
-"""benchmarks/gpu.py (the GPU benchmark of issue 18) run dry on the CPU, so it cannot rot where no
-GPU is: `--device cpu --tiny` runs every part end to end (the real CLI, the alternatives harness,
-the JAX study) and writes its result files, and benchmarks/tables.py renders them. Not a `gpu`
-test: it runs in CI (about a minute on two cores).
+"""benchmarks/gpu.py (the GPU benchmark) run dry on the CPU, so it cannot rot where no GPU is:
+`--device cpu --tiny` runs every part end to end (the real CLI, the alternatives harness, the JAX
+study) and writes its result files, and benchmarks/tables.py renders them. Not a `gpu` test: it
+runs in CI (about a minute on two cores).
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ def test_tables_render_the_gpu_results(dry_run: tuple[Path, Any], tmp_path: Path
     assert study["machine"] in section and "A `--tiny` dry run" in section
     assert f"| tuned over baseline | {study['speedup']:.2f}x | >= 3x (stretch 5x) |" in section
     assert f"| the promise: delivered over the export's | {apply['promise']['ratio']:.3f} | within 5% |" in section
-    for heading in ("The gpt study", "`autotuner apply`", "Benchmark b", "The JAX gpt study"):
+    headings = ("The gpt study", "`autotuner apply`", "The tuned config against the alternatives", "The JAX gpt study")
+    for heading in headings:
         assert f"#### {heading}" in section, heading
     for name in ("gpt", "cnn"):
         assert f"| {name} | rule of thumb |" in section

@@ -1,4 +1,4 @@
-"""A JAX trial process on a GPU machine (issue 18, finding 2), checked where no GPU is: what
+"""A JAX trial process on a GPU machine, checked where no GPU is: what
 `autotuner.backends.jax.apply.configure_process` sets before the backend starts (and that it leaves a started
 one alone), that `TunedTraining` and a trial keep every array on their device (two host devices
 stand in for two GPUs, with JAX's device-to-device transfer guard on, so an array made on the other

@@ -1,4 +1,4 @@
-"""The JAX backend's own knobs beyond jit (issue 23, point 2): `remat`, `donate` and `xla_flags`.
+"""The JAX backend's own knobs beyond jit: `remat`, `donate` and `xla_flags`.
 
 What each value does in `TunedTraining` (remat recomputes without changing the loss or the
 gradients, donation leaves the loop and the caller's arrays working, a flag bundle reaches the

@@ -191,7 +191,7 @@ def test_each_turn_begins_with_one_unmeasured_step() -> None:
 
 
 def test_what_is_no_turn_stops_the_trial_with_an_error_saying_what_came() -> None:
-    turns = Turns(lambda report: None, lambda: {"run": 2})  # the form a turn had before it was typed
+    turns = Turns(lambda report: None, lambda: {"run": 2})  # a bare dict, not a turn
     with pytest.raises(TypeError, match=r"the launcher sent \{'run': 2\} where a turn was due"):
         measure_throughput(
             WindowTimer(lambda: None, lambda: None),

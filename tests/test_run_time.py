@@ -73,7 +73,7 @@ def test_a_short_run_picks_the_config_that_compiles_nothing_a_long_one_the_compi
     short, long = RunPlan(GLOBAL_BATCH, steps=1000), RunPlan(GLOBAL_BATCH, steps=1400)
     assert [t.number for t in ranked(TRIALS, short)] == [2, 1, 0]
     assert [t.number for t in ranked(TRIALS, long)] == [1, 2, 0]
-    # without a run length, by throughput (speedup over the baseline) as before
+    # without a run length, by throughput (speedup over the baseline)
     assert [t.number for t in ranked(TRIALS)] == [1, 2, 0]
     assert best(TRIALS, RunPlan(GLOBAL_BATCH, per_hour=3.0)) is COMPILED  # a price alone ranks nothing
 

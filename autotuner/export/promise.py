@@ -21,6 +21,7 @@ from autotuner.config.knobs import BATCH_SIZE, Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
 from autotuner.measurement.timing import Throughput
+from autotuner.output.formatting import times
 from autotuner.results.run_time import predicted_run_s
 from autotuner.study.fingerprint import thread_mismatch
 from autotuner.trials.probe import Environment
@@ -278,12 +279,12 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
     if run.baseline and run.promise_ratio is not None:
         base_steps, steps = run.baseline.steps * run.baseline.windows, measured.steps * measured.windows
         print(
-            f"speedup: {run.speedup:.2f}x here (over the baseline {format_config(tuned.baseline['params'])}, "
+            f"speedup: {times(run.speedup)} here (over the baseline {format_config(tuned.baseline['params'])}, "
             f"{run.baseline.samples_per_s:,.0f} samples/s, run here for {base_steps} optimizer steps"
             + (f" (the first of {steps}: its windows capped at {BASELINE_MOST_S:g} s)" if base_steps < steps else "")
             + f" in {run.baseline.windows} windows of {run.baseline.steps}, "
             f"{'in lockstep with' if run.lockstep else 'after'} it), "
-            f"{tuned.speedup:.2f}x in the export: ratio {run.promise_ratio:.2f}",
+            f"{times(tuned.speedup)} in the export: ratio {run.promise_ratio:.2f}",
             file=out,
         )
     if (predicted := run.predicted_run_s) is not None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from autotuner.backends.pytorch import PREFETCH_FACTOR
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS
 from autotuner.errors import SpecError
+from autotuner.output.formatting import times
 
 if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig
@@ -213,7 +214,7 @@ def header(config: TunedConfig, fmt: str) -> list[str]:
     """The comment lines a snippet starts with: where the config comes from and the batch rule."""
     params = config.params
     global_batch = params[BATCH_SIZE.name] * params[ACCUMULATION.name]
-    speedup = f", {config.speedup:.2f}x the baseline" if config.speedup else ""
+    speedup = f", {times(config.speedup)} the baseline" if config.speedup else ""
     return [
         f"# autotuner export --format {fmt}: {config}{speedup}",
         f"# Global batch {global_batch} = {params['batch_size']} per micro-batch x {params['accumulation']} "

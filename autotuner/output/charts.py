@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from autotuner.backends import knob_named
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config, shown_knobs
+from autotuner.output.formatting import times
 from autotuner.results.records import TrialRecord, ranked, speedup
 
 THROUGHPUT_TITLE = "throughput (samples/s)"
@@ -237,7 +238,7 @@ def speedup_figure(trials: Sequence[TrialRecord], baseline: TrialRecord | None, 
             y=labels,
             orientation="h",
             marker={"color": [BASELINE_COLOUR if t.role == "baseline" else FEASIBLE_COLOUR for t in ranked]},
-            text=[f"{v:.2f}x" for v in values],
+            text=[times(v) for v in values],
             textposition="auto",
             hovertext=[hover(t) for t in ranked],
             hovertemplate="%{hovertext}<extra></extra>",

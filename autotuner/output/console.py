@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
-from autotuner.config.knobs import BATCH_SIZE, format_config, shown_knobs
-from autotuner.output.formatting import percent, rate
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config, shown_knobs
+from autotuner.output.formatting import percent, rate, times
 from autotuner.results.evidence import Reference
 from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup
 from autotuner.results.run_time import RunPlan, money, verdict
@@ -50,10 +55,108 @@ def _run_column(column: str, estimate: dict[str, Any]) -> str:
     return money(estimate["run_cost"], estimate["currency"]) if "run_cost" in estimate else "-"
 
 
+HEADERS = {BATCH_SIZE.name: "batch"}
+"""Knob columns headed shorter than the knob's name; any other name is headed with its words apart
+(`cudnn benchmark`), so a narrow table can wrap it."""
+
+
+def knob_header(name: str) -> str:
+    return HEADERS.get(name, name.replace("_", " "))
+
+
+def knob_value(config: Config, name: str) -> str:
+    """A knob's value as the final table shows it: the batch as micro-batch x accumulation."""
+    if name == BATCH_SIZE.name:
+        return f"{config[name]}x{config.get(ACCUMULATION.name, 1)}"
+    return str(config.get(name))
+
+
+def knob_setting(config: Config, name: str) -> str:
+    """`batch=256x1`, `compile=max-autotune`: one knob as `format_config` writes it."""
+    return f"{HEADERS.get(name, name)}={knob_value(config, name)}"
+
+
+@dataclass
+class Column:
+    """One column of the final table: its header and its cells (rich markup), one per row."""
+
+    header: str
+    cells: list[str]
+
+    def widths(self) -> tuple[int, int]:
+        """The narrowest width that breaks no word of the column and the width that breaks no line."""
+        texts = [Text.from_markup(markup) for markup in (escape(self.header), *self.cells)]
+        words = [cell_len(word) for text in texts for word in text.plain.split()]
+        lines = [cell_len(line) for text in texts for line in text.plain.splitlines()]
+        return max(words, default=1), max(lines, default=1)
+
+
+def _table(columns: list[Column], widths: list[int]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for column, width in zip(columns, widths, strict=True):
+        # a fixed width no smaller than the column's longest word: rich wraps between words and
+        # never needs to cut one; "fold" rather than "…" should a single word outgrow the console
+        table.add_column(escape(column.header), width=width, overflow="fold")
+    for row in zip(*(column.cells for column in columns), strict=True):
+        table.add_row(*row)
+    return table
+
+
+def _room(console: Console, count: int) -> int:
+    """How many of the console's columns `count` table columns leave to their text (the rest
+    goes to padding and the space between columns)."""
+    probe = _table([Column("", [])] * count, [1] * count)
+    return console.width - (Measurement.get(console, console.options, probe).maximum - count)
+
+
+def fit(columns: list[Column], console: Console) -> list[int] | None:
+    """Widths for `columns` in one table as wide as the console at most, no word broken: every
+    column as wide as its longest line, then the widest narrowed first; None if no such widths."""
+    ranges = [column.widths() for column in columns]
+    room = _room(console, len(columns))
+    if sum(narrowest for narrowest, _ in ranges) > room:
+        return None
+    widths = [widest for _, widest in ranges]
+    while sum(widths) > room:
+        i = max((i for i, (narrowest, _) in enumerate(ranges) if widths[i] > narrowest), key=lambda i: widths[i])
+        widths[i] -= 1
+    return widths
+
+
+def whole_tables(console: Console, columns: list[Column], knobs: int) -> list[Table]:
+    """The final table, every value whole: one table where the console is wide enough, else the
+    knobs (`columns[1 : 1 + knobs]`) and the figures in tables of their own, each starting with
+    the first column (the trial) and as many of its columns as fit beside it."""
+    if (widths := fit(columns, console)) is not None:
+        return [_table(columns, widths)]
+    first, rest = columns[0], columns[1:]
+    groups, tables = [rest[:knobs], rest[knobs:]], []
+    for group in (g for g in groups if g):
+        part: list[Column] = []
+        for column in group:
+            if part and fit([first, *part, column], console) is None:
+                tables.append([first, *part])
+                part = []
+            part.append(column)
+        tables.append([first, *part])
+    # a column too wide on its own still gets a table: its longest words fold, none is cut
+    return [_table(table, fit(table, console) or _narrowed(table, console)) for table in tables]
+
+
+def _narrowed(columns: list[Column], console: Console) -> list[int]:
+    room = max(_room(console, len(columns)), len(columns))
+    widths = [widest for _, widest in (column.widths() for column in columns)]
+    while sum(widths) > room:
+        widths[widths.index(max(widths))] -= 1
+    return widths
+
+
 class SearchReporter:
     def __init__(self, console: Console | None = None):
-        # Logs and pipes get 120 columns rather than rich's 80, so the result table stays whole.
-        self.console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 120)
+        # A terminal's width, or COLUMNS where it is set; else (a log, a pipe) 120 columns rather
+        # than rich's 80: the final table, whole at any width, splits into fewer parts there.
+        sized = sys.stdout.isatty() or bool(os.environ.get("COLUMNS"))
+        self.console = console or Console(highlight=False, width=None if sized else 120)
         self.phase_file: Path | None = None
         """Where the running trial writes its phase (`autotuner.trials.progress`): on a terminal only,
         where the status line shows it."""
@@ -163,7 +266,7 @@ class SearchReporter:
         best_text = ""
         if best is not None:
             ratio = speedup(best, baseline)
-            best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({ratio:.2f}x)" if ratio else "")
+            best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({times(ratio)})" if ratio else "")
         tag = " (baseline)" if done.role == "baseline" else ""
         if self._trials_began is None:  # the pace leaves out the start-up and the reference
             self._trials_began = max(0.0, elapsed_s - float(done.metrics.get("wall_s") or 0.0))
@@ -176,48 +279,35 @@ class SearchReporter:
     def finish(self, summary: SearchSummary, plan: RunPlan | None = None) -> None:
         """The final table and verdict; with `plan`, ranked by the run and priced."""
         base = summary.baseline
-        order = "shortest run first" if plan is not None and plan.has_length else "fastest first"
-        table = Table(
-            title=f"Top configs (feasible, {order}; re-measured configs by their re-measurement)",
-            box=box.SIMPLE_HEAD,
-        )
         feasible = ranked(summary.trials, plan)
         shown = feasible[:TOP] + ([base] if base is not None and base not in feasible[:TOP] else [])
         steps = plan.optimizer_steps(summary.trials) if plan is not None else None
         estimates = {t.number: plan.estimate(t, steps) for t in shown} if plan is not None else {}
-        extra = [c for c, key in (("run", "run_s"), ("cost", "run_cost")) if any(key in e for e in estimates.values())]
+        order = "shortest run first" if plan is not None and plan.has_length else "fastest first"
+        self.console.print(f"Top configs (feasible, {order}; re-measured configs by their re-measurement):")
         knobs = shown_knobs([t.config for t in shown])
-        for column in (
-            "trial",
-            *(k.replace("_size", "") for k in knobs),
-            "samples/s",
-            "speedup",
-            "drift",
-            "spread",
-            "processes",
-            "warm-up",
-            *extra,
-        ):
-            table.add_column(column, no_wrap=True)
-        for t in shown:
-            ratio = speedup(t, base)
-            label = f"#{t.number}" + (" base" if t.role == "baseline" else "")
-            values = [
-                f"{t.config[k]}x{t.config.get('accumulation', 1)}" if k == BATCH_SIZE.name else str(t.config.get(k))
-                for k in knobs
-            ]
-            table.add_row(
-                label,
-                *values,
-                rate(t.throughput),
-                f"{ratio:.2f}x" if ratio else "-",
-                percent(t.metrics.get("drift")),
-                percent(t.metrics.get("throughput_spread"), 1),
-                processes(t),
-                f"{t.metrics.get('warmup_s', 0):.2f}s",
-                *(_run_column(column, estimates.get(t.number, {})) for column in extra),
-            )
-        self.console.print(table)
+        # one config's knobs are all "the same in every row": a one-row table keeps its columns
+        same = [k for k in knobs if len(shown) > 1 and len({knob_value(t.config, k) for t in shown}) == 1]
+        varied = [k for k in knobs if k not in same]
+        extra = [c for c, key in (("run", "run_s"), ("cost", "run_cost")) if any(key in e for e in estimates.values())]
+        columns = [
+            Column("trial", [f"#{t.number}" + (" base" if t.role == "baseline" else "") for t in shown]),
+            *(Column(knob_header(k), [escape(knob_value(t.config, k)) for t in shown]) for k in varied),
+            Column("samples/s", [rate(t.throughput) for t in shown]),
+            Column("speedup", [times(speedup(t, base)) for t in shown]),
+            Column("drift", [percent(t.metrics.get("drift")) for t in shown]),
+            Column("spread", [percent(t.metrics.get("throughput_spread"), 1) for t in shown]),
+            Column("processes", [processes(t) for t in shown]),
+            Column("warm-up", [f"{t.metrics.get('warmup_s', 0):.2f}s" for t in shown]),
+            *(Column(c, [_run_column(c, estimates.get(t.number, {})) for t in shown]) for c in extra),
+        ]
+        for i, table in enumerate(whole_tables(self.console, columns, knobs=len(varied))):
+            if i:  # a table of more columns of the same rows
+                self.console.print()
+            self.console.print(table)
+        if same:
+            values = " ".join(knob_setting(shown[0].config, k) for k in same)
+            self.console.print(f"same in every row: {escape(values)}")
         counts: dict[str, int] = {}
         for t in summary.trials:
             counts[t.outcome] = counts.get(t.outcome, 0) + 1
@@ -229,7 +319,7 @@ class SearchReporter:
         else:
             b = summary.best
             ratio = speedup(b, base)
-            versus = f", {ratio:.2f}x the baseline" if ratio else ""
+            versus = f", {times(ratio)} the baseline" if ratio else ""
             self.console.print(
                 f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{versus}"
             )

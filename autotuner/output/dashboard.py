@@ -11,7 +11,7 @@ from __future__ import annotations
 import optuna
 
 from autotuner.config.knobs import format_config
-from autotuner.output.formatting import percent, rate, runs
+from autotuner.output.formatting import percent, rate, runs, times
 from autotuner.results.records import baseline, best, records, speedup, stored_reference
 from autotuner.results.run_time import run_plan, verdict
 from autotuner.study.fingerprint import fingerprint
@@ -34,7 +34,7 @@ def study_note(study: optuna.Study) -> str:
         lines.append("**No feasible config yet**: every trial so far failed or drifted past the tolerance.")
     else:
         ratio = speedup(winner, base)
-        versus = f", **{ratio:.2f}x** the baseline" if ratio else ""
+        versus = f", **{times(ratio)}** the baseline" if ratio else ""
         lines.append(
             f"**Best:** trial #{winner.number}, `{format_config(winner.config)}`: "
             f"{rate(winner.throughput)}{versus}, drift {percent(winner.metrics.get('drift'))}"

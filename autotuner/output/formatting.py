@@ -3,13 +3,21 @@ format throughputs, shares and a config's re-measured runs alike."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autotuner.results.records import TrialRecord
+if TYPE_CHECKING:
+    from autotuner.results.records import TrialRecord
 
 
 def rate(value: float | None) -> str:
+    """A throughput in samples a second: `15,789/s`; `-` for none (or none measured: 0)."""
     return "-" if not value else f"{value:,.0f}/s"
+
+
+def times(value: float | None) -> str:
+    """How many times another figure a figure is (a speedup over the baseline, one time over
+    another) in two decimals: `5.29x`; `-` for none."""
+    return "-" if not value else f"{value:.2f}x"
 
 
 def percent(value: Any, digits: int = 3) -> str:

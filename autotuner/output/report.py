@@ -22,7 +22,7 @@ import optuna
 from autotuner.config.knobs import BATCH_SIZE, format_config
 from autotuner.errors import SpecError
 from autotuner.output import charts
-from autotuner.output.formatting import percent, rate, runs
+from autotuner.output.formatting import percent, rate, runs, times
 from autotuner.results.evidence import Reference
 from autotuner.results.profiles import Profile, stored_profiles
 from autotuner.results.records import (
@@ -91,8 +91,7 @@ class Report:
         return float(self.settings.max_drift or 0.01)
 
     def speedup(self, trial: TrialRecord) -> str:
-        value = speedup(trial, self.baseline)
-        return "-" if value is None else f"{value:.2f}x"
+        return times(speedup(trial, self.baseline))
 
 
 def load_report(storage_url: str, name: str, *, default: bool = False) -> Report:

@@ -181,7 +181,7 @@ def resolve_device(spec: str | jax.Device | None) -> jax.Device:
     visible = gpus()
     if not visible:
         raise ValueError(
-            f"device {spec!r}: JAX sees no CUDA GPU {index} here (a CUDA jaxlib is `pip install jax[cuda12]`; "
+            f"device {spec!r}: JAX sees no CUDA GPU {index} here (a CUDA jaxlib is `pip install 'jax[cuda13]'`; "
             "cuda:N counts the GPUs CUDA_VISIBLE_DEVICES leaves visible, from 0)"
         )
     for gpu in visible:
