@@ -30,7 +30,7 @@ exported), and the part writes what it got; a part that fails writes what it got
 `python benchmarks/tables.py` renders the files into benchmarks/README.md.
 
 `--tiny` shrinks the workloads, spaces and budgets to seconds; with `--device cpu` it runs on a
-CPU end to end (tests/test_gpu_benchmark.py runs it so it cannot rot): configs a CPU cannot run
+CPU end to end (tests/benchmarks/test_gpu_benchmark.py runs it so it cannot rot): configs a CPU cannot run
 (tf32, CUDA graphs) are recorded unsupported, energy (which needs NVML's counter) is turned off
 and the json says so, and the rule of thumb leaves `torch.compile` out (a CPU compile costs more
 than the rest of the dry run).

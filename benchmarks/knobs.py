@@ -16,7 +16,7 @@ that changes numerics shows here; drift itself is the search's job), and on a GP
 memory allocated (activation checkpointing's saving shows here).
 
 Writes `benchmarks/results/knobs-<cpu|gpu>.json` (`--out` to choose), naming the device.
-`--tiny` shrinks the workloads to seconds (tests/test_knobs_benchmark.py runs it on the CPU, so it cannot rot).
+`--tiny` shrinks the workloads to seconds (tests/e2e/test_knobs_benchmark.py runs it on the CPU, so it cannot rot).
 """
 
 from __future__ import annotations

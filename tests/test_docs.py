@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from autotuner.cli import build_parser
 from autotuner.spec.keys import JobSpec
-from tests.conftest import ROOT
+from tests.support.studies import ROOT
 
 USER_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 

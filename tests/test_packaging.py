@@ -13,7 +13,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from tests.helpers import ROOT
+from tests.support.helpers import ROOT
 
 
 def test_outside_the_checkout_only_autotuner_imports(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from autotuner.export.writer import export_path
 from autotuner.output.console import dashboard_command
 from autotuner.search.profiling import artifact_dir
 from autotuner.spec.job import load_spec, parse_spec
-from tests.conftest import ROOT
+from tests.support.studies import ROOT
 
 README = (ROOT / "README.md").read_text()
 

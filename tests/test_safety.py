@@ -9,7 +9,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
 from hypothesis import given, settings
@@ -21,7 +20,7 @@ from autotuner.export.writer import export_path
 from autotuner.output.report import report_path
 from autotuner.spec.job import load_spec
 from autotuner.spec.keys import NAME
-from tests.conftest import ROOT, dashboard_server
+from tests.support.studies import ROOT
 
 SOURCES = [
     p for folder in ("autotuner", "backends", "search_spaces", "benchmarks") for p in (ROOT / folder).rglob("*.py")
@@ -89,34 +88,6 @@ def test_every_name_a_spec_accepts_stays_inside_its_folder(name: str) -> None:
     for path in (*written, job.compile_cache_dir()):
         assert path.resolve().parent == folder, path
     assert "/" not in name and "\x00" not in name
-
-
-# ---------------------------------------------------------------- the dashboard
-
-
-def _listening_addresses(port: int) -> set[str]:
-    """Local addresses of the sockets listening on `port` (from /proc/net/tcp and tcp6), in the
-    kernel's hex notation: 0100007F is 127.0.0.1, 00000000 is every address."""
-    addresses = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            local, state = line.split()[1], line.split()[3]
-            address, hex_port = local.split(":")
-            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
-                addresses.add(address)
-    return addresses
-
-
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc/net")
-def test_the_dashboard_listens_on_this_machine_alone_by_default(tmp_path: Path) -> None:
-    storage = f"sqlite:///{tmp_path}/board.db"
-    optuna.create_study(study_name="board", storage=storage)
-    with dashboard_server("--storage", storage, cwd=tmp_path) as (_, port):
-        assert _listening_addresses(port) == {"0100007F"}  # 127.0.0.1, and no other address
 
 
 # ---------------------------------------------------------------- what a study writes

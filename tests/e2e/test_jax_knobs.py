@@ -1,0 +1,60 @@
+"""The JAX backend's own knobs beyond jit: `remat`, `donate` and `xla_flags`.
+
+What each value does in `TunedTraining` (remat recomputes without changing the loss or the
+gradients, donation leaves the loop and the caller's arrays working, a flag bundle reaches the
+trial process's XLA_FLAGS before JAX starts, and a process whose JAX started without it is
+refused), what the engine records unsupported and why, what the probe finds, and a small study
+over them from the command line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from autotuner.backends.jax import JAX
+from tests.support.helpers import CPU_BUNDLE, TINY_MLP
+from tests.support.studies import load_study, run_cli
+
+# ---------------------------------------------------------------- a study over them
+
+
+def test_a_cpu_study_searches_remat_donate_and_a_flag_bundle(tmp_path: Path) -> None:
+    spec = {
+        "name": "jax-knobs",
+        "backend": "jax",
+        "workload": "builtin:mlp",
+        "workload_args": TINY_MLP,
+        "device": "cpu",
+        "global_batch": 8,
+        "baseline": {"precision": "fp32", "batch_size": 8, "workers": 0, "jit": "on"},
+        "space": {
+            "precision": ["fp32"],
+            "batch_size": [8],
+            "workers": [0],
+            "jit": ["on"],
+            "remat": ["none", "dots_saveable"],  # full: not searched, the mlp marks no block
+            "donate": ["off", "on"],
+            "xla_flags": ["default", CPU_BUNDLE],
+        },
+        "budget": {"trials": 4, "remeasure_top": 0},
+        "trial": {"warmup_steps": 1, "steps": 2, "windows": 2, "min_window_s": 0.05, "drift_steps": 2, "timeout": 120},
+        "sampler": {"name": "tpe", "seed": 0},
+    }
+    path = tmp_path / "jax-knobs.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    done = run_cli("search", "--spec", str(path), "--no-profile", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    export = yaml.safe_load((tmp_path / "runs" / "jax-knobs" / "best.yaml").read_text())
+    assert {k: export["baseline"]["params"][k] for k in ("remat", "donate", "xla_flags")} == {
+        "remat": "none",
+        "donate": "off",
+        "xla_flags": "default",
+    }
+    assert set(export["params"]) == set(JAX.knobs)
+    assert export["metrics"]["drift"] < 1e-3  # none of the three changes the numerics beyond rounding
+    study = load_study(tmp_path, "jax-knobs")
+    tried = [(t.user_attrs["config"], t.user_attrs["outcome"]) for t in study.trials]
+    assert len(tried) == 4 and all(outcome in ("ok", "pruned") for _, outcome in tried), tried  # none refused
+    assert {config["donate"] for config, _ in tried} == {"off", "on"}  # the guided start tries the recommended

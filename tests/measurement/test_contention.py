@@ -1,0 +1,52 @@
+"""A busy machine, noticed: a trial measured while other work took the CPU is run again once the
+machine is quiet, or kept with the flag `contended`, and the search says so in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from autotuner.measurement.contention import CONTENDED_SHARE, contention, machine_load, wait_until_quiet
+from autotuner.measurement.telemetry import MIN_OTHERS_WALL_S, CpuSampler, usable_cpus
+
+
+def test_contention_is_the_share_of_the_trials_cores_other_work_took() -> None:
+    assert contention({"cpu_others_cores": 0.5, "cpu_cores": 2.0}) == 0.25
+    assert contention({"cpu_cores": 2.0}) is None  # not measured (no /proc/stat)
+    assert contention({}) is None
+
+
+def test_the_cpu_sampler_counts_the_work_outside_its_process_group() -> None:
+    """This process's own work is the group's; over too short a span the others' is not told."""
+    with CpuSampler() as sampler:
+        end = sum(range(300_000))
+    assert end > 0 and "cpu_others_cores" not in sampler.summary()  # a few ms: ticks would decide it
+    with CpuSampler() as sampler:
+        deadline = time.monotonic() + MIN_OTHERS_WALL_S
+        while time.monotonic() < deadline:  # work of our own, as long as it takes to be told
+            pass
+    assert sampler.summary()["cpu_others_cores"] >= 0.0
+    load = machine_load(0.2)
+    assert load is not None and 0.0 <= load <= 1.0
+    assert wait_until_quiet(0.0, interval_s=0.05) is not None
+
+
+def test_the_share_other_work_took_so_far_is_told_once_the_span_is_long_enough() -> None:
+    """As a trial's windows go on (the pruning rule reads it after each): over a tenth of a second
+    a tick or two of anything would read as 10% of a core, so nothing is told, not even processes of
+    their own session spinning on every core; over `MIN_OTHERS_WALL_S` they are."""
+    spin = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
+    others = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(len(usable_cpus()))]
+    try:
+        time.sleep(0.5)  # started, spinning
+        with CpuSampler() as sampler:
+            time.sleep(MIN_OTHERS_WALL_S / 5)  # too short for a trial's contention to be told
+            early = sampler.others_share()
+            time.sleep(MIN_OTHERS_WALL_S)
+            later = sampler.others_share()
+    finally:
+        for other in others:
+            other.kill()
+            other.wait()
+    assert early == 0.0 and later > CONTENDED_SHARE, (early, later)

@@ -1,0 +1,184 @@
+"""Studies the tests run: a spec small enough to search end to end in seconds on two CPU cores
+(`SMALL_SPEC`, `write_spec`), the installed command as a user runs it (`run_cli`), the dashboard
+served from it (`dashboard_server`), and a study read back from its folder (`load_study`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+from optuna.trial import TrialState
+
+from tests.support.helpers import ROOT
+
+# A study small enough to run end to end in seconds on two CPU cores.
+SMALL_SPEC: dict[str, Any] = {
+    "name": "small",
+    "backend": "pytorch",
+    "workload": "builtin:mlp",
+    "workload_args": {"features": 32, "hidden": 64, "depth": 2, "samples": 1024},
+    "device": "cpu",
+    "global_batch": 64,
+    "baseline": {"precision": "fp32", "batch_size": 16, "workers": 0, "compile": "none"},
+    "space": {"precision": ["fp32", "bf16", "tf32"], "batch_size": [16, 64], "workers": [0], "compile": ["none"]},
+    "budget": {"trials": 3},
+    "trial": {"warmup_steps": 1, "steps": 3, "windows": 2, "min_window_s": 0.05, "drift_steps": 3, "timeout": 120},
+    "sampler": {"name": "tpe", "seed": 0},
+}
+
+
+def write_spec(folder: Path, **changes: Any) -> Path:
+    """SMALL_SPEC with `changes`; its best is not re-measured unless `budget` asks for it (the
+    tests of re-measurement do), so that trial counts stay those of the search loop, and no trial
+    is pruned unless `trial` asks for it (the tests of pruning do), so that every trial that ran
+    is COMPLETE, whatever the machine's timings, and no profile runs after the search unless
+    `profile` asks for it (the tests of profiling do), so that the processes that trained are the
+    search's. A space of knobs without a `preset` holds every knob it does not name at the
+    baseline's value, so that a test's space is the knobs it names (a preset would search the rest)."""
+    spec = {**SMALL_SPEC, **changes}
+    space = spec.get("space")
+    if isinstance(space, dict) and "preset" not in space:
+        from autotuner.backends import BACKENDS
+        from autotuner.config.knobs import DERIVED
+
+        knobs = BACKENDS[spec["backend"]].knobs if spec.get("backend") in BACKENDS else {}
+        baseline = spec.get("baseline") or {}
+        held = {
+            name: [baseline.get(name, knob.reference)]
+            for name, knob in knobs.items()
+            if name not in space and name not in DERIVED and knob.reference is not None
+        }
+        spec["space"] = {**space, **held}
+    spec["budget"] = {"remeasure_top": 0, **spec["budget"]}
+    spec["trial"] = {"prune_after": 0, **spec["trial"]}
+    spec.setdefault("profile", {"steps": 0})
+    path = folder / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def write_hang_spec(folder: Path, name: str, *, hang_at: int, workers: int, trials: int) -> Path:
+    """A spec of `tests.support.study_workloads:hang_once`: its `hang_at`-th training process (1-2: the
+    reference, 3: the baseline, then the trials) hangs, with `workers` loader workers running."""
+    return write_spec(
+        folder,
+        name=name,
+        workload="tests.support.study_workloads:hang_once",
+        workload_args={"folder": str(folder), "hang_at": hang_at},
+        global_batch=32,
+        baseline={"precision": "fp32", "batch_size": 8, "workers": workers, "compile": "none"},
+        space={"precision": ["fp32", "bf16"], "batch_size": [8, 16, 32], "workers": [workers], "compile": ["none"]},
+        budget={"trials": trials},
+        trial={"warmup_steps": 1, "steps": 2, "windows": 2, "drift_steps": 2, "min_window_s": 0, "timeout": 600},
+    )
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """The installed command as a user runs it, from `cwd` (where runs/ lands)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "COLUMNS": "200",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "autotuner", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@contextlib.contextmanager
+def dashboard_server(*args: str, cwd: Path) -> Iterator[tuple[str, int]]:
+    """`autotuner dashboard ARGS --port <a free port>` run from `cwd`: (its URL, its port) once it
+    answers; stopped afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotuner", "dashboard", *args, "--port", str(port)],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/studies", timeout=2) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"the dashboard did not start: {server.communicate()[0]}") from None
+                time.sleep(0.3)
+        yield url, port
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def load_study(folder: Path, name: str = "small") -> optuna.Study:
+    """The study `name` that `autotuner search` run from `folder` wrote (its default storage)."""
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder}/runs/{name}/study.db")
+
+
+def ran(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    """The trials that ran a process."""
+    return [
+        t
+        for t in trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and t.user_attrs["outcome"] != "unsupported"
+    ]
+
+
+def trial_processes(trials: list[optuna.trial.FrozenTrial]) -> int:
+    """The processes the trials that ran trained in: one each, and one more for a trial measured
+    while other work took the CPU (on a busy 2-core machine, the other workers' trials), which is
+    run again once the machine is quiet (`autotuner.search.dispatch`)."""
+    done = ran(trials)
+    return len(done) + sum("contention_first_run" in t.user_attrs for t in done)
+
+
+TINY_TRIAL = {"warmup_steps": 1, "steps": 2, "windows": 2, "drift_steps": 2, "timeout": 120, "min_window_s": 0}
+
+
+JAX_SPEC: dict[str, Any] = {
+    "name": "small-jax",
+    "backend": "jax",
+    "workload": "builtin:mlp",
+    "workload_args": {"features": 16, "hidden": 32, "depth": 1, "samples": 256},
+    "device": "cpu",
+    "global_batch": 32,
+    "baseline": {"precision": "fp32", "batch_size": 8, "workers": 0, "jit": "on"},
+    "space": {
+        "precision": ["fp32", "tf32"],
+        "batch_size": [8],
+        "workers": [0],
+        "jit": ["on"],
+        # held at their reference values: the jax preset would search them
+        "remat": ["none"],
+        "donate": ["off"],
+        "xla_flags": ["default"],
+    },
+    # More trials than the space's feasible configs: every config is tried; the best re-measured once.
+    "budget": {"trials": 2, "remeasure_top": 1, "remeasure_runs": 1},
+    "trial": {"warmup_steps": 1, "steps": 3, "windows": 2, "min_window_s": 0.05, "drift_steps": 2, "timeout": 120},
+    "sampler": {"name": "tpe", "seed": 0},
+}
+
+
+def _write(folder: Path, spec: dict[str, Any]) -> Path:
+    path = folder / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
