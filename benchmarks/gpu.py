@@ -701,7 +701,12 @@ def summary_line(result: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=(*PARTS, "all"), default="all")
+    parser.add_argument(
+        "--part",
+        action="append",
+        choices=(*PARTS, "all"),
+        help="the part to run; give it again for more, in the order given (default: all, in order)",
+    )
     parser.add_argument("--device", help="the specs' device for this run (default: theirs, auto); cpu needs --tiny")
     parser.add_argument("--tiny", action="store_true", help="workloads and budgets of seconds (a dry run)")
     parser.add_argument("--out", default=str(RESULTS), help="where gpu-<part>.json go (default benchmarks/results)")
@@ -719,7 +724,8 @@ def main() -> int:
     args = parser.parse_args()
     ctx = Context(args)
     started = time.perf_counter()
-    results = [run_part(ctx, part) for part in (PARTS if args.part == "all" else (args.part,))]
+    parts = PARTS if not args.part or "all" in args.part else tuple(dict.fromkeys(args.part))
+    results = [run_part(ctx, part) for part in parts]
     print(f"\n===== gpu.py: {time.perf_counter() - started:.0f} s in all; results in {ctx.out}")
     for result in results:
         print(summary_line(result))

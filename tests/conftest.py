@@ -41,6 +41,15 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the primitives compile in milliseconds
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 
+# One thread a trial process: the suite runs on as many pytest-xdist workers as there are cores
+# (pyproject.toml), each starting trial processes, and a trial's framework would otherwise start a
+# thread per core, so that two workers' trials on two cores ran four threads that wait for each
+# other at every barrier (OpenMP's threads spin while they wait). What the tests check of a trial
+# does not depend on its thread count; the figures autotuner measures for a user keep the user's
+# settings (`autotuner.measurement.hardware.thread_settings`). A count the caller set is kept.
+for _variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
+
 E2E = Path(__file__).resolve().parent / "e2e"
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from tests.support.helpers import GPU_PY
+from tests.support.benchmarks import GPU_PY
 from tests.support.studies import ROOT
 
 

@@ -1,13 +1,13 @@
 """benchmarks/gpu.py (the GPU benchmark) run dry on the CPU, so it cannot rot where no GPU is:
-`--device cpu --tiny` runs every part end to end (the real CLI, the alternatives harness, the JAX
-study) and writes its result files, and benchmarks/tables.py renders them. Not a `gpu` test: it
-runs in CI (about a minute on two cores).
+`--device cpu --tiny` runs its PyTorch parts end to end (the real CLI, the alternatives harness)
+and writes their result files, and benchmarks/tables.py renders them. The JAX part runs on its own
+(`test_gpu_benchmark_jax.py`), so that the two run at once on two workers. Not a `gpu` test: it
+runs in CI (about half a minute on two cores).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,44 +16,21 @@ from typing import Any
 
 import pytest
 
-from tests.support.helpers import GPU_PY
+from tests.support.benchmarks import COMMON, STUDY_KEYS, benchmark_env, gpu_py
 from tests.support.studies import ROOT
 
-PARTS = ("study", "apply", "alternatives", "jax")
-COMMON = {
-    "part",
-    "benchmark",
-    "invocation",
-    "tiny",
-    "device",
-    "device_name",
-    "machine",
-    "commands",
-    "wall_s",
-    "status",
-    "error",
-    "changes",
-    "conditions",
-}
-STUDY_KEYS = {"environment", "best", "baseline", "speedup", "mfu", "tokens_per_s", "energy", "export", "trials"}
+PARTS = ("study", "apply", "alternatives")
+
+
 LABELS = {"baseline", "finder (Lightning power)", "finder (Accelerate)", "rule of thumb", "tuned"}
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-
-
-def _gpu_py(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(GPU_PY), *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     folder = tmp_path_factory.mktemp("gpu-dry-run")
     out = folder / "results"
-    done = _gpu_py("--device", "cpu", "--tiny", "--out", str(out), "--work", str(folder / "work"))
+    parts = [arg for part in PARTS for arg in ("--part", part)]
+    done = gpu_py(*parts, "--device", "cpu", "--tiny", "--out", str(out), "--work", str(folder / "work"))
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     return out, done
 
@@ -72,7 +49,7 @@ def test_every_part_dry_runs_on_the_cpu_and_writes_its_file(dry_run: tuple[Path,
         assert data["status"] == "ok" and data["error"] is None, data["error"]
         assert data["device"] == "cpu" and data["device_name"] and data["machine"].startswith(data["device_name"])
         assert data["commands"] and all(c.get("wall_s") is not None for c in data["commands"])
-    for part in ("study", "apply", "alternatives", "jax"):
+    for part in PARTS:
         assert f"wrote {out / f'gpu-{part}.json'}" in done.stdout
     assert "tuned over baseline" in done.stdout  # the summary at the end
 
@@ -118,13 +95,6 @@ def test_the_alternatives_part_measures_the_four_configs_on_gpt_and_cnn(dry_run:
     assert data["workloads"]["cnn"]["search"]["resumed"] is False
 
 
-def test_the_jax_part_runs_the_jax_gpt_study(dry_run: tuple[Path, Any]) -> None:
-    data = _load(dry_run[0], "jax")
-    assert STUDY_KEYS <= set(data)
-    assert data["environment"]["versions"]["jax"] and data["spec"] == "studies/gpu-gpt-jax.yaml"
-    assert data["best"]["config"]["jit"] in ("on", "off") and data["speedup"] > 0
-
-
 def test_tables_render_the_gpu_results(dry_run: tuple[Path, Any], tmp_path: Path) -> None:
     out = dry_run[0]
     readme = tmp_path / "README.md"
@@ -132,7 +102,7 @@ def test_tables_render_the_gpu_results(dry_run: tuple[Path, Any], tmp_path: Path
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "tables.py"), "--results", str(out), "--readme", str(readme)],
         cwd=ROOT,
-        env=_env(),
+        env=benchmark_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -144,7 +114,7 @@ def test_tables_render_the_gpu_results(dry_run: tuple[Path, Any], tmp_path: Path
     assert study["machine"] in section and "A `--tiny` dry run" in section
     assert f"| tuned over baseline | {study['speedup']:.2f}x | >= 3x (stretch 5x) |" in section
     assert f"| the promise: delivered over the export's | {apply['promise']['ratio']:.3f} | within 5% |" in section
-    headings = ("The gpt study", "`autotuner apply`", "The tuned config against the alternatives", "The JAX gpt study")
+    headings = ("The gpt study", "`autotuner apply`", "The tuned config against the alternatives")
     for heading in headings:
         assert f"#### {heading}" in section, heading
     for name in ("gpt", "cnn"):
@@ -157,11 +127,11 @@ def test_tables_render_the_gpu_results(dry_run: tuple[Path, Any], tmp_path: Path
 def test_a_part_that_cannot_run_writes_its_error(tmp_path: Path) -> None:
     """The full sizes refuse a CPU; apply without the study's export says what to run first."""
     out = tmp_path / "results"
-    done = _gpu_py("--part", "study", "--device", "cpu", "--out", str(out), "--work", str(tmp_path / "work"))
+    done = gpu_py("--part", "study", "--device", "cpu", "--out", str(out), "--work", str(tmp_path / "work"))
     assert done.returncode == 1
     study = _load(out, "study")
     assert study["status"] == "error" and "--tiny" in study["error"] and study["commands"] == []
-    done = _gpu_py("--part", "apply", "--device", "cpu", "--tiny", "--out", str(out), "--work", str(tmp_path / "w"))
+    done = gpu_py("--part", "apply", "--device", "cpu", "--tiny", "--out", str(out), "--work", str(tmp_path / "w"))
     assert done.returncode == 1
     apply = _load(out, "apply")
     assert apply["status"] == "error" and "--part study" in apply["error"]

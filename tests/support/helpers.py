@@ -154,9 +154,6 @@ ALLOCATE_MB = 1536
 """The `allocate` fault asks for this much (never touched): granted without a limit, refused with it."""
 
 
-GPU_PY = ROOT / "benchmarks" / "gpu.py"
-
-
 TINY_MLP = {"features": 16, "hidden": 32, "depth": 2, "samples": 64}
 
 

@@ -5,7 +5,10 @@ served from it (`dashboard_server`), and a study read back from its folder (`loa
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -83,16 +86,72 @@ def write_hang_spec(folder: Path, name: str, *, hang_at: int, workers: int, tria
     )
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """The installed command as a user runs it, from `cwd` (where runs/ lands)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "COLUMNS": "200",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "autotuner", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+def run_cli(*args: str, cwd: Path, timeout: float = 600, fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """`autotuner ARGS` from `cwd` (where runs/ lands): its exit code and what it printed.
+
+    By default it runs in this process, through the command's own `main` with its output captured,
+    and its trials run from this process's fork server: what a new interpreter would add (seconds
+    to import the framework in a fork server of its own) is the same for every test, and the
+    tests of it say `fresh`. With `fresh`, the installed command runs in a new interpreter, as a
+    user runs it: for what only a process of its own shows (its environment read at start, the
+    signals it is sent, a fork server of its own)."""
+    if fresh:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "COLUMNS": "200",
+        }
+        command = [sys.executable, "-m", "autotuner", *args]
+        return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return _run_main(list(args), cwd, timeout)
+
+
+class CommandTimeout(Exception):
+    """An in-process command ran past its timeout."""
+
+
+def _run_main(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`autotuner.cli.main(args)` in this process, from `cwd`, with COLUMNS=200 as `run_cli` sets
+    it, stdout and stderr captured (the loggers' too), and SIGTERM's handler, the environment and
+    the working directory as they were afterwards; `CommandTimeout` past `timeout` seconds."""
+    from autotuner.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    streams = [h for h in _stream_handlers() if h.stream in (sys.stderr, sys.__stderr__)]
+    before = {h: h.stream for h in streams}
+    columns, term = os.environ.get("COLUMNS"), signal.getsignal(signal.SIGTERM)
+
+    def expired(signum: int, frame: object) -> None:
+        raise CommandTimeout(f"autotuner {' '.join(args)} ran past {timeout:g} s")
+
+    alarm = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    os.environ["COLUMNS"] = "200"
+    try:
+        for handler in streams:
+            handler.setStream(err)
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as exc:  # argparse's own exit (bad arguments, --help)
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, alarm)
+        signal.signal(signal.SIGTERM, term)
+        for handler, stream in before.items():
+            handler.setStream(stream)
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
+    return subprocess.CompletedProcess(["autotuner", *args], code, out.getvalue(), err.getvalue())
+
+
+def _stream_handlers() -> list[logging.StreamHandler[Any]]:
+    """The stream handlers of the root logger and of every logger below it (Optuna's among them)."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in logging.root.manager.loggerDict)]
+    return [h for logger in loggers for h in getattr(logger, "handlers", []) if isinstance(h, logging.StreamHandler)]
 
 
 @contextlib.contextmanager

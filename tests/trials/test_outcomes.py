@@ -4,6 +4,7 @@ reason; and `classify_end` / `exception_message` on their own."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -209,19 +210,29 @@ def test_a_trial_with_loader_workers_leaks_nothing(tmp_path: Path) -> None:
     assert "leaked semaphore" not in done.stderr, done.stderr
 
 
-def test_the_fork_server_has_the_runner_and_torch_preloaded(launcher: TrialLauncher) -> None:
-    """Trials start fast because the fork server imported the backend's runner (and torch) once.
-    multiprocessing ignores an ImportError in a preload module, so a broken import would only
-    show as every trial re-importing torch."""
-    result = launcher.call("tests.support.helpers", "preloaded", None, TIMEOUT_S)
-    assert result.outcome is Outcome.OK, result.reason
-    assert result.output["autotuner.backends.pytorch.runner"] and result.output["torch"], result.output
+PRELOAD_SCRIPT = """
+import json, sys
+sys.path.insert(0, {root!r})
+from autotuner.backends import PYTORCH
+from autotuner.trials.launcher import TrialLauncher
+if __name__ == "__main__":
+    result = PYTORCH.launcher().call("tests.support.helpers", "preloaded", None, 120)
+    print("PRELOADED", json.dumps(result.output))
+"""
 
 
-def test_the_fork_server_has_what_the_first_optimizer_step_imports(launcher: TrialLauncher) -> None:
-    result = launcher.call("tests.support.helpers", "preloaded", None, TIMEOUT_S)
-    assert result.outcome is Outcome.OK, result.reason
-    assert result.output["torch._dynamo"], result.output
+def test_the_fork_server_has_the_runner_torch_and_the_first_steps_imports_preloaded(tmp_path: Path) -> None:
+    """Trials start fast because the fork server of a search's launcher imported the backend's
+    runner (torch, and what the first optimizer step imports) once. multiprocessing ignores an
+    ImportError in a preload module, so a broken import would only show as every trial importing
+    them again. In a fresh interpreter: this one's fork server is whichever launcher came first."""
+    script = tmp_path / "preloaded.py"
+    script.write_text(PRELOAD_SCRIPT.format(root=str(ROOT)))
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=180)
+    line = next((line for line in done.stdout.splitlines() if line.startswith("PRELOADED ")), None)
+    assert line is not None, done.stdout + done.stderr
+    preloaded = json.loads(line.removeprefix("PRELOADED "))
+    assert preloaded == {"autotuner.backends.pytorch.runner": True, "torch": True, "torch._dynamo": True}
 
 
 def test_backends_imports_first_in_a_fresh_interpreter() -> None:

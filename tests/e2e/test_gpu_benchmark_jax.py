@@ -1,0 +1,53 @@
+"""benchmarks/gpu.py's JAX part run dry on the CPU (`--part jax --device cpu --tiny`): the JAX gpt
+study end to end through the real CLI, its result file, and its table. Apart from the PyTorch
+parts (`test_gpu_benchmark.py`), so that the two run at once on two workers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.benchmarks import COMMON, STUDY_KEYS, benchmark_env, gpu_py
+from tests.support.helpers import ROOT
+
+
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    folder = tmp_path_factory.mktemp("gpu-dry-run-jax")
+    out = folder / "results"
+    done = gpu_py("--part", "jax", "--device", "cpu", "--tiny", "--out", str(out), "--work", str(folder / "work"))
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert f"wrote {out / 'gpu-jax.json'}" in done.stdout
+    return out, json.loads((out / "gpu-jax.json").read_text())
+
+
+def test_the_jax_part_runs_the_jax_gpt_study(jax_run: tuple[Path, dict[str, Any]]) -> None:
+    data = jax_run[1]
+    assert STUDY_KEYS <= set(data)
+    assert data["environment"]["versions"]["jax"] and data["spec"] == "studies/gpu-gpt-jax.yaml"
+    assert data["best"]["config"]["jit"] in ("on", "off") and data["speedup"] > 0
+    assert COMMON <= set(data) and data["part"] == "jax" and data["tiny"] is True
+    assert data["status"] == "ok" and data["error"] is None, data["error"]
+
+
+def test_tables_render_the_jax_result(jax_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "benchmarks" / "README.md", readme)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tables.py"), "--results", str(jax_run[0]), "--readme", str(readme)],
+        cwd=ROOT,
+        env=benchmark_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = readme.read_text()
+    section = text[text.index("### On one GPU") : text.index("<!-- results end -->")]
+    assert "#### The JAX gpt study" in section and jax_run[1]["machine"] in section

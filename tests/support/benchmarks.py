@@ -1,0 +1,44 @@
+"""The GPU benchmark (`benchmarks/gpu.py`) as its tests run it: its command, and what every part's
+result file holds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.support.helpers import ROOT
+
+GPU_PY = ROOT / "benchmarks" / "gpu.py"
+
+COMMON = {
+    "part",
+    "benchmark",
+    "invocation",
+    "tiny",
+    "device",
+    "device_name",
+    "machine",
+    "commands",
+    "wall_s",
+    "status",
+    "error",
+    "changes",
+    "conditions",
+}
+STUDY_KEYS = {"environment", "best", "baseline", "speedup", "mfu", "tokens_per_s", "energy", "export", "trials"}
+
+
+def benchmark_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def gpu_py(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(GPU_PY), *args],
+        cwd=ROOT,
+        env=benchmark_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
