@@ -7,6 +7,9 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from autotuner.measurement import contention as contention_module
 from autotuner.measurement.contention import CONTENDED_SHARE, contention, machine_load, wait_until_quiet
 from autotuner.measurement.telemetry import MIN_OTHERS_WALL_S, CpuSampler, usable_cpus
 
@@ -50,3 +53,22 @@ def test_the_share_other_work_took_so_far_is_told_once_the_span_is_long_enough()
             other.kill()
             other.wait()
     assert early == 0.0 and later > CONTENDED_SHARE, (early, later)
+
+
+def test_waiting_for_a_quiet_machine_ends_at_the_first_quiet_reading_or_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readings = iter([0.6, 0.4, 0.05, 0.9])
+    asked: list[float] = []
+
+    def machine_load(interval_s: float) -> float | None:
+        asked.append(interval_s)
+        return next(readings)
+
+    monkeypatch.setattr(contention_module, "machine_load", machine_load)
+    assert wait_until_quiet(3600.0, interval_s=0.25) == 0.05  # the third reading is quiet: no fourth
+    assert asked == [0.25, 0.25, 0.25]
+    monkeypatch.setattr(contention_module, "machine_load", lambda interval_s: 0.9)
+    assert wait_until_quiet(0.0) == 0.9  # busy, and no time to wait: the one reading it took
+    monkeypatch.setattr(contention_module, "machine_load", lambda interval_s: None)
+    assert wait_until_quiet(3600.0) is None  # without /proc/stat nothing can be waited for

@@ -41,13 +41,14 @@ SMALL_SPEC: dict[str, Any] = {
 
 
 def write_spec(folder: Path, **changes: Any) -> Path:
-    """SMALL_SPEC with `changes`; its best is not re-measured unless `budget` asks for it (the
-    tests of re-measurement do), so that trial counts stay those of the search loop, and no trial
-    is pruned unless `trial` asks for it (the tests of pruning do), so that every trial that ran
-    is COMPLETE, whatever the machine's timings, and no profile runs after the search unless
-    `profile` asks for it (the tests of profiling do), so that the processes that trained are the
-    search's. A space of knobs without a `preset` holds every knob it does not name at the
-    baseline's value, so that a test's space is the knobs it names (a preset would search the rest)."""
+    """SMALL_SPEC with `changes`. Unless `budget`, `trial` or `profile` asks for them (the tests of
+    each do): its best is not re-measured, so that trial counts stay those of the search loop; no
+    trial is pruned, so that every trial that ran is COMPLETE whatever the machine's timings; a
+    contended trial is run again at once, not after waiting for a quiet machine, which one the
+    suite's other workers share seldom is; and no profile runs after the search, so that the
+    processes that trained are the search's. A space of knobs without a `preset` holds every knob
+    it does not name at the baseline's value, so that a test's space is the knobs it names (a
+    preset would search the rest)."""
     spec = {**SMALL_SPEC, **changes}
     space = spec.get("space")
     if isinstance(space, dict) and "preset" not in space:
@@ -63,7 +64,7 @@ def write_spec(folder: Path, **changes: Any) -> Path:
         }
         spec["space"] = {**space, **held}
     spec["budget"] = {"remeasure_top": 0, **spec["budget"]}
-    spec["trial"] = {"prune_after": 0, **spec["trial"]}
+    spec["trial"] = {"prune_after": 0, "quiet_wait": 0, **spec["trial"]}
     spec.setdefault("profile", {"steps": 0})
     path = folder / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))

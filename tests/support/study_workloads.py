@@ -277,43 +277,6 @@ def slow_bf16(**mlp_args: Any) -> TorchWorkload:
     return workload
 
 
-class _PacedProcesses:
-    """A forward pre-hook: every process that trains on micro-batches of a size in `paces` (a
-    forward pass that computes gradients: evaluations and the probe's check compute none) appends
-    its pid to `folder`/processes-<size> once (`_log_process`), and sleeps, per sample of each
-    forward pass, the pace of its place among that size's processes: `paces[size]`, a list of
-    seconds a sample for the first, second, ... of them, repeated. With a pace well above the
-    compute, a process's speed follows the pace given it on any machine (sleeping costs more than
-    the pace: 0.2 ms a sample at micro-batch 64 trained at about 3,500 samples/s on a 2-core VM, not
-    5,000): one config's processes can alternate between two speeds, as one process can come out
-    far from the next on a busy machine."""
-
-    def __init__(self, folder: str, paces: dict[int, list[float]]):
-        self.folder = Path(folder)
-        # a spec's workload_args reach the process as JSON: its keys are strings
-        self.paces = {int(size): list(each) for size, each in paces.items()}
-        self.pid, self.pace_s = 0, 0.0
-
-    def __call__(self, module: nn.Module, args: Any) -> None:
-        size = args[0].shape[0]
-        if not torch.is_grad_enabled() or size not in self.paces:
-            return
-        if self.pid != os.getpid():
-            self.pid = os.getpid()
-            place = _log_process(self.folder / f"processes-{size}")
-            self.pace_s = self.paces[size][(place - 1) % len(self.paces[size])]
-        if self.pace_s:
-            time.sleep(self.pace_s * size)
-
-
-def paced_processes(folder: str, paces: dict[int, list[float]], **mlp_args: Any) -> TorchWorkload:
-    """The built-in MLP whose processes train at the paces given their micro-batch size and place
-    (`_PacedProcesses`)."""
-    workload = mlp(**mlp_args)
-    workload.model.register_forward_pre_hook(_PacedProcesses(folder, paces))
-    return workload
-
-
 class _AttentionBlock(nn.Module):
     """Self-attention with dropout while training, through scaled_dot_product_attention."""
 
