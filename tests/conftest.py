@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 # The same executables run, so what the tests check of them is unchanged; only the repeated
 # compile time goes (benchmarks/gpu.py's --tiny JAX study does the same). Set in the environment
 # before anything imports JAX, so the processes the tests start inherit it; a cache the caller
-# chose is left as it is. Under pytest-xdist each worker process has a cache of its own.
+# chose is left as it is. pytest-xdist's workers share it: they inherit the environment of the
+# process that starts them, which imported this file first.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _jax_cache = tempfile.mkdtemp(prefix="autotuner-tests-jax-cache-")
 
