@@ -48,7 +48,7 @@ from autotuner.backends.jax.apply import (
 from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem, remat_scope
 from autotuner.config.knobs import Config
 from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
-from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.measurement.nvml import cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
 from autotuner.trials.probe import Environment

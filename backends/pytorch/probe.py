@@ -19,7 +19,7 @@ import torch
 
 from autotuner.backends.pytorch import PYTORCH
 from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
-from autotuner.measurement.telemetry import cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.measurement.nvml import cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.trials.probe import Environment
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from autotuner.measurement import nvml as reader
 from autotuner.measurement import telemetry
 
 SLOW = bytes(range(16))  # NVML index 0 (the first on the PCI bus), the slower GPU
@@ -139,7 +140,7 @@ def install(monkeypatch: pytest.MonkeyPatch, clock: Callable[[], float]) -> tupl
     slow = FakeGpu(SLOW_UUID, watts=100.0, sampled_w=90.0, counter=False)
     fast = FakeGpu(FAST_UUID, watts=400.0, sampled_w=350.0)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([slow, fast], clock))
-    monkeypatch.setattr(telemetry, "_libcuda", lambda: FakeLibcuda([FAST, SLOW]))
+    monkeypatch.setattr(reader, "_libcuda", lambda: FakeLibcuda([FAST, SLOW]))
     return slow, fast
 
 
@@ -149,37 +150,37 @@ def machine(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> tuple[FakeGpu,
 
 
 def test_a_uuid_is_written_as_nvml_writes_it() -> None:
-    assert telemetry.format_uuid(SLOW) == SLOW_UUID
-    assert telemetry.format_uuid(SLICE, prefix="MIG-") == SLICE_UUID
+    assert reader.format_uuid(SLOW) == SLOW_UUID
+    assert reader.format_uuid(SLICE, prefix="MIG-") == SLICE_UUID
     with pytest.raises(ValueError):
-        telemetry.format_uuid(b"\x00" * 15)
+        reader.format_uuid(b"\x00" * 15)
 
 
 def test_the_cuda_driver_gives_the_uuid_of_a_cuda_ordinal(machine: tuple[FakeGpu, FakeGpu]) -> None:
-    assert telemetry.cuda_uuid(0) == FAST_UUID  # cuda:0 is NVML's GPU 1
-    assert telemetry.cuda_uuid(1) == SLOW_UUID
-    assert telemetry.cuda_uuid(2) is None  # no such device
-    assert telemetry.cuda_uuid(None) is None  # a JAX device without a local_hardware_id
+    assert reader.cuda_uuid(0) == FAST_UUID  # cuda:0 is NVML's GPU 1
+    assert reader.cuda_uuid(1) == SLOW_UUID
+    assert reader.cuda_uuid(2) is None  # no such device
+    assert reader.cuda_uuid(None) is None  # a JAX device without a local_hardware_id
 
 
 def test_a_driver_older_than_cuda_11_4_gives_the_uuid_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(telemetry, "_libcuda", lambda: FakeLibcuda([FAST], v2=False))
-    assert telemetry.cuda_uuid(0) == FAST_UUID
+    monkeypatch.setattr(reader, "_libcuda", lambda: FakeLibcuda([FAST], v2=False))
+    assert reader.cuda_uuid(0) == FAST_UUID
 
 
 def test_without_a_cuda_driver_there_is_no_uuid_and_no_error() -> None:
     # this machine has no libcuda.so.1 (or, with a GPU, no device 10**6)
-    assert telemetry.cuda_uuid(10**6) is None
-    uuid = telemetry.cuda_uuid(0)
+    assert reader.cuda_uuid(10**6) is None
+    uuid = reader.cuda_uuid(0)
     assert uuid is None or re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", uuid)
 
 
 def test_the_trial_device_is_found_in_nvml_by_uuid_not_by_its_cuda_ordinal(monkeypatch: pytest.MonkeyPatch) -> None:
     slow, fast = install(monkeypatch, time.perf_counter)  # the counters run on the sampler's own clock
-    assert telemetry.has_energy_counter(telemetry.cuda_uuid(0)) is True  # the fast GPU has one
-    assert telemetry.has_energy_counter(telemetry.cuda_uuid(1)) is False  # the slow one does not
-    assert telemetry.has_energy_counter(None) is False
-    trial = telemetry.Telemetry(gpu_uuid=telemetry.cuda_uuid(0))
+    assert reader.has_energy_counter(reader.cuda_uuid(0)) is True  # the fast GPU has one
+    assert reader.has_energy_counter(reader.cuda_uuid(1)) is False  # the slow one does not
+    assert reader.has_energy_counter(None) is False
+    trial = telemetry.Telemetry(gpu_uuid=reader.cuda_uuid(0))
     began = time.perf_counter()
     with trial:
         time.sleep(0.2)
@@ -195,7 +196,7 @@ def test_the_trial_device_is_found_in_nvml_by_uuid_not_by_its_cuda_ordinal(monke
 def test_power_is_the_energy_counters_increase_over_the_measured_time(
     machine: tuple[FakeGpu, FakeGpu], clock: FakeClock
 ) -> None:
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
     with sampler:  # a first measured window: 2 s at 400 W
         clock.now += 2.0
         time.sleep(0.02)
@@ -213,7 +214,7 @@ def test_power_is_the_energy_counters_increase_over_the_measured_time(
 def test_without_an_energy_counter_power_is_only_the_sampled_figure(
     machine: tuple[FakeGpu, FakeGpu], clock: FakeClock
 ) -> None:
-    sampler = telemetry.GpuSampler(SLOW_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(SLOW_UUID, interval_s=0.002, clock=clock)
     with sampler:
         clock.now += 1.0
         time.sleep(0.03)
@@ -224,7 +225,7 @@ def test_without_an_energy_counter_power_is_only_the_sampled_figure(
 
 def test_a_counter_that_fails_midway_gives_no_energy(machine: tuple[FakeGpu, FakeGpu], clock: FakeClock) -> None:
     _, fast = machine
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
     with sampler:
         clock.now += 1.0
         time.sleep(0.02)
@@ -242,7 +243,7 @@ def test_a_counter_that_fails_midway_gives_no_energy(machine: tuple[FakeGpu, Fak
 
 
 def test_a_counter_that_runs_backwards_gives_no_energy(machine: tuple[FakeGpu, FakeGpu], clock: FakeClock) -> None:
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
     with sampler:
         clock.now -= 1.0  # the driver was reloaded: the counter restarted
         time.sleep(0.01)
@@ -256,12 +257,12 @@ def test_a_mig_slice_is_found_by_its_uuid_and_has_no_energy(monkeypatch: pytest.
     nvml = fake_pynvml([FakeGpu(SLOW_UUID, 100.0, 90.0), piece], clock)
     nvml.nvmlDeviceGetPowerUsage = lambda gpu: (_ for _ in ()).throw(FakeNVMLError("NOT_SUPPORTED"))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(telemetry, "_libcuda", lambda: FakeLibcuda([SLICE]))
-    uuid = telemetry.cuda_uuid(0)
+    monkeypatch.setattr(reader, "_libcuda", lambda: FakeLibcuda([SLICE]))
+    uuid = reader.cuda_uuid(0)
     assert uuid == "GPU-" + SLICE_UUID.removeprefix("MIG-")
-    assert telemetry.nvml_handle(nvml, uuid) is piece
-    assert telemetry.has_energy_counter(uuid) is False
-    sampler = telemetry.GpuSampler(uuid, interval_s=0.002, clock=clock)
+    assert reader.nvml_handle(nvml, uuid) is piece
+    assert reader.has_energy_counter(uuid) is False
+    sampler = reader.GpuSampler(uuid, interval_s=0.002, clock=clock)
     with sampler:
         clock.now += 1.0
         time.sleep(0.03)
@@ -270,8 +271,8 @@ def test_a_mig_slice_is_found_by_its_uuid_and_has_no_energy(monkeypatch: pytest.
 
 def test_a_uuid_nvml_does_not_know_gives_no_gpu_telemetry(machine: tuple[FakeGpu, FakeGpu], clock: FakeClock) -> None:
     unknown = "GPU-ffffffff-ffff-ffff-ffff-ffffffffffff"
-    assert telemetry.has_energy_counter(unknown) is False
-    sampler = telemetry.GpuSampler(unknown, interval_s=0.002, clock=clock)
+    assert reader.has_energy_counter(unknown) is False
+    sampler = reader.GpuSampler(unknown, interval_s=0.002, clock=clock)
     with sampler:
         time.sleep(0.01)
     assert sampler.summary(100) == {}
@@ -292,11 +293,11 @@ def test_without_a_gpu_the_gpu_telemetry_is_absent_and_the_trial_goes_on() -> No
         pass
     else:
         pytest.skip("NVML runs here: this test is for a machine without a GPU")
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.01)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.01)
     with sampler:
         time.sleep(0.05)
     assert sampler.summary(100) == {}
-    assert telemetry.has_energy_counter(FAST_UUID) is False
+    assert reader.has_energy_counter(FAST_UUID) is False
 
 
 def test_the_memory_nvml_counts_for_this_process_is_its_own(machine: tuple[FakeGpu, FakeGpu], clock: FakeClock) -> None:
@@ -306,12 +307,12 @@ def test_the_memory_nvml_counts_for_this_process_is_its_own(machine: tuple[FakeG
 
     _, fast = machine
     fast.processes = {os.getpid() + 1: 40 * 2**30, os.getpid(): 2 * 2**30}
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
     with sampler:
         time.sleep(0.03)
     assert sampler.summary(samples=1)["gpu_process_memory_mb_max"] == 2 * 1024
     fast.processes = {os.getpid() + 1: 40 * 2**30}
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
     with sampler:
         time.sleep(0.03)
     assert "gpu_process_memory_mb_max" not in sampler.summary(samples=1)
@@ -329,19 +330,19 @@ def test_other_processes_on_the_device_are_counted_and_their_sm_share_is_content
     _, fast = machine
     fast.processes = {os.getpid(): 2**30, 1: 2**30}
     fast.sm = {os.getpid(): [90, 95], 1: [30, 50, 255]}
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
     with sampler:
         time.sleep(0.03)
     summary = sampler.summary(samples=1)
     assert summary["gpu_other_processes_max"] == 1 and summary["gpu_others_sm_util_mean"] == 40.0
     assert contention({**summary, "cpu_others_cores": 0.1, "cpu_cores": 2.0}) == 0.4  # the larger share
     fast.sm = {}  # no process ran a kernel in the span
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
     with sampler:
         time.sleep(0.03)
     assert sampler.summary(samples=1)["gpu_others_sm_util_mean"] == 0.0
     fast.sm, fast.processes = None, {1: 2**30}  # no per-process samples; this process not listed
-    sampler = telemetry.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
+    sampler = reader.GpuSampler(FAST_UUID, interval_s=0.002, clock=clock)
     with sampler:
         time.sleep(0.03)
     summary = sampler.summary(samples=1)
