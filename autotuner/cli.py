@@ -150,7 +150,8 @@ def _export_code(export: ExportFile, name: str, args: argparse.Namespace) -> int
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from autotuner.output.report import load_report, report_path, write_report
+    from autotuner.output.pages import report_path, write_report
+    from autotuner.output.report import load_report
     from autotuner.spec.job import load_spec
 
     if args.spec:

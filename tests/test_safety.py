@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from autotuner.apply import load_config
 from autotuner.errors import SpecError
 from autotuner.export.writer import export_path
-from autotuner.output.report import report_path
+from autotuner.output.pages import report_path
 from autotuner.spec.job import load_spec
 from autotuner.spec.keys import NAME
 from tests.support.studies import ROOT

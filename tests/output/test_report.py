@@ -17,7 +17,8 @@ from autotuner.export.writer import export_data
 from autotuner.output import charts
 from autotuner.output.dashboard import study_note
 from autotuner.output.formatting import percent
-from autotuner.output.report import load_report, render_html, render_markdown
+from autotuner.output.pages import render_html, render_markdown
+from autotuner.output.report import load_report
 from autotuner.results.records import TrialRecord, baseline, best, records, speedup, to_remeasure
 from autotuner.results.store import record
 from autotuner.spec.job import parse_spec
