@@ -28,6 +28,8 @@ from autotuner.trials.probe import Environment
 
 if TYPE_CHECKING:
     from autotuner.spec.job import Job
+    from autotuner.trials.launcher import TrialLauncher
+    from autotuner.trials.request import TrialRequest
 
 AGREEMENT = 0.10
 """An applied throughput this far from the study's (relative) gets a warning."""
@@ -158,73 +160,12 @@ def apply_config(
     `BASELINE_MOST_S` at most), so the speedup delivered can be set beside the export's: on a CPU
     in lockstep with the config (turn by turn, `autotuner.trials.lockstep.measure_together`), elsewhere
     after it. A config tuned for another job or other hardware is refused unless `force`."""
-
-    # autotuner.study.storage imports Optuna: only here
-    from autotuner.study.storage import check_trial_limits
     from autotuner.trials.lockstep import in_lockstep, measure_together
     from autotuner.trials.outcomes import Outcome
 
-    if tuned.backend != job.backend.name:
-        raise SpecError(
-            f"the config is for the {tuned.backend} backend, the job for {job.backend.name}",
-            source=tuned.source,
-            key="environment.backend",
-        )
-    other_job = job_mismatch(tuned, job)
-    if other_job and not force:
-        raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
     launcher = job.backend.launcher(job.spec.trial.max_memory_mb)
-    environment = job.probe(launcher, device or job.spec.device)  # as the search probes it
-    check_trial_limits(job, environment)
-    other_machine = machine_mismatch(tuned, environment)
-    if other_machine and not force:
-        raise HardwareMismatch(f"{tuned.source}: {other_machine}. Use --force to run it anyway")
-    for problem in filter(None, (other_job, other_machine)):
-        warn(f"{tuned.source}: {problem} (--force)")
-    other_threads = thread_mismatch(tuned.machine, environment)
-    if other_threads:
-        warn(f"{tuned.source}: {other_threads}: on a CPU they change the throughput")
-
-    batch = tuned.params[BATCH_SIZE.name]
-    if job.spec.global_batch % batch:
-        raise SpecError(
-            f"batch_size {batch} does not divide the job's global_batch ({job.spec.global_batch})",
-            source=tuned.source,
-            key="params.batch_size",
-        )
-    config = job.complete(tuned.params)
-    unsupported = job.backend.unsupported_reason(config, job.backend.capabilities(environment.capabilities))
-    if unsupported:
-        raise SpecError(f"this machine cannot run it: {unsupported}", source=tuned.source, key="params")
-
-    settings = job.spec.trial
-    total = steps or default_steps(job)
-    per_window = min(settings.steps, total)
-    windows = math.ceil(total / per_window)
-
-    request = dataclasses.replace(
-        job.trial_request(config, environment.device),
-        steps=per_window,
-        windows=windows,
-        # `steps` asked: as many windows as cover them; by default, as many windows as that many
-        # steps would fill at the study's window length, each lengthened as the study's are
-        match_steps=steps or 0,
-    )
-    requests = [request]
-    base_params = tuned.baseline.get("params")
-    if baseline and base_params and tuned.speedup:
-        # As many optimizer steps as the config's: a job's step can get slower as it trains (e.g.
-        # Adam's moments of weights whose gradient is zero decay into subnormal floats, slow on
-        # Intel CPUs), so both runs cover the same stretch of training. In windows of its own
-        # calibrated length, as the study measured it: a median over windows of another length
-        # is another estimate (longer windows keep more of a busy machine's stalls in them).
-        requests.append(
-            dataclasses.replace(request, config=dict(job.complete(base_params)), match_most_s=BASELINE_MOST_S)
-        )
-    # as many times a trial's timeout as the run has times its steps (before lengthening)
-    timeout = job.trial_timeout(*(r.config for r in requests)) * max(
-        1.0, per_window * windows / (settings.steps * settings.windows)
-    )
+    environment, config = _checked(tuned, job, launcher, device or job.spec.device, force, warn)
+    requests, timeout = _requests(tuned, job, config, environment.device, steps, baseline)
     # A compile cache of their own, empty: the warm-up is a real run's, whatever the study compiled.
     with tempfile.TemporaryDirectory(prefix="autotuner-apply-") as cold_cache:
         requests = [dataclasses.replace(r, compile_cache=cold_cache) for r in requests]
@@ -244,7 +185,7 @@ def apply_config(
         environment=environment,
         throughput=output.throughput,
         heldout_loss=output.losses.heldout,
-        drift_steps=settings.drift_steps,
+        drift_steps=job.spec.trial.drift_steps,
         wall_s=result.wall_s,
         baseline=base.throughput if base is not None else None,
         lockstep=base is not None and in_lockstep(environment.device),
@@ -252,6 +193,82 @@ def apply_config(
         start_s=environment.framework_start_s or 0.0,
         compile_cache=output.compile_cache,
     )
+
+
+def _checked(
+    tuned: TunedConfig, job: Job, launcher: TrialLauncher, device: str, force: bool, warn: Callable[[str], None]
+) -> tuple[Environment, Config]:
+    """The machine `device` is (probed as the search probes it) and the config `tuned` makes of
+    `job`, once nothing refuses them: another backend, another job or other hardware (unless
+    `force`, then a warning), a micro-batch that does not divide the job's global batch, a config
+    the machine cannot run. Other thread settings than the study's are a warning."""
+    from autotuner.study.storage import check_trial_limits  # it imports Optuna: only here
+
+    if tuned.backend != job.backend.name:
+        raise SpecError(
+            f"the config is for the {tuned.backend} backend, the job for {job.backend.name}",
+            source=tuned.source,
+            key="environment.backend",
+        )
+    other_job = job_mismatch(tuned, job)
+    if other_job and not force:
+        raise SpecError(f"{other_job}. Use --force to run it anyway", source=tuned.source, key="spec.identity")
+    environment = job.probe(launcher, device)
+    check_trial_limits(job, environment)
+    other_machine = machine_mismatch(tuned, environment)
+    if other_machine and not force:
+        raise HardwareMismatch(f"{tuned.source}: {other_machine}. Use --force to run it anyway")
+    for problem in filter(None, (other_job, other_machine)):
+        warn(f"{tuned.source}: {problem} (--force)")
+    other_threads = thread_mismatch(tuned.machine, environment)
+    if other_threads:
+        warn(f"{tuned.source}: {other_threads}: on a CPU they change the throughput")
+    batch = tuned.params[BATCH_SIZE.name]
+    if job.spec.global_batch % batch:
+        raise SpecError(
+            f"batch_size {batch} does not divide the job's global_batch ({job.spec.global_batch})",
+            source=tuned.source,
+            key="params.batch_size",
+        )
+    config = job.complete(tuned.params)
+    unsupported = job.backend.unsupported_reason(config, job.backend.capabilities(environment.capabilities))
+    if unsupported:
+        raise SpecError(f"this machine cannot run it: {unsupported}", source=tuned.source, key="params")
+    return environment, config
+
+
+def _requests(
+    tuned: TunedConfig, job: Job, config: Config, device: str, steps: int | None, baseline: bool
+) -> tuple[list[TrialRequest], float]:
+    """The config's request (and the baseline's, with `baseline` and a baseline in the export) and
+    the timeout they run under: as many times a trial's as the run has times a trial's steps."""
+    settings = job.spec.trial
+    total = steps or default_steps(job)
+    per_window = min(settings.steps, total)
+    windows = math.ceil(total / per_window)
+    request = dataclasses.replace(
+        job.trial_request(config, device),
+        steps=per_window,
+        windows=windows,
+        # `steps` asked: as many windows as cover them; by default, as many windows as that many
+        # steps would fill at the study's window length, each lengthened as the study's are
+        match_steps=steps or 0,
+    )
+    requests = [request]
+    base_params = tuned.baseline.get("params")
+    if baseline and base_params and tuned.speedup:
+        # As many optimizer steps as the config's: a job's step can get slower as it trains (e.g.
+        # Adam's moments of weights whose gradient is zero decay into subnormal floats, slow on
+        # Intel CPUs), so both runs cover the same stretch of training. In windows of its own
+        # calibrated length, as the study measured it: a median over windows of another length
+        # is another estimate (longer windows keep more of a busy machine's stalls in them).
+        requests.append(
+            dataclasses.replace(request, config=dict(job.complete(base_params)), match_most_s=BASELINE_MOST_S)
+        )
+    timeout = job.trial_timeout(*(r.config for r in requests)) * max(
+        1.0, per_window * windows / (settings.steps * settings.windows)
+    )
+    return requests, timeout
 
 
 def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
