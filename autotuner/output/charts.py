@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from plotly.graph_objects import Bar, Box, Figure, Scatter
@@ -20,6 +21,7 @@ from autotuner.backends import knob_named
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config, shown_knobs
 from autotuner.output.formatting import times
 from autotuner.results.records import TrialRecord, ranked, speedup
+from autotuner.study.names import BASELINE
 
 THROUGHPUT_TITLE = "throughput (samples/s)"
 DRIFT_TITLE = "drift (relative)"
@@ -121,86 +123,94 @@ def _level(figure: Figure, y: float, text: str, colour: str, dash: str, log: boo
     )
 
 
+@dataclass(frozen=True)
+class _DriftAxis:
+    """The pareto figure's drift axis: logarithmic when the finite positive drifts (and the
+    tolerance) span more than a decade; exact zero drift drawn at its floor (on a log axis) and
+    infinite drift at its ceiling."""
+
+    log: bool
+    floor: float
+    ceiling: float
+
+    @classmethod
+    def of(cls, shown: Sequence[TrialRecord], tolerance: float) -> _DriftAxis:
+        finite = [t.drift for t in shown if math.isfinite(t.drift)]
+        positive = [d for d in finite if d > 0] + ([tolerance] if tolerance > 0 else [])
+        low, high = (min(positive), max(positive)) if positive else (1e-3, 1e-2)
+        if high / low > 10:
+            return cls(True, low / 10, high * 10)
+        return cls(False, 0.0, high * 1.3 if high > 0 else 1.0)
+
+    def y(self, t: TrialRecord) -> float:
+        if math.isinf(t.drift):
+            return self.ceiling
+        return self.floor if self.zero(t) else t.drift
+
+    def zero(self, t: TrialRecord) -> bool:
+        """Drawn at the floor: zero drift on a log axis."""
+        return self.log and t.drift == 0
+
+    def at_edge(self, t: TrialRecord) -> bool:
+        return math.isinf(t.drift) or self.zero(t)
+
+
+def _points(axis: _DriftAxis, name: str, group: list[TrialRecord], colour: str | list[str], symbol: str) -> Scatter:
+    return Scatter(
+        name=name,
+        x=[t.throughput for t in group],
+        y=[axis.y(t) for t in group],
+        mode="markers",
+        marker={"color": colour, "size": 10, "symbol": symbol},
+        text=[hover(t) for t in group],
+        hovertemplate="%{text}<extra></extra>",
+        customdata=[t.number for t in group],
+    )
+
+
+def _colours(group: list[TrialRecord]) -> list[str]:
+    return [FEASIBLE_COLOUR if t.feasible else INFEASIBLE_COLOUR for t in group]
+
+
+def _marked(axis: _DriftAxis, name: str, group: list[TrialRecord], colour: str, marker: dict[str, Any]) -> Scatter:
+    """A trace of its own for the front or the baseline: markers larger than the trials'."""
+    return Scatter(
+        name=name,
+        x=[t.throughput for t in group],
+        y=[axis.y(t) for t in group],
+        mode="lines+markers" if name.startswith("Pareto") else "markers",
+        line={"color": colour, "width": 2, "shape": "hv"},
+        marker={"color": colour, "line": {"width": 2}, **marker},
+        text=[hover(t) for t in group],
+        hovertemplate=f"%{{text}}<extra>{name.split(' (')[0]}</extra>",
+        customdata=[t.number for t in group],
+    )
+
+
 def pareto_figure(trials: Sequence[TrialRecord], tolerance: float) -> Figure:
     """Throughput against drift for every measured trial, the Pareto front of the feasible ones
-    joined, and the drift tolerance as a horizontal line.
-
-    The drift axis is logarithmic when the finite positive drifts (and the tolerance) span more
-    than a decade. Exact zero drift is drawn at the axis floor and infinite drift at its ceiling,
-    each with its own marker and a label, so no trial disappears off the axis.
-    """
+    joined, and the drift tolerance as a horizontal line. Drift the axis cannot show (zero on a
+    logarithmic axis, infinite) is drawn at its floor or ceiling, each with its own marker and a
+    label, so no trial disappears off the axis (`_DriftAxis`)."""
     shown = measured(trials)
-    finite = [t.drift for t in shown if math.isfinite(t.drift)]
-    positive = [d for d in finite if d > 0] + ([tolerance] if tolerance > 0 else [])
-    low, high = (min(positive), max(positive)) if positive else (1e-3, 1e-2)
-    log = high / low > 10
-    if log:
-        floor, ceiling = low / 10, high * 10
-    else:
-        floor, ceiling = 0.0, (high * 1.3 if high > 0 else 1.0)
-
-    def y(t: TrialRecord) -> float:
-        if math.isinf(t.drift):
-            return ceiling
-        return floor if log and t.drift == 0 else t.drift
-
-    def at_edge(t: TrialRecord) -> bool:
-        return math.isinf(t.drift) or (log and t.drift == 0)
-
-    def points(name: str, group: list[TrialRecord], colour: str | list[str], symbol: str) -> Scatter:
-        return Scatter(
-            name=name,
-            x=[t.throughput for t in group],
-            y=[y(t) for t in group],
-            mode="markers",
-            marker={"color": colour, "size": 10, "symbol": symbol},
-            text=[hover(t) for t in group],
-            hovertemplate="%{text}<extra></extra>",
-            customdata=[t.number for t in group],
-        )
-
-    def colours(group: list[TrialRecord]) -> list[str]:
-        return [FEASIBLE_COLOUR if t.feasible else INFEASIBLE_COLOUR for t in group]
-
+    axis = _DriftAxis.of(shown, tolerance)
     figure = Figure()
-    inside = [t for t in shown if not at_edge(t)]
-    figure.add_trace(points("feasible", [t for t in inside if t.feasible], FEASIBLE_COLOUR, "circle"))
-    figure.add_trace(points("infeasible", [t for t in inside if not t.feasible], INFEASIBLE_COLOUR, "x"))
+    inside = [t for t in shown if not axis.at_edge(t)]
+    figure.add_trace(_points(axis, "feasible", [t for t in inside if t.feasible], FEASIBLE_COLOUR, "circle"))
+    figure.add_trace(_points(axis, "infeasible", [t for t in inside if not t.feasible], INFEASIBLE_COLOUR, "x"))
     # Drift the axis cannot show gets its own trace, so the legend says where those points are drawn.
-    zero = [t for t in shown if log and t.drift == 0]
+    zero = [t for t in shown if axis.zero(t)]
     if zero:
-        figure.add_trace(points("drift 0 (drawn at the axis floor)", zero, colours(zero), "triangle-down"))
+        figure.add_trace(_points(axis, "drift 0 (drawn at the axis floor)", zero, _colours(zero), "triangle-down"))
     infinite = [t for t in shown if math.isinf(t.drift)]
     if infinite:
-        figure.add_trace(points("drift inf (drawn at the top)", infinite, colours(infinite), "triangle-up"))
-    front = pareto_front(trials)
-    figure.add_trace(
-        Scatter(
-            name="Pareto front (feasible)",
-            x=[t.throughput for t in front],
-            y=[y(t) for t in front],
-            mode="lines+markers",
-            line={"color": FRONT_COLOUR, "width": 2, "shape": "hv"},
-            marker={"color": FRONT_COLOUR, "size": 14, "symbol": "diamond-open", "line": {"width": 2}},
-            text=[hover(t) for t in front],
-            hovertemplate="%{text}<extra>Pareto front</extra>",
-            customdata=[t.number for t in front],
-        )
-    )
-    base = next((t for t in shown if t.role == "baseline"), None)
+        figure.add_trace(_points(axis, "drift inf (drawn at the top)", infinite, _colours(infinite), "triangle-up"))
+    front = {"size": 14, "symbol": "diamond-open"}
+    figure.add_trace(_marked(axis, "Pareto front (feasible)", pareto_front(trials), FRONT_COLOUR, front))
+    base = next((t for t in shown if t.role == BASELINE), None)
     if base is not None:
-        figure.add_trace(
-            Scatter(
-                name="baseline",
-                x=[base.throughput],
-                y=[y(base)],
-                mode="markers",
-                marker={"color": BASELINE_COLOUR, "size": 20, "symbol": "circle-open", "line": {"width": 2}},
-                text=[hover(base)],
-                hovertemplate="%{text}<extra>baseline</extra>",
-                customdata=[base.number],
-            )
-        )
+        figure.add_trace(_marked(axis, "baseline", [base], BASELINE_COLOUR, {"size": 20, "symbol": "circle-open"}))
+    log, floor, ceiling = axis.log, axis.floor, axis.ceiling
     _level(figure, tolerance, f"tolerance {tolerance:.2%}", INFEASIBLE_COLOUR, "dash", log, "bottom", 0)
     if infinite:
         _level(figure, ceiling, "drift = inf (nan/inf loss)", "#999999", "dot", log, "top", 1)
