@@ -153,40 +153,7 @@ class Search:
                 self.max_trials,
                 self.plan,
             )
-            waiting_noted = False
-            while True:
-                recovery.recover()
-                trials = records(study)
-                if sum(t.ran for t in trials) >= self.max_trials:
-                    break
-                if self.timeout is not None and spent_seconds(trials) >= self.timeout:
-                    self.reporter.note(f"the study's time budget of {self.timeout:g} s is spent")
-                    break
-                if not slots.any_free():
-                    if not waiting_noted:
-                        self.reporter.note("the rest of the budget is running on other workers: waiting for them")
-                        waiting_noted = True
-                    time.sleep(POLL_S)  # a trial cut off there frees its slot, and this worker retries it
-                    continue
-                waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                if not waiting and not sampler.fresh_configs(study):
-                    self.reporter.note("every config of the space has been tried")
-                    break
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # Optuna warns that heartbeats are meant for optimize()
-                    trial = study.ask(dict(sampler.space))
-                with TrialOwnership(storage, process, trial):
-                    done = dispatch.run(trial)
-                if done is not None:
-                    trials = records(study)
-                    self.reporter.trial(
-                        done,
-                        sum(t.ran for t in trials),
-                        self.max_trials,
-                        time.monotonic() - started,
-                        best(trials, self.plan),
-                        baseline(trials),
-                    )
+            self._trials(dispatch, sampler, recovery, started)
             self.reporter.left_s = None  # the trials are over
             Remeasurer(job, study, once, launcher, environment.device, self.reporter, self.plan).run()
             if self.profile:
@@ -195,6 +162,46 @@ class Search:
         except KeyboardInterrupt:
             interrupted = True
         return self._finish(study, interrupted)
+
+    def _trials(self, dispatch: TrialDispatch, sampler: FreshConfigSampler, recovery: Recovery, started: float) -> None:
+        """Ask for trials and run them (`dispatch`) until the study's budget (in trials, across its
+        workers, or in seconds) is spent or no config is left; a trial cut off on another worker is
+        retried (`recovery`)."""
+        study, slots = dispatch.study, dispatch.slots
+        waiting_noted = False
+        while True:
+            recovery.recover()
+            trials = records(study)
+            if sum(t.ran for t in trials) >= self.max_trials:
+                break
+            if self.timeout is not None and spent_seconds(trials) >= self.timeout:
+                self.reporter.note(f"the study's time budget of {self.timeout:g} s is spent")
+                break
+            if not slots.any_free():
+                if not waiting_noted:
+                    self.reporter.note("the rest of the budget is running on other workers: waiting for them")
+                    waiting_noted = True
+                time.sleep(POLL_S)  # a trial cut off there frees its slot, and this worker retries it
+                continue
+            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if not waiting and not sampler.fresh_configs(study):
+                self.reporter.note("every config of the space has been tried")
+                break
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna warns that heartbeats are meant for optimize()
+                trial = study.ask(dict(sampler.space))
+            with TrialOwnership(recovery.storage, recovery.process, trial):
+                done = dispatch.run(trial)
+            if done is not None:
+                trials = records(study)
+                self.reporter.trial(
+                    done,
+                    sum(t.ran for t in trials),
+                    self.max_trials,
+                    time.monotonic() - started,
+                    best(trials, self.plan),
+                    baseline(trials),
+                )
 
     def _finish(self, study: optuna.Study, interrupted: bool) -> SearchSummary:
         """The summary of the study as it stands, with its export (when it has a best) and the
