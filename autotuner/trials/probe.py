@@ -69,14 +69,9 @@ class Environment:
         """From `as_dict`'s form read back; keys it does not know (an export's `fingerprint`) are
         left out, and what a study made by an older autotuner did not store takes its default."""
         known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known and v is not None}
-        values.setdefault("backend", "")
-        values.setdefault("device", "")
-        values.setdefault("device_name", "")
-        values.setdefault("driver", "")
-        values.setdefault("versions", {})
-        values.setdefault("capabilities", {})
-        return cls(**values)
+        stored = {k: v for k, v in data.items() if k in known and v is not None}
+        unset: dict[str, Any] = {"backend": "", "device": "", "device_name": "", "driver": ""}
+        return cls(**{**unset, "versions": {}, "capabilities": {}, **stored})
 
 
 @dataclass(frozen=True)
