@@ -49,14 +49,14 @@ class Metrics(Measured):
 class Baseline(Measured):
     """The baseline's config and evidence (params None where the study has no baseline)."""
 
-    params: dict[str, Any] | None = None
+    params: Config | None = None
     outcome: str | None = None
 
 
 class Drift(_Section):
     tolerance: float | None = None
     reference_noise_floor: float | None = None
-    reference_config: dict[str, Any] | None = None
+    reference_config: Config | None = None
 
 
 class EnvironmentSection(_Section):
@@ -91,7 +91,7 @@ class Ranked(_Section):
 
     rank: int
     trial: int
-    params: dict[str, Any]
+    params: Config
     throughput: float
     speedup: float | None = None
 

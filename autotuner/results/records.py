@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotuner.config.knobs import Config
+from autotuner.config.knobs import Config, Params
 from autotuner.measurement.pruning import TRIAL_NOISE
 from autotuner.results.evidence import Reference, Remeasurement
 from autotuner.study.names import (
@@ -40,6 +40,11 @@ from autotuner.study.names import (
 from autotuner.study.optuna_adapter import study_id, study_storage
 from autotuner.trials.outcomes import Outcome
 
+Metrics = dict[str, Any]
+"""A trial's metrics, stored as its user attrs: an open set of keys, the telemetry's among them
+(a GPU's samplers add theirs), that the storage keeps as they are (`autotuner.results.store`
+derives them)."""
+
 REMEASURE_PREFIX = CLAIM_PREFIX + REMEASURE_CLAIM
 """The keys of the study system attrs (claims) holding the re-measurement of a trial's config."""
 CUT_OFF = "its worker stopped while it ran (killed, or cut off from the storage); it is retried"
@@ -53,12 +58,12 @@ class TrialRecord:
     number: int
     state: str
     config: Config
-    params: dict[str, Any]
+    params: Params
     role: str
     outcome: str
     reason: str
     feasible: bool
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=dict)
     """The trial's other user attrs: what `autotuner.results.store.trial_metrics` derived."""
     remeasured: Remeasurement | None = None
     """The config's re-measurement, once done."""

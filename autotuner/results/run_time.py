@@ -175,7 +175,7 @@ def _warmup_steps(metrics: Mapping[str, Any]) -> int:
     return int(metrics.get("warmup_steps") or 0)
 
 
-def run_plan(study_attrs: dict[str, Any]) -> RunPlan | None:
+def run_plan(study_attrs: Mapping[str, Any]) -> RunPlan | None:
     """The `RunPlan` a study's latest search was started with (its user attrs), or None."""
     return RunPlan.from_dict(study_attrs.get(RUN))
 

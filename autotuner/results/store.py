@@ -16,7 +16,7 @@ import optuna
 from autotuner.config.knobs import PRECISION, Config
 from autotuner.measurement.contention import CONTENDED_SHARE, contention
 from autotuner.results.evidence import Reference
-from autotuner.results.records import TrialRecord
+from autotuner.results.records import Metrics, TrialRecord
 from autotuner.spec.job import Job
 from autotuner.study.names import (
     CONFIG,
@@ -34,11 +34,6 @@ from autotuner.trials.launcher import TrialResult
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import Environment
 from autotuner.trials.trial_output import TrialOutput
-
-Metrics = dict[str, Any]
-"""A trial's metrics, stored as its user attrs: an open set of keys, the telemetry's among them
-(its GPU's samplers add theirs), that the storage keeps as they are and `TrialRecord.metrics`
-reads back."""
 
 DRIFT_CAP = 1e6
 """Infinite drift is stored as this in constraint values, which must be finite JSON."""

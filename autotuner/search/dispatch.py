@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -17,7 +16,7 @@ from autotuner.config.knobs import Config, format_config
 from autotuner.measurement.contention import CONTENDED_SHARE, contention, wait_until_quiet
 from autotuner.output.console import SearchReporter
 from autotuner.results.evidence import Reference
-from autotuner.results.records import TrialRecord
+from autotuner.results.records import Metrics, TrialRecord
 from autotuner.results.run_time import RunPlan
 from autotuner.results.store import give_up, record
 from autotuner.results.tried import best_feasible, oom_rules_out
@@ -64,7 +63,7 @@ class TrialDispatch:
             config = job.complete(trial.params)
             role = trial.user_attrs.get("role", "search")
             reason = job.backend.unsupported_reason(config, self.capabilities)
-            extra: dict[str, Any] = {}
+            extra: Metrics = {}
             if reason:
                 result = TrialResult.unsupported(reason)
             else:
@@ -117,7 +116,7 @@ class TrialDispatch:
 
     def _when_contended(
         self, number: int, config: Config, result: TrialResult[TrialOutput], shown: str, best: float | None
-    ) -> tuple[TrialResult[TrialOutput], dict[str, Any]]:
+    ) -> tuple[TrialResult[TrialOutput], Metrics]:
         """`result`, or when other work took the CPU during its windows (`autotuner.measurement.contention`), a
         second run once the machine is quiet (at most `trial.quiet_wait` seconds later); and the
         metrics to record beside it (the first run's contention). One warning line says which."""

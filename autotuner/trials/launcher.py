@@ -36,14 +36,14 @@ Output = TypeVar("Output")
 @dataclass
 class TrialResult(Generic[Output]):
     """What one trial process produced, classified: `TrialResult[TrialOutput]` for a trial (the
-    runner's `run`), `TrialResult[dict[str, Any]]` for a probe."""
+    runner's `run`), `TrialResult[ProbeResult]` for a probe (`autotuner.trials.probe`)."""
 
     outcome: Outcome
     reason: str = ""
     traceback: str | None = None
     output: Output | None = None
-    """What the process's function returned (a trial's `autotuner.results.evidence.TrialOutput`, a probe's
-    environment) when it ended ok; else None."""
+    """What the process's function returned (a trial's `autotuner.trials.trial_output.TrialOutput`,
+    a probe's `autotuner.trials.probe.ProbeResult`) when it ended ok; else None."""
     startup_s: float | None = None
     """From asking for the process to the process running the trial's code."""
     wall_s: float = 0.0
@@ -85,7 +85,7 @@ def _trial_main(
     exceptions are out-of-memory errors; in any other module (a test's helper) it is the module's
     own. With `turns` (the end of a lockstep group's turn pipe the launcher sends down), the call is
     `runner.function(arg, turns=...)`: its measurement waits there for its turns
-    (`autotuner.trials.messages.Turns`)."""
+    (`autotuner.measurement.turns.Turns`)."""
     os.setsid()  # own process group: the launcher kills it together with its workers
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
