@@ -1,6 +1,5 @@
-"""Safety: YAML is only ever loaded safely, a study name can never name a file outside its folder in runs/,
-the dashboard is served to this machine alone unless --host says otherwise, and what a study
-writes is git-ignored."""
+"""Safety: YAML is only ever loaded safely, a study name can never name a file outside its folder
+in runs/, and what a study writes is git-ignored. The dashboard's address is tests/e2e/test_safety.py's."""
 
 from __future__ import annotations
 

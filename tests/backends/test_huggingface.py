@@ -1,6 +1,6 @@
-"""A Hugging Face model as a user has it: the example factory (GPT-2 from a config, a dataset of
-dicts, the loss the model computes) tuned end to end, and its export turned into the Trainer's
-arguments."""
+"""A Hugging Face model as a user has it (the example factory: GPT-2 from a config, a dataset of
+dicts, the loss the model computes): the gradient checkpointing its factory turns on trains as
+without it. Its study end to end is tests/e2e/test_huggingface.py's."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """What the JAX backend adds beyond the shared contract (`tests/backends/test_contract.py`): specs
 naming it (its presets, YAML's bare on/off, a Python without jax), its built-in workloads against
-their PyTorch twins, its prefetching loader, and a JAX study searched, exported and applied
-from the command line (and from the README's loop). CPU only, real jax and torch."""
+their PyTorch twins, its prefetching loader, and a config's later processes loading what its
+first compiled. A JAX study end to end is tests/e2e/test_jax_backend.py's. CPU only, real jax
+and torch."""
 
 from __future__ import annotations
 

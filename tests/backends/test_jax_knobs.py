@@ -3,8 +3,8 @@
 What each value does in `TunedTraining` (remat recomputes without changing the loss or the
 gradients, donation leaves the loop and the caller's arrays working, a flag bundle reaches the
 trial process's XLA_FLAGS before JAX starts, and a process whose JAX started without it is
-refused), what the engine records unsupported and why, what the probe finds, and a small study
-over them from the command line.
+refused), what the engine records unsupported and why, and what the probe finds. A small study
+over them is tests/e2e/test_jax_knobs.py's.
 """
 
 from __future__ import annotations

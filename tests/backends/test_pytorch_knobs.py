@@ -1,8 +1,9 @@
 """The PyTorch knobs beyond precision, batch, workers and compile: what each does to the model,
 the optimizer and the loader (through `TunedTraining`, as trials and users apply them), which
 device and workload can use which (the probe's capabilities, the space narrowed before the first
-trial), the trial that finds its workload cannot honour one (`unsupported`, with the reason),
-and configs exported before these knobs existed."""
+trial), and the trial that finds its workload cannot honour one (`unsupported`, with the
+reason). Searches over them, and configs exported before they existed, are
+tests/e2e/test_pytorch_knobs.py's."""
 
 from __future__ import annotations
 

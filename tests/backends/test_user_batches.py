@@ -1,6 +1,7 @@
 """Batches as users write them (dicts for a model's keyword arguments, namedtuples, their own
-collate function), the loss where the model puts it or the workload's own step, and the data
-shapes the probe refuses before a study exists."""
+collate function) and the loss where the model puts it or the workload's own step, as
+`TunedTraining` handles them. Such jobs searched, and the shapes the probe refuses, are
+tests/e2e/test_user_batches.py's."""
 
 from __future__ import annotations
 

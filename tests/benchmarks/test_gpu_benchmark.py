@@ -1,8 +1,6 @@
-"""benchmarks/gpu.py (the GPU benchmark) run dry on the CPU, so it cannot rot where no GPU is:
-`--device cpu --tiny` runs every part end to end (the real CLI, the alternatives harness, the JAX
-study) and writes its result files, and benchmarks/tables.py renders them. Not a `gpu` test: it
-runs in CI (about a minute on two cores).
-"""
+"""benchmarks/gpu.py's own functions: the figures its apply part reads from what `autotuner apply`
+prints on a GPU, and a command stopped at its part's time limit. Its parts run dry end to end in
+tests/e2e/test_gpu_benchmark*.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Applying an exported config: the PyTorch object a user's loop (and every trial) trains through,
-reading the export, the README's example, and `autotuner apply` end to end. CPU only, real torch."""
+"""`autotuner apply` end to end on a study searched once: the guide's loop against the export, the
+config and the baseline run and compared, and the refusals and warnings of a config tuned for
+another job, other hardware or other thread settings. CPU only, real torch."""
 
 from __future__ import annotations
 

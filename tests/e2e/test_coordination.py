@@ -1,4 +1,7 @@
-"""Many search processes (workers) on one study, and a search killed with kill -9: real processes, real storages.
+"""Many search processes (workers) on one study, end to end: four searches sharing it run nothing
+twice, a locked database makes them wait, a search killed with kill -9 leaves no trial process
+and its rerun resumes, workers on other hardware are refused, and `--jobs` starts one worker per
+device. Real processes, real storages.
 
 The PostgreSQL tests need AUTOTUNER_TEST_POSTGRES_URL (e.g. postgresql://postgres@127.0.0.1:5432/test):
 without it, or with the server unreachable, they are skipped, except where CI is set, where they fail.

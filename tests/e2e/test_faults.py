@@ -1,10 +1,10 @@
-"""Never lose a trial: one `autotuner search` whose workload misbehaves in a different way for
-each config meets every fault a trial can have (a segfault, an abort, a hang, the framework's
-out-of-memory error, an allocation refused by the trial's memory limit, a NaN loss, an exception
-in user code, an exit without a result, garbage where the result goes, a result that never
-ends), records each with its outcome and reason, runs the next trial, and ends normally. A
-second study has a factory that fails once. Everything is read back from the storage, as the
-dashboard and `export` read it."""
+"""Never lose a trial, end to end: one `autotuner search` whose workload misbehaves in a different
+way for each config meets every fault a trial can have (a segfault, an abort, a hang, the
+framework's out-of-memory error, an allocation refused by the trial's memory limit, a NaN loss,
+an exception in user code, an exit without a result, garbage where the result goes, a result
+that never ends), records each with its outcome and reason, runs the next trial, and ends
+normally. A second study has a factory that fails once. Everything is read back from the
+storage, as the dashboard and `export` read it."""
 
 from __future__ import annotations
 

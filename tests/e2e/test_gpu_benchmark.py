@@ -8,15 +8,13 @@ runs in CI (about half a minute on two cores).
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.benchmarks import COMMON, STUDY_KEYS, benchmark_env, gpu_py
+from tests.support.benchmarks import COMMON, STUDY_KEYS, gpu_py, render_tables
 from tests.support.studies import ROOT
 
 PARTS = ("study", "apply", "alternatives")
@@ -97,18 +95,7 @@ def test_the_alternatives_part_measures_the_four_configs_on_gpt_and_cnn(dry_run:
 
 def test_tables_render_the_gpu_results(dry_run: tuple[Path, Any], tmp_path: Path) -> None:
     out = dry_run[0]
-    readme = tmp_path / "README.md"
-    shutil.copy(ROOT / "benchmarks" / "README.md", readme)
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tables.py"), "--results", str(out), "--readme", str(readme)],
-        cwd=ROOT,
-        env=benchmark_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    text = readme.read_text()
+    text = render_tables(out, tmp_path)
     section = text[text.index("### On one GPU") : text.index("<!-- results end -->")]
     study, apply = _load(out, "study"), _load(out, "apply")
     assert study["machine"] in section and "A `--tiny` dry run" in section

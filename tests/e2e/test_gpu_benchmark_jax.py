@@ -5,16 +5,12 @@ parts (`test_gpu_benchmark.py`), so that the two run at once on two workers."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.benchmarks import COMMON, STUDY_KEYS, benchmark_env, gpu_py
-from tests.support.helpers import ROOT
+from tests.support.benchmarks import COMMON, STUDY_KEYS, gpu_py, render_tables
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +33,6 @@ def test_the_jax_part_runs_the_jax_gpt_study(jax_run: tuple[Path, dict[str, Any]
 
 
 def test_tables_render_the_jax_result(jax_run: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    shutil.copy(ROOT / "benchmarks" / "README.md", readme)
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tables.py"), "--results", str(jax_run[0]), "--readme", str(readme)],
-        cwd=ROOT,
-        env=benchmark_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    text = readme.read_text()
+    text = render_tables(jax_run[0], tmp_path)
     section = text[text.index("### On one GPU") : text.index("<!-- results end -->")]
     assert "#### The JAX gpt study" in section and jax_run[1]["machine"] in section

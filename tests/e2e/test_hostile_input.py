@@ -1,11 +1,6 @@
-"""Hostile input: whatever a spec, an argument or a storage URL holds, the CLI answers with exit
-code 2 and one line that names the problem (no traceback), and writes nothing: no runs/
-folder, no database, no export.
-
-Generated specs (Hypothesis) go through the CLI's own `main()` in this process, which is fast;
-a handful go through a real `autotuner` process. Each generated spec is a valid one with exactly
-one thing broken, so the expected key is known, or random text or bytes, which cannot be a spec.
-"""
+"""Hostile input through the installed command, in a fresh interpreter: one bad spec of each kind
+is answered with exit code 2 and one line, and nothing is written. The cases themselves are
+tests/spec/test_hostile_input.py's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A Hugging Face model as a user has it: the example factory (GPT-2 from a config, a dataset of
-dicts, the loss the model computes) tuned end to end, and its export turned into the Trainer's
-arguments."""
+"""A Hugging Face model as a user has it, tuned end to end: the example spec (GPT-2 from a config,
+a dataset of dicts, the loss the model computes) searched, and its export turned into the
+Trainer's arguments."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What the JAX backend adds beyond the shared contract (`tests/backends/test_contract.py`): specs
-naming it (its presets, YAML's bare on/off, a Python without jax), its built-in workloads against
-their PyTorch twins, its prefetching loader, and a JAX study searched, exported and applied
-from the command line (and from the README's loop). CPU only, real jax and torch."""
+"""A JAX study end to end: searched on the CPU (its environment recorded, TF32 refused), exported,
+applied with `autotuner apply` and in the guide's own loop, and `autotuner env` describing the
+backend. CPU only, real jax."""
 
 from __future__ import annotations
 

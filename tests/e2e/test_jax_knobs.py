@@ -1,11 +1,5 @@
-"""The JAX backend's own knobs beyond jit: `remat`, `donate` and `xla_flags`.
-
-What each value does in `TunedTraining` (remat recomputes without changing the loss or the
-gradients, donation leaves the loop and the caller's arrays working, a flag bundle reaches the
-trial process's XLA_FLAGS before JAX starts, and a process whose JAX started without it is
-refused), what the engine records unsupported and why, what the probe finds, and a small study
-over them from the command line.
-"""
+"""The JAX backend's own knobs in a study end to end: a CPU search tries `remat`, `donate` and a
+flag bundle, and records what each did. What each value does is tests/backends/test_jax_knobs.py's."""
 
 from __future__ import annotations
 

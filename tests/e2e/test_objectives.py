@@ -1,6 +1,5 @@
-"""The optional third objective, energy per sample: the study it makes, what each trial gives it,
-and its refusal on a device without an energy counter. The NVML side runs only on a GPU; what
-the study does with the figure is checked here from a trial result as a GPU trial returns it."""
+"""The energy objective end to end: a search on a device without an energy counter is refused in
+one line, before anything is stored."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Losing trials stop early: after its first windows a search trial that cannot reach the best
-feasible throughput so far is stopped, stored as Optuna PRUNED with the reason and its windows,
-and its drift is not measured."""
+"""Losing trials stop early, end to end: after its first windows a search trial that cannot reach
+the best feasible throughput so far is stopped, stored as Optuna PRUNED with the reason and its
+windows, its drift not measured, and the report shows it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The PyTorch knobs beyond precision, batch, workers and compile: what each does to the model,
-the optimizer and the loader (through `TunedTraining`, as trials and users apply them), which
-device and workload can use which (the probe's capabilities, the space narrowed before the first
-trial), the trial that finds its workload cannot honour one (`unsupported`, with the reason),
-and configs exported before these knobs existed."""
+"""The PyTorch knobs in a study end to end: a search tries them and refuses what the workload
+cannot use, and configs exported before the knobs existed still apply with them at their
+reference values."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`autotuner report` and the charts it draws: figures built from trials stored by the real
-`autotuner.results.store.record`, and the command run on a real small study."""
+"""`autotuner report` end to end: the command on a real small study writes the page."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The answer in the user's units: a config's predicted wall time for the real run (`run:`),
-its cost (`cost:`), and the ranking they give, from the formula to the exported file."""
+"""The answer in the user's units end to end: a search with a `run:` and a `cost:` ranks, prints
+and exports each config's predicted run time and cost."""
 
 from __future__ import annotations
 

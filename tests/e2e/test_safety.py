@@ -1,6 +1,4 @@
-"""Safety: YAML is only ever loaded safely, a study name can never name a file outside its folder in runs/,
-the dashboard is served to this machine alone unless --host says otherwise, and what a study
-writes is git-ignored."""
+"""Safety end to end: the dashboard is served to this machine alone unless --host says otherwise."""
 
 from __future__ import annotations
 

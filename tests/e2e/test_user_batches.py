@@ -1,6 +1,6 @@
-"""Batches as users write them (dicts for a model's keyword arguments, namedtuples, their own
-collate function), the loss where the model puts it or the workload's own step, and the data
-shapes the probe refuses before a study exists."""
+"""Jobs of users' own batches end to end: their batches and loss tune to an export, and data shapes
+that cannot train are refused by the probe before a study exists (PyTorch and JAX), and by
+`autotuner apply` as the search refuses them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Applying an exported config: the PyTorch object a user's loop (and every trial) trains through,
-reading the export, the README's example, and `autotuner apply` end to end. CPU only, real torch."""
+reading the export, and what `autotuner apply` prints and warns of a run it measured (the run
+given here; `tests/e2e/test_apply.py` runs it). CPU only, real torch."""
 
 from __future__ import annotations
 

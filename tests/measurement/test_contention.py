@@ -1,5 +1,6 @@
-"""A busy machine, noticed: a trial measured while other work took the CPU is run again once the
-machine is quiet, or kept with the flag `contended`, and the search says so in one line."""
+"""A busy machine, measured: the share of a trial's cores other work took (told once the span is
+long enough to tell), the load of the machine, and waiting for it to be quiet. What the search
+decides with them is tests/search/test_dispatch.py's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Losing trials stop early: after its first windows a search trial that cannot reach the best
-feasible throughput so far is stopped, stored as Optuna PRUNED with the reason and its windows,
-and its drift is not measured."""
+"""The rule that stops a losing trial early: when a trial is behind the best so far, and windows
+that stop when asked count what was measured. A pruned trial in a search is
+tests/e2e/test_pruning.py's."""
 
 from __future__ import annotations
 

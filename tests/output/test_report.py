@@ -1,5 +1,6 @@
-"""`autotuner report` and the charts it draws: figures built from trials stored by the real
-`autotuner.results.store.record`, and the command run on a real small study."""
+"""The report and the charts it draws: figures and tables built from trials stored by the real
+`autotuner.results.store.record`, the ranking once the top is re-measured, and the storage's
+password kept out. The command on a real study is tests/e2e/test_report.py's."""
 
 from __future__ import annotations
 

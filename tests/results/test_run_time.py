@@ -1,5 +1,5 @@
-"""The answer in the user's units: a config's predicted wall time for the real run (`run:`),
-its cost (`cost:`), and the ranking they give, from the formula to the exported file."""
+"""The answer in the user's units: a config's predicted wall time for the real run (`run:`), its
+cost (`cost:`), and the ranking they give, from the formula to what is exported."""
 
 from __future__ import annotations
 

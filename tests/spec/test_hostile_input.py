@@ -3,8 +3,9 @@ code 2 and one line that names the problem (no traceback), and writes nothing: n
 folder, no database, no export.
 
 Generated specs (Hypothesis) go through the CLI's own `main()` in this process, which is fast;
-a handful go through a real `autotuner` process. Each generated spec is a valid one with exactly
-one thing broken, so the expected key is known, or random text or bytes, which cannot be a spec.
+a handful go through a real `autotuner` process in tests/e2e/test_hostile_input.py. Each
+generated spec is a valid one with exactly one thing broken, so the expected key is known, or
+random text or bytes, which cannot be a spec.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The optional third objective, energy per sample: the study it makes, what each trial gives it,
-and its refusal on a device without an energy counter. The NVML side runs only on a GPU; what
-the study does with the figure is checked here from a trial result as a GPU trial returns it."""
+"""The optional third objective, energy per sample: the study it makes and what each trial gives
+it, checked from a trial result as a GPU trial returns it (the NVML side runs only on a GPU). Its
+refusal on a device without an energy counter is tests/e2e/test_objectives.py's."""
 
 from __future__ import annotations
 

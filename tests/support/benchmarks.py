@@ -4,8 +4,10 @@ result file holds."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support.helpers import ROOT
 
@@ -42,3 +44,21 @@ def gpu_py(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]
         text=True,
         timeout=timeout,
     )
+
+
+def render_tables(results: Path, folder: Path) -> str:
+    """benchmarks/tables.py run on the result files in `results`, into a copy of
+    benchmarks/README.md in `folder`: the copy's text, once it ran ok."""
+    readme = folder / "README.md"
+    shutil.copy(ROOT / "benchmarks" / "README.md", readme)
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "tables.py"),
+        "--results",
+        str(results),
+        "--readme",
+        str(readme),
+    ]
+    done = subprocess.run(command, cwd=ROOT, env=benchmark_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return readme.read_text()

@@ -1,10 +1,6 @@
-"""Never lose a trial: one `autotuner search` whose workload misbehaves in a different way for
-each config meets every fault a trial can have (a segfault, an abort, a hang, the framework's
-out-of-memory error, an allocation refused by the trial's memory limit, a NaN loss, an exception
-in user code, an exit without a result, garbage where the result goes, a result that never
-ends), records each with its outcome and reason, runs the next trial, and ends normally. A
-second study has a factory that fails once. Everything is read back from the storage, as the
-dashboard and `export` read it."""
+"""The memory limit of a trial process (`trial.max_memory_mb`): what refuses an allocation past it,
+Python's MemoryError as `oom`, and a limit that leaves a study's identity alone. The faults of a
+whole search are tests/e2e/test_faults.py's."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Many search processes (workers) on one study, and a search killed with kill -9: real processes, real storages.
+"""Many search processes (workers) on one study, decided through the storage: the study's identity
+claimed once, the claims and the budget won by exactly as many workers as allowed, a config a
+worker ran given up, the re-measurement's slots, a dead worker's trial failed and retried once,
+and the cores shared between workers. Whole searches sharing a study are
+tests/e2e/test_coordination.py's.
 
 The PostgreSQL tests need AUTOTUNER_TEST_POSTGRES_URL (e.g. postgresql://postgres@127.0.0.1:5432/test):
 without it, or with the server unreachable, they are skipped, except where CI is set, where they fail.
