@@ -137,6 +137,9 @@ class Backend(ABC):
     of the common knobs, restricted where it honours fewer values, and the framework's own)."""
     capabilities_type: type[Capabilities] = Capabilities
     """What this backend's probe reports (a subclass where its knobs depend on more)."""
+    parallel: tuple[str, ...] = ()
+    """The ways a trial of several processes trains together (the spec's `parallel`), the default
+    first; empty: a trial is one process."""
     builtin_workloads: Mapping[str, str]
     """`builtin:<name>` -> `package.module:function`."""
     default_space: str
@@ -169,6 +172,12 @@ class Backend(ABC):
         # The first process of a launcher waits for its fork server to start: the interpreter and the
         # framework's import, which every run of the job pays before its first line.
         return replace(probed.output.environment, framework_start_s=probed.startup_s)
+
+    def job_knobs(self, parallel: str | None) -> Mapping[str, Knob]:
+        """The knobs of a job whose ranks train together as `parallel` (None: one process): all of
+        `knobs` but those of the other ways of training across processes. A config holds these;
+        one that lacks the others takes their reference values (`with_defaults`)."""
+        return self.knobs
 
     def missing_requirements(self) -> str | None:
         """Why this backend cannot run in this Python (its framework is not installed), or None."""

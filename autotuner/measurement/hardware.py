@@ -1,5 +1,6 @@
 """What the hardware is: the host CPU's name and the thread settings a step runs under
-(`cpu_name`, `thread_settings`), and peak dense FLOP/s per device and precision, for MFU.
+(`cpu_name`, `thread_settings`), how cores are shared between processes (`core_shares`), and
+peak dense FLOP/s per device and precision, for MFU.
 
 Peak FLOP/s are matched by the device's whole name.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Collection
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "MKL_NUM_THREADS")
 """The environment variables that change how the CPU's threads run a step: the thread counts, and
@@ -133,3 +135,12 @@ def peak_flops(device_name: str) -> dict[str, float]:
         return {}
     entry = DEVICE_NAMES.get(normalise_name(device_name))
     return dict(PEAK_FLOPS[entry]) if entry is not None else {}
+
+
+def core_shares(cpus: Collection[int], workers: int) -> list[set[int]]:
+    """`cpus` split into `workers` contiguous shares, as even as they go (neighbouring cores, as a
+    socket's are numbered); with fewer cores than workers, every worker shares them all."""
+    ordered = sorted(cpus)
+    if len(ordered) < workers:
+        return [set(ordered) for _ in range(workers)]
+    return [set(ordered[i * len(ordered) // workers : (i + 1) * len(ordered) // workers]) for i in range(workers)]

@@ -119,6 +119,11 @@ class Measuring:
         return count
 
 
+STEP, SYNCHRONIZE, WARM_UP, WINDOW, DONE = "step", "synchronize", "warm-up", "window", "done"
+"""What a measuring timer announces (`WindowTimer`'s `announce`) and a following one takes
+(`WindowTimer.follow`): its public operations, and the end of the measurement."""
+
+
 class WindowTimer:
     """Takes a process's optimizer steps and times them: one per measurement.
 
@@ -127,7 +132,9 @@ class WindowTimer:
     `after_window` runs after each window's closing synchronization, outside the timed span (a
     backend checks there that the loss stayed finite); `after_warmup` once after the warm-up
     steps, given the step to take any it needs (a backend resets its peak-memory counters there,
-    so compiling and autotuning are not counted).
+    so compiling and autotuning are not counted). With `announce`, each public operation (a step,
+    a synchronization, the warm-up, a window) is announced, with its count of steps, before it
+    runs: the other ranks of a trial of several processes take the same steps (`follow`).
     """
 
     def __init__(
@@ -137,9 +144,11 @@ class WindowTimer:
         *,
         after_window: Callable[[], None] | None = None,
         after_warmup: Callable[[Callable[[], None]], None] | None = None,
+        announce: Callable[[str, int], None] | None = None,
     ) -> None:
-        self._step, self.synchronize = step, synchronize
+        self._step, self._synchronize = step, synchronize
         self._after_window, self._after_warmup = after_window, after_warmup
+        self._announce = announce or (lambda what, count: None)
         self.taken = 0
         self.spans: list[tuple[float, float]] = []
         self.started = 0.0
@@ -147,34 +156,62 @@ class WindowTimer:
         self.warmup_s = 0.0
         """The warm-up's wall time."""
 
-    def step(self) -> None:
-        """One step, counted."""
+    def _take(self) -> None:
         self._step()
         self.taken += 1
 
+    def step(self) -> None:
+        """One step, counted."""
+        self._announce(STEP, 1)
+        self._take()
+
+    def synchronize(self) -> None:
+        """Wait for the device (and, in a trial of several processes, for every rank)."""
+        self._announce(SYNCHRONIZE, 0)
+        self._synchronize()
+
     def warm_up(self, steps: int) -> None:
         """Take `steps` steps and synchronize, timed as `warmup_s`; then `after_warmup`."""
+        self._announce(WARM_UP, steps)
         self.started = start = time.perf_counter()
         for _ in range(steps):
-            self.step()
-        self.synchronize()
+            self._take()
+        self._synchronize()
         self.warmup_s = time.perf_counter() - start
         if self._after_warmup is not None:
-            self._after_warmup(self.step)  # given the step, so that one it takes is counted
+            self._after_warmup(self._take)  # given the step, so that one it takes is counted
 
     def window(self, count: int) -> float:
         """Take `count` steps between two synchronizations; their wall time."""
-        self.synchronize()
+        self._announce(WINDOW, count)
+        self._synchronize()
         began = time.monotonic()
         start = time.perf_counter()
         for _ in range(count):
-            self.step()
-        self.synchronize()
+            self._take()
+        self._synchronize()
         elapsed = time.perf_counter() - start
         self.spans.append((began, time.monotonic()))
         if self._after_window is not None:
             self._after_window()
         return elapsed
+
+    def follow(self, command: Callable[[], tuple[str, int]]) -> bool:
+        """Take the steps another rank's timer announces, as it announces them, until it is done:
+        a rank of a trial of several processes (`autotuner.trials.core.RankGroup`) steps, and
+        synchronizes, exactly as the rank that measures. Whether the measurement was stopped early."""
+        while True:
+            what, count = command()
+            if what == DONE:
+                return bool(count)
+            if what == STEP:
+                self._take()
+            elif what == SYNCHRONIZE:
+                self._synchronize()
+            elif what == WARM_UP:
+                self.warm_up(count)
+            else:
+                self.window(count)
 
     def trained_s(self) -> float:
         """Wall time since the warm-up began."""

@@ -66,6 +66,20 @@ class Job:
         return self.spec.name
 
     @property
+    def parallel(self) -> str | None:
+        """How the trial's ranks train together: the spec's `parallel`, `ddp` by default with
+        `processes` above 1; None for one process."""
+        if self.spec.processes == 1:
+            return None
+        return self.spec.parallel or "ddp"
+
+    @property
+    def rank_batch(self) -> int:
+        """Samples each rank takes per optimizer step: `global_batch` / `processes` (the
+        micro-batch x accumulation of every config)."""
+        return self.spec.global_batch // self.spec.processes
+
+    @property
     def sampler(self) -> SamplerSettings:
         s = self.spec.sampler
         return SamplerSettings(name=s) if isinstance(s, str) else s
@@ -161,12 +175,29 @@ class Job:
     def probe_request(self, device: str) -> ProbeRequest:
         """The probe of `device` for this job: its workload built from the spec's arguments and its
         data checked against its global batch, before anything is stored or run."""
-        return ProbeRequest(device, self.workload_path(), dict(self.spec.workload_args), self.spec.global_batch)
+        return ProbeRequest(
+            device, self.workload_path(), dict(self.spec.workload_args), self.spec.global_batch, self.parallel
+        )
 
     def probe(self, launcher: TrialLauncher, device: str, source: str | None = None) -> Environment:
         """`probe_request(device)` run by `launcher` (`autotuner.backends.Backend.probe`); a device
-        that does not exist is an error of `source` (the spec unless told)."""
-        return self.backend.probe(launcher, self.probe_request(device), source or self.source)
+        that does not exist, or too few GPUs for the trial's ranks, is an error of `source` (the
+        spec unless told)."""
+        environment = self.backend.probe(launcher, self.probe_request(device), source or self.source)
+        first = int(device.partition(":")[2] or 0)
+        needed = first + self.spec.processes
+        if (
+            self.spec.processes > 1
+            and environment.capabilities.get("accelerator")
+            and environment.device_count < needed
+        ):
+            raise SpecError(
+                f"{self.spec.processes} ranks from {device} need GPUs up to cuda:{needed - 1}; "
+                f"{environment.device_count} are visible",
+                source=source or self.source,
+                key="processes",
+            )
+        return environment
 
     def trial_request(
         self,
@@ -200,12 +231,14 @@ class Job:
             prune_after=settings.prune_after if prune_best is not None else 0,
             progress=progress,
             compile_cache=str(self.compile_cache_dir()),
+            processes=self.spec.processes,
+            parallel=self.parallel,
         )
 
     def complete(self, params: Params) -> Config:
         """A full config from sampled params: fixed knobs from the baseline, accumulation derived."""
         config: Config = {knob: params.get(knob, self.baseline[knob]) for knob in self.space}
-        config[ACCUMULATION.name] = self.spec.global_batch // int(config[BATCH_SIZE.name])
+        config[ACCUMULATION.name] = self.rank_batch // int(config[BATCH_SIZE.name])
         return config
 
     def unsupported(self, capabilities: Capabilities) -> Callable[[Params], str | None]:
@@ -223,7 +256,7 @@ class Job:
         """The numerically strictest config: the baseline's batching, everything else strict."""
         config = {knob: self.backend.knobs[knob].reference for knob in self.space}
         config[BATCH_SIZE.name] = self.baseline[BATCH_SIZE.name]
-        config[ACCUMULATION.name] = self.spec.global_batch // config[BATCH_SIZE.name]
+        config[ACCUMULATION.name] = self.rank_batch // config[BATCH_SIZE.name]
         return config
 
 
@@ -243,8 +276,8 @@ def _choices(value: Any, knob: Knob, key: str, source: str) -> list[Any]:
 
 
 def _resolve_space(job: Job, source: str) -> None:
-    spec, backend = job.spec, job.backend
-    searchable = [k for k in backend.knobs if k not in DERIVED]
+    spec, backend, per_rank = job.spec, job.backend, job.rank_batch
+    searchable = [k for k in backend.job_knobs(job.parallel) if k not in DERIVED]
     raw = spec.space
     inline: dict[str, Any] = {}
     preset_name = backend.default_space
@@ -272,7 +305,7 @@ def _resolve_space(job: Job, source: str) -> None:
     for knob in inline:
         if knob not in searchable:
             raise SpecError(
-                f"the {backend.name} backend has no knob {shown(knob)}; knobs: {', '.join(searchable)}",
+                _no_such_knob(backend, knob, searchable),
                 source=source,
                 key=f"space.{knob}",
             )
@@ -281,19 +314,19 @@ def _resolve_space(job: Job, source: str) -> None:
             values = _choices(inline[knob], backend.knobs[knob], f"space.{knob}", source)
             if knob == BATCH_SIZE.name:
                 for b in values:
-                    if spec.global_batch % b:
+                    if per_rank % b:
                         raise SpecError(
-                            f"{b} does not divide global_batch ({spec.global_batch})",
+                            f"{b} does not divide {_rank_batch(spec)}",
                             source=source,
                             key="space.batch_size",
                         )
         elif knob in preset:
             values = _choices(preset[knob], backend.knobs[knob], f"{preset_name} preset: {knob}", source)
             if knob == BATCH_SIZE.name:
-                dividing = [b for b in values if spec.global_batch % b == 0]
+                dividing = [b for b in values if per_rank % b == 0]
                 # No preset size divides an odd global batch: use its divisors in the preset's range.
                 values = dividing or [
-                    d for d in range(min(values), min(max(values), spec.global_batch) + 1) if spec.global_batch % d == 0
+                    d for d in range(min(values), min(max(values), per_rank) + 1) if per_rank % d == 0
                 ]
         else:
             values = [job.baseline.get(knob, backend.knobs[knob].reference)]
@@ -303,26 +336,74 @@ def _resolve_space(job: Job, source: str) -> None:
 def _resolve_baseline(job: Job, source: str) -> None:
     spec, backend = job.spec, job.backend
     for knob, value in spec.baseline.items():
-        if knob not in backend.knobs or knob in DERIVED:
-            allowed = ", ".join(k for k in backend.knobs if k not in DERIVED)
+        knobs = backend.job_knobs(job.parallel)
+        if knob not in knobs or knob in DERIVED:
             raise SpecError(
-                f"the {backend.name} backend has no knob {shown(knob)} to set; knobs: {allowed}",
+                _no_such_knob(backend, knob, [k for k in knobs if k not in DERIVED]),
                 source=source,
                 key=f"baseline.{knob}",
             )
         problem = backend.knobs[knob].check(value)
         if problem:
             raise SpecError(problem, source=source, key=f"baseline.{knob}")
-    baseline = {k: knob.reference for k, knob in backend.knobs.items() if k not in DERIVED}
-    baseline[BATCH_SIZE.name] = spec.global_batch
+    baseline = {k: knob.reference for k, knob in backend.job_knobs(job.parallel).items() if k not in DERIVED}
+    baseline[BATCH_SIZE.name] = job.rank_batch
     baseline.update(spec.baseline)
-    if spec.global_batch % baseline[BATCH_SIZE.name]:
+    if job.rank_batch % baseline[BATCH_SIZE.name]:
         raise SpecError(
-            f"{baseline['batch_size']} does not divide global_batch ({spec.global_batch})",
+            f"{baseline['batch_size']} does not divide {_rank_batch(spec)}",
             source=source,
             key="baseline.batch_size",
         )
     job.baseline = baseline
+
+
+def _no_such_knob(backend: Backend, knob: str, knobs: list[str]) -> str:
+    """Why a spec cannot name `knob`: the backend has no such knob, or it is a knob of a way of
+    training across processes that this job does not use."""
+    if knob in backend.knobs and knob not in DERIVED:
+        modes = [mode for mode in backend.parallel if knob in backend.job_knobs(mode)]
+        return f"{knob} is a knob of parallel: {' or '.join(modes)}, with processes: 2 or more"
+    return f"the {backend.name} backend has no knob {shown(knob)}; knobs: {', '.join(knobs)}"
+
+
+def _rank_batch(spec: JobSpec) -> str:
+    """The batch a micro-batch must divide, as the user knows it."""
+    if spec.processes == 1:
+        return f"global_batch ({spec.global_batch})"
+    return f"global_batch / processes ({spec.global_batch} / {spec.processes} = {spec.global_batch // spec.processes})"
+
+
+def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:
+    """`processes` and `parallel` as this backend can run them, `global_batch` split evenly."""
+    if spec.processes == 1:
+        if spec.parallel is not None:
+            raise SpecError(
+                f"parallel: {spec.parallel} trains several processes together; set processes: 2 or more",
+                source=source,
+                key="parallel",
+            )
+        return
+    if not backend.parallel:
+        raise SpecError(
+            f"the {backend.name} backend runs a trial in one process; processes must be 1",
+            source=source,
+            key="processes",
+        )
+    if spec.parallel is not None and spec.parallel not in backend.parallel:
+        raise SpecError(
+            f"{spec.parallel} is not a way the {backend.name} backend trains; "
+            f"choose between {', '.join(backend.parallel)}",
+            source=source,
+            key="parallel",
+        )
+    if spec.global_batch % spec.processes:
+        raise SpecError(
+            f"global_batch ({spec.global_batch}) is not a multiple of processes ({spec.processes}): every rank "
+            "takes the same share of each optimizer step",
+            source=source,
+            key="processes",
+        )
 
 
 def parse_spec(data: Any, source: str, text: str = "") -> Job:
@@ -355,6 +436,7 @@ def parse_spec(data: Any, source: str, text: str = "") -> Job:
         raise SpecError(
             f"{shown(spec.device)} is not a device; use auto, cpu, cuda or cuda:N", source=source, key="device"
         )
+    _check_parallel(spec, backend, source)
     job = Job(spec, source, text)
     _resolve_baseline(job, source)
     _resolve_space(job, source)

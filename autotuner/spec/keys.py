@@ -167,7 +167,17 @@ class JobSpec(_Strict):
     workload_args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments the workload factory is called with."""
     device: str = "auto"
-    """`auto` (`cuda:0` if there is a GPU, else the CPU), `cpu`, `cuda` or `cuda:N`."""
+    """`auto` (`cuda:0` if there is a GPU, else the CPU), `cpu`, `cuda` or `cuda:N`. With
+    `processes`, the first of the trial's devices: its ranks use `cuda:N` to `cuda:N+processes-1`
+    (on the CPU, each rank its own share of the cores)."""
+    processes: int = Field(1, gt=0, le=1024)
+    """Ranks of every trial, as the job runs: 1 (one process, one device), or N processes on this
+    machine, each on its own GPU (on the CPU, its own cores), all in one process group (NCCL on
+    GPUs, gloo on the CPU). `global_batch` is kept in every config: micro-batch x accumulation x
+    N. The fp32 reference runs with the same N."""
+    parallel: Literal["ddp", "fsdp"] | None = None
+    """How the ranks train together (PyTorch): `ddp` (DistributedDataParallel) or `fsdp` (FSDP2's
+    `fully_shard`). Default with `processes` above 1: `ddp`."""
     baseline: dict[str, Any] = Field(default_factory=dict)
     """Your current config, knob -> value: always trial 0, and every speedup is over it. Knobs left
     out take the strict value (fp32, no workers, no compile or jit) and `batch_size` defaults to

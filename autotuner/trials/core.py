@@ -28,7 +28,7 @@ from autotuner.config.knobs import Config
 from autotuner.measurement.contention import CONTENDED_SHARE
 from autotuner.measurement.pruning import behind
 from autotuner.measurement.telemetry import Telemetry
-from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
+from autotuner.measurement.timing import DONE, Measuring, WindowTimer, measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.factory import load_factory, workload_problem
@@ -49,6 +49,28 @@ class Workload(Protocol):
     heldout: Any
     tokens_per_sample: int | None
     flops_per_sample: float | None
+
+
+class RankGroup(Protocol):
+    """The ranks of a trial of several processes (the spec's `processes: N`), as the core sees them.
+    Rank 0 measures: its timer announces every step it takes and the others take the same ones
+    (`autotuner.measurement.timing.WindowTimer.follow`), so every collective meets its match;
+    the drift phase runs on every rank alike, each on its shard of the same global batches. A
+    backend that runs ranks provides it (`autotuner.backends.pytorch.ranks`)."""
+
+    rank: int
+    size: int
+
+    def announce(self, what: str, count: int) -> None:
+        """Rank 0: tell the other ranks what its timer does next."""
+
+    def next_command(self) -> tuple[str, int]:
+        """Any other rank: what rank 0's timer does next (waits for it)."""
+        ...
+
+    def gather(self, key: str, value: float) -> list[float]:
+        """Every rank gives `value` under `key`; rank 0 gets them all, in rank order, the others []."""
+        ...
 
 
 class TrialBackend(ABC):
@@ -106,13 +128,20 @@ class TrialBackend(ABC):
         `device`), merged into the environment's `capabilities`; `count` items make the batch."""
         return {}
 
+    def parallel_capabilities(self, parallel: str | None) -> dict[str, bool]:
+        """Probe: which way of training across processes this framework build offers, for a job
+        whose ranks train together as `parallel` (None: one process); merged into the
+        environment's `capabilities`."""
+        return {}
+
     def initial_state(self, workload: Any) -> Any:
         """Right after the build: the initial weights, as `restart` takes them back."""
         return None
 
     @abstractmethod
-    def training(self, workload: Any, config: Config, device: Any) -> Any:
-        """The backend's `TunedTraining` of `config` over the workload, on `device`."""
+    def training(self, workload: Any, config: Config, device: Any, parallel: str | None = None) -> Any:
+        """The backend's `TunedTraining` of `config` over the workload, on `device`; with `parallel`
+        (`ddp`, `fsdp`), as this rank's part of a trial of several processes."""
 
     @abstractmethod
     def restart(self, workload: Any, training: Any, initial: Any) -> Any:
@@ -263,6 +292,8 @@ def probe(backend: TrialBackend, request: ProbeRequest) -> ProbeResult:
 
     with backend.on_device(device):
         environment = backend.environment(device)
+        parallel = backend.parallel_capabilities(request.parallel)
+        environment = replace(environment, capabilities={**environment.capabilities, **parallel})
         workload_args = None if request.workload_args is None else args
         problem = workload_problem(request.workload, workload_args, build)
         if problem is None and built and request.global_batch:
@@ -294,17 +325,22 @@ def _data_problem(backend: TrialBackend, workload: Workload, global_batch: int) 
     return backend.first_batch_problem(workload, min(PROBE_ITEMS, global_batch))
 
 
-def run_trial(backend: TrialBackend, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+def run_trial(
+    backend: TrialBackend, request: TrialRequest, turns: Turns | None = None, group: RankGroup | None = None
+) -> TrialOutput:
     """One trial of `request` (see `autotuner.backends._base`); with `turns`, its measured phase
-    takes its turns in a lockstep group."""
+    takes its turns in a lockstep group; with `group`, this process is one rank of the trial's
+    (what rank 0 returns is the trial's output)."""
     backend.configure_process(request.device, request.compile_cache)
     device = backend.resolve_device(request.device)
     backend.use_device(device)
     with backend.on_device(device):
-        return _run(backend, request, device, turns)
+        return _run(backend, request, device, turns, group)
 
 
-def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns | None) -> TrialOutput:
+def _run(
+    backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns | None, group: RankGroup | None
+) -> TrialOutput:
     started = time.perf_counter()
     phase = PhaseFile(request.progress)
     phase("building the workload")
@@ -312,7 +348,7 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
     workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
     initial = backend.initial_state(workload)
     lookups = backend.compile_lookups()
-    training = backend.training(workload, request.config, device)
+    training = backend.training(workload, request.config, device, request.parallel)
     output = TrialOutput(
         losses=Losses(math.nan, []),
         tokens_per_sample=workload.tokens_per_sample,
@@ -321,9 +357,9 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
     )
     if request.measure:
         output.setup_s = time.perf_counter() - started  # a real run builds the same before its first step
-        _measure(backend, workload, training, request, device, output, turns, phase)
+        stopped = _measure(backend, workload, training, request, device, output, turns, phase, group)
         output.compile_cache = backend.compile_cache(lookups)
-        if output.throughput is not None and output.throughput.stopped:  # pruned: no drift to measure
+        if stopped:  # pruned: no drift to measure
             return output
         if not request.drift:
             return output
@@ -332,15 +368,16 @@ def _run(backend: TrialBackend, request: TrialRequest, device: Any, turns: Turns
             output.flops_per_sample = _count_flops(backend, workload, training)
         training = backend.restart(workload, training, initial)
     _seed(backend, request.seed)
-    output.losses = _drift_phase(backend, workload, training, request, phase)
+    output.losses = _drift_phase(backend, workload, training, request, phase, group)
     return output
 
 
-def run_profile(backend: TrialBackend, profile: ProfileRequest) -> ProfileOutput:
+def run_profile(backend: TrialBackend, profile: ProfileRequest, group: RankGroup | None = None) -> ProfileOutput:
     """`profile.steps` optimizer steps of its trial's config under the framework's profiler, after
     the trial's warm-up steps (compilation is not what a step costs), the trace written into
     `profile.folder`: the trace's path and its operators by self time
-    (`autotuner.measurement.traces.top_operators`)."""
+    (`autotuner.measurement.traces.top_operators`). In a trial of several processes every rank
+    takes the steps and rank 0's are profiled."""
     request = profile.trial
     backend.configure_process(request.device, request.compile_cache)
     device = backend.resolve_device(request.device)
@@ -350,7 +387,7 @@ def run_profile(backend: TrialBackend, profile: ProfileRequest) -> ProfileOutput
         phase("building the workload")
         _seed(backend, request.seed)
         workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
-        training = backend.training(workload, request.config, device)
+        training = backend.training(workload, request.config, device, request.parallel)
         batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
         phase(f"warm-up, {request.warmup_steps} steps")
         loss: Any = None
@@ -358,11 +395,15 @@ def run_profile(backend: TrialBackend, profile: ProfileRequest) -> ProfileOutput
             loss = backend.train_step(workload, training, batches)
         backend.synchronize(training, loss)
         phase(f"profiling {profile.steps} steps")
-        with backend.profiling(device, profile.folder) as written:
+        leading = group is None or group.rank == 0
+        profiling = backend.profiling(device, profile.folder) if leading else contextlib.nullcontext([""])
+        with profiling as written:
             for _ in range(profile.steps):
                 loss = backend.train_step(workload, training, batches)
             backend.synchronize(training, loss)
         _check_finite(loss, "the profiled steps")
+    if not leading:
+        return ProfileOutput(trace="", where="", total_ms=0.0, operators=[])
     where, total_ms, operators = top_operators(read_trace(written[0]), profile.steps)
     return ProfileOutput(trace=written[0], where=where, total_ms=total_ms, operators=operators)
 
@@ -384,7 +425,11 @@ def _measure(
     output: TrialOutput,
     turns: Turns | None,
     phase: PhaseFile,
-) -> None:
+    group: RankGroup | None = None,
+) -> bool:
+    """The measured phase; whether it was stopped early (pruned). In a trial of several processes,
+    rank 0 measures and the others follow its timer (`RankGroup`); the peak memory is the
+    largest rank's."""
     batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
     running: Any = 0.0
 
@@ -404,12 +449,19 @@ def _measure(
             return None
         return reason
 
+    leading = group is None or group.rank == 0
     timer = WindowTimer(
         step,
         lambda: backend.synchronize(training, running),
         after_window=after_window,
         after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
+        announce=group.announce if group is not None and group.size > 1 and leading else None,
     )
+    if not leading:
+        assert group is not None
+        stopped = timer.follow(group.next_command)
+        group.gather("peak_memory_mb", backend.peak_memory_mb(device))
+        return stopped
     settings = Measuring(
         warmup_steps=request.warmup_steps,
         steps=request.steps,
@@ -422,16 +474,28 @@ def _measure(
     throughput = measure_throughput(timer, settings, telemetry=telemetry, turns=turns, stop=stop, phase=phase)
     measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
     output.throughput = throughput
+    peaks = [backend.peak_memory_mb(device)]
+    if group is not None and group.size > 1:
+        group.announce(DONE, int(throughput.stopped is not None))
+        peaks = group.gather("peak_memory_mb", peaks[0])
     # NVML's figure holds the CUDA context and what the driver allocated outside the framework's allocator
-    output.peak_memory_mb = max(backend.peak_memory_mb(device), measured.get("gpu_process_memory_mb_max", 0.0))
+    output.peak_memory_mb = max(*peaks, measured.get("gpu_process_memory_mb_max", 0.0))
     output.telemetry = measured
+    return throughput.stopped is not None
 
 
 def _drift_phase(
-    backend: TrialBackend, workload: Any, training: Any, request: TrialRequest, phase: PhaseFile
+    backend: TrialBackend,
+    workload: Any,
+    training: Any,
+    request: TrialRequest,
+    phase: PhaseFile,
+    group: RankGroup | None = None,
 ) -> Losses:
     """K optimizer steps on the dataset's first K*global_batch items in order, then the loss on
-    the held-out items."""
+    the held-out items. In a trial of several processes each rank's loader takes its shard of
+    every global batch (the backend's `make_loader`), a step's loss is the mean over the ranks, and
+    every rank evaluates the whole held-out set (the same weights: the same loss)."""
     needed = request.drift_steps * request.global_batch
     size = len(workload.dataset)
     ordered = backend.subset(workload.dataset, [i % size for i in range(needed)])
@@ -439,8 +503,11 @@ def _drift_phase(
     trajectory: list[float] = []
     for _ in range(request.drift_steps):
         phase(f"drift step {len(trajectory) + 1} of {request.drift_steps}")
-        loss = backend.train_step(workload, training, batches)
-        trajectory.append(_check_finite(loss, f"drift step {len(trajectory) + 1}"))
+        loss = _check_finite(backend.train_step(workload, training, batches), f"drift step {len(trajectory) + 1}")
+        if group is not None and group.size > 1:
+            losses = group.gather(f"drift_loss/{len(trajectory)}", loss)
+            loss = math.fsum(losses) / len(losses) if losses else loss
+        trajectory.append(loss)
     heldout = workload.heldout
     if heldout is None:
         heldout = backend.subset(workload.dataset, list(range(max(0, size - HELDOUT_DEFAULT), size)))

@@ -48,6 +48,16 @@ class Unsupported(RuntimeError):
     the trial `unsupported` with this message as the reason, as the engine's own checks do."""
 
 
+class RankFailed(Exception):
+    """A rank of a trial of several processes ended it (`autotuner.backends.pytorch.ranks`): `end`
+    is that rank's message, as `exception_message` made it there (or a crash's), its reason naming
+    the rank. The trial ends with it as if its own process had sent it."""
+
+    def __init__(self, end: dict[str, Any]):
+        super().__init__(end.get("reason", ""))
+        self.end = end
+
+
 @dataclass(frozen=True)
 class Classified:
     outcome: Outcome
@@ -79,6 +89,8 @@ def exception_message(exc: BaseException, is_oom: Callable[[BaseException], bool
     """The message a trial process sends when `exc` stopped it. `is_oom` is the backend's test
     for its framework's out-of-memory errors; Python's own MemoryError (the host, or the trial's
     memory limit, refused an allocation) is one everywhere."""
+    if isinstance(exc, RankFailed):
+        return exc.end
     summary = _one_line(f"{type(exc).__name__}: {exc}")
     if isinstance(exc, MemoryError) or is_oom(exc):
         return {"status": "raised", "kind": Outcome.OOM.value, "reason": summary}

@@ -54,6 +54,11 @@ class TrialRequest:
     compile_cache: str | None = None
     """The folder of the study's compile caches (torch.compile's `TORCHINDUCTOR_CACHE_DIR`), so a
     trial's compile is warm or cold by this study's trials alone; None: the framework's default."""
+    processes: int = 1
+    """Ranks of the trial (the spec's `processes`): each its own process on its own device, all in
+    one process group, `global_batch` split between them."""
+    parallel: str | None = None
+    """How the ranks train together (the spec's `parallel`: `ddp`, `fsdp`); None for one process."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,9 @@ class ProbeRequest:
     workload_args: Mapping[str, Any] | None = None
     """None: only import the factory."""
     global_batch: int | None = None
+    parallel: str | None = None
+    """How the job's ranks train together (the spec's `parallel`), so the probe can say which of
+    its knobs this torch build and device can honour; None for one process."""
 
 
 @dataclass(frozen=True)

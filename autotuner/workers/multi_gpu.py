@@ -23,10 +23,11 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import IO
 
 from autotuner.errors import SpecError
+from autotuner.measurement.hardware import core_shares
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.spec.job import Job
 from autotuner.trials.launcher import die_with_parent
@@ -103,15 +104,6 @@ def search_on_devices(job: Job, devices: Sequence[str], passthrough: Sequence[st
     if 2 in codes:
         return 2
     return 1 if any(codes) else 0
-
-
-def core_shares(cpus: Collection[int], workers: int) -> list[set[int]]:
-    """`cpus` split into `workers` contiguous shares, as even as they go (neighbouring cores, as a
-    socket's are numbered); with fewer cores than workers, every worker shares them all."""
-    ordered = sorted(cpus)
-    if len(ordered) < workers:
-        return [set(ordered) for _ in range(workers)]
-    return [set(ordered[i * len(ordered) // workers : (i + 1) * len(ordered) // workers]) for i in range(workers)]
 
 
 def _in_child(cores: set[int]) -> None:

@@ -223,7 +223,9 @@ class JaxTrial(TrialBackend):
     def initial_state(self, workload: JaxWorkload) -> Any:
         return workload.params
 
-    def training(self, workload: JaxWorkload, config: Config, device: jax.Device) -> TunedTraining:
+    def training(
+        self, workload: JaxWorkload, config: Config, device: jax.Device, parallel: str | None = None
+    ) -> TunedTraining:
         return TunedTraining(config, workload.loss_fn, workload.optimizer, device=device, params=workload.params)
 
     def restart(self, workload: JaxWorkload, training: TunedTraining, initial: Any) -> TunedTraining:

@@ -75,6 +75,73 @@ CUDNN_BENCHMARK = Knob(
     compiled=False,
     quiet=True,
 )
+BUCKET_CAP_MB = Knob(
+    "bucket_cap_mb",
+    "DDP: megabytes of gradients all-reduced together; larger buckets, fewer and later all-reduces",
+    None,
+    25,
+    maximum=4096,
+    quiet=True,
+)
+BUCKET_VIEW = Knob(
+    "bucket_view",
+    "DDP gradient_as_bucket_view: gradients are views into the all-reduce buckets (no copy, less memory)",
+    (False, True),
+    False,
+    memory_order=(True, False),
+    quiet=True,
+)
+STATIC_GRAPH = Knob(
+    "static_graph",
+    "DDP static_graph: the set of parameters that get gradients is the same every step",
+    (False, True),
+    False,
+    quiet=True,
+)
+COMM_HOOK = Knob(
+    "comm_hook",
+    "DDP gradient communication: as computed, compressed to fp16 or bf16, or PowerSGD (rank 1, error feedback)",
+    ("none", "fp16", "bf16", "powersgd"),
+    "none",
+    quiet=True,
+)
+RESHARD_AFTER_FORWARD = Knob(
+    "reshard_after_forward",
+    "FSDP2: free the gathered parameters after the forward and gather them again for the backward",
+    (True, False),
+    True,
+    memory_order=(True, False),
+    quiet=True,
+)
+PARAM_DTYPE = Knob(
+    "param_dtype",
+    "FSDP2 MixedPrecisionPolicy: the dtype of the gathered parameters the forward and backward compute in",
+    ("fp32", "bf16"),
+    "fp32",
+    memory_order=("bf16", "fp32"),
+    quiet=True,
+)
+REDUCE_DTYPE = Knob(
+    "reduce_dtype",
+    "FSDP2 MixedPrecisionPolicy: the dtype gradients are reduce-scattered in",
+    ("fp32", "bf16"),
+    "fp32",
+    quiet=True,
+)
+OFFLOAD = Knob(
+    "offload",
+    "FSDP2: sharded parameters, gradients and optimizer state in host memory; the optimizer steps on the CPU",
+    ("none", "cpu"),
+    "none",
+    memory_order=("cpu", "none"),
+    quiet=True,
+)
+DDP_KNOBS = (BUCKET_CAP_MB, BUCKET_VIEW, STATIC_GRAPH, COMM_HOOK)
+"""The knobs of `parallel: ddp` (DistributedDataParallel's own arguments and its communication hook)."""
+FSDP_KNOBS = (RESHARD_AFTER_FORWARD, PARAM_DTYPE, REDUCE_DTYPE, OFFLOAD)
+"""The knobs of `parallel: fsdp` (FSDP2's `fully_shard` arguments)."""
+PARALLEL_KNOBS = {"ddp": DDP_KNOBS, "fsdp": FSDP_KNOBS}
+
 PYTORCH_KNOBS = (
     *COMMON_KNOBS,
     COMPILE,
@@ -85,6 +152,8 @@ PYTORCH_KNOBS = (
     PIN_MEMORY,
     PREFETCH_FACTOR,
     CUDNN_BENCHMARK,
+    *DDP_KNOBS,
+    *FSDP_KNOBS,
 )
 
 COMPILE_TIMEOUT_FACTOR = {"none": 1.0, "default": 2.0, "reduce-overhead": 2.0, "max-autotune": 4.0}
@@ -113,6 +182,9 @@ class TorchCapabilities(Capabilities):
     checkpoint_blocks: bool = capability("workload: repeated blocks to checkpoint")
     foreach_optimizer: bool = capability("workload: optimizer takes foreach")
     fused_optimizer: bool = capability("workload: optimizer takes fused here")
+    # How the job's ranks train together (the spec's `parallel`), where this torch build has it.
+    ddp: bool = capability("DistributedDataParallel")
+    fsdp: bool = capability("FSDP2")
 
 
 class PyTorchBackend(Backend):
@@ -120,6 +192,7 @@ class PyTorchBackend(Backend):
     runner = "autotuner.backends.pytorch.runner"
     knobs = knob_table(*PYTORCH_KNOBS)
     capabilities_type = TorchCapabilities
+    parallel = ("ddp", "fsdp")
     builtin_workloads = {
         "mlp": "autotuner.backends.pytorch.builtin:mlp",
         "cnn": "autotuner.backends.pytorch.builtin:cnn",
@@ -129,6 +202,10 @@ class PyTorchBackend(Backend):
     default_space = "pytorch"
     requires = ("torch",)
     install = "pip install torch"
+
+    def job_knobs(self, parallel: str | None) -> dict[str, Knob]:
+        others = {k.name for mode, knobs in PARALLEL_KNOBS.items() if mode != parallel for k in knobs}
+        return {name: knob for name, knob in self.knobs.items() if name not in others}
 
     def timeout_factor(self, config: Config) -> float:
         return COMPILE_TIMEOUT_FACTOR[config.get(COMPILE.name, "none")]
@@ -155,6 +232,13 @@ class PyTorchBackend(Backend):
                 return f"attention={value}: the model calls no scaled_dot_product_attention"
             if value != "math" and not getattr(caps, f"sdpa_{value}"):
                 return f"attention={value}: this device or torch build has no {value} attention kernel"
+        for parallel, knobs in PARALLEL_KNOBS.items():
+            if any(knob == k.name for k in knobs) and not getattr(caps, parallel):
+                return f"{knob}={value}: a knob of parallel: {parallel} (a trial of several processes)"
+        if knob == "offload" and not caps.accelerator:
+            return "offload=cpu: the parameters are in host memory already"
+        if knob == "comm_hook" and value == "bf16" and not caps.bf16:
+            return "comm_hook=bf16: this device does not support bfloat16"
         if knob == "pin_memory" and not caps.accelerator:
             return "pin_memory=True: pinned host memory only speeds copies to a GPU"
         if knob == "cudnn_benchmark" and not (caps.cudnn and caps.convolutions):
@@ -178,6 +262,8 @@ class PyTorchBackend(Backend):
             and config.get(PRECISION.name, "fp32") not in ("bf16", "fp16")
         ):
             return f"attention={attention}: its CUDA kernels compute in bf16 or fp16 only"
+        if config.get(PARAM_DTYPE.name) == "bf16" and config.get(PRECISION.name) == "fp16":
+            return "param_dtype=bf16: with precision fp16, autocast would compute bf16 parameters in fp16"
         if config.get(PREFETCH_FACTOR.name, 2) != PREFETCH_FACTOR.reference and config.get(WORKERS.name, 0) == 0:
             return "prefetch_factor: only loader workers prefetch (workers=0 loads in the training process)"
         return None
@@ -187,6 +273,16 @@ PYTORCH = PyTorchBackend()
 
 __all__ = [
     "ATTENTION",
+    "BUCKET_CAP_MB",
+    "BUCKET_VIEW",
+    "COMM_HOOK",
+    "DDP_KNOBS",
+    "FSDP_KNOBS",
+    "OFFLOAD",
+    "PARAM_DTYPE",
+    "REDUCE_DTYPE",
+    "RESHARD_AFTER_FORWARD",
+    "STATIC_GRAPH",
     "CHECKPOINTING",
     "COMPILE",
     "CUDNN_BENCHMARK",

@@ -256,6 +256,106 @@ def _rebuilt(mapping: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
         return items
 
 
+PARALLEL = ("ddp", "fsdp")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+"""FSDP2's MixedPrecisionPolicy dtypes by knob value (None: the parameters' own, fp32)."""
+POWERSGD_START = 2
+"""PowerSGD compresses from this optimizer step on (the earliest it allows with error feedback):
+a config is measured, and its drift judged, as it trains, not over vanilla all-reduces that
+PowerSGD's default of 1,000 steps would run first."""
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module `torch.compile` wrapped, or `model` itself."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return model._orig_mod if isinstance(model, OptimizedModule) else model  # type: ignore[return-value]
+
+
+def distributed_data_parallel(model: torch.nn.Module, config: Mapping[str, Any], device: torch.device) -> Any:
+    """`model` wrapped in DistributedDataParallel with the config's bucket size, bucket views,
+    static graph and communication hook (fp16 or bf16 compression: torch's default hooks;
+    PowerSGD: rank 1, error feedback and warm start, from step `POWERSGD_START`)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=int(config["bucket_cap_mb"]),
+        gradient_as_bucket_view=bool(config["bucket_view"]),
+        static_graph=bool(config["static_graph"]),
+    )
+    hook = config["comm_hook"]
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=POWERSGD_START)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return ddp
+
+
+def fully_sharded(
+    model: torch.nn.Module,
+    config: Mapping[str, Any],
+    device: torch.device,
+    blocks: Sequence[type[torch.nn.Module]] | None,
+) -> torch.nn.Module:
+    """`model` sharded in place with FSDP2's `fully_shard` over every rank of the process group:
+    each of its blocks (`blocks`, else a Hugging Face model's or the largest module type it repeats:
+    `repeated_blocks`) on its own, then the root, with the config's resharding, mixed-precision
+    policy and offload."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    shard = functools.partial(
+        fully_shard,
+        mesh=mesh,
+        reshard_after_forward=bool(config["reshard_after_forward"]),
+        mp_policy=MixedPrecisionPolicy(
+            param_dtype=DTYPES[config["param_dtype"]], reduce_dtype=DTYPES[config["reduce_dtype"]]
+        ),
+        offload_policy=CPUOffloadPolicy() if config["offload"] == "cpu" else OffloadPolicy(),
+    )
+    kinds = tuple(blocks or ()) or repeated_blocks(model)
+    for module in list(model.modules()):
+        if kinds and isinstance(module, kinds) and module is not model:
+            shard(module)
+    shard(model)
+    return model
+
+
+def over_parameters(optimizer: torch.optim.Optimizer, names: Mapping[int, str], model: torch.nn.Module) -> Any:
+    """`optimizer` over `model`'s parameters as they are now (FSDP2 replaces each parameter with its
+    shard): a new optimizer of its class, with its groups and hyperparameters, each parameter
+    found again by its name (`names`: the old parameters' ids -> their names). Itself when it holds
+    the model's parameters already."""
+    current = dict(model.named_parameters())
+    if all(id(p) in {id(q) for q in current.values()} for g in optimizer.param_groups for p in g["params"]):
+        return optimizer
+    if optimizer.state:
+        raise ValueError("parallel=fsdp shards the parameters: pass an optimizer that has not stepped yet")
+    groups = [{**group, "params": [current[names[id(p)]] for p in group["params"]]} for group in optimizer.param_groups]
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+
+
+def load_full_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Load a full state dict (every tensor whole, as `module.state_dict()` gave it before any
+    sharding) into `module`, sharded by FSDP2 or not."""
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(module, dict(state), options=StateDictOptions(full_state_dict=True))
+    else:
+        module.load_state_dict(state)
+
+
 class TunedTraining(TunedLoop):
     """One tuned config applied to a model, its optimizer and (optionally) its dataset.
 
@@ -288,8 +388,20 @@ class TunedTraining(TunedLoop):
         *,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         checkpoint_blocks: Sequence[type[torch.nn.Module]] | None = None,
+        parallel: str | None = None,
     ):
         super().__init__(PYTORCH, config)
+        self.parallel: str | None = parallel or getattr(config, "parallel", None)
+        """`ddp` or `fsdp`: this process is one rank of several; None: one process."""
+        if self.parallel is not None and self.parallel not in PARALLEL:
+            raise ValueError(f"parallel={self.parallel!r}: choose between {', '.join(PARALLEL)}")
+        if self.parallel is not None and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise ValueError(
+                f"parallel={self.parallel} trains across processes: start them with torchrun and call "
+                "torch.distributed.init_process_group() before TunedTraining"
+            )
+        self.world_size = torch.distributed.get_world_size() if self.parallel else 1
+        self.rank = torch.distributed.get_rank() if self.parallel else 0
         self.params = self.config
         """The knob values (its name before `config`, kept for loops that read it)."""
         self.device = resolve_device(device)
@@ -302,6 +414,25 @@ class TunedTraining(TunedLoop):
         if self.config["checkpointing"] == "blocks":
             enable_checkpointing(model, checkpoint_blocks)
         self._attention = choose_attention(model, self.config["attention"])
+        self.module = _unwrapped(model)
+        """The model's module, under its parallel wrapper (DDP) and its compiled wrapper."""
+        self._ddp: Any = None
+        self._fsdp: Any = None
+        if self.parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            if isinstance(self.module, DistributedDataParallel):  # already wrapped (the runner's drift phase)
+                self._ddp = self.module
+            else:
+                self._ddp = model = distributed_data_parallel(model, self.config, self.device)
+        elif self.parallel == "fsdp":
+            from torch.distributed.fsdp import FSDPModule
+
+            if not isinstance(self.module, FSDPModule):
+                names = {id(p): name for name, p in model.named_parameters()}
+                fully_sharded(model, self.config, self.device, checkpoint_blocks)
+                optimizer = over_parameters(optimizer, names, model)
+            self._fsdp = self.module
         self.model = _compiled(model, self.config[COMPILE.name])
         self.optimizer = rebuilt_optimizer(optimizer, self.config["optimizer"])
         optimizer = self.optimizer
@@ -331,6 +462,12 @@ class TunedTraining(TunedLoop):
         Under CUDA graphs, calling it also starts a new CUDA-graph step (the previous micro-batch's
         outputs have been used by then)."""
         self._mark_step()
+        # Accumulating: only the micro-batch that ends the optimizer step reduces the gradients.
+        last = self._micro_steps % self.accumulation == self.accumulation - 1
+        if self._ddp is not None:
+            self._ddp.require_backward_grad_sync = last  # what DDP.no_sync() sets, read in the forward
+        if self._fsdp is not None:
+            self._fsdp.set_requires_gradient_sync(last)
         return self._forward_context()
 
     @contextlib.contextmanager
@@ -382,13 +519,22 @@ class TunedTraining(TunedLoop):
         where the platform has it, as in the trials), each loading `prefetch_factor` batches
         ahead, pinned memory for a CUDA device where the config pins it, and the last partial
         micro-batch dropped so every optimizer step sees `global_batch` samples, batched by
-        `collate_fn`. `seed` fixes the shuffling and the workers' seeds."""
+        `collate_fn`. `seed` fixes the shuffling and the workers' seeds. As a rank of several
+        (`parallel`), the loader takes this rank's share of the dataset (`DistributedSampler`:
+        every `world_size`-th item from its rank on, of the same order for every config), so the
+        ranks' micro-batches of one optimizer step together hold `global_batch` samples."""
         workers = self.workers
         fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
+        sampler: torch.utils.data.DistributedSampler[Any] | None = None
+        if self.world_size > 1:  # this rank's shard of every global batch, the same for every config
+            sampler = torch.utils.data.DistributedSampler(
+                dataset, self.world_size, self.rank, shuffle=shuffle, seed=seed or 0, drop_last=True
+            )
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            shuffle=shuffle if sampler is None else False,
+            sampler=sampler,
             collate_fn=self.collate_fn,
             drop_last=True,
             num_workers=workers,
@@ -398,5 +544,10 @@ class TunedTraining(TunedLoop):
             # Linux's usual fork: workers start in milliseconds. (A trial process comes from a fork
             # server, whose default would start a second fork server and re-import torch.)
             multiprocessing_context="fork" if fork else None,
-            generator=torch.Generator().manual_seed(seed) if seed is not None else None,
+            generator=torch.Generator().manual_seed(seed) if seed is not None and sampler is None else None,
         )
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: micro-batch x accumulation x ranks."""
+        return self.batch_size * self.accumulation * self.world_size

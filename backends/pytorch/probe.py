@@ -9,6 +9,7 @@ calling its functions, in a trial process, touches the device.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import platform
@@ -24,6 +25,14 @@ from autotuner.trials.probe import Environment
 
 if TYPE_CHECKING:
     from autotuner.backends.pytorch.workload import TorchWorkload
+
+
+def parallel_capabilities(parallel: str | None) -> dict[str, bool]:
+    """`ddp` and `fsdp`: whether the job's ranks train that way (its `parallel`) and this torch
+    build can (torch.distributed, and FSDP2's `fully_shard`)."""
+    distributed = torch.distributed.is_available()
+    fsdp = distributed and importlib.util.find_spec("torch.distributed.fsdp") is not None
+    return {"ddp": parallel == "ddp" and distributed, "fsdp": parallel == "fsdp" and fsdp}
 
 
 def environment(device: torch.device) -> Environment:

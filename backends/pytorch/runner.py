@@ -21,12 +21,16 @@ import torch
 import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): let the fork server pay once
 
 from autotuner.backends.pytorch import PYTORCH
-from autotuner.backends.pytorch.apply import TunedTraining, resolve_device, strict_fp32
-from autotuner.backends.pytorch.probe import environment, gpu_uuid, workload_capabilities
+from autotuner.backends.pytorch.apply import TunedTraining, load_full_state, resolve_device, strict_fp32
+from autotuner.backends.pytorch.probe import environment, gpu_uuid, parallel_capabilities, workload_capabilities
+from autotuner.backends.pytorch.ranks import run_ranks
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload, first_batch_problem
 from autotuner.config.knobs import Config
+from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
 from autotuner.trials.probe import Environment
+from autotuner.trials.request import ProfileRequest, TrialRequest
+from autotuner.trials.trial_output import ProfileOutput, TrialOutput
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 """c10's CPU allocator has no exception type of its own: when the host (or the trial's memory
@@ -108,6 +112,9 @@ class PyTorchTrial(TrialBackend):
     def workload_capabilities(self, workload: TorchWorkload, device: torch.device, count: int) -> dict[str, bool]:
         return workload_capabilities(workload, device, count)
 
+    def parallel_capabilities(self, parallel: str | None) -> dict[str, bool]:
+        return parallel_capabilities(parallel)
+
     def initial_state(self, workload: TorchWorkload) -> dict[str, torch.Tensor]:
         return _host_copy(workload.model)
 
@@ -118,16 +125,25 @@ class PyTorchTrial(TrialBackend):
         now = _cache_lookups()
         return cache_state(now["hit"] - before["hit"], now["miss"] - before["miss"])
 
-    def training(self, workload: TorchWorkload, config: Config, device: torch.device) -> TunedTraining:
+    def training(
+        self, workload: TorchWorkload, config: Config, device: torch.device, parallel: str | None = None
+    ) -> TunedTraining:
         workload.model.to(device).train()
-        return self._tuned(workload, workload.model, config, device)
+        return self._tuned(workload, workload.model, config, device, parallel)
 
     def restart(self, workload: TorchWorkload, training: TunedTraining, initial: Any) -> TunedTraining:
-        workload.model.load_state_dict(initial)
-        return self._tuned(workload, training.model, training.config, training.device)  # compiled once, not twice
+        load_full_state(workload.model, initial)
+        # compiled (and wrapped for its ranks) once, not twice
+        return self._tuned(workload, training.model, training.config, training.device, training.parallel)
 
     @staticmethod
-    def _tuned(workload: TorchWorkload, model: torch.nn.Module, config: Config, device: torch.device) -> TunedTraining:
+    def _tuned(
+        workload: TorchWorkload,
+        model: torch.nn.Module,
+        config: Config,
+        device: torch.device,
+        parallel: str | None,
+    ) -> TunedTraining:
         """The config applied to `model`, with a fresh optimizer (and so a fresh GradScaler)."""
         optimizer = workload.optimizer(workload.model.parameters())
         return TunedTraining(
@@ -137,6 +153,7 @@ class PyTorchTrial(TrialBackend):
             device=device,
             collate_fn=workload.collate_fn,
             checkpoint_blocks=workload.checkpoint_blocks,
+            parallel=parallel,
         )
 
     def train_step(self, workload: TorchWorkload, training: TunedTraining, batches: Iterator[Any]) -> torch.Tensor:
@@ -153,6 +170,8 @@ class PyTorchTrial(TrialBackend):
     def synchronize(self, training: TunedTraining, pending: Any) -> None:
         if training.device.type == "cuda":
             torch.cuda.synchronize(training.device)
+        if training.world_size > 1:  # a window's edges are every rank's
+            torch.distributed.barrier()
 
     def subset(self, dataset: Any, indices: list[int]) -> torch.utils.data.Subset[Any]:
         return torch.utils.data.Subset(dataset, indices)
@@ -228,6 +247,17 @@ class PyTorchTrial(TrialBackend):
 
     def skipped_steps(self, training: TunedTraining) -> int:
         return training.skipped_steps
+
+    def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+        """One trial; with `processes` above 1, as that many ranks (`autotuner.backends.pytorch.ranks`)."""
+        if request.processes > 1:
+            return run_ranks(self, "trial", request, turns)  # type: ignore[no-any-return]
+        return super().run(request, turns)
+
+    def profile(self, request: ProfileRequest) -> ProfileOutput:
+        if request.trial.processes > 1:
+            return run_ranks(self, "profile", request)  # type: ignore[no-any-return]
+        return super().profile(request)
 
     def classify_exception(self, exc: BaseException) -> str | None:
         """`oom` when `exc`, or an exception it wraps (torch.compile wraps what failed while

@@ -23,10 +23,11 @@ import yaml
 from optuna.trial import TrialState
 
 from autotuner.config.knobs import config_key
+from autotuner.measurement.hardware import core_shares
 from autotuner.spec.job import load_spec
 from autotuner.study.optuna_adapter import study_id, study_storage
 from autotuner.study.storage import open_storage, open_study
-from autotuner.workers.multi_gpu import core_shares, search_on_devices
+from autotuner.workers.multi_gpu import search_on_devices
 from tests.support.helpers import OTHER_MACHINE, _stat
 from tests.support.studies import (
     ROOT,

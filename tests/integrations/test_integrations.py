@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from autotuner.backends.pytorch import DDP_KNOBS, FSDP_KNOBS
 from autotuner.cli import main
 from autotuner.errors import SpecError
 from autotuner.export.reader import TunedConfig, parse_config
@@ -485,7 +486,8 @@ def test_sdpa_code_sets_the_flags_sdpa_kernel_sets_in_the_study(attention: str) 
 def test_a_config_exported_before_the_new_knobs_exports_as_before(config: TunedConfig) -> None:
     # tuned() writes params with the first five knobs only, as exports were before the others existed
     old = {"precision", "batch_size", "accumulation", "workers", "compile"}
-    assert set(config.params) - old == set(NEW_KNOBS)  # filled in at their reference values
+    parallel = {knob.name for knob in (*DDP_KNOBS, *FSDP_KNOBS)}
+    assert set(config.params) - old == set(NEW_KNOBS) | parallel  # filled in at their reference values
     hf = {"bf16", "fp16", "tf32", "per_device_train_batch_size", "gradient_accumulation_steps"}
     hf |= {"dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "torch_compile"}
     arguments = transformers_export.training_arguments(config)

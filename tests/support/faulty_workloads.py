@@ -299,3 +299,40 @@ def records_forwards(folder: str, oom_at: int = 0, samples: int = 64) -> TorchWo
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
 
     return _workload(_Misbehaving(act), samples)
+
+
+# ---------------------------------------------------------------- a fault on one rank of several
+
+
+def on_rank(fault: str, rank: int = 1, samples: int = 64) -> TorchWorkload:
+    """Healthy on every rank of a trial of several processes but `rank`, where the forward does
+    `fault`: `crash` (SIGKILL, no word), `raise` (a ValueError), `hang` (sleeps for an hour, its
+    peers waiting in their all-reduce), `oom` (torch's out-of-memory error) or `nan` (NaN inputs,
+    so a NaN loss and NaN gradients)."""
+    faults: dict[str, Callable[[torch.Tensor], torch.Tensor | None]] = {
+        "crash": lambda x: _raise(None),
+        "raise": lambda x: _raise(ValueError("this rank's forward fails")),
+        "hang": lambda x: _raise(None, sleep_s=3600),
+        "oom": lambda x: _raise(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")),
+        "nan": _poison,
+    }
+    act = faults[fault]
+
+    def on_this_rank(x: torch.Tensor) -> torch.Tensor | None:
+        return act(x) if torch.distributed.is_initialized() and torch.distributed.get_rank() == rank else None
+
+    return _workload(_Misbehaving(on_this_rank), samples)
+
+
+def _raise(exc: BaseException | None, sleep_s: float = 0) -> None:
+    """Raise `exc`; None: sleep `sleep_s` (a hang), or with no sleep die by SIGKILL."""
+    if exc is not None:
+        raise exc
+    if sleep_s:
+        time.sleep(sleep_s)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _poison(x: torch.Tensor) -> None:
+    """NaN inputs: the loss and every gradient are NaN (and all-reduced to the other ranks)."""
+    x.mul_(float("nan"))

@@ -251,7 +251,9 @@ class NumpyTrial(TrialBackend):
     def as_workload(self, built: Any, ref: str) -> NumpyWorkload:
         return as_workload(built, ref)
 
-    def training(self, workload: NumpyWorkload, config: dict[str, Any], device: str) -> TunedTraining:
+    def training(
+        self, workload: NumpyWorkload, config: dict[str, Any], device: str, parallel: str | None = None
+    ) -> TunedTraining:
         return TunedTraining(config, workload.params, workload.lr)
 
     def restart(self, workload: NumpyWorkload, training: TunedTraining, initial: Any) -> TunedTraining:

@@ -24,6 +24,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotuner.errors import HardwareMismatch
+from autotuner.measurement.hardware import core_shares
 from autotuner.spec.job import load_spec
 from autotuner.study.claims import Claims
 from autotuner.study.fingerprint import fingerprint
@@ -31,7 +32,6 @@ from autotuner.study.optuna_adapter import study_id, trial_id
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.probe import Environment
 from autotuner.workers.coordination import BudgetSlots, ConfigClaims, OncePerStudy
-from autotuner.workers.multi_gpu import core_shares
 from autotuner.workers.ownership import MAX_CUT_OFFS, OWNER, Recovery, SearchProcess, still_running
 from tests.support.helpers import OTHER_MACHINE, _stat
 from tests.support.studies import write_spec

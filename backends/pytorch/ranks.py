@@ -1,0 +1,221 @@
+"""A trial of several processes: the ranks of one config, started and watched by its trial process.
+
+With `processes: N` the trial process (`autotuner.trials.launcher`) does not train: it starts N
+ranks with `torch.multiprocessing.start_processes` (forked, so nothing is imported again and no
+device has been touched before the fork), hosts their rendezvous (a `torch.distributed.TCPStore`
+on 127.0.0.1), and waits for them. Each rank joins the trial's process group (NCCL on GPUs, gloo
+on the CPU) on its own device (`cuda:K+rank` from the request's `cuda:K`; on the CPU its own
+share of the cores, as many threads), then runs the one trial algorithm
+(`autotuner.trials.core.run_trial`) as a rank of `StoreGroup`: rank 0 measures and reports, the
+others take the same steps. Rank 0 talks to the launcher directly (it inherits the trial's pipes:
+its lockstep turns go both ways as a one-process trial's do).
+
+The ranks fail together. A rank that raises sends its classified end (`oom`, `nan`,
+`unsupported`, `error`) to the trial process and exits; one that dies sends nothing. Either way
+the trial process kills every rank at once (the others may be blocked in a collective that will
+never complete) and the trial ends with that rank's outcome, its reason naming the rank
+(`RankFailed`). A rank that hangs keeps the others waiting in a collective: the launcher's
+timeout kills the trial's process group, every rank and loader worker in it. Each rank dies
+with the trial process (PR_SET_PDEATHSIG), and the trial process with the fork server, so kill -9
+of the search leaves no rank behind.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing.connection
+import os
+import signal
+import time
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing
+
+from autotuner.measurement.hardware import core_shares
+from autotuner.measurement.telemetry import usable_cpus
+from autotuner.trials.core import TrialBackend, run_profile, run_trial
+from autotuner.trials.launcher import die_with_parent
+from autotuner.trials.outcomes import Outcome, RankFailed, exception_message
+from autotuner.trials.request import ProfileRequest, TrialRequest
+from autotuner.trials.trial_output import ProfileOutput, TrialOutput
+
+HOST = "127.0.0.1"
+STORE_TIMEOUT = datetime.timedelta(days=7)
+"""How long a rank waits at the store for rank 0's next command: as long as it takes (lockstep
+turns, compiling); the launcher's timeout bounds the trial."""
+GRACE_S = 1.0
+"""After the first rank fails, how long the trial process waits for the others' ends before it
+chooses which to report: a rank that crashed and the collective error it caused on its peer
+arrive within milliseconds of each other."""
+SECONDARY = (Outcome.ERROR.value,)
+"""Outcomes a rank may end with because another rank failed first (a collective error): reported
+only when no rank ended otherwise."""
+
+
+class StoreGroup:
+    """`autotuner.trials.core.RankGroup` over the trial's `TCPStore`: rank 0's commands under
+    numbered keys, gathered values under `key/rank`."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int):
+        self.store, self.rank, self.size = store, rank, size
+        self._sent = self._read = 0
+
+    def announce(self, what: str, count: int) -> None:
+        self.store.set(f"command/{self._sent}", f"{what} {count}")
+        self._sent += 1
+
+    def next_command(self) -> tuple[str, int]:
+        what, count = self.store.get(f"command/{self._read}").decode().rsplit(" ", 1)
+        self._read += 1
+        return what, int(count)
+
+    def gather(self, key: str, value: float) -> list[float]:
+        self.store.set(f"{key}/{self.rank}", repr(float(value)))
+        if self.rank != 0:
+            return []
+        return [float(self.store.get(f"{key}/{rank}").decode()) for rank in range(self.size)]
+
+
+def rank_device(spec: str, rank: int) -> str:
+    """The device of `rank` for a trial on `spec` (`cpu`, `cuda`, `cuda:K`, `auto`): the CPU for
+    every rank, or the `rank`-th GPU from K on."""
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    base = int(spec.partition(":")[2] or 0)
+    return f"cuda:{base + rank}"
+
+
+def run_ranks(backend: TrialBackend, entry: str, request: Any, turns: Any = None) -> Any:
+    """Run `entry` (`trial` or `profile`) of `request` as its trial's ranks and return rank 0's
+    output; `RankFailed` with the first rank's end when one fails."""
+    trial: TrialRequest = request.trial if isinstance(request, ProfileRequest) else request
+    size = trial.processes
+    store = dist.TCPStore(HOST, 0, size, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
+    receivers, senders = zip(*(multiprocessing.Pipe(duplex=False) for _ in range(size)), strict=True)
+    shares = core_shares(usable_cpus(), size)
+    context = torch.multiprocessing.start_processes(
+        _rank_main,
+        args=(backend, entry, request, turns, store.port, list(senders), shares),
+        nprocs=size,
+        join=False,
+        start_method="fork",
+    )
+    for sender in senders:
+        sender.close()
+    try:
+        return _watch(context.processes, list(receivers))
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGKILL)
+            process.join()
+
+
+def _watch(processes: list[Any], receivers: list[multiprocessing.connection.Connection]) -> Any:
+    """Wait for the ranks: rank 0's output once every rank sent an ok end; `RankFailed` as soon as
+    one raised or exited otherwise (after `GRACE_S` for the ends that failure caused)."""
+    ends: dict[int, dict[str, Any]] = {}
+    exited: dict[int, int | None] = {}
+    pipes = dict(enumerate(receivers))
+    failed_at: float | None = None
+    while True:
+        if sum(end.get("status") == "ok" for end in ends.values()) == len(processes):
+            return ends[0]["result"]
+        failing = any(end.get("status") != "ok" for end in ends.values()) or any(exited.values())
+        if failing and failed_at is None:
+            failed_at = time.monotonic()
+        left = None if failed_at is None else failed_at + GRACE_S - time.monotonic()
+        waitable = [*pipes.values(), *(p.sentinel for rank, p in enumerate(processes) if rank not in exited)]
+        if (left is not None and left <= 0) or not waitable:
+            break
+        for item in multiprocessing.connection.wait(waitable, left):
+            if isinstance(item, multiprocessing.connection.Connection):
+                rank = receivers.index(item)
+                del pipes[rank]
+                try:
+                    ends[rank] = item.recv()
+                except (EOFError, OSError):
+                    pass  # it died without a word: its exit code tells
+            else:
+                rank = next(r for r, p in enumerate(processes) if p.sentinel == item)
+                processes[rank].join()
+                exited[rank] = processes[rank].exitcode
+    raise RankFailed(_first_failure(ends, exited, len(processes)))
+
+
+def _first_failure(ends: dict[int, dict[str, Any]], exited: dict[int, int | None], size: int) -> dict[str, Any]:
+    """The end to report: a rank's own (out of memory, a NaN, an unsupported knob) before a rank
+    that died without a word, before an error (which a peer's failure may have caused: a
+    collective whose peer is gone fails too); the first to fail of each."""
+    raised = sorted(
+        ((rank, end) for rank, end in ends.items() if end.get("status") != "ok"), key=lambda item: item[1].get("at", 0)
+    )
+    own = [(rank, end) for rank, end in raised if end.get("kind") not in SECONDARY]
+    if own:
+        rank, end = own[0]
+        return {**end, "reason": f"rank {rank} of {size}: {end.get('reason', '')}"}
+    silent = sorted(rank for rank in exited if rank not in ends)
+    if silent:
+        rank, code = silent[0], exited[silent[0]]
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with code {code} without a result"
+        return {"status": "raised", "kind": Outcome.CRASH.value, "reason": f"rank {rank} of {size} {how}"}
+    rank, end = raised[0]
+    return {**end, "reason": f"rank {rank} of {size}: {end.get('reason', '')}"}  # the first error
+
+
+def _rank_main(
+    rank: int,
+    backend: TrialBackend,
+    entry: str,
+    request: Any,
+    turns: Any,
+    port: int,
+    senders: list[multiprocessing.connection.Connection],
+    shares: list[set[int]],
+) -> None:
+    """One rank: join the process group, run `entry` as rank `rank`, send its end, exit."""
+    die_with_parent()
+    sender = senders[rank]
+    for other in senders:
+        if other is not sender:
+            other.close()
+    try:
+        trial: TrialRequest = request.trial if isinstance(request, ProfileRequest) else request
+        size = trial.processes
+        device = rank_device(trial.device, rank)
+        if device == "cpu":
+            if hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, shares[rank])
+            torch.set_num_threads(len(shares[rank]))
+        store = dist.TCPStore(HOST, port, size, is_master=False, timeout=STORE_TIMEOUT)
+        dist.init_process_group(
+            "nccl" if device.startswith("cuda") else "gloo",
+            store=dist.PrefixStore("process_group", store),
+            rank=rank,
+            world_size=size,
+            device_id=torch.device(device) if device.startswith("cuda") else None,
+        )
+        group = StoreGroup(dist.PrefixStore("trial", store), rank, size)
+        own = replace(trial, device=device, progress=trial.progress if rank == 0 else None)
+        result: TrialOutput | ProfileOutput
+        if isinstance(request, ProfileRequest):
+            result = run_profile(backend, replace(request, trial=own), group)
+        else:
+            result = run_trial(backend, own, turns if rank == 0 else None, group)
+        end: dict[str, Any] = {"status": "ok", "result": result if rank == 0 else None}
+    except BaseException as exc:  # everything a rank raises is the trial's outcome
+        end = exception_message(exc, lambda e: backend.classify_exception(e) == "oom")
+        end["at"] = time.monotonic()  # one clock for the machine: which rank failed first
+    try:
+        sender.send(end)
+    finally:
+        os._exit(0 if end["status"] == "ok" else 1)  # loader workers and compile pools die with the group

@@ -1,0 +1,153 @@
+"""A trial of several processes (`processes: N`, `autotuner.backends.pytorch.ranks`), on the CPU
+with gloo and 2 ranks: what it trains equals one process at the same global batch, it is measured
+as one trial, and a rank's failure ends the whole trial with that rank's outcome, nothing left
+alive. The knobs DDP and FSDP2 add are tests/backends/test_parallel_knobs.py's."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.outcomes import Outcome
+from autotuner.trials.request import TrialRequest
+from tests.support.helpers import RUNNER, SMALL_MLP, request, small_request
+
+MLP = "autotuner.backends.pytorch.builtin:mlp"
+
+
+def _on_two_ranks(trial: TrialRequest) -> TrialRequest:
+    """`trial` (global batch 8, micro-batch 4) on two DDP ranks: no accumulation."""
+    return replace(trial, config={**trial.config, "accumulation": 1}, processes=2, parallel="ddp")
+
+
+def _drift_request(parallel: str | None, processes: int, batch_size: int = 0, accumulation: int = 1) -> TrialRequest:
+    """The drift phase alone (as the reference runs it) of the built-in mlp, global batch 16."""
+    base = small_request(MLP, {"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"}, SMALL_MLP)
+    config = {**base.config, "batch_size": batch_size or 16 // processes, "accumulation": accumulation}
+    return replace(
+        base,
+        config=config,
+        global_batch=16,
+        drift_steps=4,
+        measure=False,
+        processes=processes,
+        parallel=parallel,
+    )
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_train_as_one_process_at_the_same_global_batch(launcher: TrialLauncher, parallel: str) -> None:
+    """The same samples in the same optimizer steps, split between the ranks: the loss
+    trajectory and the held-out loss after K steps equal one process's within fp32 rounding."""
+    one = launcher.call(RUNNER, "run", _drift_request(None, 1), 120)
+    two = launcher.call(RUNNER, "run", _drift_request(parallel, 2), 120)
+    assert one.outcome is Outcome.OK, one.reason
+    assert two.outcome is Outcome.OK, two.reason
+    assert one.output is not None and two.output is not None
+    single, ranks = one.output.losses, two.output.losses
+    assert len(ranks.trajectory) == len(single.trajectory) == 4
+    for a, b in zip(single.trajectory, ranks.trajectory, strict=True):
+        assert b == pytest.approx(a, rel=1e-5)
+    assert ranks.heldout == pytest.approx(single.heldout, rel=1e-5)
+
+
+def test_accumulation_on_two_ranks_equals_one_process(launcher: TrialLauncher) -> None:
+    """Micro-batch 4 x accumulation 2 x 2 ranks: the gradients are reduced once a step (no_sync
+    for the first micro-batch), and the step equals one process's micro-batch 16."""
+    one = launcher.call(RUNNER, "run", _drift_request(None, 1), 120)
+    two = launcher.call(RUNNER, "run", _drift_request("ddp", 2, batch_size=4, accumulation=2), 120)
+    assert two.outcome is Outcome.OK, two.reason
+    assert one.output is not None and two.output is not None
+    assert two.output.losses.heldout == pytest.approx(one.output.losses.heldout, rel=1e-5)
+
+
+def test_a_trial_of_two_ranks_is_measured_as_one(launcher: TrialLauncher) -> None:
+    """Rank 0 measures global samples per second; the other rank takes the same steps (its
+    collectives meet rank 0's), so the trial ends ok with one throughput."""
+    trial = _on_two_ranks(request("ok", batch_size=4))
+    result = launcher.call(RUNNER, "run", trial, 120)
+    assert result.outcome is Outcome.OK, result.reason
+    assert result.output is not None and result.output.throughput is not None
+    throughput = result.output.throughput
+    assert throughput.samples_per_step == trial.global_batch and throughput.samples_per_s > 0
+    assert len(throughput.window_samples_per_s) == trial.windows
+    assert result.output.peak_memory_mb and result.output.peak_memory_mb > 0
+
+
+def _alive(pids: list[int]) -> list[int]:
+    """Those of `pids` still running: not gone, not zombies (a killed rank whose parent, the
+    trial process, was killed too waits for PID 1, which in some containers never reaps)."""
+    alive = []
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2 :].split()[0] not in ("Z", "X"):
+            alive.append(pid)
+    return alive
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (the ranks and their workers under a trial process)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                children.append(int(entry))
+    return children + [d for child in children for d in _descendants(child)]
+
+
+@pytest.mark.parametrize(
+    ("fault", "outcome", "says"),
+    [
+        ("crash", Outcome.CRASH, "rank 1 of 2 was killed by SIGKILL"),
+        ("raise", Outcome.ERROR, "rank 1 of 2: ValueError: this rank's forward fails"),
+        ("oom", Outcome.OOM, "rank 1 of 2: OutOfMemoryError"),
+        ("nan", Outcome.NAN, "rank 1 of 2: the loss became nan"),
+    ],
+)
+def test_a_fault_on_one_rank_ends_the_whole_trial_with_its_outcome(
+    launcher: TrialLauncher, fault: str, outcome: Outcome, says: str
+) -> None:
+    """Rank 0 waits in an all-reduce rank 1 never joins: the trial process sees rank 1's end,
+    kills every rank and reports rank 1's outcome, long before the trial's timeout."""
+    trial = _on_two_ranks(request("on_rank", {"fault": fault}, batch_size=4))
+    began = time.monotonic()
+    process = launcher.start(RUNNER, "run", trial, 120)
+    ranks = []
+    while process.process.is_alive() and not ranks and time.monotonic() - began < 30:
+        ranks = _descendants(process.process.pid or 0)
+        time.sleep(0.05)
+    process.read_until_waiting(time.monotonic() + 120)
+    result = process.end()
+    assert result.outcome is outcome, result.reason
+    assert says in result.reason
+    assert time.monotonic() - began < 60
+    assert not _alive(ranks)
+
+
+def test_a_rank_that_hangs_ends_the_trial_at_its_timeout_with_every_rank(launcher: TrialLauncher) -> None:
+    """Rank 1 sleeps in its forward, rank 0 waits in its all-reduce for ever: the trial's timeout
+    kills the trial's process group, both ranks with it."""
+    trial = _on_two_ranks(request("on_rank", {"fault": "hang"}, batch_size=4))
+    began = time.monotonic()
+    process = launcher.start(RUNNER, "run", trial, 15)
+    ranks: list[int] = []
+    while process.process.is_alive() and len(ranks) < 2 and time.monotonic() - began < 15:
+        ranks = _descendants(process.process.pid or 0)
+        time.sleep(0.05)
+    process.read_until_waiting(began + 15)
+    result = process.end()
+    assert result.outcome is Outcome.TIMEOUT, result.reason
+    assert time.monotonic() - began < 30
+    assert ranks and not _alive(ranks)
