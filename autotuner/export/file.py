@@ -75,6 +75,10 @@ class SpecRef(_Section):
     """`autotuner.spec.job.Job.identity`."""
     workload: str | None = None
     global_batch: int | None = Field(None, gt=0)
+    processes: int = Field(1, gt=0)
+    """Ranks the job runs as (`global_batch` = micro-batch x accumulation x processes)."""
+    parallel: str | None = None
+    """How its ranks train together: `ddp`, `fsdp`; None for one process."""
 
 
 class StudyRef(_Section):

@@ -224,9 +224,9 @@ def _checked(
     if other_threads:
         warn(f"{tuned.source}: {other_threads}: on a CPU they change the throughput")
     batch = tuned.params[BATCH_SIZE.name]
-    if job.spec.global_batch % batch:
+    if job.rank_batch % batch:
         raise SpecError(
-            f"batch_size {batch} does not divide the job's global_batch ({job.spec.global_batch})",
+            f"batch_size {batch} does not divide the job's global_batch per rank ({job.rank_batch})",
             source=tuned.source,
             key="params.batch_size",
         )

@@ -63,6 +63,18 @@ class TunedConfig:
         return float(self.metrics["throughput"])
 
     @property
+    def processes(self) -> int:
+        """Ranks the job was tuned as: `global_batch` = micro-batch x accumulation x processes."""
+        return int(self.spec.get("processes") or 1)
+
+    @property
+    def parallel(self) -> str | None:
+        """How its ranks train together (`ddp`, `fsdp`), which `TunedTraining` applies; None for one
+        process."""
+        parallel = self.spec.get("parallel")
+        return str(parallel) if parallel else None
+
+    @property
     def fingerprint(self) -> str:
         return str(self.environment["fingerprint"])
 
@@ -142,11 +154,13 @@ def parse_config(data: Any, source: str) -> TunedConfig:
         problem = definition.check(params[knob])
         if problem:
             raise SpecError(problem, source=source, key=f"params.{knob}")
-    global_batch = export.spec.global_batch
+    global_batch, processes = export.spec.global_batch, export.spec.processes
     batch, accumulation = params[BATCH_SIZE.name], params[ACCUMULATION.name]
-    if global_batch is not None and batch * accumulation != global_batch:
+    if global_batch is not None and batch * accumulation * processes != global_batch:
+        ranks = f" x {processes} processes" if processes > 1 else ""
         raise SpecError(
-            f"batch_size x accumulation is {batch} x {accumulation}, but spec.global_batch is {global_batch}",
+            f"batch_size x accumulation{' x processes' if ranks else ''} is {batch} x {accumulation}{ranks}, "
+            f"but spec.global_batch is {global_batch}",
             source=source,
             key="params.accumulation",
         )

@@ -73,6 +73,8 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFi
             identity=settings.identity or "",
             workload=settings.workload,
             global_batch=settings.global_batch,
+            processes=settings.processes or 1,
+            parallel=settings.parallel,
         ),
         study=StudyRef(
             name=study.study_name,

@@ -168,8 +168,9 @@ class SearchReporter:
     def start(self, job: Job, storage_url: str, environment: Environment, budget: int) -> None:
         if self.console.is_terminal:
             self.phase_file = phase_path(job.output_dir())
+        ranks = f" x {job.spec.processes} processes ({job.parallel})" if job.parallel else ""
         self.console.print(
-            f"[bold]{job.name}[/]: {job.spec.workload} on {environment.device} ({environment.device_name}), "
+            f"[bold]{job.name}[/]: {job.spec.workload} on {environment.device}{ranks} ({environment.device_name}), "
             f"global batch {job.spec.global_batch}, {budget} trials, storage {escape(storage_url)}"
         )
 

@@ -75,6 +75,10 @@ class StudySettings:
     """The drift tolerance (`objective.max_drift`)."""
     max_memory_mb: float | None = None
     """The peak-memory limit (`objective.max_memory_mb`), or None."""
+    processes: int | None = None
+    """Ranks of every trial (the spec's `processes`)."""
+    parallel: str | None = None
+    """How the ranks train together (`autotuner.spec.job.Job.parallel`); None for one process."""
 
     @classmethod
     def of(cls, job: Job) -> StudySettings:
@@ -86,6 +90,8 @@ class StudySettings:
             global_batch=job.spec.global_batch,
             max_drift=job.spec.objective.max_drift,
             max_memory_mb=job.spec.objective.max_memory_mb,
+            processes=job.spec.processes,
+            parallel=job.parallel,
         )
 
     def as_dict(self) -> dict[str, Any]:

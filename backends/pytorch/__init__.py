@@ -237,8 +237,8 @@ class PyTorchBackend(Backend):
                 return f"{knob}={value}: a knob of parallel: {parallel} (a trial of several processes)"
         if knob == "offload" and not caps.accelerator:
             return "offload=cpu: the parameters are in host memory already"
-        if knob == "comm_hook" and value == "bf16" and not caps.bf16:
-            return "comm_hook=bf16: this device does not support bfloat16"
+        if knob == "comm_hook" and value == "bf16" and not (caps.accelerator and caps.bf16):
+            return "comm_hook=bf16: torch's bf16 compression hook needs a GPU with bf16 (CUDA and NCCL)"
         if knob == "pin_memory" and not caps.accelerator:
             return "pin_memory=True: pinned host memory only speeds copies to a GPU"
         if knob == "cudnn_benchmark" and not (caps.cudnn and caps.convolutions):

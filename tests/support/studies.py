@@ -55,7 +55,9 @@ def write_spec(folder: Path, **changes: Any) -> Path:
         from autotuner.backends import BACKENDS
         from autotuner.config.knobs import DERIVED
 
-        knobs = BACKENDS[spec["backend"]].knobs if spec.get("backend") in BACKENDS else {}
+        backend = BACKENDS.get(spec["backend"])
+        parallel = spec.get("parallel") or ((backend.parallel or (None,))[0] if spec.get("processes", 1) > 1 else None)
+        knobs = backend.job_knobs(parallel) if backend is not None else {}
         baseline = spec.get("baseline") or {}
         held = {
             name: [baseline.get(name, knob.reference)]
