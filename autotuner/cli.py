@@ -228,7 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     placement = search.add_mutually_exclusive_group()
     placement.add_argument("--device", help="auto, cpu, cuda or cuda:N for this worker (overrides the spec's device)")
     placement.add_argument(
-        "--jobs", type=_positive_int, help="start one worker per GPU, N in all, on cuda:0 to cuda:N-1 (not on a CPU)"
+        "--jobs",
+        type=_positive_int,
+        help="start N workers on this machine's GPUs, each with a trial's GPUs to itself (1, or the spec's processes)",
     )
     search.set_defaults(handler=cmd_search)
 

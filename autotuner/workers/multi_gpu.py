@@ -1,6 +1,8 @@
-"""`autotuner search --jobs N`: one search process per GPU of this machine, all on one study.
+"""`autotuner search --jobs N`: N search processes on this machine's GPUs, all on one study.
 
-Process i is an `autotuner search` subprocess with `--device cuda:<i>`; the processes share the
+Each worker has a trial's GPUs to itself: one, or with `processes: P` in the spec, P of them
+(its trials' ranks). Worker i is an `autotuner search` subprocess with `--device cuda:<i x P>`,
+whose trials use cuda:<i x P> to cuda:<i x P + P - 1>; the processes share the
 study through its storage exactly as search processes on separate machines do
 (`autotuner.workers.coordination`), and each prints its lines prefixed with its device. The GPU count
 comes from the backend's probe, in a trial process, so the engine never imports the framework.
@@ -40,8 +42,9 @@ def visible_gpus(job: Job) -> int:
     return environment.device_count
 
 
-def check_gpus(jobs: int, gpus: int) -> None:
-    """Refuse `--jobs <jobs>` (one search process per GPU) where fewer than `jobs` GPUs are visible."""
+def check_gpus(jobs: int, gpus: int, processes: int = 1) -> None:
+    """Refuse `--jobs <jobs>` (search workers of `processes` GPUs each) where fewer than
+    `jobs x processes` GPUs are visible."""
     if gpus == 0:
         raise SpecError(
             f"--jobs {jobs} starts one worker per GPU, and this machine has none visible; CPU workers would "
@@ -49,14 +52,21 @@ def check_gpus(jobs: int, gpus: int) -> None:
             "on a shared --storage",
             key="--jobs",
         )
-    if jobs > gpus:
-        raise SpecError(f"--jobs {jobs} starts one worker per GPU, and only {gpus} are visible", key="--jobs")
+    if jobs * processes > gpus:
+        each = "one GPU" if processes == 1 else f"{processes} GPUs (processes: {processes})"
+        raise SpecError(
+            f"--jobs {jobs} starts {jobs} workers of {each} each, and only {gpus} are visible "
+            f"(at most {gpus // processes} workers here)",
+            key="--jobs",
+        )
 
 
 def search_on_gpus(job: Job, jobs: int, passthrough: Sequence[str]) -> int:
-    """One search process per GPU, on cuda:0 to cuda:<jobs - 1>; see `search_on_devices`."""
-    check_gpus(jobs, visible_gpus(job))
-    return search_on_devices(job, [f"cuda:{index}" for index in range(jobs)], passthrough)
+    """`jobs` search processes, each on the first of its `processes` GPUs (cuda:0, cuda:P, ...);
+    see `search_on_devices`."""
+    processes = job.spec.processes
+    check_gpus(jobs, visible_gpus(job), processes)
+    return search_on_devices(job, [f"cuda:{index * processes}" for index in range(jobs)], passthrough)
 
 
 def search_on_devices(job: Job, devices: Sequence[str], passthrough: Sequence[str]) -> int:

@@ -5,12 +5,15 @@ two ranks. What a trial of several processes does is tests/trials/test_ranks.py'
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.e2e.test_coordination import _children, _descendants, _running, start_cli
+from tests.support.helpers import _stat
 from tests.support.studies import SMALL_SPEC, TINY_TRIAL, load_study, ran, run_cli, write_spec
 
 DDP_SPEC: dict[str, Any] = {
@@ -63,3 +66,45 @@ def test_apply_runs_the_winner_on_the_same_two_ranks_and_checks_the_promise(stud
     assert done.returncode == 0, done.stdout + done.stderr
     assert "samples/s here" in done.stdout and "ratio" in done.stdout
     assert "held-out loss after 2 steps" in done.stdout
+
+
+def test_kill_9_of_the_search_leaves_no_rank_alive(tmp_path: Path) -> None:
+    """The fp32 reference runs on two ranks, and rank 1 hangs in its forward (rank 0 waits in its
+    all-reduce): kill -9 of the search ends both ranks, and the trial process above them."""
+    spec = write_spec(
+        tmp_path,
+        **{**DDP_SPEC, "name": "killed", "space": {**DDP_SPEC["space"], "batch_size": [8]}},
+        workload="tests.support.faulty_workloads:on_rank",
+        workload_args={"fault": "hang"},
+        global_batch=16,
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+    )
+    search = start_cli("search", "--spec", str(spec), cwd=tmp_path)
+    try:
+        ranks: dict[int, str] = {}
+        deadline = time.monotonic() + 120
+        while len(ranks) < 2 and time.monotonic() < deadline:  # search -> fork server -> trial -> ranks
+            assert search.poll() is None, search.communicate()
+            time.sleep(0.2)
+            ranks = _level(search.pid, 3)
+        assert len(ranks) == 2, f"no two ranks under the search: {_descendants(search.pid)}"
+        processes = _descendants(search.pid)
+        search.kill()
+        search.communicate()
+    finally:
+        if search.poll() is None:
+            search.kill()
+            search.communicate()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_running(pid, started) for pid, started in processes.items()):
+        time.sleep(0.1)
+    assert not [pid for pid, started in processes.items() if _running(pid, started)]
+
+
+def _level(pid: int, depth: int) -> dict[int, str]:
+    """The processes `depth` generations below `pid`, with their start times."""
+    level = {pid: ""}
+    for _ in range(depth):
+        tree = _children()
+        level = {child: (_stat(child) or ("", 0, ""))[2] for parent in level for child in tree.get(parent, [])}
+    return level
