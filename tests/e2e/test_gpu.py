@@ -320,3 +320,31 @@ def test_search_with_one_job_runs_one_worker_on_the_first_gpu(tmp_path: Path) ->
     count = int(environment["device_count"])
     refused = run_cli("search", "--spec", str(spec), "--jobs", str(count + 1), cwd=tmp_path, timeout=300)
     assert refused.returncode == 2 and f"only {count} are visible" in refused.stderr, refused.stderr
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_cuda_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_study_of_two_ranks_on_two_gpus(tmp_path: Path, parallel: str) -> None:
+    """The small GPT as two ranks over NCCL, one GPU each: every config of its parallel knobs ends
+    ok or unsupported with a reason, and the export carries the ranks."""
+    knobs = (
+        {"comm_hook": ["none", "bf16", "powersgd"], "bucket_cap_mb": [5, 25]}
+        if parallel == "ddp"
+        else {"reshard_after_forward": [True, False], "param_dtype": ["fp32", "bf16"], "offload": ["none", "cpu"]}
+    )
+    space = {"precision": ["bf16"], "batch_size": [MICRO_BATCH // 2], "workers": [0], "compile": ["none"], **knobs}
+    baseline = {"precision": "bf16", "batch_size": MICRO_BATCH // 2, "workers": 0, "compile": "none"}
+    spec = _gpt_spec(tmp_path, parallel, space, baseline, processes=2, parallel=parallel)
+    _search(spec, tmp_path)
+    trials = _trials(tmp_path, parallel)
+    for trial in trials:
+        _ok_or_unsupported(trial)
+    assert any(t.user_attrs["outcome"] == "ok" for t in trials)
+    export = yaml.safe_load((tmp_path / "runs" / parallel / "best.yaml").read_text())
+    assert export["spec"]["processes"] == 2 and export["spec"]["parallel"] == parallel
