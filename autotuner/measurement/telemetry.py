@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 
 from autotuner.measurement.nvml import GpuSampler
 
@@ -189,19 +190,37 @@ class CpuSampler:
         return out
 
 
+ADDED = ("energy_j_per_sample", "power_w_mean", "power_w_sampled_mean")
+"""GPU figures of a trial on several GPUs that add up over them; the others are the GPUs' mean
+(`_util_mean`, `_sm_util_mean`) or most (`_max`)."""
+
+
+def combined(summaries: list[dict[str, float]]) -> dict[str, float]:
+    """The GPU figures of a trial's GPUs (`GpuSampler.summary` of each) as the trial's: energy
+    and power summed, utilisation averaged, peaks their most. A figure some GPU lacks is left out."""
+    out: dict[str, float] = {}
+    for key in set.intersection(*(set(s) for s in summaries)) if summaries else ():
+        values = [s[key] for s in summaries]
+        out[key] = sum(values) if key in ADDED else max(values) if key.endswith("_max") else statistics.fmean(values)
+    return out
+
+
 class Telemetry:
     """The samplers of one trial, entered together around the measured windows. `gpu_uuid`: the
-    trial's GPU (`cuda_uuid` of its CUDA ordinal), or None for no GPU telemetry."""
+    trial's GPU (`cuda_uuid` of its CUDA ordinal), or None for no GPU telemetry; `more_gpus`: the
+    other GPUs of a trial of several processes, whose figures are combined with it (`combined`)."""
 
-    def __init__(self, gpu_uuid: str | None = None):
+    def __init__(self, gpu_uuid: str | None = None, more_gpus: Sequence[str] = ()):
         self.cpu = CpuSampler()
         self.gpu = GpuSampler(gpu_uuid) if gpu_uuid is not None else None
+        self.more_gpus = [GpuSampler(uuid) for uuid in more_gpus] if self.gpu is not None else []
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Telemetry:
         self._stack.enter_context(self.cpu)
-        if self.gpu is not None:
-            self._stack.enter_context(self.gpu)
+        for gpu in (self.gpu, *self.more_gpus):
+            if gpu is not None:
+                self._stack.enter_context(gpu)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -211,5 +230,5 @@ class Telemetry:
         """Every figure the samplers have, for `samples` samples processed inside the windows."""
         out = self.cpu.summary()
         if self.gpu is not None:
-            out.update(self.gpu.summary(samples))
+            out.update(combined([gpu.summary(samples) for gpu in (self.gpu, *self.more_gpus)]))
         return out

@@ -60,6 +60,8 @@ class RankGroup(Protocol):
 
     rank: int
     size: int
+    devices: list[str]
+    """Every rank's device, as a spec names it (`cpu`, `cuda:N`), in rank order."""
 
     def announce(self, what: str, count: int) -> None:
         """Rank 0: tell the other ranks what its timer does next."""
@@ -440,7 +442,8 @@ def _measure(
     def after_window() -> None:
         _check_finite(running, "the measured steps")
 
-    telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device))
+    others = [backend.gpu_uuid(backend.resolve_device(d)) for d in group.devices[1:]] if group is not None else []
+    telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device), more_gpus=[uuid for uuid in others if uuid is not None])
 
     def stop(rates: list[float]) -> str | None:
         reason = behind(rates, request.prune_best, request.prune_after) if request.prune_best is not None else None

@@ -59,8 +59,8 @@ class StoreGroup:
     """`autotuner.trials.core.RankGroup` over the trial's `TCPStore`: rank 0's commands under
     numbered keys, gathered values under `key/rank`."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int):
-        self.store, self.rank, self.size = store, rank, size
+    def __init__(self, store: dist.Store, rank: int, devices: list[str]):
+        self.store, self.rank, self.size, self.devices = store, rank, len(devices), devices
         self._sent = self._read = 0
 
     def announce(self, what: str, count: int) -> None:
@@ -204,7 +204,8 @@ def _rank_main(
             world_size=size,
             device_id=torch.device(device) if device.startswith("cuda") else None,
         )
-        group = StoreGroup(dist.PrefixStore("trial", store), rank, size)
+        devices = [rank_device(trial.device, r) for r in range(size)]
+        group = StoreGroup(dist.PrefixStore("trial", store), rank, devices)
         own = replace(trial, device=device, progress=trial.progress if rank == 0 else None)
         result: TrialOutput | ProfileOutput
         if isinstance(request, ProfileRequest):

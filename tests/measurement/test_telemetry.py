@@ -347,3 +347,18 @@ def test_other_processes_on_the_device_are_counted_and_their_sm_share_is_content
         time.sleep(0.03)
     summary = sampler.summary(samples=1)
     assert "gpu_others_sm_util_mean" not in summary and "gpu_other_processes_max" not in summary
+
+
+def test_a_trial_on_several_gpus_adds_their_energy_and_averages_their_use() -> None:
+    """The ranks of one trial each have a GPU: the trial's energy per sample is all of theirs for
+    its global samples, its power their sum, its utilisation their mean, its peaks their most."""
+    first = {"energy_j_per_sample": 0.5, "power_w_mean": 300.0, "gpu_util_mean": 80.0, "gpu_util_max": 90.0}
+    second = {"energy_j_per_sample": 0.25, "power_w_mean": 200.0, "gpu_util_mean": 60.0, "gpu_util_max": 99.0}
+    assert telemetry.combined([first, second]) == {
+        "energy_j_per_sample": 0.75,
+        "power_w_mean": 500.0,
+        "gpu_util_mean": 70.0,
+        "gpu_util_max": 99.0,
+    }
+    assert telemetry.combined([first, {"gpu_util_mean": 50.0}]) == {"gpu_util_mean": 65.0}  # what every GPU has
+    assert telemetry.combined([first]) == first
