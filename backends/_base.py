@@ -173,6 +173,11 @@ class Backend(ABC):
         # framework's import, which every run of the job pays before its first line.
         return replace(probed.output.environment, framework_start_s=probed.startup_s)
 
+    def default_preset(self, parallel: str | None) -> str:
+        """The search-space preset a spec that names none searches, for a job whose ranks train
+        together as `parallel` (None: one process)."""
+        return self.default_space
+
     def job_knobs(self, parallel: str | None) -> Mapping[str, Knob]:
         """The knobs of a job whose ranks train together as `parallel` (None: one process): all of
         `knobs` but those of the other ways of training across processes. A config holds these;

@@ -67,11 +67,11 @@ class Job:
 
     @property
     def parallel(self) -> str | None:
-        """How the trial's ranks train together: the spec's `parallel`, `ddp` by default with
-        `processes` above 1; None for one process."""
+        """How the trial's ranks train together: the spec's `parallel`, by default with
+        `processes` above 1 the backend's first way (`Backend.parallel`); None for one process."""
         if self.spec.processes == 1:
             return None
-        return self.spec.parallel or "ddp"
+        return self.spec.parallel or self.backend.parallel[0]
 
     @property
     def rank_batch(self) -> int:
@@ -280,7 +280,7 @@ def _resolve_space(job: Job, source: str) -> None:
     searchable = [k for k in backend.job_knobs(job.parallel) if k not in DERIVED]
     raw = spec.space
     inline: dict[str, Any] = {}
-    preset_name = backend.default_space
+    preset_name = backend.default_preset(job.parallel)
     if isinstance(raw, str):
         preset_name = raw
     elif isinstance(raw, dict):

@@ -203,6 +203,9 @@ class PyTorchBackend(Backend):
     requires = ("torch",)
     install = "pip install torch"
 
+    def default_preset(self, parallel: str | None) -> str:
+        return f"pytorch-{parallel}" if parallel else self.default_space
+
     def job_knobs(self, parallel: str | None) -> dict[str, Knob]:
         others = {k.name for mode, knobs in PARALLEL_KNOBS.items() if mode != parallel for k in knobs}
         return {name: knob for name, knob in self.knobs.items() if name not in others}
@@ -262,6 +265,11 @@ class PyTorchBackend(Backend):
             and config.get(PRECISION.name, "fp32") not in ("bf16", "fp16")
         ):
             return f"attention={attention}: its CUDA kernels compute in bf16 or fp16 only"
+        if config.get(STATIC_GRAPH.name) and config.get("accumulation", 1) > 1:
+            # the reducer asserts in the first no_sync backward, and past that stops reducing
+            return (
+                "static_graph=True with accumulation: DDP's static graph fails under no_sync (pytorch/pytorch#143580)"
+            )
         if config.get(PARAM_DTYPE.name) == "bf16" and config.get(PRECISION.name) == "fp16":
             return "param_dtype=bf16: with precision fp16, autocast would compute bf16 parameters in fp16"
         if config.get(PREFETCH_FACTOR.name, 2) != PREFETCH_FACTOR.reference and config.get(WORKERS.name, 0) == 0:

@@ -75,6 +75,8 @@ def _job(tmp_path: Path, **spec: object):  # type: ignore[no-untyped-def]
 def test_a_job_holds_the_knobs_of_its_way_of_training_only(tmp_path: Path) -> None:
     one, ddp = _job(tmp_path), _job(tmp_path, processes=2)
     fsdp = _job(tmp_path, processes=2, parallel="fsdp")
+    # a spec that names no space searches its way of training's preset
+    assert set(ddp.space["bucket_cap_mb"]) == {5, 25, 100} and set(fsdp.space["offload"]) == {"none", "cpu"}
     assert not (DDP | FSDP) & set(one.baseline)
     assert ddp.parallel == "ddp" and DDP <= set(ddp.baseline) and not FSDP & set(ddp.baseline)
     assert FSDP <= set(fsdp.baseline) and not DDP & set(fsdp.baseline)
@@ -88,7 +90,7 @@ def test_a_job_holds_the_knobs_of_its_way_of_training_only(tmp_path: Path) -> No
     [
         ({"parallel": "ddp"}, "parallel", "set processes: 2 or more"),
         ({"processes": 3}, "processes", "global_batch (64) is not a multiple of processes (3)"),
-        ({"processes": 2, "parallel": "zero"}, "parallel", "choose between 'ddp' or 'fsdp'"),
+        ({"processes": 2, "parallel": "zero"}, "parallel", "'zero' is not allowed; choose between 'ddp', 'fsdp'"),
         ({"space": {"bucket_cap_mb": [5, 25]}}, "space.bucket_cap_mb", "a knob of parallel: ddp"),
         ({"processes": 2, "space": {"offload": ["cpu"]}}, "space.offload", "a knob of parallel: fsdp"),
         ({"processes": 2, "baseline": {"batch_size": 64}}, "baseline.batch_size", "global_batch / processes"),
@@ -113,3 +115,29 @@ def test_which_values_cannot_act_and_why() -> None:
     assert PYTORCH.irrelevant("offload", "cpu", gpu_fsdp) is None
     config = {"precision": "fp16", "param_dtype": "bf16"}
     assert "autocast" in (PYTORCH.unsupported_reason(config, gpu_fsdp) or "")
+    static = {"static_graph": True, "accumulation": 2}
+    assert "no_sync" in (PYTORCH.unsupported_reason(static, cpu_ddp) or "")
+    assert PYTORCH.unsupported_reason({**static, "accumulation": 1}, cpu_ddp) is None
+
+
+WORKLOADS = {
+    "mlp": {},
+    "cnn": {"convolutions": True},
+    "resnet": {"convolutions": True, "checkpoint_blocks": True},
+    "gpt": {"sdpa": True, "checkpoint_blocks": True},
+}
+"""What the probe finds of each built-in model (the knobs it offers)."""
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_the_presets_of_a_parallel_job_fit_the_sampler_on_a_gpu(tmp_path: Path, parallel: str, workload: str) -> None:
+    """On a GPU that has every kernel, each built-in's space of the ddp or fsdp preset, every
+    micro-batch dividing its share of the global batch, narrows to what the sampler can list
+    (`Job.narrow` refuses more)."""
+    job = _job(tmp_path, workload=f"builtin:{workload}", global_batch=8192, processes=8, parallel=parallel)
+    device = {name: True for name in ("accelerator", "bf16", "fp16", "tf32", "compile", "cuda_graphs", "cudnn")}
+    kernels = {name: True for name in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "foreach_optimizer")}
+    offered = {**device, **kernels, "fused_optimizer": True, parallel: True, **WORKLOADS[workload]}
+    job.narrow(TorchCapabilities(**offered))
+    assert len(job.space["batch_size"]) == 8
