@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         choices=("yaml", "json", *FORMATS),
         default="yaml",
-        help="yaml, json; or a trainer's arguments as Python: hf-trainer, lightning, accelerate",
+        help=f"yaml, json; or a trainer's arguments as Python: {', '.join(FORMATS)}",
     )
     export.add_argument("--top", type=_positive_int, help="also list the K best feasible configs (written as `top`)")
     export.add_argument(

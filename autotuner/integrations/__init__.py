@@ -1,5 +1,5 @@
 """Exports of a tuned config to the trainers people already train with: the Hugging Face
-`Trainer` (`transformers`), Lightning and Accelerate.
+`Trainer` (`transformers`), Lightning and Accelerate; and to `torchrun` with `TunedTraining`.
 
 Each module maps the tuned knobs onto that trainer's own arguments and writes them as Python code
 to paste (`snippet`, what `autotuner export --format` prints). What a trainer's arguments cannot
@@ -7,12 +7,19 @@ hold (TF32 outside the Hugging Face Trainer, torch.compile in Lightning, channel
 attention kernel, cuDNN's benchmark mode, ...) is a line of code in the module's `setup_code`,
 which its argument functions warn about: no knob is dropped silently. A knob at its reference
 value (the value a config exported before the knob existed gets) adds nothing, so such a config
-exports as it did then.
+exports as it did then; the knobs of a config tuned as several ranks are the exception, written
+whatever their values, since a trainer's own DDP and FSDP defaults are not always the study's.
 
-The global batch the study kept is `batch_size x accumulation` in one process. A trainer run in
-`world_size` processes (torchrun, `accelerate launch`, DDP) gets `accumulation / world_size`
-micro-steps per optimizer step, so `batch_size x accumulation' x world_size` is the same global
-batch; an accumulation that `world_size` does not divide is refused.
+The global batch the study kept is `batch_size x accumulation x processes` (`processes`: the ranks
+a trial ran as, 1 for one process; with several, the accumulation is each rank's). A trainer run in
+`world_size` processes (torchrun, `accelerate launch`, DDP) gets `accumulation x processes /
+world_size` micro-steps per optimizer step, so `batch_size x accumulation' x world_size` is the same
+global batch: the config's own accumulation on as many processes as it was tuned on. One that
+`world_size` does not divide is refused. The snippets are for the processes the config was tuned
+as, and say how they are launched. A config tuned as several ranks carries how they train
+together (`parallel`: DDP or FSDP2) and its knobs (`DDP_KNOBS`, `FSDP_KNOBS`): every format maps
+them onto its trainer's own DDP and FSDP settings, with code or a comment for what they cannot
+hold, as for the other knobs.
 
 Importing this package imports no trainer: a format's library is imported when it is asked for.
 """
@@ -40,14 +47,15 @@ class Format:
     """The module of `autotuner.integrations` that writes it."""
     library: str
     """The import name of the trainer's library."""
-    extra: str
-    """The autotuner extra that installs it."""
+    extra: str | None
+    """The autotuner extra that installs it; None for a base dependency."""
 
 
 FORMATS = {
     "hf-trainer": Format("autotuner.integrations.transformers", "transformers", "hf"),
     "lightning": Format("autotuner.integrations.lightning", "lightning", "lightning"),
     "accelerate": Format("autotuner.integrations.accelerate", "accelerate", "accelerate"),
+    "torchrun": Format("autotuner.integrations.torchrun", "torch", None),
 }
 """`autotuner export --format` name -> what writes it."""
 
@@ -61,9 +69,8 @@ def require(fmt: str) -> None:
     not imported: the snippet is text, and importing lightning takes seconds)."""
     wanted = FORMATS[fmt]
     if importlib.util.find_spec(wanted.library) is None:
-        raise SpecError(
-            f"{wanted.library} is not installed: pip install 'autotuner[{wanted.extra}]'", key=f"--format {fmt}"
-        )
+        install = f"pip install 'autotuner[{wanted.extra}]'" if wanted.extra else f"pip install {wanted.library}"
+        raise SpecError(f"{wanted.library} is not installed: {install}", key=f"--format {fmt}")
 
 
 def snippet(fmt: str, config: TunedConfig) -> str:
@@ -87,17 +94,21 @@ def knobs(config: TunedConfig) -> dict[str, Any]:
     return dict(config.params)
 
 
-def accumulation_per_process(config: TunedConfig, world_size: int) -> int:
-    """The micro-steps per optimizer step that keep the study's global batch over `world_size` processes."""
+def accumulation_per_process(config: TunedConfig, world_size: int | None = None) -> int:
+    """The micro-steps per optimizer step that keep the study's global batch over `world_size`
+    processes (None: the processes the config was tuned as, whose accumulation it is)."""
     params = config.params
-    if world_size < 1 or params[ACCUMULATION.name] % world_size:
+    world_size = config.processes if world_size is None else world_size
+    micro_steps = int(params[ACCUMULATION.name]) * config.processes  # micro-batches per optimizer step, all ranks
+    if world_size < 1 or micro_steps % world_size:
+        of = f"{params['accumulation']} x {config.processes}" if config.processes > 1 else str(params["accumulation"])
         raise SpecError(
-            f"the global batch {params['batch_size'] * params['accumulation']} "
-            f"({params['batch_size']} x {params['accumulation']}) cannot be kept over {world_size} processes: "
-            f"the accumulation {params['accumulation']} is not a multiple of {world_size}",
+            f"the global batch {params['batch_size'] * micro_steps} "
+            f"({params['batch_size']} x {of}) cannot be kept over {world_size} processes: "
+            f"the accumulation {of} is not a multiple of {world_size}",
             source=config.source,
         )
-    return int(params[ACCUMULATION.name]) // world_size
+    return micro_steps // world_size
 
 
 def on_cuda(config: TunedConfig) -> bool:
@@ -210,17 +221,100 @@ def model_setup(params: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def header(config: TunedConfig, fmt: str) -> list[str]:
-    """The comment lines a snippet starts with: where the config comes from and the batch rule."""
+def header(config: TunedConfig, fmt: str, launch: str = "") -> list[str]:
+    """The comment lines a snippet starts with: where the config comes from and the batch rule;
+    for a config tuned as several processes, how they are launched (`launch`)."""
     params = config.params
-    global_batch = params[BATCH_SIZE.name] * params[ACCUMULATION.name]
+    processes = config.processes
+    batch, accumulation = params[BATCH_SIZE.name], params[ACCUMULATION.name]
     speedup = f", {times(config.speedup)} the baseline" if config.speedup else ""
+    first = f"# autotuner export --format {fmt}: {config}{speedup}"
+    if processes == 1:
+        return [
+            first,
+            f"# Global batch {batch * accumulation} = {batch} per micro-batch x {accumulation} "
+            "accumulation, in one process;",
+            "# in N processes (torchrun, accelerate launch) divide the accumulation by N to keep it.",
+        ]
     return [
-        f"# autotuner export --format {fmt}: {config}{speedup}",
-        f"# Global batch {global_batch} = {params['batch_size']} per micro-batch x {params['accumulation']} "
-        "accumulation, in one process;",
-        "# in N processes (torchrun, accelerate launch) divide the accumulation by N to keep it.",
+        first,
+        f"# Global batch {batch * accumulation * processes} = {batch} per micro-batch x {accumulation} accumulation "
+        f"x {processes} processes (parallel: {config.parallel}), as tuned;",
+        f"# launch: {launch}; on N processes instead, accumulation {accumulation * processes} / N keeps it.",
     ]
+
+
+def launch_line(config: TunedConfig) -> str:
+    """The shell line starting a script with the processes the config was tuned as (torchrun's)."""
+    if config.processes == 1:
+        return "python your_training.py"
+    return f"torchrun --standalone --nproc-per-node {config.processes} your_training.py"
+
+
+# ------------------------------------------------------------------ how the ranks train together
+
+
+def parallel_knobs(config: TunedConfig) -> dict[str, Any]:
+    """The knobs of the config's `parallel` (DDP's or FSDP2's) with their values; empty for one
+    process."""
+    from autotuner.backends.pytorch import PARALLEL_KNOBS
+
+    params = knobs(config)
+    return {knob.name: params[knob.name] for knob in PARALLEL_KNOBS.get(config.parallel or "", ())}
+
+
+COMM_HOOKS = {
+    "fp16": ("default_hooks", "fp16_compress_hook"),
+    "bf16": ("default_hooks", "bf16_compress_hook"),
+    "powersgd": ("powerSGD_hook", "powerSGD_hook"),
+}
+"""`comm_hook` -> the module of `torch.distributed.algorithms.ddp_comm_hooks` and the hook in it
+`TunedTraining` registers on its DistributedDataParallel."""
+HOOKS_IMPORT = "from torch.distributed.algorithms.ddp_comm_hooks import "
+HOOK_TYPES = {"fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD"}
+"""`comm_hook` -> the `accelerate.utils.DDPCommunicationHookType` member naming the same hook (the
+Hugging Face Trainer's DDP is Accelerate's)."""
+
+
+def powersgd_options() -> dict[str, int]:
+    """`PowerSGDState` keyword arguments as `TunedTraining` builds it (rank 1; error feedback and warm
+    start are PowerSGDState's defaults), compressing from `POWERSGD_START` on."""
+    from autotuner.backends.pytorch.apply import POWERSGD_START
+
+    return {"matrix_approximation_rank": 1, "start_powerSGD_iter": POWERSGD_START}
+
+
+def comm_hook(choice: str, *, code: bool) -> Any:
+    """The DDP communication hook function for `comm_hook` (not `none`): the function, or with
+    `code`, its name under `HOOKS_IMPORT`."""
+    module, name = COMM_HOOKS[choice]
+    if code:
+        return Code(f"{module}.{name}")
+    from torch.distributed.algorithms import ddp_comm_hooks
+
+    return getattr(getattr(ddp_comm_hooks, module), name)
+
+
+DTYPE_CODE = {"fp32": "None", "bf16": "torch.bfloat16"}
+"""FSDP2's `param_dtype` and `reduce_dtype` values as code (None: the parameters' own dtype, fp32),
+as `autotuner.backends.pytorch.apply.DTYPES` holds them."""
+
+
+def dtype(choice: str, *, code: bool) -> Any:
+    """A mixed-precision dtype knob's value (`fp32`, `bf16`) as the dtype FSDP takes, or as code."""
+    if code:
+        return Code(DTYPE_CODE[choice])
+    from autotuner.backends.pytorch.apply import DTYPES
+
+    return DTYPES[choice]
+
+
+def call(name: str, arguments: Mapping[str, Any]) -> Code:
+    """`name(key=value, ...)` as code, each value its repr unless it is `Code`."""
+    written = ", ".join(
+        f"{key}={value if isinstance(value, Code) else repr(value)}" for key, value in arguments.items()
+    )
+    return Code(f"{name}({written})")
 
 
 def assignment(name: str, values: Mapping[str, Any]) -> list[str]:

@@ -9,6 +9,15 @@ implementation or optimizer flag: `setup_code` holds them as lines to run on you
 `optimizer` before `prepare` (the process-wide flags, `model.to(memory_format=torch.channels_last)`,
 `enable_checkpointing(model)`, `optimizer = rebuilt_optimizer(optimizer, "fused")`), and
 `accelerator_arguments` warns when it is needed.
+
+A config tuned as several ranks gets, with DDP, `kwargs_handlers=[DistributedDataParallelKwargs(...)]`
+(bucket_cap_mb -> `bucket_cap_mb`, bucket_view -> `gradient_as_bucket_view`, static_graph ->
+`static_graph`, comm_hook -> `comm_hook`, a `DDPCommunicationHookType`, with PowerSGD's options in
+`comm_state_option`); with FSDP2, `fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, ...)`
+(reshard_after_forward -> `reshard_after_forward`, param_dtype and reduce_dtype ->
+`mixed_precision_policy`, an FSDP2 `MixedPrecisionPolicy`, which Accelerate keeps where it would
+otherwise make one of `mixed_precision`; offload -> `cpu_offload`). Launched with `accelerate
+launch --num_processes N`.
 """
 
 from __future__ import annotations
@@ -19,16 +28,21 @@ from typing import TYPE_CHECKING, Any
 from autotuner.backends.pytorch import COMPILE
 from autotuner.config.knobs import PRECISION
 from autotuner.integrations import (
+    HOOK_TYPES,
     TUNED_IMPORT,
     Code,
     accumulation_per_process,
     assignment,
+    call,
     common_setup,
+    dtype,
     header,
     imports_first,
     knobs,
     loader_arguments,
     model_setup,
+    parallel_knobs,
+    powersgd_options,
     split_imports,
 )
 
@@ -36,6 +50,69 @@ if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig
 
 MIXED_PRECISION = {"fp32": "no", "tf32": "no", "bf16": "bf16", "fp16": "fp16"}
+WRAP_NOTE = (
+    "# The study sharded each block the model repeats on its own, then the whole model: "
+    'auto_wrap_policy="transformer_based_wrap" does so for a Hugging Face model.'
+)
+
+
+def _parallel(config: TunedConfig, *, code: bool) -> dict[str, Any]:
+    """The Accelerator's arguments for how the ranks train together: `kwargs_handlers` with DDP's
+    `DistributedDataParallelKwargs`, or FSDP2's `fsdp_plugin`; with `code`, as code. Empty for one
+    process."""
+    values = parallel_knobs(config)
+    arguments: dict[str, Any]
+    if config.parallel == "ddp":
+        arguments = {
+            "bucket_cap_mb": values["bucket_cap_mb"],
+            "gradient_as_bucket_view": values["bucket_view"],
+            "static_graph": values["static_graph"],
+        }
+        hook = values["comm_hook"]
+        if hook != "none":
+            from accelerate.utils import DDPCommunicationHookType
+
+            kind = HOOK_TYPES[hook]
+            arguments["comm_hook"] = (
+                Code(f"DDPCommunicationHookType.{kind}") if code else DDPCommunicationHookType[kind]
+            )
+        if hook == "powersgd":
+            arguments["comm_state_option"] = powersgd_options()
+        if code:
+            return {"kwargs_handlers": Code(f"[{call('DistributedDataParallelKwargs', arguments)}]")}
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        return {"kwargs_handlers": [DistributedDataParallelKwargs(**arguments)]}
+    if config.parallel == "fsdp":
+        policy = {name: dtype(values[name], code=code) for name in ("param_dtype", "reduce_dtype")}
+        if code:
+            precision: Any = call("MixedPrecisionPolicy", policy)
+        else:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+
+            precision = MixedPrecisionPolicy(**policy)
+        arguments = {
+            "fsdp_version": 2,
+            "reshard_after_forward": values["reshard_after_forward"],
+            "mixed_precision_policy": precision,
+            "cpu_offload": values["offload"] == "cpu",
+        }
+        if code:
+            return {"fsdp_plugin": call("FullyShardedDataParallelPlugin", arguments)}
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        return {"fsdp_plugin": FullyShardedDataParallelPlugin(**arguments)}
+    return {}
+
+
+def _parallel_names(config: TunedConfig) -> list[str]:
+    """The names of `accelerate.utils` the code of `_parallel` uses."""
+    if config.parallel == "ddp":
+        hook = parallel_knobs(config)["comm_hook"] != "none"
+        return ["DistributedDataParallelKwargs", *(["DDPCommunicationHookType"] if hook else [])]
+    if config.parallel == "fsdp":
+        return ["FullyShardedDataParallelPlugin"]
+    return []
 
 
 def _arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
@@ -46,21 +123,23 @@ def _arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
     }
 
 
-def accelerator_arguments(config: TunedConfig, world_size: int = 1) -> dict[str, Any]:
-    """`Accelerator` keyword arguments for the tuned knobs, for `world_size` processes; with a
-    compile mode, `dynamo_plugin` is a `TorchDynamoPlugin`. Warns when `setup_code` is needed too."""
+def accelerator_arguments(config: TunedConfig, world_size: int | None = None) -> dict[str, Any]:
+    """`Accelerator` keyword arguments for the tuned knobs, for `world_size` processes (None: as
+    many as it was tuned as); with a compile mode, `dynamo_plugin` is a `TorchDynamoPlugin`; for a
+    config tuned as several ranks, `kwargs_handlers` (DDP) or `fsdp_plugin` (FSDP2). Warns when
+    `setup_code` is needed too."""
     needed = setup_code(config)
     if needed:
         warnings.warn(
             f"the Accelerator has no argument for part of this config; run: {'; '.join(needed)}", stacklevel=2
         )
-    arguments = _arguments(config, world_size)
+    arguments = _arguments(config, config.processes if world_size is None else world_size)
     mode = knobs(config)[COMPILE.name]
     if mode != "none":
         from accelerate.utils import TorchDynamoPlugin
 
         arguments["dynamo_plugin"] = TorchDynamoPlugin(backend="inductor", mode=mode)
-    return arguments
+    return {**arguments, **_parallel(config, code=False)}
 
 
 def dataloader_arguments(config: TunedConfig) -> dict[str, Any]:
@@ -86,17 +165,22 @@ def setup_code(config: TunedConfig) -> list[str]:
 
 def snippet(config: TunedConfig) -> str:
     """Python code building the Accelerator and the DataLoader with the tuned knobs."""
-    arguments: dict[str, Any] = _arguments(config, 1)
+    arguments: dict[str, Any] = _arguments(config, config.processes)
     mode = knobs(config)[COMPILE.name]
     if mode != "none":
         arguments["dynamo_plugin"] = Code(f'TorchDynamoPlugin(backend="inductor", mode="{mode}")')
+    arguments.update(_parallel(config, code=True))
     setup = setup_code(config)
     ours, code = split_imports(setup)
+    utils = sorted([*(["TorchDynamoPlugin"] if mode != "none" else []), *_parallel_names(config)])
+    launch = f"accelerate launch --num_processes {config.processes} your_training.py"
     lines = [
-        *header(config, "accelerate"),
-        *(["import torch"] if setup else []),
+        *header(config, "accelerate", launch),
+        *([WRAP_NOTE] if config.parallel == "fsdp" else []),
+        *(["import torch"] if setup or config.parallel == "fsdp" else []),
         "from accelerate import Accelerator",
-        *(["from accelerate.utils import TorchDynamoPlugin"] if mode != "none" else []),
+        *([f"from accelerate.utils import {', '.join(utils)}"] if utils else []),
+        *(["from torch.distributed.fsdp import MixedPrecisionPolicy"] if config.parallel == "fsdp" else []),
         "from torch.utils.data import DataLoader",
         *ours,
         "",

@@ -10,6 +10,17 @@ implementation or optimizer flag: `setup_code` says what to run instead on the L
 `enable_checkpointing(model)`, `torch.compile(model, mode=...)`; for foreach or fused, a comment:
 `configure_optimizers` builds the optimizer, so it passes the flag), and `trainer_arguments` warns
 when there is such a line.
+
+A config tuned as several ranks gets `devices` (the processes) and `strategy`: with DDP a
+`DDPStrategy` (bucket_cap_mb -> `bucket_cap_mb`, bucket_view -> `gradient_as_bucket_view`,
+static_graph -> `static_graph`, comm_hook -> `ddp_comm_hook`, torch's fp16 or bf16 compression hook
+or PowerSGD's with its `ddp_comm_state`, as `TunedTraining` registers them); with FSDP2 an
+`FSDPStrategy`, which is FSDP1 (`FullyShardedDataParallel`), the nearest Lightning has:
+reshard_after_forward -> `sharding_strategy` `FULL_SHARD` (True) or `SHARD_GRAD_OP` (False: the
+gathered parameters are kept from the forward to the backward), offload -> `cpu_offload`,
+param_dtype and reduce_dtype -> `mixed_precision` (FSDP1's `MixedPrecision`; without it Lightning
+would make one of its precision). `trainer_arguments` warns of it; FSDP2 itself is Lightning's
+`ModelParallelStrategy` with `fully_shard` in the LightningModule's `configure_model`.
 """
 
 from __future__ import annotations
@@ -20,14 +31,21 @@ from typing import TYPE_CHECKING, Any
 from autotuner.backends.pytorch import COMPILE
 from autotuner.config.knobs import PRECISION
 from autotuner.integrations import (
+    COMM_HOOKS,
+    HOOKS_IMPORT,
     accumulation_per_process,
     assignment,
+    call,
+    comm_hook,
     common_setup,
+    dtype,
     header,
     imports_first,
     knobs,
     loader_arguments,
     model_setup,
+    parallel_knobs,
+    powersgd_options,
     split_imports,
 )
 
@@ -35,6 +53,17 @@ if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig
 
 PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+SHARDING = {True: "FULL_SHARD", False: "SHARD_GRAD_OP"}
+"""reshard_after_forward -> FSDP1's sharding strategy that does the same with the gathered parameters."""
+FSDP1_NOTE = (
+    "Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel), the nearest to the study's FSDP2 "
+    "(fully_shard): for FSDP2 itself, use ModelParallelStrategy() and fully_shard in configure_model"
+)
+
+WRAP_NOTE = (
+    "# The study sharded each block the model repeats on its own, then the whole model: "
+    "FSDPStrategy(auto_wrap_policy={YourBlock}, ...) does the same."
+)
 
 
 def _trainer_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
@@ -43,18 +72,88 @@ def _trainer_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
         "precision": PRECISIONS[params[PRECISION.name]],
         "accumulate_grad_batches": accumulation_per_process(config, world_size),
         **({"benchmark": True} if params["cudnn_benchmark"] else {}),  # torch.backends.cudnn.benchmark
+        **({"devices": world_size} if config.parallel else {}),
     }
 
 
-def trainer_arguments(config: TunedConfig, world_size: int = 1) -> dict[str, Any]:
+def _strategy(config: TunedConfig, *, code: bool) -> Any:
+    """The strategy of a config tuned as several ranks (a `DDPStrategy` or an `FSDPStrategy`), or
+    with `code` the code building it; None for one process."""
+    values = parallel_knobs(config)
+    arguments: dict[str, Any]
+    if config.parallel == "ddp":
+        arguments = {
+            "bucket_cap_mb": values["bucket_cap_mb"],
+            "gradient_as_bucket_view": values["bucket_view"],
+            "static_graph": values["static_graph"],
+        }
+        hook = values["comm_hook"]
+        if hook != "none":
+            arguments["ddp_comm_hook"] = comm_hook(hook, code=code)
+        if hook == "powersgd":
+            state: dict[str, Any] = {"process_group": None, **powersgd_options()}
+            if code:
+                arguments["ddp_comm_state"] = call("powerSGD_hook.PowerSGDState", state)
+            else:
+                from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+                arguments["ddp_comm_state"] = PowerSGDState(**state)
+        if code:
+            return call("DDPStrategy", arguments)
+        from lightning.pytorch.strategies import DDPStrategy
+
+        return DDPStrategy(**arguments)
+    if config.parallel == "fsdp":
+        policy = {name: dtype(values[name], code=code) for name in ("param_dtype", "reduce_dtype")}
+        if code:
+            precision: Any = call("MixedPrecision", policy)
+        else:
+            from torch.distributed.fsdp import MixedPrecision
+
+            precision = MixedPrecision(**policy)
+        arguments = {
+            "sharding_strategy": SHARDING[values["reshard_after_forward"]],
+            "cpu_offload": values["offload"] == "cpu",
+            "mixed_precision": precision,
+        }
+        if code:
+            return call("FSDPStrategy", arguments)
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        return FSDPStrategy(**arguments)
+    return None
+
+
+def _strategy_imports(config: TunedConfig) -> list[str]:
+    """The import lines the code of `_strategy` needs."""
+    if config.parallel == "ddp":
+        hook = parallel_knobs(config)["comm_hook"]
+        hooks = [HOOKS_IMPORT + COMM_HOOKS[hook][0]] if hook != "none" else []
+        return [*hooks, "from lightning.pytorch.strategies import DDPStrategy"]
+    if config.parallel == "fsdp":
+        return [
+            "from lightning.pytorch.strategies import FSDPStrategy",
+            "from torch.distributed.fsdp import MixedPrecision",
+        ]
+    return []
+
+
+def trainer_arguments(config: TunedConfig, world_size: int | None = None) -> dict[str, Any]:
     """`lightning.Trainer` keyword arguments for the tuned knobs, for `world_size` processes
-    (devices x nodes). Warns when the config needs `setup_code` too."""
+    (devices x nodes; None: as many as it was tuned as); for a config tuned as several ranks,
+    `devices` and the `strategy` object. Warns when the config needs `setup_code` too, and of FSDP1
+    standing in for FSDP2."""
     needed = setup_code(config)
     if needed:
         warnings.warn(
             f"Lightning's Trainer has no argument for part of this config; run: {'; '.join(needed)}", stacklevel=2
         )
-    return _trainer_arguments(config, world_size)
+    if config.parallel == "fsdp":
+        warnings.warn(FSDP1_NOTE, stacklevel=2)
+    arguments = _trainer_arguments(config, config.processes if world_size is None else world_size)
+    if config.parallel:
+        arguments["strategy"] = _strategy(config, code=False)
+    return arguments
 
 
 def dataloader_arguments(config: TunedConfig) -> dict[str, Any]:
@@ -80,14 +179,21 @@ def snippet(config: TunedConfig) -> str:
     """Python code building the Trainer and the DataLoader with the tuned knobs."""
     setup = setup_code(config)
     ours, code = split_imports(setup)
+    arguments = _trainer_arguments(config, config.processes)
+    strategy = _strategy(config, code=True)
+    if strategy is not None:
+        arguments["strategy"] = strategy
+    launch = f"python your_training.py, the Trainer starting its {config.processes} processes (devices)"
     lines = [
-        *header(config, "lightning"),
-        *(["import torch"] if setup else []),
-        "from lightning import Trainer",
-        "from torch.utils.data import DataLoader",
+        *header(config, "lightning", launch),
+        *([f"# {FSDP1_NOTE}.", WRAP_NOTE] if config.parallel == "fsdp" else []),
+        *(["import torch"] if setup or config.parallel == "fsdp" else []),
+        *sorted(
+            ["from lightning import Trainer", "from torch.utils.data import DataLoader", *_strategy_imports(config)]
+        ),
         *ours,
         "",
-        *assignment("trainer_arguments", _trainer_arguments(config, 1)),
+        *assignment("trainer_arguments", arguments),
         *assignment("loader_arguments", dataloader_arguments(config)),
         *code,
         "trainer = Trainer(**trainer_arguments)  # your own arguments beside them",

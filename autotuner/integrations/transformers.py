@@ -12,6 +12,17 @@ checkpointing=blocks -> `activation_checkpointing` with `{"use_reentrant": False
 takes its foreach path for GPU parameters unless told otherwise); a config tuned on a CPU gets
 `use_cpu=True`.
 
+A config tuned as several ranks: with DDP, bucket_cap_mb -> `ddp_bucket_cap_mb`, static_graph ->
+`ddp_static_graph`, and `ddp_find_unused_parameters=False` (the study's DistributedDataParallel;
+the Trainer would look for unused parameters of a model without checkpointing); with FSDP2,
+`fsdp` and `fsdp_config` (`version` 2, reshard_after_forward -> `reshard_after_forward`, offload ->
+`cpu_offload`; the Trainer shards the model's `_no_split_modules` blocks, then the root, as the
+study sharded its repeated blocks). `trainer_code` holds what the arguments cannot, lines that
+set it on the Accelerate objects the Trainer built, after `Trainer(...)` and before `train()`:
+bucket_view (`gradient_as_bucket_view`) and comm_hook (a `DDPCommunicationHookType`, PowerSGD's
+options) on its `DistributedDataParallelKwargs`, and param_dtype and reduce_dtype as the FSDP
+plugin's `MixedPrecisionPolicy` (the Trainer would make one of its precision, all bf16 or fp16).
+
 `optim` picks the Trainer's own AdamW: an optimizer you pass to the Trainer (`optimizers=`) is
 built by you, with `fused=True` or `foreach=True` where the config says so. `setup_code` holds
 what `TrainingArguments` cannot: cuDNN's benchmark mode and the SDPA kernel (process-wide flags),
@@ -29,14 +40,20 @@ from typing import TYPE_CHECKING, Any
 from autotuner.backends.pytorch import COMPILE, PREFETCH_FACTOR
 from autotuner.config.knobs import BATCH_SIZE, PRECISION
 from autotuner.integrations import (
+    HOOK_TYPES,
     SDPA_FLAGS,
     accumulation_per_process,
     assignment,
+    call,
     common_setup,
+    dtype,
     header,
     knobs,
+    launch_line,
     loader_arguments,
     on_cuda,
+    parallel_knobs,
+    powersgd_options,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +72,16 @@ per parameter group, set by the Trainer) with foreach=True, which `TrainingArgum
 
 
 SETUP_COMMENT = "# What the arguments cannot hold: run it before Trainer(model=model, args=args, ...)."
+TRAINER_COMMENT = (
+    "# What the arguments cannot hold of how the ranks train together: "
+    "run it after trainer = Trainer(model=model, args=args, ...), before trainer.train()."
+)
+HOOK_TYPE_IMPORT = "from accelerate.utils import DDPCommunicationHookType"
+POLICY_IMPORT = "from torch.distributed.fsdp import MixedPrecisionPolicy"
+DDP_HANDLER = "trainer.accelerator.ddp_handler"
+"""The `DistributedDataParallelKwargs` the Trainer builds from its arguments and wraps the model with."""
+FSDP_PLUGIN = "trainer.accelerator.state.fsdp_plugin"
+"""The `FullyShardedDataParallelPlugin` the Trainer builds from `fsdp_config` and shards the model with."""
 
 
 def _checkpointing_arguments() -> dict[str, Any]:
@@ -65,6 +92,34 @@ def _checkpointing_arguments() -> dict[str, Any]:
     fields = {field.name for field in dataclasses.fields(TrainingArguments)}
     name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     return {name: True, f"{name}_kwargs": {"use_reentrant": False}}
+
+
+def _fsdp_switch(reshard: bool, offload: bool) -> Any:
+    # transformers 5 turns FSDP on with fsdp=True and reads the rest from fsdp_config; earlier
+    # versions read the sharding and the offload from fsdp's words
+    from transformers import TrainingArguments
+
+    field = next(field for field in dataclasses.fields(TrainingArguments) if field.name == "fsdp")
+    if field.default is None:
+        return True
+    return ("full_shard" if reshard else "shard_grad_op") + (" offload" if offload else "")
+
+
+def _parallel_arguments(config: TunedConfig) -> dict[str, Any]:
+    values = parallel_knobs(config)
+    if config.parallel == "ddp":
+        return {
+            "ddp_find_unused_parameters": False,  # the study's DistributedDataParallel's
+            "ddp_bucket_cap_mb": values["bucket_cap_mb"],
+            "ddp_static_graph": values["static_graph"],
+        }
+    if config.parallel == "fsdp":
+        reshard, offload = values["reshard_after_forward"], values["offload"] == "cpu"
+        return {
+            "fsdp": _fsdp_switch(reshard, offload),
+            "fsdp_config": {"version": 2, "reshard_after_forward": reshard, "cpu_offload": offload},
+        }
+    return {}
 
 
 def _optim(config: TunedConfig) -> dict[str, Any]:
@@ -96,28 +151,29 @@ def _training_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
         **_optim(config),
         # tuned on a CPU: train there (TrainingArguments refuses bf16 without a GPU otherwise)
         **({"use_cpu": True} if config.machine.device.startswith("cpu") else {}),
+        **_parallel_arguments(config),
     }
 
 
 def _warn_of_setup(config: TunedConfig) -> None:
-    needed = setup_code(config)
+    needed = setup_code(config) + trainer_code(config)
     if needed:
         warnings.warn(
             f"the Trainer's arguments have no place for part of this config; run: {'; '.join(needed)}", stacklevel=3
         )
 
 
-def training_arguments(config: TunedConfig, world_size: int = 1) -> dict[str, Any]:
-    """`TrainingArguments` keyword arguments for the tuned knobs, for a run in `world_size` processes.
-    Warns when the config needs `setup_code` too."""
+def training_arguments(config: TunedConfig, world_size: int | None = None) -> dict[str, Any]:
+    """`TrainingArguments` keyword arguments for the tuned knobs, for a run in `world_size` processes
+    (None: as many as it was tuned as). Warns when the config needs `setup_code` or `trainer_code` too."""
     _warn_of_setup(config)
-    return _training_arguments(config, world_size)
+    return _training_arguments(config, config.processes if world_size is None else world_size)
 
 
 def apply(args: TrainingArguments, config: TunedConfig) -> TrainingArguments:
     """A copy of `args` with the tuned knobs; the accumulation is divided by `args.world_size`
     (the processes the launcher started) so the global batch is the study's. Warns when the config
-    needs `setup_code` too."""
+    needs `setup_code` or `trainer_code` too."""
     _warn_of_setup(config)
     return dataclasses.replace(args, **_training_arguments(config, world_size=args.world_size))
 
@@ -141,17 +197,66 @@ def setup_code(config: TunedConfig) -> list[str]:
     return lines
 
 
+def _policy_needed(config: TunedConfig) -> bool:
+    """Whether the FSDP plugin's mixed-precision policy must be set: the Trainer makes one of its
+    precision (bf16 or fp16 everything), and none in fp32, which is the study's only for fp32
+    parameters and reductions without mixed precision."""
+    values = parallel_knobs(config)
+    mixed = knobs(config)[PRECISION.name] in ("bf16", "fp16")
+    return mixed or (values["param_dtype"], values["reduce_dtype"]) != ("fp32", "fp32")
+
+
+def trainer_code(config: TunedConfig) -> list[str]:
+    """Lines of Python for what `TrainingArguments` cannot hold of how the ranks train together, to
+    run on `trainer` after `Trainer(model=model, args=args, ...)` and before `trainer.train()`
+    (which wraps the model): DDP's bucket views and communication hook on the Trainer's
+    `DistributedDataParallelKwargs`, FSDP2's parameter and reduction dtypes as its FSDP plugin's
+    `MixedPrecisionPolicy`. Empty for one process."""
+    values = parallel_knobs(config)
+    lines = []
+    if config.parallel == "ddp":
+        if values["bucket_view"]:
+            lines.append(f"{DDP_HANDLER}.gradient_as_bucket_view = True  # bucket_view")
+        hook = values["comm_hook"]
+        if hook != "none":
+            lines += [
+                HOOK_TYPE_IMPORT,
+                f"{DDP_HANDLER}.comm_hook = DDPCommunicationHookType.{HOOK_TYPES[hook]}  # comm_hook={hook}",
+            ]
+        if hook == "powersgd":
+            options = powersgd_options()
+            lines.append(
+                f"{DDP_HANDLER}.comm_state_option = {options!r}  "
+                f"# rank 1, compressing from step {options['start_powerSGD_iter']} on"
+            )
+    if config.parallel == "fsdp" and _policy_needed(config):
+        policy = {name: dtype(values[name], code=True) for name in ("param_dtype", "reduce_dtype")}
+        lines += [
+            POLICY_IMPORT,
+            f"{FSDP_PLUGIN}.mixed_precision_policy = {call('MixedPrecisionPolicy', policy)}"
+            f"  # param_dtype={values['param_dtype']}, reduce_dtype={values['reduce_dtype']}",
+        ]
+    return lines
+
+
 def snippet(config: TunedConfig) -> str:
-    """Python code building `TrainingArguments` with the tuned knobs, and the setup lines for the rest."""
+    """Python code building `TrainingArguments` with the tuned knobs, the setup lines for the rest,
+    and for a config tuned as several ranks, the lines to run on the Trainer."""
     setup = setup_code(config)
+    on_trainer = trainer_code(config)
+    imports = [line for line in on_trainer if line.startswith("from ")]
+    on_trainer = [line for line in on_trainer if line not in imports]
     lines = [
-        *header(config, "hf-trainer"),
+        *header(config, "hf-trainer", launch_line(config)),
         "# autotuner.integrations.transformers.apply(args, config) divides it by args.world_size.",
-        *(["import torch"] if setup else []),
+        *(["import torch"] if setup or POLICY_IMPORT in imports else []),
+        *[line for line in imports if line.startswith("from accelerate")],
+        *[line for line in imports if line.startswith("from torch")],
         "from transformers import TrainingArguments",
         "",
-        *assignment("tuned", _training_arguments(config, 1)),
+        *assignment("tuned", _training_arguments(config, config.processes)),
         'args = TrainingArguments(output_dir="trainer-output", **tuned)  # your own arguments beside them',
         *([SETUP_COMMENT, *setup] if setup else []),
+        *([TRAINER_COMMENT, *on_trainer] if on_trainer else []),
     ]
     return "\n".join(lines) + "\n"
