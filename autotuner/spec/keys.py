@@ -175,9 +175,12 @@ class JobSpec(_Strict):
     machine, each on its own GPU (on the CPU, its own cores), all in one process group (NCCL on
     GPUs, gloo on the CPU). `global_batch` is kept in every config: micro-batch x accumulation x
     N. The fp32 reference runs with the same N."""
-    parallel: Literal["ddp", "fsdp"] | None = None
-    """How the ranks train together (PyTorch): `ddp` (DistributedDataParallel) or `fsdp` (FSDP2's
-    `fully_shard`). Default with `processes` above 1: `ddp`."""
+    parallel: Literal["ddp", "fsdp", "data_parallel"] | None = None
+    """How the ranks train together. PyTorch: `ddp` (DistributedDataParallel) or `fsdp` (FSDP2's
+    `fully_shard`), N processes. JAX: `data_parallel`, one trial process that drives N local
+    devices (GPUs from `device` on; on the CPU, N host devices), each micro-batch split between
+    them, the parameters replicated or sharded as the `param_sharding` knob says. Default with
+    `processes` above 1: the backend's first (`ddp`, `data_parallel`)."""
     baseline: dict[str, Any] = Field(default_factory=dict)
     """Your current config, knob -> value: always trial 0, and every speedup is over it. Knobs left
     out take the strict value (fp32, no workers, no compile or jit) and `batch_size` defaults to

@@ -189,6 +189,12 @@ class TrialBackend(ABC):
         """The NVML UUID of `device` when it is a GPU, for telemetry; None on the CPU."""
         return None
 
+    def more_gpu_uuids(self, device: Any) -> list[str]:
+        """The NVML UUIDs of the GPUs this process trains on besides `device` (a JAX trial that
+        drives several), for telemetry; the other ranks' GPUs of a trial of several processes
+        are the core's to add."""
+        return []
+
     def after_warmup(self, device: Any, step: Callable[[], None]) -> None:  # noqa: B027 - optional hook
         """After the warm-up steps, before the first window: reset the peak-memory counters."""
 
@@ -442,8 +448,9 @@ def _measure(
     def after_window() -> None:
         _check_finite(running, "the measured steps")
 
-    others = [backend.gpu_uuid(backend.resolve_device(d)) for d in group.devices[1:]] if group is not None else []
-    telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device), more_gpus=[uuid for uuid in others if uuid is not None])
+    ranks = [backend.gpu_uuid(backend.resolve_device(d)) for d in group.devices[1:]] if group is not None else []
+    others = [*backend.more_gpu_uuids(device), *(uuid for uuid in ranks if uuid is not None)]
+    telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device), more_gpus=others)
 
     def stop(rates: list[float]) -> str | None:
         reason = behind(rates, request.prune_best, request.prune_after) if request.prune_best is not None else None

@@ -1,5 +1,9 @@
 """The JAX backend, engine side: knobs, built-in workloads, what a device can honour.
 
+A trial is one process whatever the spec's `processes`: with `processes: N` and `parallel:
+data_parallel`, that process drives N local devices (JAX's single controller: a mesh over them,
+each micro-batch split between them, `autotuner.backends.jax.apply.TunedTraining`).
+
 Importing this module does not import jax (the engine validates specs and decides what is
 unsupported without it). The trial-process half is `autotuner.backends.jax.runner`; user workloads return
 a `autotuner.backends.jax.workload.JaxWorkload`; `autotuner.backends.jax.apply.TunedTraining` applies a config to a
@@ -35,6 +39,18 @@ DONATE = Knob(
     recommended=("on",),
     quiet=True,
 )
+PARAM_SHARDING = Knob(
+    "param_sharding",
+    "parallel: data_parallel: the parameters and optimizer state whole on every device (replicated), or each "
+    "split along its largest axis the devices divide, FSDP-like, XLA gathering them where they are used (sharded)",
+    ("replicated", "sharded"),
+    "replicated",
+    memory_order=("sharded", "replicated"),
+    quiet=True,
+)
+DATA_PARALLEL = "data_parallel"
+"""The JAX backend's way of training a trial over several devices: one process, a mesh of N local
+devices, each micro-batch split between them."""
 
 
 @dataclass(frozen=True)
@@ -94,15 +110,26 @@ class JaxCapabilities(Capabilities):
     """This jaxlib knows every flag of the bundles for this device's platform (`XLA_FLAG_BUNDLES`)."""
     remat_blocks: bool = capability("workload: blocks marked for remat")
     """The workload's loss calls a `remat_block` (the probe traces it): `remat` checkpoints those."""
+    data_parallel: bool = capability("data parallel over local devices")
+    """The job trains each trial over several local devices (`parallel: data_parallel`)."""
 
 
 class JaxBackend(Backend):
     name = "jax"
     runner = "autotuner.backends.jax.runner"
     knobs = knob_table(
-        PRECISION.restricted("fp32", "tf32", "bf16"), BATCH_SIZE, ACCUMULATION, WORKERS, JIT, REMAT, DONATE, XLA_FLAGS
+        PRECISION.restricted("fp32", "tf32", "bf16"),
+        BATCH_SIZE,
+        ACCUMULATION,
+        WORKERS,
+        JIT,
+        REMAT,
+        DONATE,
+        XLA_FLAGS,
+        PARAM_SHARDING,
     )
     capabilities_type = JaxCapabilities
+    parallel = (DATA_PARALLEL,)
     builtin_workloads = {
         "mlp": "autotuner.backends.jax.builtin:mlp",
         "gpt": "autotuner.backends.jax.builtin:gpt",
@@ -111,11 +138,19 @@ class JaxBackend(Backend):
     requires = ("jax", "optax")
     install = "pip install 'autotuner[jax]'"
 
+    def job_knobs(self, parallel: str | None) -> dict[str, Knob]:
+        """`param_sharding` only in a data-parallel job: one device has nothing to split."""
+        if parallel == DATA_PARALLEL:
+            return dict(self.knobs)
+        return {name: knob for name, knob in self.knobs.items() if name != PARAM_SHARDING.name}
+
     def irrelevant(self, knob: str, value: Any, capabilities: Capabilities) -> str | None:
         """A value the device or this jaxlib cannot honour in any config (a plain `Capabilities`,
         with no probe of JAX's, has none of JAX's own)."""
         if knob not in self.knobs or value == self.knobs[knob].reference:
             return None
+        if knob == PARAM_SHARDING.name and not getattr(capabilities, "data_parallel", False):
+            return f"param_sharding={value}: a knob of parallel: {DATA_PARALLEL} (a trial over several devices)"
         if knob == "jit" and not getattr(capabilities, "jit", False):
             return "jit=on: XLA cannot compile a function here"
         if knob == "remat" and value == "full" and not getattr(capabilities, "remat_blocks", False):
@@ -147,9 +182,11 @@ class JaxBackend(Backend):
 JAX = JaxBackend()
 
 __all__ = [
+    "DATA_PARALLEL",
     "DONATE",
     "JAX",
     "JIT",
+    "PARAM_SHARDING",
     "REMAT",
     "XLA_FLAGS",
     "XLA_FLAG_BUNDLES",

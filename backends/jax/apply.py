@@ -35,6 +35,17 @@ it before anything else), and `TunedTraining` refuses a process whose JAX starte
 `workers` host threads gather the next micro-batches and put them on the device ahead of the
 step. Everything lives on the one device: the parameters, the optimizer state, the batches, and
 what the steps compute (under `jax.default_device`), so a `cuda:1` run never touches GPU 0.
+
+Data parallel (`devices=N`, a trial of `processes: N` with `parallel: data_parallel`): one
+process drives N local devices through a `jax.sharding.Mesh` over them (axis `data`). The
+config's `batch_size` is each device's: a micro-batch is `batch_size` x N samples, in the order
+one device would take them, split along its first axis (`NamedSharding(mesh, P("data"))`), and
+an optimizer step sees `batch_size` x `accumulation` x N. The loss is the mean over the whole
+micro-batch, so the gradients are one device's at the same global batch (XLA inserts the
+all-reduce). `param_sharding` places the parameters and the optimizer state: `replicated`, whole
+on every device; `sharded`, each array split along its largest axis N divides (one no axis of
+which N divides stays whole), FSDP-like, XLA gathering them where the step uses them.
+
 Importing this module does not initialise any device; `configure_process` is what a trial process
 calls before it does.
 """
@@ -47,7 +58,7 @@ import functools
 import os
 import re
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -55,10 +66,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, Sharding
+from jax.sharding import PartitionSpec as P
 
 from autotuner.backends._base import ExportedConfig, TunedLoop
 from autotuner.backends.jax import JAX, XLA_FLAG_BUNDLES
 from autotuner.backends.jax.workload import REMAT_POLICIES, ArrayDataset, remat_scope
+from autotuner.trials.outcomes import Unsupported
 
 COMPUTE_DTYPES = {"bf16": jnp.bfloat16}
 """Precisions that compute in another dtype than the fp32 parameters."""
@@ -75,6 +89,12 @@ VISIBLE_CUDA_DEVICES = "jax_cuda_visible_devices"
 """JAX's own list of the CUDA devices its client opens ("all", or CUDA ordinals)."""
 XLA_FLAGS_VARIABLE = "XLA_FLAGS"
 """What XLA reads its flags from, once, when JAX starts its backend."""
+CPU_DEVICES = "jax_num_cpu_devices"
+"""JAX's count of host (CPU) devices, read when its CPU client starts (JAX >= 0.4.38)."""
+HOST_DEVICE_COUNT = "--xla_force_host_platform_device_count"
+"""XLA's flag for the same, which older JAX reads from XLA_FLAGS."""
+DATA_AXIS = "data"
+"""The mesh axis a data-parallel micro-batch is split along."""
 
 
 def _spec_ordinal(spec: str) -> int | None:
@@ -94,22 +114,26 @@ def _backend_started() -> bool:
         return False
 
 
-def configure_process(device_spec: str) -> None:
+def configure_process(device_spec: str, devices: int | None = 1) -> None:
     """Set up this process's JAX for a trial on `device_spec` before its backend starts: trial
     processes overlap (`--jobs` workers, a process that outlives its trial), so each must hold only
-    what it uses, on its own GPU only.
+    what it uses, on its own GPUs only. `devices`: the local devices the process drives from
+    `device_spec` on (data parallel, `TunedTraining(devices=N)`); None: every GPU (the probe of a
+    data-parallel job, which counts them).
 
     - No preallocation (`XLA_PYTHON_CLIENT_PREALLOCATE=false`, unless the environment already sets
       it or a memory fraction): by default every JAX process reserves 75% of every GPU it opens,
       and the next process to overlap it fails with RESOURCE_EXHAUSTED, which a study records as
       `oom` and takes as ruling out a batch size that fits.
     - `cpu`: only the CPU platform (`jax_platforms=cpu`), so no CUDA context is created at all.
-    - `cuda:i` (`cuda` is `cuda:0`): JAX's CUDA client opens CUDA device i only
-      (`jax_cuda_visible_devices`, set unless the process set it already). JAX numbers its devices
-      after the user's CUDA_VISIBLE_DEVICES, and a restricted GPU keeps its CUDA ordinal as its
-      `local_hardware_id`, so `cuda:i` still names it (`device_name`).
+    - `cuda:i` (`cuda` is `cuda:0`): JAX's CUDA client opens CUDA device i only, or i to
+      i+devices-1 (`jax_cuda_visible_devices`, set unless the process set it already). JAX numbers
+      its devices after the user's CUDA_VISIBLE_DEVICES, and a restricted GPU keeps its CUDA
+      ordinal as its `local_hardware_id`, so `cuda:i` still names it (`device_name`).
     - `auto` opens every GPU: only probes get it (trials get the device the probe resolved), and
       the probe's `device_count` is what `search --jobs` starts its workers by.
+    - `cpu` and `auto` with `devices` above 1: JAX's CPU client starts with that many host devices
+      (`jax_num_cpu_devices`, or XLA's `--xla_force_host_platform_device_count` in an older JAX).
 
     Once JAX's backend has started (a user's script that ran JAX before), none of it could take
     effect, so nothing is changed and nothing raises.
@@ -121,11 +145,24 @@ def configure_process(device_spec: str) -> None:
     spec = str(device_spec)
     if spec == "cpu":
         jax.config.update("jax_platforms", "cpu")
+    if spec in ("cpu", "auto"):
+        _host_devices(devices or 1)
         return
     ordinal = _spec_ordinal(spec)
     # "all" is JAX's default; a list the process set itself stands; None: a JAX without the option
-    if ordinal is not None and jax.config.values.get(VISIBLE_CUDA_DEVICES) == "all":
-        jax.config.update(VISIBLE_CUDA_DEVICES, str(ordinal))
+    if ordinal is not None and devices is not None and jax.config.values.get(VISIBLE_CUDA_DEVICES) == "all":
+        jax.config.update(VISIBLE_CUDA_DEVICES, ",".join(str(ordinal + i) for i in range(devices)))
+
+
+def _host_devices(count: int) -> None:
+    """JAX's CPU client to start with `count` host devices (nothing changed for one)."""
+    if count <= 1:
+        return
+    if CPU_DEVICES in jax.config.values:
+        jax.config.update(CPU_DEVICES, count)
+        return
+    kept = [flag for flag in _flags_set() if not flag.startswith(f"{HOST_DEVICE_COUNT}=")]
+    os.environ[XLA_FLAGS_VARIABLE] = " ".join([*kept, f"{HOST_DEVICE_COUNT}={count}"])
 
 
 def _flags_set() -> list[str]:
@@ -189,6 +226,38 @@ def resolve_device(spec: str | jax.Device | None) -> jax.Device:
             return gpu
     names = ", ".join(device_name(gpu) for gpu in visible)
     raise ValueError(f"device {spec!r}: JAX sees {names} here")
+
+
+def local_devices(first: jax.Device, count: int) -> list[jax.Device]:
+    """`count` local devices from `first` on, of its platform: host devices by id, GPUs by CUDA
+    ordinal (`cuda:i` to `cuda:i+count-1`). ValueError, saying what JAX has, when there are fewer."""
+    if first.platform == "cpu":
+        host = sorted(jax.devices("cpu"), key=lambda d: d.id)
+        chosen = host[host.index(first) :][:count]
+        if len(chosen) < count:
+            raise ValueError(
+                f"data parallel over {count} devices: JAX started with {len(host)} host device(s) here; set "
+                f"jax.config.update({CPU_DEVICES!r}, {count}) (or XLA_FLAGS={HOST_DEVICE_COUNT}={count}) "
+                "before the first JAX computation"
+            )
+        return chosen
+    by_ordinal = {cuda_ordinal(gpu): gpu for gpu in gpus()}
+    start = cuda_ordinal(first)
+    wanted = range(start, start + count)
+    if any(ordinal not in by_ordinal for ordinal in wanted):
+        names = ", ".join(device_name(gpu) for gpu in by_ordinal.values())
+        raise ValueError(
+            f"data parallel over {count} GPUs from cuda:{start} needs cuda:{start} to cuda:{start + count - 1}; "
+            f"JAX sees {names}"
+        )
+    return [by_ordinal[ordinal] for ordinal in wanted]
+
+
+def shard_axis(shape: Sequence[int], count: int) -> int | None:
+    """The axis of an array of `shape` that `param_sharding: sharded` splits between `count`
+    devices: its largest that `count` divides (the first of equals); None when there is none."""
+    axes = [axis for axis, size in enumerate(shape) if size >= count and size % count == 0]
+    return max(axes, key=lambda axis: (shape[axis], -axis)) if axes else None
 
 
 def device_name(device: jax.Device) -> str:
@@ -260,10 +329,22 @@ class Loader:
     """Micro-batches of a map-style dataset; each iteration is one epoch (reshuffled from `seed`,
     as a DataLoader with a seeded generator), the last partial micro-batch dropped. With
     `workers` > 0, that many host threads gather the next micro-batches and put them on `device`
-    ahead of the step (PREFETCH_PER_WORKER each); with 0, batches are gathered when asked for and
-    come as numpy arrays (`TunedTraining.to_device` places them)."""
+    (a device, or a sharding: data parallel's split batch) ahead of the step (PREFETCH_PER_WORKER
+    each); with 0, batches are gathered when asked for and come as numpy arrays
+    (`TunedTraining.to_device` places them). The order of the items does not depend on
+    `batch_size`, so an optimizer step takes the same items at any micro-batch and on any number
+    of devices."""
 
-    def __init__(self, dataset: Any, batch_size: int, *, shuffle: bool, seed: int | None, workers: int, device: Any):
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int | None,
+        workers: int,
+        device: jax.Device | Sharding,
+    ):
         self.dataset, self.batch_size, self.shuffle, self.drop_last = dataset, batch_size, shuffle, True
         self.workers, self.device = workers, device
         self._rng = np.random.default_rng(seed)
@@ -320,9 +401,15 @@ class TunedTraining(TunedLoop):
     `optimizer`, whose state is `opt_state`. All of them, the batches and the gradients stay on
     `device`: `model`, `backward` and `step` compute with it as JAX's default device.
     `config` is a `TunedConfig` from `autotuner.apply.load_config`, or a plain mapping of knob
-    values (precision, batch_size, accumulation, workers, jit, remat, donate, xla_flags), kept as
-    `config`. With `dataset`, `loader` is its `Loader` (see `make_loader`). The caller's `params`
-    are never donated: they stay usable whatever the config.
+    values (precision, batch_size, accumulation, workers, jit, remat, donate, xla_flags,
+    param_sharding), kept as `config`. With `dataset`, `loader` is its `Loader` (see
+    `make_loader`). The caller's `params` are never donated: they stay usable whatever the config.
+
+    `devices`: data parallel over that many local devices from `device` on (`local_devices`), or
+    over the devices given; None or 1: `device` alone. Then `mesh` is the `jax.sharding.Mesh`
+    over `devices` (axis `data`; None for one device), a micro-batch is `batch_size` x N samples
+    (`micro_batch`) split between the devices by `to_device`, and the parameters, the gradients
+    and the optimizer state are placed as `param_sharding` says (`placement`).
     """
 
     def __init__(
@@ -334,23 +421,28 @@ class TunedTraining(TunedLoop):
         device: str | jax.Device | None = None,
         *,
         params: Any,
+        devices: int | Sequence[jax.Device] | None = None,
     ):
         super().__init__(JAX, config)
         use_xla_flags(self.config)  # before resolve_device starts JAX's backend, if nothing did yet
         self.device = resolve_device(device)
+        if devices is None or isinstance(devices, int):
+            self.devices = [self.device] if (devices or 1) == 1 else local_devices(self.device, devices or 1)
+        else:
+            self.devices = list(devices)
+            self.device = self.devices[0]
+        self.mesh = Mesh(np.array(self.devices), (DATA_AXIS,)) if len(self.devices) > 1 else None
+        self.param_sharding: str = self.config["param_sharding"]
         self.jit = self.config["jit"] == "on"
         self.donate = self.config["donate"] == "on"
         if self.donate and not self.jit:
             raise ValueError("donate=on needs jit=on: only a jitted update takes over the donated buffers")
+        self._check_sharding(params)
         self.remat: str = self.config["remat"]
         cast = COMPUTE_DTYPES.get(self.precision)
         self.compute_dtype = cast or jnp.float32
         self.matmul_precision = MATMUL_PRECISION.get(self.precision, STRICT_MATMULS)
         self.loss_fn = model
-        grad_fn = jax.value_and_grad(_with_policy(_with_remat(model, self.remat), cast))
-        self.model: Callable[[Any, Any], tuple[jax.Array, Any]] = on_device(
-            self.device, jax.jit(grad_fn) if self.jit else grad_fn
-        )
         self.optimizer = optimizer
         accumulation = self.accumulation
 
@@ -362,25 +454,92 @@ class TunedTraining(TunedLoop):
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
-        self._add = on_device(self.device, jax.jit(add) if self.jit else add)
+        grad_fn = jax.value_and_grad(_with_policy(_with_remat(model, self.remat), cast))
         donated = (0, 1) if self.donate else ()  # params and opt_state: restart made them, nothing else holds them
-        self._update = on_device(self.device, jax.jit(update, donate_argnums=donated) if self.jit else update)
+        if self.mesh is None:
+            model_fn: Callable[..., Any] = jax.jit(grad_fn) if self.jit else grad_fn
+            add_fn: Callable[..., Any] = jax.jit(add) if self.jit else add
+            update_fn: Callable[..., Any] = jax.jit(update, donate_argnums=donated) if self.jit else update
+        else:  # the gradients and the new state placed as the parameters are, whatever XLA would pick
+            placed = self.placement(params)
+            state = self.placement(jax.eval_shape(optimizer.init, params))
+            whole = NamedSharding(self.mesh, P())
+            if self.jit:
+                model_fn = jax.jit(grad_fn, out_shardings=(whole, placed))
+                add_fn = jax.jit(add, out_shardings=placed)
+                update_fn = jax.jit(update, donate_argnums=donated, out_shardings=(placed, state))
+            else:  # op by op, each operation's output is placed as XLA propagates it: put back after the update
+                model_fn, add_fn = grad_fn, add
+
+                def update_fn(params: Any, opt_state: Any, total: Any) -> tuple[Any, Any]:
+                    new_params, new_state = update(params, opt_state, total)
+                    return jax.device_put(new_params, placed), jax.device_put(new_state, state)
+
+        self.model: Callable[[Any, Any], tuple[jax.Array, Any]] = on_device(self.device, model_fn)
+        self._add = on_device(self.device, add_fn)
+        self._update = on_device(self.device, update_fn)
         self.params: Any = None
         self.opt_state: Any = None
         self.restart(params)
         self.loader = self.make_loader(dataset) if dataset is not None else None
 
+    @property
+    def micro_batch(self) -> int:
+        """Samples of one micro-batch over all the devices: `batch_size` x devices."""
+        return self.batch_size * len(self.devices)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: micro-batch x accumulation x devices."""
+        return self.batch_size * self.accumulation * len(self.devices)
+
+    def _check_sharding(self, params: Any) -> None:
+        if self.param_sharding == "replicated":
+            return
+        if self.mesh is None:
+            raise Unsupported(
+                f"param_sharding={self.param_sharding}: it splits the parameters between devices, and this "
+                "training has one (data parallel: devices=N)"
+            )
+        count = len(self.devices)
+        if all(shard_axis(np.shape(leaf), count) is None for leaf in jax.tree.leaves(params)):
+            raise Unsupported(
+                f"param_sharding={self.param_sharding}: no parameter has an axis {count} devices divide, "
+                "so every one would stay whole on every device"
+            )
+
+    def placement(self, tree: Any) -> Any:
+        """Where each array of `tree` (parameters, or a pytree of the same shapes: gradients, the
+        optimizer's state) lives: `device` for one device; with data parallel, a `NamedSharding`
+        over `mesh`, whole on every device (`P()`) for `replicated`, split along `shard_axis` for
+        `sharded` (whole when it has none: scalars, a vector no count divides)."""
+        if self.mesh is None:
+            return jax.tree.map(lambda _: self.device, tree)
+        mesh, count, sharded = self.mesh, len(self.devices), self.param_sharding == "sharded"
+
+        def place(leaf: Any) -> NamedSharding:
+            axis = shard_axis(np.shape(leaf), count) if sharded else None
+            return NamedSharding(mesh, P() if axis is None else P(*[None] * axis, DATA_AXIS))
+
+        return jax.tree.map(place, tree)
+
+    def _place(self, tree: Any) -> Any:
+        if self.mesh is None:
+            return jax.device_put(tree, self.device)
+        return jax.device_put(tree, self.placement(tree))
+
     def restart(self, params: Any) -> None:
-        """Train from `params` again (placed on the device) with a fresh optimizer state; the
-        compiled functions are kept, so nothing is compiled twice. With `donate`, both are copied
-        into buffers of their own: `device_put` hands back an array already on the device as it
-        is, and optax may keep the parameters themselves in its state, and a donated update would
-        delete the caller's arrays (the runner's initial weights) or fail on a buffer given twice."""
-        placed = jax.device_put(params, self.device)
+        """Train from `params` again (placed on the device, or as `placement` says) with a fresh
+        optimizer state; the compiled functions are kept, so nothing is compiled twice. With
+        `donate`, both are copied into buffers of their own: `device_put` hands back an array
+        already on the device as it is, and optax may keep the parameters themselves in its state,
+        and a donated update would delete the caller's arrays (the runner's initial weights) or
+        fail on a buffer given twice."""
+        placed = self._place(params)
         with jax.default_device(self.device):  # optax makes some of its state (step counts) from scratch
-            state = jax.device_put(self.optimizer.init(placed), self.device)
+            state = self._place(self.optimizer.init(placed))
             if self.donate:
-                placed, state = jax.tree.map(jnp.copy, (placed, state))
+                placed, state = self._place(jax.tree.map(jnp.copy, (placed, state)))
         self.params, self.opt_state = placed, state
         self._total: Any = None
         self._handed = False
@@ -413,12 +572,26 @@ class TunedTraining(TunedLoop):
         self._total = None
         return True
 
-    def to_device(self, value: Any) -> Any:
-        """A batch (a pytree of arrays) on the device; what a prefetch thread placed stays put."""
-        return jax.device_put(value, self.device)
+    @property
+    def batch_placement(self) -> jax.Device | Sharding:
+        """Where `to_device` puts a micro-batch: `device`, or with data parallel split along its
+        first axis between the devices (`NamedSharding(mesh, P("data"))`)."""
+        return self.device if self.mesh is None else NamedSharding(self.mesh, P(DATA_AXIS))
+
+    def to_device(self, value: Any, *, whole: bool = False) -> Any:
+        """A batch (a pytree of arrays) on the device; what a prefetch thread placed stays put.
+        With data parallel, split along its first axis between the devices (its size a multiple
+        of theirs, as a micro-batch is), or with `whole` a whole copy on every device (a batch of
+        any size: an evaluation's)."""
+        if whole and self.mesh is not None:
+            return jax.device_put(value, NamedSharding(self.mesh, P()))
+        return jax.device_put(value, self.batch_placement)
 
     def make_loader(self, dataset: Any, *, shuffle: bool = True, seed: int | None = None) -> Loader:
-        """A `Loader` of micro-batches with the config's prefetch threads, the last partial
-        micro-batch dropped so every optimizer step sees `global_batch` samples. `seed` fixes the
-        shuffling."""
-        return Loader(dataset, self.batch_size, shuffle=shuffle, seed=seed, workers=self.workers, device=self.device)
+        """A `Loader` of micro-batches (`micro_batch` samples each) with the config's prefetch
+        threads, the last partial micro-batch dropped so every optimizer step sees `global_batch`
+        samples. `seed` fixes the shuffling, which is the same for any micro-batch and any number
+        of devices: every optimizer step takes the same items."""
+        return Loader(
+            dataset, self.micro_batch, shuffle=shuffle, seed=seed, workers=self.workers, device=self.batch_placement
+        )

@@ -7,7 +7,12 @@ set up for the trial's device before anything starts it (`autotuner.backends.jax
 the CPU platform only for `cpu`, CUDA device i only for `cuda:i`, no preallocation), and whose
 arrays they keep on that device (JAX's default device throughout); before that, `run` and
 `profile` put the config's XLA flag bundle into the process's XLA_FLAGS, which XLA reads when the
-backend starts (`autotuner.backends.jax.apply.use_xla_flags`). The config is applied
+backend starts (`autotuner.backends.jax.apply.use_xla_flags`). A trial of `processes: N` with
+`parallel: data_parallel` is still this one process: it drives N local devices from its device
+on (GPUs `cuda:i` to `cuda:i+N-1`, or N host devices the CPU client starts with), which
+`configure_process` opens before JAX starts, and trains over them through `TunedTraining`'s mesh.
+The fork server that forks the trial processes imports this module and never starts JAX's
+backend, so each trial still chooses its platform and its count of devices. The config is applied
 by `autotuner.backends.jax.apply.TunedTraining`, the object users apply an exported config with in their
 own loop: a trial trains through it, so what a study measures is exactly what a user gets.
 """
@@ -32,7 +37,7 @@ import jaxlib
 import numpy as np
 import optax
 
-from autotuner.backends.jax import JAX, XLA_FLAG_BUNDLES
+from autotuner.backends.jax import DATA_PARALLEL, JAX, XLA_FLAG_BUNDLES
 from autotuner.backends.jax.apply import (
     STRICT_MATMULS,
     XLA_FLAGS_VARIABLE,
@@ -51,8 +56,8 @@ from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
 from autotuner.measurement.nvml import cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
-from autotuner.trials.probe import Environment
-from autotuner.trials.request import ProfileRequest, TrialRequest
+from autotuner.trials.probe import Environment, ProbeResult
+from autotuner.trials.request import ProbeRequest, ProfileRequest, TrialRequest
 from autotuner.trials.trial_output import ProfileOutput, TrialOutput
 
 try:
@@ -135,16 +140,33 @@ class JaxTrial(TrialBackend):
 
     name = JAX.name
 
+    def __init__(self) -> None:
+        self.device_count: int | None = 1
+        """The local devices this process drives (`processes` of a data-parallel trial), set
+        from the request before JAX starts; None in the probe of a data-parallel job, which
+        opens every GPU to count them."""
+        self.devices: list[jax.Device] = []
+        """The trial's devices, once its training is built."""
+
+    def _drives(self, request: TrialRequest) -> None:
+        self.device_count = request.processes if request.parallel == DATA_PARALLEL else 1
+
     def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
         use_xla_flags(request.config)  # first: XLA reads XLA_FLAGS when the backend starts, once
+        self._drives(request)
         return super().run(request, turns)
 
     def profile(self, request: ProfileRequest) -> ProfileOutput:
         use_xla_flags(request.trial.config)
+        self._drives(request.trial)
         return super().profile(request)
 
+    def probe(self, request: ProbeRequest) -> ProbeResult:
+        self.device_count = None if request.parallel == DATA_PARALLEL else 1
+        return super().probe(request)
+
     def configure_process(self, device_spec: str, compile_cache: str | None) -> None:
-        configure_process(device_spec)
+        configure_process(device_spec, self.device_count)
         if compile_cache:  # the study's own: a config's later processes load what its first compiled
             _use_compile_cache(os.path.join(compile_cache, "jax"))
 
@@ -207,6 +229,9 @@ class JaxTrial(TrialBackend):
             **extra,
         )
 
+    def parallel_capabilities(self, parallel: str | None) -> dict[str, bool]:
+        return {"data_parallel": parallel == DATA_PARALLEL}
+
     def seed(self, seed: int) -> None:
         np.random.seed(seed)
 
@@ -226,7 +251,13 @@ class JaxTrial(TrialBackend):
     def training(
         self, workload: JaxWorkload, config: Config, device: jax.Device, parallel: str | None = None
     ) -> TunedTraining:
-        return TunedTraining(config, workload.loss_fn, workload.optimizer, device=device, params=workload.params)
+        """With `parallel: data_parallel`, over the trial's `processes` local devices from `device` on."""
+        count = (self.device_count or 1) if parallel == DATA_PARALLEL else 1
+        training = TunedTraining(
+            config, workload.loss_fn, workload.optimizer, device=device, params=workload.params, devices=count
+        )
+        self.devices = training.devices
+        return training
 
     def restart(self, workload: JaxWorkload, training: TunedTraining, initial: Any) -> TunedTraining:
         training.restart(initial)  # the initial weights, a fresh optimizer; compiled once, not twice
@@ -254,17 +285,25 @@ class JaxTrial(TrialBackend):
         return first_batch_problem(workload, count)
 
     def batch_loss(self, workload: JaxWorkload, training: TunedTraining, dataset: Any, indices: range) -> float:
-        batch = training.to_device(collate(dataset, np.asarray(indices)))
+        """A chunk of any size, whole on every device with data parallel: each computes what one
+        device would, from the same weights."""
+        batch = training.to_device(collate(dataset, np.asarray(indices)), whole=True)
         return float(workload.loss_fn(training.params, batch))
 
     def gpu_uuid(self, device: jax.Device) -> str | None:
         return cuda_uuid(cuda_ordinal(device)) if device.platform == "gpu" else None
 
+    def more_gpu_uuids(self, device: jax.Device) -> list[str]:
+        """The other GPUs of a data-parallel trial (known once its training is built)."""
+        uuids = [self.gpu_uuid(d) for d in self.devices if d != device]
+        return [uuid for uuid in uuids if uuid is not None]
+
     def peak_memory_mb(self, device: jax.Device) -> float:
-        """The device's peak where the platform reports it (GPUs), else this process's peak RSS."""
-        stats = device.memory_stats()
-        if stats and "peak_bytes_in_use" in stats:
-            return float(stats["peak_bytes_in_use"]) / 2**20
+        """The device's peak where the platform reports it (GPUs; with data parallel, the largest
+        of the trial's devices'), else this process's peak RSS."""
+        stats = [d.memory_stats() or {} for d in self.devices or [device]]
+        if all("peak_bytes_in_use" in s for s in stats):
+            return max(float(s["peak_bytes_in_use"]) for s in stats) / 2**20
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
     @contextlib.contextmanager
@@ -284,9 +323,10 @@ class JaxTrial(TrialBackend):
 
     def flops_per_sample(self, workload: JaxWorkload, training: TunedTraining) -> float | None:
         """XLA's cost analysis of the differentiated loss (forward and backward, no optimizer) on
-        one micro-batch, lowered without running it."""
-        count = min(training.batch_size, len(workload.dataset))
-        batch = training.to_device(collate(workload.dataset, np.arange(count)))
+        one micro-batch (all the devices' with data parallel), lowered without running it."""
+        count = min(training.micro_batch, len(workload.dataset))
+        split = count % len(training.devices) == 0
+        batch = training.to_device(collate(workload.dataset, np.arange(count)), whole=not split)
         with training.autocast():
             costs = jax.jit(training.model).lower(training.params, batch).cost_analysis()
         if isinstance(costs, list):  # one entry per computation in older jax

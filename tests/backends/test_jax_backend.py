@@ -34,7 +34,7 @@ from tests.support.studies import JAX_SPEC, _write
 def test_the_jax_quickstart_spec_uses_the_jax_knobs_and_presets() -> None:
     job = load_spec(ROOT / "studies" / "quickstart-jax.yaml")
     assert job.backend is JAX
-    assert set(job.space) == set(JAX.knobs) - {"accumulation"}
+    assert set(job.space) == set(JAX.knobs) - {"accumulation", "param_sharding"}  # one device: nothing to shard
     assert job.space["jit"] == ["off", "on"] and "tf32" not in job.space["precision"]
     assert job.space["remat"] == ["none"] and job.space["donate"] == ["off"]  # jax-cpu holds them at reference
     strict = {"remat": "none", "donate": "off", "xla_flags": "default"}

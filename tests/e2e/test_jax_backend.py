@@ -38,7 +38,7 @@ def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
 ) -> None:
 
     workdir, _, export = jax_study
-    assert set(export["params"]) == set(JAX.knobs)
+    assert set(export["params"]) == set(JAX.job_knobs(None))  # one device: no param_sharding
     assert export["params"]["jit"] == "on" and export["params"]["precision"] == "fp32"
     assert export["environment"]["backend"] == "jax" and "jax" in export["environment"]["versions"]
     assert export["metrics"]["drift"] < 1e-4  # jit against the eager reference: rounding only
