@@ -57,7 +57,10 @@ A backend has three parts:
       clears the accumulated gradients and returns True, and otherwise returns False. And
       ``make_loader(dataset, *, shuffle=True, seed=None)``: a loader of micro-batches with the
       config's workers, dropping the last partial one. PyTorch's also takes ``collate_fn`` (a
-      keyword: what batches the items of every loader it makes), the workload's in the trials.
+      keyword: what batches the items of every loader it makes), the workload's in the trials,
+      and ``parallel`` (``ddp`` or ``fsdp``, default the exported config's: this process is one
+      rank of an initialised process group; it wraps or shards the model itself, and its loader
+      takes this rank's share of the dataset, ``global_batch`` counting every rank).
 
   A JAX backend fills in the same names for a functional loop, with the initial parameters as
   a keyword (``TunedTraining(config, loss_fn, optimizer, dataset=None, device=None, *,
@@ -66,7 +69,9 @@ A backend has three parts:
   copies of the fp32 parameters), ``autocast()`` is the ``jax.default_matmul_precision``
   context (TF32 for ``tf32``, strict fp32 otherwise), ``backward(grads)`` accumulates the
   gradient pytree and ``step()`` applies the optax update with the mean gradient to ``params``,
-  the fp32 master parameters it keeps.
+  the fp32 master parameters it keeps. With ``devices=N`` (a config of ``parallel:
+  data_parallel``) it trains over N local devices: a mesh, each micro-batch of ``batch_size x N``
+  samples split between them, the parameters replicated or sharded as ``param_sharding`` says.
 """
 
 from __future__ import annotations
