@@ -1,6 +1,6 @@
 """One command on one GPU: the GPU benchmarks, each part within 9 minutes on one H100.
 
-    python benchmarks/gpu.py [--part study|apply|alternatives|jax|all] [--device cuda:0] [--tiny] [--out DIR]
+    python benchmarks/gpu.py [--part study|apply|alternatives|jax|all] [--device cuda:0] [--tiny] [--out DIR] [--force]
 
 Parts (`all`: the four, in this order; on a GPU run them one command each, since a lent machine
 may stop a command at 10 minutes):
@@ -23,17 +23,25 @@ may stop a command at 10 minutes):
 
 Every part runs the real CLI (`python -m autotuner ...` as subprocesses, their output shown and
 kept in `<work>/logs/`) or the benchmark harness, reads the study back from its storage and
-writes `benchmarks/results/gpu-<part>.json` (`--out` to choose), with the device named and the
-commands and their wall times. A part has `--budget-s` seconds (default 540): a search still
-running then is interrupted as Ctrl-C interrupts it (everything finished is kept and the best is
-exported), and the part writes what it got; a part that fails writes what it got and the error.
-`python benchmarks/tables.py` renders the files into benchmarks/README.md.
+writes `gpu-<part>.json`, with the device named and the commands and their wall times, into
+`<work>/logs/` and into the results folder: `benchmarks/results/` for a GPU run, `--out` to
+choose. A part has `--budget-s` seconds (default 540): a search still running then is interrupted
+as Ctrl-C interrupts it (everything finished is kept and the best is exported), and the part
+writes what it got; a part that fails writes what it got and the error.
+`python benchmarks/tables.py` renders the files of benchmarks/results/ into benchmarks/README.md.
+
+The committed results are evidence no run may lose silently (`replacement_refused`): a result
+file is replaced only by a run on the device it names (its `device_name`), or with `--force`; a
+dry run never replaces a GPU run's file, even with `--force`. A refused part's file stays in
+`<work>/logs/` only, and the script exits 1 saying so.
 
 `--tiny` shrinks the workloads, spaces and budgets to seconds; with `--device cpu` it runs on a
-CPU end to end (tests/benchmarks/test_gpu_benchmark.py runs it so it cannot rot): configs a CPU cannot run
+CPU end to end (tests/e2e/test_gpu_benchmark.py runs it so it cannot rot): configs a CPU cannot run
 (tf32, CUDA graphs) are recorded unsupported, energy (which needs NVML's counter) is turned off
 and the json says so, and the rule of thumb leaves `torch.compile` out (a CPU compile costs more
-than the rest of the dry run).
+than the rest of the dry run). A dry run (`--tiny`, or any run on `--device cpu`) writes its
+files into `<work>/results/` (`--out` to choose) and never into benchmarks/results/: the script
+refuses that folder for it before running anything.
 
 Installing autotuner and the GPU packages on a GPU machine: benchmarks/README.md, "Installing on a GPU machine".
 """
@@ -116,6 +124,11 @@ TINY_GLOBAL_BATCH, TINY_BASELINE_BATCH = 16, 4
 TARGETS = {"speedup": 3.0, "speedup_stretch": 5.0, "mfu": 0.45, "mfu_stretch": 0.50, "promise": 0.05}
 """What the GPU run is to reach on one H100: the tuned gpt's speedup over its baseline (and the
 stretch), the tuned gpt's MFU (and the stretch), and `autotuner apply` within 5% of the export's speedup."""
+
+
+JAX_CUDA_INSTALL = "pip install 'jax[cuda13]', or 'jax[cuda12]' where the driver is CUDA 12"
+"""How to get a JAX that sees the GPU: the GPU machines this project uses carry jax 0.11.2 with
+the CUDA 13 plugin (`jax-cuda13-plugin`, `jax-cuda13-pjrt`)."""
 
 
 class PartError(Exception):
@@ -213,15 +226,23 @@ class Context:
         self.args = args
         self.tiny: bool = args.tiny
         self.device: str | None = args.device
-        self.out = Path(args.out).resolve()
+        self.force: bool = args.force
         default_work = Path(tempfile.gettempdir()) / ("autotuner-gpu-tiny" if args.tiny else "autotuner-gpu")
         self.work = Path(args.work).resolve() if args.work else default_work
+        self.out = Path(args.out).resolve() if args.out else self.work / "results" if self.dry else RESULTS.resolve()
+        self.refused: dict[str, str] = {}
+        """Part -> why its file was not written into `out` (the result files there are kept)."""
         self.budget_s: float = args.budget_s
         self.deadline = Deadline(self.budget_s)
 
     @property
     def on_cpu(self) -> bool:
         return self.device == "cpu"
+
+    @property
+    def dry(self) -> bool:
+        """A dry run (`--tiny`) or a CPU run: its files are no evidence of a GPU."""
+        return self.tiny or self.on_cpu
 
     def spec(self, key: str) -> tuple[Path, dict[str, Any], list[str]]:
         """The spec `SPECS[key]` as this run uses it (the device, `--tiny`'s sizes, energy off on a
@@ -606,7 +627,7 @@ def check_device(ctx: Context, part: str) -> None:
     env = _env({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        framework = "jax (a CUDA jaxlib: pip install 'jax[cuda13]')" if part == "jax" else "torch"
+        framework = f"jax (a CUDA jaxlib: {JAX_CUDA_INSTALL})" if part == "jax" else "torch"
         raise PartError(
             f"{framework} sees no GPU here; the full sizes are for a GPU (`--device cpu --tiny` is the CPU dry run): "
             + (done.stderr.strip().splitlines() or [""])[-1][:300]
@@ -634,10 +655,19 @@ def run_part(ctx: Context, part: str) -> dict[str, Any]:
         "error": None,
     }
     filename = f"gpu-{part}.json"
+    kept = ctx.work / "logs"  # every part's file, beside its commands' logs, whatever `out` holds
+    if kept.resolve() == ctx.out.resolve():
+        kept = kept / "this-run"
 
     def write() -> None:
         result["wall_s"] = time.perf_counter() - started
-        write_results(filename, result, ctx.out)
+        write_results(filename, result, kept)
+        refused = replacement_refused(read_result(ctx.out / filename), result, dry=ctx.dry, force=ctx.force)
+        if refused:
+            ctx.refused[part] = f"{refused}; this run's file is {kept / filename}"
+        else:
+            ctx.refused.pop(part, None)
+            write_results(filename, result, ctx.out)
 
     print(f"\n===== gpu.py --part {part}{' --tiny' if ctx.tiny else ''} (at most {ctx.budget_s:.0f} s)", flush=True)
     try:
@@ -664,8 +694,66 @@ def run_part(ctx: Context, part: str) -> dict[str, Any]:
             raise
     finally:
         write()
-    print(f"[gpu.py] wrote {ctx.out / filename}", flush=True)
+    if part in ctx.refused:
+        print(f"[gpu.py] kept {ctx.out / filename}: {ctx.refused[part]}", flush=True)
+    else:
+        print(f"[gpu.py] wrote {ctx.out / filename}", flush=True)
     return result
+
+
+# ------------------------------------------------------------------ keeping the evidence
+
+
+def read_result(path: Path) -> dict[str, Any] | None:
+    """A result file's data; None where there is none (or none that reads as a result)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _evidence(data: dict[str, Any] | None) -> str | None:
+    """What a result file is evidence of: the device its full-size run named, else None (no file,
+    a dry run's, or a run that stopped before it knew its device)."""
+    if not data or data.get("tiny") or data.get("device_requested") == "cpu" or not data.get("device_name"):
+        return None
+    started = f", started {data['started']}" if data.get("started") else ""
+    return f"a result on {data['device_name']}{started}"
+
+
+def replacement_refused(existing: dict[str, Any] | None, new: dict[str, Any], *, dry: bool, force: bool) -> str | None:
+    """Why a run's result `new` may not replace the file holding `existing`; None where it may.
+    A dry run (`--tiny`, or a CPU run) never replaces a GPU run's file; a GPU run replaces one of
+    the device it names (`device_name`), another device's (or, naming none, anyone's) only with
+    `force`."""
+    held = _evidence(existing)
+    if held is None:
+        return None
+    if dry:
+        return f"it holds {held}, which a dry run or a CPU run never replaces"
+    assert existing is not None
+    if force or new.get("device_name") == existing["device_name"]:
+        return None
+    here = f"ran on {new['device_name']}" if new.get("device_name") else "named no device"
+    return f"it holds {held} and this run {here} (--force replaces it)"
+
+
+def refused_at_start(ctx: Context, parts: tuple[str, ...]) -> str | None:
+    """Why this run may not start: a dry run aimed at benchmarks/results/, or at a folder whose
+    files of its parts are GPU results it could not replace."""
+    if not ctx.dry:
+        return None
+    if ctx.out.resolve().is_relative_to(RESULTS.resolve()):
+        return (
+            f"a dry run (--tiny) or a CPU run never writes into {RESULTS} (the committed GPU results): "
+            "leave --out out (its default is <work>/results) or give another folder"
+        )
+    for part in parts:
+        path = ctx.out / f"gpu-{part}.json"
+        if refused := replacement_refused(read_result(path), {}, dry=True, force=ctx.force):
+            return f"{path}: {refused}; give another --out"
+    return None
 
 
 # ------------------------------------------------------------------ the summary
@@ -699,7 +787,7 @@ def summary_line(result: dict[str, Any]) -> str:
     return "\n".join([head, *rows])
 
 
-def main() -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--part",
@@ -709,7 +797,17 @@ def main() -> int:
     )
     parser.add_argument("--device", help="the specs' device for this run (default: theirs, auto); cpu needs --tiny")
     parser.add_argument("--tiny", action="store_true", help="workloads and budgets of seconds (a dry run)")
-    parser.add_argument("--out", default=str(RESULTS), help="where gpu-<part>.json go (default benchmarks/results)")
+    parser.add_argument(
+        "--out",
+        help="where gpu-<part>.json go (default: benchmarks/results for a GPU run; <work>/results for a dry run "
+        "(--tiny) or a CPU run, which never write into benchmarks/results)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a result file of another device (or where this run names none); "
+        "a dry run never replaces a GPU run's",
+    )
     parser.add_argument(
         "--work",
         help="the folder the studies, specs and logs go in (default: autotuner-gpu[-tiny] in the temporary folder); "
@@ -721,15 +819,24 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=1, help="alternatives: measurements of each config (default 1)")
     parser.add_argument("--apply-steps", type=int, help="apply: optimizer steps (default: autotuner apply's)")
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = argument_parser()
+    args = arguments.parse_args(argv)
     ctx = Context(args)
-    started = time.perf_counter()
     parts = PARTS if not args.part or "all" in args.part else tuple(dict.fromkeys(args.part))
+    if refused := refused_at_start(ctx, parts):
+        arguments.error(refused)
+    started = time.perf_counter()
     results = [run_part(ctx, part) for part in parts]
     print(f"\n===== gpu.py: {time.perf_counter() - started:.0f} s in all; results in {ctx.out}")
     for result in results:
         print(summary_line(result))
-    return 0 if all(r["status"] != "error" for r in results) else 1
+    for part, refused in ctx.refused.items():
+        print(f"not written: {ctx.out / f'gpu-{part}.json'}: {refused}")
+    return 0 if all(r["status"] != "error" for r in results) and not ctx.refused else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """benchmarks/gpu.py (the GPU benchmark) run dry on the CPU, so it cannot rot where no GPU is:
 `--device cpu --tiny` runs its PyTorch parts end to end (the real CLI, the alternatives harness)
-and writes their result files, and benchmarks/tables.py renders them. The JAX part runs on its own
+and writes their result files into its work folder, leaving the committed benchmarks/results/ as
+they were, and benchmarks/tables.py renders them. The JAX part runs on its own
 (`test_gpu_benchmark_jax.py`), so that the two run at once on two workers. Not a `gpu` test: it
 runs in CI (about half a minute on two cores).
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.benchmarks import COMMON, STUDY_KEYS, gpu_py, render_tables
+from tests.support.benchmarks import COMMON, STUDY_KEYS, digests, gpu_py, render_tables
 from tests.support.studies import ROOT
 
 PARTS = ("study", "apply", "alternatives")
@@ -25,12 +26,15 @@ LABELS = {"baseline", "finder (Lightning power)", "finder (Accelerate)", "rule o
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The dry run as the docs give it (no --out: its default), the committed results hashed around it."""
     folder = tmp_path_factory.mktemp("gpu-dry-run")
-    out = folder / "results"
+    work = (folder / "work").resolve()
     parts = [arg for part in PARTS for arg in ("--part", part)]
-    done = gpu_py(*parts, "--device", "cpu", "--tiny", "--out", str(out), "--work", str(folder / "work"))
+    before = digests()
+    done = gpu_py(*parts, "--device", "cpu", "--tiny", "--work", str(work))
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    return out, done
+    assert digests() == before, "the dry run changed benchmarks/results/"
+    return work / "results", done
 
 
 def _load(out: Path, part: str) -> dict[str, Any]:
@@ -49,6 +53,7 @@ def test_every_part_dry_runs_on_the_cpu_and_writes_its_file(dry_run: tuple[Path,
         assert data["commands"] and all(c.get("wall_s") is not None for c in data["commands"])
     for part in PARTS:
         assert f"wrote {out / f'gpu-{part}.json'}" in done.stdout
+        assert (out.parent / "logs" / f"gpu-{part}.json").exists()  # beside the commands' logs, too
     assert "tuned over baseline" in done.stdout  # the summary at the end
 
 

@@ -1,5 +1,6 @@
 """benchmarks/gpu.py's JAX part run dry on the CPU (`--part jax --device cpu --tiny`): the JAX gpt
-study end to end through the real CLI, its result file, and its table. Apart from the PyTorch
+study end to end through the real CLI, its result file (in its work folder: benchmarks/results/
+left as it was), and its table. Apart from the PyTorch
 parts (`test_gpu_benchmark.py`), so that the two run at once on two workers."""
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from typing import Any
 
 import pytest
 
-from tests.support.benchmarks import COMMON, STUDY_KEYS, gpu_py, render_tables
+from tests.support.benchmarks import COMMON, STUDY_KEYS, digests, gpu_py, render_tables
 
 
 @pytest.fixture(scope="module")
 def jax_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     folder = tmp_path_factory.mktemp("gpu-dry-run-jax")
-    out = folder / "results"
-    done = gpu_py("--part", "jax", "--device", "cpu", "--tiny", "--out", str(out), "--work", str(folder / "work"))
+    work = (folder / "work").resolve()
+    out = work / "results"  # a dry run's default
+    before = digests()
+    done = gpu_py("--part", "jax", "--device", "cpu", "--tiny", "--work", str(work))
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert digests() == before, "the dry run changed benchmarks/results/"
     assert f"wrote {out / 'gpu-jax.json'}" in done.stdout
     return out, json.loads((out / "gpu-jax.json").read_text())
 

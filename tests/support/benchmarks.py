@@ -3,6 +3,7 @@ result file holds."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 from tests.support.helpers import ROOT
 
 GPU_PY = ROOT / "benchmarks" / "gpu.py"
+RESULTS = ROOT / "benchmarks" / "results"
+"""The committed results (a dry run never writes here)."""
 
 COMMON = {
     "part",
@@ -29,6 +32,15 @@ COMMON = {
     "conditions",
 }
 STUDY_KEYS = {"environment", "best", "baseline", "speedup", "mfu", "tokens_per_s", "energy", "export", "trials"}
+
+
+def digests(folder: Path = RESULTS) -> dict[str, str]:
+    """Every file under `folder` (relative path -> sha256 of its bytes): what a dry run must leave as it was."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
 
 
 def benchmark_env() -> dict[str, str]:
