@@ -7,9 +7,6 @@ import dataclasses
 import gc
 import itertools
 import multiprocessing.connection
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +14,17 @@ import pytest
 from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
 from autotuner.measurement.turns import Release, SetupTurn, Turns, Waiting, WindowsTurn
 from autotuner.spec.job import load_spec
+from autotuner.trials import lockstep
 from autotuner.trials.launcher import TrialLauncher
-from autotuner.trials.lockstep import SETTLE_MOST_S, STOPPED, _settle, _share, measure_together, run_in_lockstep
+from autotuner.trials.lockstep import (
+    SETTLE_MOST_S,
+    SETTLED_S,
+    STOPPED,
+    _settle,
+    _share,
+    measure_together,
+    run_in_lockstep,
+)
 from autotuner.trials.messages import send_message
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.request import TrialRequest
@@ -59,31 +65,33 @@ def test_processes_in_lockstep_measure_one_at_a_time_each_round_in_a_new_order(l
         assert r.output.losses.heldout > 0 and r.output.telemetry["cpu_util_mean"] > 0
 
 
-BURNER = """
-import os, pathlib, sys, time
-os.setpgrp()
-end = time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
-    pass
-pathlib.Path(sys.argv[2]).write_text("done")
-time.sleep(60)
-"""
+class _Clock:
+    """`time` for `_settle`: a clock that moves only when it sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
-def test_a_turn_waits_until_the_group_has_stopped_using_the_cpu(tmp_path: Path) -> None:
-    marker = tmp_path / "done"
-    busy = subprocess.Popen([sys.executable, "-c", BURNER, "0.4", str(marker)])
-    forever = subprocess.Popen([sys.executable, "-c", BURNER, "3600", str(tmp_path / "never")])
-    try:
-        time.sleep(0.1)
-        _settle([busy.pid])
-        assert marker.exists()  # it settled once the burning was over, not before
-        started = time.monotonic()
-        _settle([forever.pid])
-        assert time.monotonic() - started < SETTLE_MOST_S + 2  # never resting: waited for at most
-    finally:
-        busy.kill()
-        forever.kill()
+def test_a_turn_waits_until_the_group_has_stopped_using_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Group 1 burns CPU for 0.4 s and rests after; group 2 never rests. Scripted CPU readings
+    and clock: what the wait decides, not how a loaded machine schedules two burners."""
+    clock = _Clock()
+    burning_until = {1: 0.4, 2: float("inf")}
+    monkeypatch.setattr(lockstep, "time", clock)
+    monkeypatch.setattr(
+        lockstep, "groups_cpu_seconds", lambda groups: sum(min(clock.now, burning_until[g]) for g in groups)
+    )
+    _settle([1])
+    assert 0.4 + SETTLED_S <= clock.now < 0.4 + SETTLED_S + 0.02  # settled once the burning was over
+    started = clock.now
+    _settle([2])
+    assert clock.now - started == pytest.approx(SETTLE_MOST_S, abs=0.01)  # never resting: waited for at most
 
 
 def test_matching_the_first_the_others_measure_their_own_windows_over_its_steps(launcher: TrialLauncher) -> None:
