@@ -125,6 +125,20 @@ def has_energy_counter(gpu_uuid: str | None) -> bool:
     return True
 
 
+def memory_total_mb(gpu_uuid: str | None) -> int | None:
+    """The memory of the device with UUID `gpu_uuid` (`cuda_uuid`; a MIG slice's own), in MiB, as
+    NVML reads it (`nvmlDeviceGetMemoryInfo`'s total): the card's, whatever share of it a
+    framework's allocator is set to take. None without NVML or that device, and for None."""
+    if gpu_uuid is None:
+        return None
+    try:
+        import pynvml
+
+        return int(pynvml.nvmlDeviceGetMemoryInfo(nvml_handle(pynvml, gpu_uuid)).total) // 2**20
+    except Exception:
+        return None
+
+
 class GpuSampler:
     """`with GpuSampler(gpu_uuid) as sampler: ...`; then `sampler.summary(samples)`. Entered more
     than once, it samples every span and adds up their energy and their wall time.

@@ -227,7 +227,8 @@ class Telemetry:
         self._stack.close()
 
     def summary(self, samples: int) -> dict[str, float]:
-        """Every figure the samplers have, for `samples` samples processed inside the windows."""
+        """Every figure the samplers have, for `samples` samples processed inside every span it
+        was entered for (`autotuner.measurement.timing.Throughput.telemetry_samples`)."""
         out = self.cpu.summary()
         if self.gpu is not None:
             out.update(combined([gpu.summary(samples) for gpu in (self.gpu, *self.more_gpus)]))

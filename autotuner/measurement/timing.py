@@ -73,6 +73,11 @@ class Throughput:
     trained_s: float = 0.0
     """Wall time from the warm-up's first step to the last window's end, less the waits for other
     processes' turns in lockstep: the time those `steps_taken` steps took to train."""
+    telemetry_samples: int = 0
+    """Samples processed inside every span the driver entered its `telemetry` for: what the
+    telemetry's per-sample figures (energy per sample) are over. The windows' samples, and in
+    `measure_solo` those of windows measured again too, whose telemetry is kept (0 where a
+    `Throughput` was built without it)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -270,10 +275,14 @@ def _throughput(
     *,
     trained_s: float,
     stopped: str | None = None,
+    earlier_steps: int = 0,
 ) -> Throughput:
     """The measured windows, of `calibration.steps` steps each: the last `timer.spans` (the
-    calibration's windows, and those measured again, come before them)."""
+    calibration's windows, and those measured again, come before them). `earlier_steps`: the
+    steps of windows measured before these inside the telemetry's spans (`measure_solo`'s first
+    pass), which its figures cover as well."""
     rates = [calibration.steps * settings.samples_per_step / d for d in durations]
+    sampled_steps = earlier_steps + calibration.steps * len(durations)
     return Throughput(
         samples_per_s=statistics.median(rates),
         spread=relative_spread(rates),
@@ -289,6 +298,7 @@ def _throughput(
         stopped=stopped,
         steps_taken=timer.taken,
         trained_s=trained_s,
+        telemetry_samples=sampled_steps * settings.samples_per_step,
     )
 
 
@@ -321,7 +331,17 @@ def measure_solo(
     phase: Callable[[str], None] = _quiet,
 ) -> Throughput:
     """Measure a process alone: `telemetry` is entered around the windows, and `stop` asked after
-    each window, with the windows' rates so far, whether to stop there."""
+    each window, with the windows' rates so far, whether to stop there.
+
+    Windows measured again (far shorter than the minimum) are measured under `telemetry` as well,
+    and it keeps both passes (its samplers add up every span they are entered for): the first pass
+    is the same config taking the same steps, so its energy, power and utilisation are as true of
+    the config as the second's, and `stop`'s contention share
+    (`autotuner.measurement.telemetry.CpuSampler.others_share`) goes on over every window
+    measured. What is per sample is over both passes' samples, then:
+    `Throughput.telemetry_samples` counts them, where `steps * windows` counts the second pass's
+    alone (energy per sample over it would hold the first pass's energy too). Keeping the second
+    pass's telemetry only would need samplers that forget, for a figure no truer."""
     calibration = _set_up(timer, settings, phase)
     telemetry = telemetry or contextlib.nullcontext()
     with telemetry:
@@ -330,13 +350,22 @@ def measure_solo(
     # many times shorter than the minimum once the machine is itself again: too short to time
     # well or to tell contention in. They are measured again, once, at the length their own
     # pace asks for.
-    min_window_s = settings.min_window_s
+    min_window_s, earlier_steps = settings.min_window_s, 0
     if min_window_s > 0 and stopped is None and statistics.median(durations) < min_window_s / 4:
         median, steps = statistics.median(durations), calibration.steps
+        earlier_steps = steps * len(durations)  # inside the telemetry's spans too
         calibration = replace(calibration, steps=math.ceil(steps * min_window_s / median), step_s=median / steps)
         with telemetry:
             durations, stopped = _solo_windows(timer, settings, calibration, stop, phase)
-    return _throughput(timer, settings, calibration, durations, trained_s=timer.trained_s(), stopped=stopped)
+    return _throughput(
+        timer,
+        settings,
+        calibration,
+        durations,
+        trained_s=timer.trained_s(),
+        stopped=stopped,
+        earlier_steps=earlier_steps,
+    )
 
 
 def measure_in_lockstep(
@@ -350,8 +379,9 @@ def measure_in_lockstep(
     """Measure a process in its turns of a lockstep group: the setup turn (the warm-up and the
     calibration; it may carry the optimizer steps to match, another process's), then turns of
     windows, each opened by one untimed step and holding as many windows as it says,
-    `telemetry` entered around each window; then wait to be released. The waits for other
-    processes' turns are not in `trained_s`."""
+    `telemetry` entered around each window (not the untimed step: `telemetry_samples` are the
+    windows'); then wait to be released. The waits for other processes' turns are not in
+    `trained_s`."""
     setup = turns.wait(Waiting(measuring=True))
     if isinstance(setup, SetupTurn) and setup.match_steps > 0:
         settings = replace(settings, match_steps=setup.match_steps)

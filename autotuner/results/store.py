@@ -82,7 +82,7 @@ def _measured(output: TrialOutput, config: Config, environment: Environment) -> 
             metrics["setup_s"] = output.setup_s
         if output.tokens_per_sample:
             metrics["tokens_per_s"] = rate * output.tokens_per_sample
-        if output.flops_per_sample:
+        if output.flops_per_sample:  # model FLOPs: the same for every config of the model
             metrics["flops_per_sample"] = output.flops_per_sample
             metrics["tflops"] = rate * output.flops_per_sample / 1e12
             peak = environment.peak_flops.get(config.get(PRECISION.name, PRECISION.reference))

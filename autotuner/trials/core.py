@@ -85,9 +85,12 @@ class TrialBackend(ABC):
 
     # ------------------------------------------------------------ the process and its device
 
-    def configure_process(self, device_spec: str, compile_cache: str | None) -> None:  # noqa: B027 - optional hook
+    def configure_process(  # noqa: B027 - optional hook
+        self, device_spec: str, compile_cache: str | None, config: Config | None = None
+    ) -> None:
         """First of all, in every trial and probe process, before the framework starts a device.
-        `compile_cache`: the study's compile-cache folder (None in probes, or for the default)."""
+        `compile_cache`: the study's compile-cache folder (None in probes, or for the default);
+        `config`: the trial's config (None in probes)."""
 
     @abstractmethod
     def resolve_device(self, spec: str) -> Any:
@@ -203,8 +206,10 @@ class TrialBackend(ABC):
         """After the measured phase: the peak memory since `after_warmup`, in MiB."""
 
     def flops_per_sample(self, workload: Any, training: Any) -> float | None:
-        """After the measured phase, for a workload that does not declare them: training FLOPs per
-        sample (forward and backward, no optimizer), or None. Any exception leaves them uncounted."""
+        """After the measured phase, for a workload that does not declare them: the model's training
+        FLOPs per sample (forward and backward, no optimizer), counted without what the config
+        recomputes (activation checkpointing, remat), so that MFU is the model's for every config;
+        or None. Any exception leaves them uncounted."""
         return None
 
     def skipped_steps(self, training: Any) -> int | None:
@@ -339,7 +344,7 @@ def run_trial(
     """One trial of `request` (see `autotuner.backends._base`); with `turns`, its measured phase
     takes its turns in a lockstep group; with `group`, this process is one rank of the trial's
     (what rank 0 returns is the trial's output)."""
-    backend.configure_process(request.device, request.compile_cache)
+    backend.configure_process(request.device, request.compile_cache, request.config)
     device = backend.resolve_device(request.device)
     backend.use_device(device)
     with backend.on_device(device):
@@ -387,7 +392,7 @@ def run_profile(backend: TrialBackend, profile: ProfileRequest, group: RankGroup
     (`autotuner.measurement.traces.top_operators`). In a trial of several processes every rank
     takes the steps and rank 0's are profiled."""
     request = profile.trial
-    backend.configure_process(request.device, request.compile_cache)
+    backend.configure_process(request.device, request.compile_cache, request.config)
     device = backend.resolve_device(request.device)
     backend.use_device(device)
     with backend.on_device(device):
@@ -482,7 +487,7 @@ def _measure(
         match_most_s=request.match_most_s,
     )
     throughput = measure_throughput(timer, settings, telemetry=telemetry, turns=turns, stop=stop, phase=phase)
-    measured = telemetry.summary(request.global_batch * throughput.steps * throughput.windows)
+    measured = telemetry.summary(throughput.telemetry_samples)  # every span's samples, not the last windows'
     output.throughput = throughput
     peaks = [backend.peak_memory_mb(device)]
     if group is not None and group.size > 1:

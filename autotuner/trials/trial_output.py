@@ -33,6 +33,7 @@ class TrialOutput:
     losses: Losses
     tokens_per_sample: int | None = None
     flops_per_sample: float | None = None
+    """Model FLOPs per sample (declared, or counted without recomputation): what MFU is of."""
     throughput: Throughput | None = None
     """None for the reference, which runs the drift phase only (so do the next three)."""
     peak_memory_mb: float | None = None

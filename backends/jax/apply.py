@@ -85,6 +85,11 @@ PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 MEMORY_FRACTIONS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 """JAX's GPU allocator settings, read from the environment when its CUDA backend starts
 (https://docs.jax.dev/en/latest/gpu_memory_allocation.html)."""
+WHOLE_CARD_FRACTION = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "1.0")
+"""The fraction a trial without preallocation is given: the card's whole memory. Without one, JAX's
+allocator stops at its default fraction (75%) when it does not preallocate as well. The name
+every supported jaxlib reads (a newer one reads it where `XLA_CLIENT_MEM_FRACTION` is not set,
+and refuses both set at once)."""
 VISIBLE_CUDA_DEVICES = "jax_cuda_visible_devices"
 """JAX's own list of the CUDA devices its client opens ("all", or CUDA ordinals)."""
 XLA_FLAGS_VARIABLE = "XLA_FLAGS"
@@ -125,6 +130,11 @@ def configure_process(device_spec: str, devices: int | None = 1) -> None:
       it or a memory fraction): by default every JAX process reserves 75% of every GPU it opens,
       and the next process to overlap it fails with RESOURCE_EXHAUSTED, which a study records as
       `oom` and takes as ruling out a batch size that fits.
+    - Without preallocation and without a memory fraction of the user's, the whole card
+      (`XLA_PYTHON_CLIENT_MEM_FRACTION=1.0`, `WHOLE_CARD_FRACTION`): the fraction is also the
+      allocator's limit, 75% by default with preallocation off too, so a batch size that needs
+      more of the card would be recorded `oom` and rule out every larger one. Allocating on
+      demand, a process still holds only what it uses.
     - `cpu`: only the CPU platform (`jax_platforms=cpu`), so no CUDA context is created at all.
     - `cuda:i` (`cuda` is `cuda:0`): JAX's CUDA client opens CUDA device i only, or i to
       i+devices-1 (`jax_cuda_visible_devices`, set unless the process set it already). JAX numbers
@@ -142,6 +152,9 @@ def configure_process(device_spec: str, devices: int | None = 1) -> None:
         return
     if not any(os.environ.get(name) for name in MEMORY_FRACTIONS):  # a fraction is a preallocation asked for
         os.environ.setdefault(PREALLOCATE, "false")
+        if os.environ[PREALLOCATE] in ("false", "False", "0"):  # off, as jaxlib reads it: never 100% preallocated
+            name, whole = WHOLE_CARD_FRACTION
+            os.environ[name] = whole
     spec = str(device_spec)
     if spec == "cpu":
         jax.config.update("jax_platforms", "cpu")
@@ -218,7 +231,8 @@ def resolve_device(spec: str | jax.Device | None) -> jax.Device:
     visible = gpus()
     if not visible:
         raise ValueError(
-            f"device {spec!r}: JAX sees no CUDA GPU {index} here (a CUDA jaxlib is `pip install 'jax[cuda13]'`; "
+            f"device {spec!r}: JAX sees no CUDA GPU {index} here (a CUDA jaxlib is `pip install 'jax[cuda13]'`, "
+            "`'jax[cuda12]'` on a CUDA 12 driver; "
             "cuda:N counts the GPUs CUDA_VISIBLE_DEVICES leaves visible, from 0)"
         )
     for gpu in visible:
@@ -315,6 +329,12 @@ def _with_remat(loss_fn: Callable[[Any, Any], jax.Array], remat: str) -> Callabl
         return whole(params, batch)
 
     return loss
+
+
+def model_gradient(tuned: TunedTraining) -> Callable[[Any, Any], tuple[jax.Array, Any]]:
+    """The differentiated loss of `tuned` as its `model` computes it (its precision's dtype
+    policy), but without `remat` and not jitted: the model's own computation, for its FLOP count."""
+    return jax.value_and_grad(_with_policy(tuned.loss_fn, COMPUTE_DTYPES.get(tuned.precision)))
 
 
 def collate(dataset: Any, indices: np.ndarray) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
 import platform
 import resource
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
@@ -47,13 +49,14 @@ from autotuner.backends.jax.apply import (
     cuda_ordinal,
     device_name,
     gpus,
+    model_gradient,
     resolve_device,
     use_xla_flags,
 )
 from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem, remat_scope
 from autotuner.config.knobs import Config
 from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
-from autotuner.measurement.nvml import cuda_uuid, has_energy_counter, nvml_driver
+from autotuner.measurement.nvml import cuda_uuid, has_energy_counter, memory_total_mb, nvml_driver
 from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
 from autotuner.trials.probe import Environment, ProbeResult
@@ -165,7 +168,7 @@ class JaxTrial(TrialBackend):
         self.device_count = None if request.parallel == DATA_PARALLEL else 1
         return super().probe(request)
 
-    def configure_process(self, device_spec: str, compile_cache: str | None) -> None:
+    def configure_process(self, device_spec: str, compile_cache: str | None, config: Config | None = None) -> None:
         configure_process(device_spec, self.device_count)
         if compile_cache:  # the study's own: a config's later processes load what its first compiled
             _use_compile_cache(os.path.join(compile_cache, "jax"))
@@ -196,13 +199,15 @@ class JaxTrial(TrialBackend):
             ampere = int(major or 0) >= 8
             driver = nvml_driver()
             capabilities = {"accelerator": True, "bf16": ampere and _bf16_works(device), "fp16": True, "tf32": ampere}
-            stats = device.memory_stats() or {}
+            uuid = self.gpu_uuid(device)
             extra: dict[str, Any] = {
                 "compute_capability": f"{major}.{minor}",
-                "energy_counter": has_energy_counter(self.gpu_uuid(device)),
+                "energy_counter": has_energy_counter(uuid),
             }
-            if "bytes_limit" in stats:
-                extra["memory_mb"] = stats["bytes_limit"] // 2**20
+            # the card's memory, from NVML: not the allocator's `bytes_limit`, which is the share of
+            # it the memory fraction lets JAX take
+            if (memory_mb := memory_total_mb(uuid)) is not None:
+                extra["memory_mb"] = memory_mb
         else:
             name = cpu_name()
             driver = platform.release()
@@ -322,22 +327,61 @@ class JaxTrial(TrialBackend):
         written.append(str(traces[-1]))
 
     def flops_per_sample(self, workload: JaxWorkload, training: TunedTraining) -> float | None:
-        """XLA's cost analysis of the differentiated loss (forward and backward, no optimizer) on
-        one micro-batch (all the devices' with data parallel), lowered without running it."""
+        """The model FLOPs of one sample: the matmuls and convolutions (`dot_flops`) of the
+        differentiated loss (forward and backward, no optimizer) on one micro-batch (all the
+        devices' with data parallel), traced without the config's `remat` (`model_gradient`: the
+        forward a checkpoint recomputes is the config's cost, not the model's), without running it."""
         count = min(training.micro_batch, len(workload.dataset))
         split = count % len(training.devices) == 0
         batch = training.to_device(collate(workload.dataset, np.arange(count)), whole=not split)
         with training.autocast():
-            costs = jax.jit(training.model).lower(training.params, batch).cost_analysis()
-        if isinstance(costs, list):  # one entry per computation in older jax
-            costs = costs[0] if costs else {}
-        flops = float((costs or {}).get("flops", 0.0))
+            traced = jax.make_jaxpr(model_gradient(training))(training.params, batch)
+        flops = dot_flops(traced.jaxpr)
         return flops / count if flops > 0 else None
 
     def classify_exception(self, exc: BaseException) -> str | None:
         if isinstance(exc, RUNTIME_ERROR) and OUT_OF_MEMORY in str(exc):  # no finer type to go by (see above)
             return "oom"
         return None
+
+
+def dot_flops(jaxpr: jax.extend.core.Jaxpr) -> float:
+    """The FLOPs of `jaxpr`'s matrix products (`dot_general`) and convolutions
+    (`conv_general_dilated`), 2 per multiply-add, those of the jaxprs inside it included: a scan's
+    body times its length, a cond's costliest branch, a while loop's body once (its trip count is
+    not known). What PyTorch's FLOP counter counts: not the elementwise operations, reductions
+    and transcendentals that XLA's cost analysis adds, nor what it fuses away or duplicates."""
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (contracting, _), _ = eqn.params["dimension_numbers"]
+            lhs = _shape(eqn.invars[0])
+            total += 2.0 * math.prod(_shape(eqn.outvars[0])) * math.prod(lhs[d] for d in contracting)
+        elif name == "conv_general_dilated":  # each output: a multiply-add per kernel weight of one output feature
+            rhs = _shape(eqn.invars[1])
+            out_features = rhs[eqn.params["dimension_numbers"].rhs_spec[0]]
+            total += 2.0 * math.prod(_shape(eqn.outvars[0])) * math.prod(rhs) / out_features
+        inner = [dot_flops(j) for j in _inner_jaxprs(eqn.params)]
+        if name == "cond":
+            total += max(inner, default=0.0)
+        else:
+            total += sum(inner) * (eqn.params.get("length", 1) if name == "scan" else 1)
+    return total
+
+
+def _shape(var: Any) -> tuple[int, ...]:
+    return tuple(var.aval.shape)
+
+
+def _inner_jaxprs(params: dict[str, Any]) -> Iterator[jax.extend.core.Jaxpr]:
+    """The jaxprs among an equation's parameters (a call's, a cond's branches, a loop's body)."""
+    for value in params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, jax.extend.core.ClosedJaxpr):
+                yield item.jaxpr
+            elif isinstance(item, jax.extend.core.Jaxpr):
+                yield item
 
 
 _LOOKUPS = {"hit": 0, "miss": 0, "found": 0}

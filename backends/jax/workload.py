@@ -93,7 +93,8 @@ class JaxWorkload:
     tokens_per_sample: int | None = None
     """Set it to get tokens/s as well as samples/s."""
     flops_per_sample: float | None = None
-    """Training FLOPs (forward and backward) per sample; with it, MFU is reported on GPUs."""
+    """The model's training FLOPs (forward and backward) per sample, without what a config
+    recomputes (checkpointing, remat); with it, MFU is reported on GPUs. None: counted."""
 
 
 Function = TypeVar("Function", bound=Callable[..., Any])

@@ -201,6 +201,33 @@ def enable_checkpointing(model: torch.nn.Module, blocks: Sequence[type[torch.nn.
             module._autotuner_checkpointed = True  # type: ignore[assignment]
 
 
+@contextlib.contextmanager
+def without_checkpointing(model: torch.nn.Module) -> Iterator[None]:
+    """`model` without the activation checkpointing `enable_checkpointing` gave it, put back after:
+    its blocks run their own forward and keep what the backward needs (the model FLOPs are counted
+    so, without the backward's recomputed forwards)."""
+    blocks: list[tuple[torch.nn.Module, functools.partial[Any]]] = [
+        (m, m.forward)
+        for m in model.modules()
+        if isinstance(m.forward, functools.partial) and m.forward.func is _checkpointed
+    ]
+    hugging_face = is_hugging_face(model) and bool(
+        getattr(model, "is_activation_checkpointing", False) or getattr(model, "is_gradient_checkpointing", False)
+    )
+    try:
+        for module, checkpointed in blocks:
+            module.forward = checkpointed.args[0]  # type: ignore[method-assign]
+        if hugging_face:
+            disable: Any = getattr(model, "activation_checkpointing_disable", None)
+            (disable or model.gradient_checkpointing_disable)()  # type: ignore[operator]
+        yield
+    finally:
+        for module, checkpointed in blocks:
+            module.forward = checkpointed  # type: ignore[method-assign]
+        if hugging_face:
+            enable_checkpointing(model)
+
+
 def choose_attention(model: torch.nn.Module, attention: str) -> Callable[[], contextlib.AbstractContextManager[Any]]:
     """The context the forward runs in for the `attention` knob: `sdpa_kernel` with that one backend,
     or nothing for `default` and `eager`. A Hugging Face model is switched to its `sdpa`

@@ -21,11 +21,17 @@ import torch
 import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): let the fork server pay once
 
 from autotuner.backends.pytorch import PYTORCH
-from autotuner.backends.pytorch.apply import TunedTraining, load_full_state, resolve_device, strict_fp32
+from autotuner.backends.pytorch.apply import (
+    TunedTraining,
+    load_full_state,
+    resolve_device,
+    strict_fp32,
+    without_checkpointing,
+)
 from autotuner.backends.pytorch.probe import environment, gpu_uuid, parallel_capabilities, workload_capabilities
 from autotuner.backends.pytorch.ranks import run_ranks
 from autotuner.backends.pytorch.workload import TorchWorkload, as_workload, first_batch_problem
-from autotuner.config.knobs import Config
+from autotuner.config.knobs import PRECISION, Config
 from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
 from autotuner.trials.probe import Environment
@@ -71,6 +77,20 @@ def _host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: value.detach().to("cpu", copy=True) for name, value in model.state_dict().items()}
 
 
+def inductor_cache(study_cache: str, config: Config | None) -> str:
+    """The folder of the study's compile cache a trial of `config` compiles into: one per precision.
+
+    AOTAutograd's cache, which torch.compile looks up first, is keyed on Dynamo's graph, which an
+    autocast entered around the compiled model leaves out, and its key long held only whether
+    autocast was on, not its dtype (torch 2.11 does; 2.13 keys the dtype). In one shared folder an
+    fp16 trial was then served the graphs a bf16 trial had compiled, every lookup a hit: its
+    warm-up was `warm` and it trained with bf16's casts. No precision can use another's graphs
+    (their autocast dtype, or the TF32 flags inductor keys on, differ), so a folder each loses no
+    hit, on any torch."""
+    precision = (config or {}).get(PRECISION.name)
+    return os.path.join(study_cache, f"pytorch-{precision}") if precision else study_cache
+
+
 def _cache_lookups() -> dict[str, int]:
     """Hits and misses of inductor's FX graph cache and AOTAutograd's cache so far in this process."""
     from torch._dynamo.utils import counters
@@ -86,9 +106,9 @@ class PyTorchTrial(TrialBackend):
 
     name = PYTORCH.name
 
-    def configure_process(self, device_spec: str, compile_cache: str | None) -> None:
+    def configure_process(self, device_spec: str, compile_cache: str | None, config: Config | None = None) -> None:
         if compile_cache:  # the study's own: warm-up must not depend on other studies' compiles
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache(compile_cache, config)
 
     def resolve_device(self, spec: str) -> torch.device:
         return resolve_device(spec)
@@ -229,16 +249,20 @@ class PyTorchTrial(TrialBackend):
         written.append(path)
 
     def flops_per_sample(self, workload: TorchWorkload, training: TunedTraining) -> float | None:
-        """One forward and backward of `FLOP_COUNT_SAMPLES` samples under `torch.utils.flop_counter`
-        (matmuls and convolutions), eager; the gradients are dropped and no optimizer step is taken
-        (the weights are restored before the drift phase anyway). None when nothing was counted."""
+        """The model FLOPs of one sample: one forward and backward of `FLOP_COUNT_SAMPLES` samples
+        under `torch.utils.flop_counter` (matmuls, convolutions, and the CUDA attention kernels: it
+        has no formula for the CPU's), eager and without the config's activation checkpointing
+        (`without_checkpointing`: the forward a checkpointed block runs again in the backward is
+        the config's cost, not the model's, so every config of a model is counted alike); the
+        gradients are dropped and no optimizer step is taken (the weights are restored before the
+        drift phase anyway). None when nothing was counted."""
         from torch.utils.flop_counter import FlopCounterMode
 
         count = min(FLOP_COUNT_SAMPLES, len(workload.dataset))  # type: ignore[arg-type]
         try:
             items = [workload.dataset[i] for i in range(count)]
             batch = training.to_device(workload.collate(items))
-            with FlopCounterMode(display=False) as counter:
+            with without_checkpointing(workload.model), FlopCounterMode(display=False) as counter:
                 workload.loss(workload.model, batch).backward()
         finally:
             workload.model.zero_grad(set_to_none=True)

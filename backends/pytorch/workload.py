@@ -91,7 +91,8 @@ class TorchWorkload:
     tokens_per_sample: int | None = None
     """Set it to get tokens/s as well as samples/s."""
     flops_per_sample: float | None = None
-    """Training FLOPs (forward and backward) per sample; with it, MFU is reported on GPUs."""
+    """The model's training FLOPs (forward and backward) per sample, without what a config
+    recomputes (checkpointing, remat); with it, MFU is reported on GPUs. None: counted."""
     checkpoint_blocks: tuple[type[torch.nn.Module], ...] | None = None
     """The module types `checkpointing: blocks` checkpoints; None: a Hugging Face model's own
     gradient checkpointing, or else the largest module type the model repeats."""

@@ -382,6 +382,16 @@ def test_each_study_compiles_into_its_own_cache(tmp_path: Path, monkeypatch: pyt
     assert request_.compile_cache == str(tmp_path / "runs" / "small" / "compile-cache")
 
 
+def test_each_precision_compiles_into_a_folder_of_its_own_in_the_studys_cache() -> None:
+    """No precision can use another's graphs, and a torch whose AOTAutograd cache keys no autocast
+    dtype would serve an fp16 trial bf16's (`tests/e2e/test_compile_cache.py`)."""
+    folders = {
+        p: torch_runner.inductor_cache("/study/compile-cache", {"precision": p}) for p in ("fp32", "bf16", "fp16")
+    }
+    assert folders["bf16"] == "/study/compile-cache/pytorch-bf16" and len(set(folders.values())) == 3
+    assert torch_runner.inductor_cache("/study/compile-cache", None) == "/study/compile-cache"
+
+
 def test_a_trials_compile_is_recorded_cold_then_warm_in_its_studys_cache(
     launcher: TrialLauncher, tmp_path: Path
 ) -> None:

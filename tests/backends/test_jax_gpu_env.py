@@ -15,17 +15,20 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any
 
 import jax
 import jax.extend.backend
 import pytest
 
-from autotuner.backends.jax import apply
+from autotuner.backends.jax import apply, runner
 from autotuner.backends.jax.workload import JaxWorkload
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.request import ProbeRequest
+from tests.measurement.test_telemetry import FAST_UUID, fake_pynvml
+from tests.measurement.test_telemetry import FakeGpu as NvmlGpu
 from tests.support.helpers import SMALL_MLP, small_request
 from tests.support.studies import ROOT
 
@@ -64,21 +67,45 @@ CONFIGURE = """
         "platforms": jax.config.jax_platforms,
         "visible": jax.config.values["jax_cuda_visible_devices"],
         "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
+        "fractions": [os.environ.get(name) for name in ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")],
         "started": sorted(jax.extend.backend.backends()),
     }}))
 """
+WHOLE_CARD = ["1.0", None]
+"""The fractions (the old name's, the new name's) of a trial given the whole card."""
 
 
 def test_a_cpu_trial_process_starts_the_cpu_platform_only_and_no_preallocation() -> None:
     got = _python(CONFIGURE.format(spec="cpu"))
-    assert got == {"platforms": "cpu", "visible": "all", "preallocate": "false", "started": ["cpu"]}
+    assert got == {
+        "platforms": "cpu",
+        "visible": "all",
+        "preallocate": "false",
+        "fractions": WHOLE_CARD,
+        "started": ["cpu"],
+    }
 
 
 def test_a_users_own_allocator_settings_are_kept() -> None:
-    assert _python(CONFIGURE.format(spec="cpu"), XLA_PYTHON_CLIENT_PREALLOCATE="true")["preallocate"] == "true"
-    # A memory fraction only means something with preallocation: it is not turned off under it.
-    assert _python(CONFIGURE.format(spec="cpu"), XLA_PYTHON_CLIENT_MEM_FRACTION=".3")["preallocate"] is None
-    assert _python(CONFIGURE.format(spec="cpu"), XLA_CLIENT_MEM_FRACTION=".3")["preallocate"] is None
+    preallocating = _python(CONFIGURE.format(spec="cpu"), XLA_PYTHON_CLIENT_PREALLOCATE="true")
+    # preallocating, a fraction of 1.0 would take the whole card up front: none is added
+    assert (preallocating["preallocate"], preallocating["fractions"]) == ("true", [None, None])
+    # A memory fraction only means something with preallocation: it is not turned off under it,
+    # and the fraction stands, under either name (jaxlib refuses both names set at once).
+    old_name = _python(CONFIGURE.format(spec="cpu"), XLA_PYTHON_CLIENT_MEM_FRACTION=".3")
+    assert (old_name["preallocate"], old_name["fractions"]) == (None, [".3", None])
+    new_name = _python(CONFIGURE.format(spec="cpu"), XLA_CLIENT_MEM_FRACTION=".3")
+    assert (new_name["preallocate"], new_name["fractions"]) == (None, [None, ".3"])
+
+
+@pytest.mark.parametrize("off", ["false", "False", "0"])
+def test_without_preallocation_a_trial_may_take_the_whole_card(off: str) -> None:
+    """Without preallocation JAX's allocator still stops at its default fraction, 75% of the card:
+    a batch size that needs more would be recorded `oom` and rule out every larger one. Whoever
+    turned preallocation off (the trial process, or the user without a fraction of their own), the
+    fraction is the whole card; the process still allocates only what it uses."""
+    got = _python(CONFIGURE.format(spec="cuda:1"), XLA_PYTHON_CLIENT_PREALLOCATE=off)
+    assert (got["preallocate"], got["fractions"]) == (off, WHOLE_CARD)
 
 
 @pytest.mark.parametrize(("spec", "visible"), [("cuda:1", "1"), ("cuda", "0"), ("auto", "all")])
@@ -87,7 +114,13 @@ def test_a_cuda_trial_process_sees_only_its_gpu(spec: str, visible: str) -> None
     as the user's CUDA numbers them; `auto`, which only a probe gets (it counts the GPUs for
     `--jobs`), sees them all. No platform is forced: this CPU-only jaxlib still starts its CPU."""
     got = _python(CONFIGURE.format(spec=spec))
-    assert got == {"platforms": None, "visible": visible, "preallocate": "false", "started": ["cpu"]}
+    assert got == {
+        "platforms": None,
+        "visible": visible,
+        "preallocate": "false",
+        "fractions": WHOLE_CARD,
+        "started": ["cpu"],
+    }
 
 
 def test_configuring_a_process_whose_jax_has_started_changes_nothing_and_does_not_raise() -> None:
@@ -105,10 +138,11 @@ def test_configuring_a_process_whose_jax_has_started_changes_nothing_and_does_no
             "platforms": jax.config.jax_platforms,
             "visible": jax.config.values["jax_cuda_visible_devices"],
             "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
+            "fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
         }))
         """
     )
-    assert got == {"platforms": None, "visible": "all", "preallocate": None}
+    assert got == {"platforms": None, "visible": "all", "preallocate": None, "fraction": None}
 
 
 # ---------------------------------------------------------------- placement
@@ -244,6 +278,34 @@ def test_a_gpu_keeps_its_cuda_name_when_the_process_sees_only_it(monkeypatch: py
     assert apply.resolve_device("auto") is every[0] and apply.resolve_device("cuda") is every[0]
     with pytest.raises(ValueError, match=r"^device 'cuda:3': "):
         apply.resolve_device("cuda:3")
+
+
+class FakeCard(FakeGpu):
+    """What a probe asks of a JAX GPU device, on a card of 141 GiB whose allocator may take 75%."""
+
+    device_kind = "NVIDIA H200"
+    compute_capability = "9.0"
+
+    def memory_stats(self) -> dict[str, int]:
+        return {"bytes_limit": int(0.75 * 141 * 2**30), "bytes_in_use": 0}
+
+
+def test_a_gpus_memory_is_the_cards_not_its_allocators_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe reports the card's memory as NVML reads it, not the allocator's `bytes_limit`
+    (the share the memory fraction lets JAX take); without NVML, no figure rather than that one."""
+    card = FakeCard(1)
+    board = NvmlGpu(FAST_UUID, watts=400.0, sampled_w=350.0, total_bytes=141 * 2**30)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([board], time.perf_counter))
+    monkeypatch.setattr(runner, "cuda_uuid", lambda ordinal: FAST_UUID if ordinal == 1 else None)
+    monkeypatch.setattr(runner, "gpus", lambda: [card])
+    monkeypatch.setattr(runner, "_start_flag_check", lambda platform: None)
+    for works in ("_bf16_works", "_jit_works", "_donation_works"):  # what would run on the device
+        monkeypatch.setattr(runner, works, lambda device: True)
+    environment = runner.TRIAL_BACKEND.environment(card)  # type: ignore[arg-type]
+    assert (environment.device, environment.device_name, environment.driver) == ("cuda:1", "NVIDIA H200", "999.99")
+    assert environment.memory_mb == 141 * 1024 and environment.energy_counter
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML
+    assert runner.TRIAL_BACKEND.environment(card).memory_mb is None  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- through the trial launcher

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from autotuner.backends._base import Capabilities
+from autotuner.backends.builtin_sizes import MlpSize
 from autotuner.backends.jax import JAX, XLA_FLAG_BUNDLES, FlagBundle, JaxCapabilities
 from autotuner.backends.jax.apply import TunedTraining
 from autotuner.backends.jax.builtin import gpt, mlp
@@ -196,6 +197,42 @@ def test_remat_recomputes_what_its_policy_does_not_keep() -> None:
 
     none, full = flops("none"), flops("full")
     assert none < flops("dots_saveable") <= full and none < flops("dots_with_no_batch_dims_saveable") <= full
+
+
+@pytest.mark.parametrize("name", ["gpt", "mlp"])
+def test_the_counted_flops_are_the_models_whatever_the_remat(name: str) -> None:
+    """Counted without the recomputation, every remat value gets the model FLOPs of none: those of
+    the matmuls alone (the elementwise operations XLA's cost analysis adds are not in them), and a
+    checkpointed mlp (the whole loss) alike."""
+    from autotuner.backends.jax.runner import TRIAL_BACKEND
+
+    workload = _workload(name)
+    counted = {
+        remat: TRIAL_BACKEND.flops_per_sample(workload, _tuned(workload, remat=remat))
+        for remat in ("none", "full", "dots_saveable")
+    }
+    assert counted["none"] and counted["full"] == counted["none"] == counted["dots_saveable"]
+    if name == "mlp":  # the three matmuls of each layer (forward, both gradients), the first's input gradient unused
+        size = MlpSize(**TINY_MLP)
+        widths = [size.features] + [size.hidden] * size.depth + [size.classes]
+        layers = [a * b for a, b in zip(widths, widths[1:], strict=False)]
+        assert counted["none"] == 6 * sum(layers) - 2 * layers[0]
+
+
+def test_the_flop_count_takes_only_matmuls_and_convolutions_and_what_loops_repeat() -> None:
+    from autotuner.backends.jax.runner import dot_flops
+
+    def f(x: jax.Array, w: jax.Array, k: jax.Array) -> jax.Array:
+        y = jnp.tanh(x @ w) * 3.0  # 2*4*8*16 for the matmul, nothing for the rest
+        image = jax.lax.conv_general_dilated(
+            y[None, None], k, (1, 1), "VALID"
+        )  # 1x(4-2+1)x(16-2+1) outputs, 2x2 kernel
+        z = jax.lax.scan(lambda c, _: (c @ w @ w.T, None), x, None, length=3)[0]  # 3 x (2*4*8*16 + 2*4*16*8)
+        return image.sum() + z.sum()
+
+    x, w, k = jnp.ones((4, 8)), jnp.ones((8, 16)), jnp.ones((1, 1, 2, 2))
+    expected = 2 * 4 * 8 * 16 + 2 * (3 * 15) * 4 + 3 * 2 * (2 * 4 * 16 * 8)
+    assert dot_flops(jax.make_jaxpr(jax.jit(f))(x, w, k).jaxpr) == expected
 
 
 def test_a_remat_block_outside_a_tuned_loss_is_the_function_itself() -> None:

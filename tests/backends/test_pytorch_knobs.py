@@ -8,6 +8,7 @@ tests/e2e/test_pytorch_knobs.py's."""
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import pytest
@@ -16,7 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from autotuner.backends.pytorch import PYTORCH, TorchCapabilities
-from autotuner.backends.pytorch.apply import TunedTraining, enable_checkpointing, rebuilt_optimizer, repeated_blocks
+from autotuner.backends.pytorch.apply import (
+    TunedTraining,
+    enable_checkpointing,
+    rebuilt_optimizer,
+    repeated_blocks,
+    without_checkpointing,
+)
 from autotuner.backends.pytorch.builtin import Block, cnn, gpt, mlp, resnet
 from autotuner.backends.pytorch.probe import environment, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload
@@ -115,6 +122,37 @@ def test_checkpointing_finds_the_repeated_blocks_and_recomputes_the_same_gradien
     enable_checkpointing(checkpointed)
     enable_checkpointing(checkpointed)  # twice changes nothing: one wrapper per block
     assert all(getattr(b, "_autotuner_checkpointed", False) for b in checkpointed.modules() if isinstance(b, Block))
+
+
+def test_the_counted_flops_are_the_models_whether_or_not_the_config_checkpoints() -> None:
+    """The forward a checkpointed block runs again in the backward is not counted: both configs
+    of the model get its model FLOPs, and the checkpointing is back after the count."""
+    from autotuner.backends.pytorch.runner import TRIAL_BACKEND
+
+    counted = {}
+    for checkpointing in ("none", "blocks"):
+        workload = small_gpt()
+        tuned = TunedTraining(
+            {**FP32, "checkpointing": checkpointing}, workload.model, workload.optimizer(workload.model.parameters())
+        )
+        counted[checkpointing] = TRIAL_BACKEND.flops_per_sample(workload, tuned)
+        blocks = [b for b in workload.model.modules() if isinstance(b, Block)]
+        assert all(isinstance(b.forward, functools.partial) == (checkpointing == "blocks") for b in blocks)
+    assert counted["none"] and counted["blocks"] == counted["none"]
+
+
+def test_a_hugging_face_models_checkpointing_is_off_for_the_count_and_back_after() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=64)
+    model = transformers.GPT2LMHeadModel(config)
+    TunedTraining({**FP32, "checkpointing": "blocks"}, model, torch.optim.AdamW(model.parameters()))
+    flag = (
+        "is_activation_checkpointing" if hasattr(model, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    )
+    assert getattr(model, flag)
+    with without_checkpointing(model):
+        assert not getattr(model, flag)
+    assert getattr(model, flag)
 
 
 def test_checkpointing_a_model_without_blocks_is_unsupported_unless_the_workload_names_them() -> None:

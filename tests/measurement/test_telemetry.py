@@ -47,6 +47,8 @@ class FakeGpu:
     """pid -> device memory NVML counts for it (bytes; None where the driver does not say)."""
     sm: dict[int, list[int]] | None = None
     """pid -> the SM utilisation samples NVML keeps for it (%); None: per-process samples not supported."""
+    total_bytes: int = 80 * 2**30
+    """The device's memory (a MIG slice's: its own)."""
 
 
 class FakeNVMLError(Exception):
@@ -85,7 +87,9 @@ def fake_pynvml(gpus: list[FakeGpu], clock: Callable[[], float]) -> types.Module
     module.nvmlDeviceGetTotalEnergyConsumption = energy  # type: ignore[attr-defined]
     module.nvmlDeviceGetPowerUsage = lambda gpu: round(gpu.sampled_w * 1000)  # type: ignore[attr-defined]  # mW
     module.nvmlDeviceGetUtilizationRates = utilisation  # type: ignore[attr-defined]
-    module.nvmlDeviceGetMemoryInfo = lambda gpu: types.SimpleNamespace(used=3 * 2**30)  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMemoryInfo = lambda gpu: types.SimpleNamespace(  # type: ignore[attr-defined]
+        used=3 * 2**30, total=gpu.total_bytes, free=gpu.total_bytes - 3 * 2**30
+    )
     module.nvmlDeviceGetComputeRunningProcesses = lambda gpu: [  # type: ignore[attr-defined]
         types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes.items()
     ]
@@ -191,6 +195,22 @@ def test_the_trial_device_is_found_in_nvml_by_uuid_not_by_its_cuda_ordinal(monke
     assert summary["power_w_mean"] == pytest.approx(400.0, rel=0.05)
     assert 400.0 * 0.2 / 100 * 0.999 <= summary["energy_j_per_sample"] <= 400.0 * outer_s / 100
     assert slow.reads == ["energy"]  # has_energy_counter's probe only: the trial never read it
+
+
+def test_a_devices_memory_is_the_whole_of_it_as_nvml_reads_it(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    card = FakeGpu(FAST_UUID, 400.0, 350.0, total_bytes=141 * 2**30)
+    piece = FakeGpu(SLICE_UUID, 0.0, 0.0, counter=False, total_bytes=18 * 2**30)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([card, piece], clock))
+    assert reader.memory_total_mb(FAST_UUID) == 141 * 1024
+    assert (
+        reader.memory_total_mb("GPU-" + SLICE_UUID.removeprefix("MIG-")) == 18 * 1024
+    )  # as cuda_uuid writes a slice's
+    assert reader.memory_total_mb(SLOW_UUID) is None  # no such device
+    assert reader.memory_total_mb(None) is None
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML at all: no figure, no error
+    assert reader.memory_total_mb(FAST_UUID) is None
 
 
 def test_power_is_the_energy_counters_increase_over_the_measured_time(

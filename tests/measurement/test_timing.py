@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from autotuner.measurement.nvml import GpuSampler
+from autotuner.measurement.telemetry import Telemetry
 from autotuner.measurement.timing import (
     Calibration,
     Measuring,
@@ -22,6 +24,7 @@ from autotuner.measurement.timing import (
     relative_spread,
 )
 from autotuner.measurement.turns import Release, SetupTurn, Turns, WindowsTurn
+from tests.measurement.test_telemetry import FAST_UUID, FakeGpu, fake_pynvml
 
 
 class Recorder:
@@ -401,3 +404,61 @@ def test_the_lockstep_driver_takes_its_turns_and_leaves_the_waits_out(monkeypatc
     assert result.steps_taken == clock.steps == 2 + 2 * 1 + 4 * 2
     assert result.trained_s == clock.steps / 64  # the steps' time: none of the waits
     assert len(result.window_spans) == 4 and result.measured_s == 4 * 2 / 64
+    assert result.telemetry_samples == 4 * 2 * 1  # the windows' samples: not the untimed steps'
+
+
+def _gpu_telemetry(monkeypatch: pytest.MonkeyPatch, clock: Clock, watts: float) -> Telemetry:
+    """A trial's telemetry whose GPU is a fake NVML board, its energy counter advancing at `watts`
+    on `clock` (which only steps move) and read on it."""
+    board = FakeGpu(FAST_UUID, watts=watts, sampled_w=watts / 2)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([board], clock.perf_counter))
+    measured = Telemetry(gpu_uuid=FAST_UUID)
+    measured.gpu = GpuSampler(FAST_UUID, interval_s=0.001, clock=clock.perf_counter)
+    return measured
+
+
+def test_energy_per_sample_of_windows_measured_again_is_over_both_passes_samples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The telemetry is entered around both passes and adds up their energy: its per-sample figure
+    is over both passes' samples, the config's own (the watts times a step's time, over a step's
+    samples), not both passes' energy over the second pass's samples."""
+    clock = ScheduledClock(step_s=1 / 64, slow_steps=10, fast_step_s=1 / 1024)
+    monkeypatch.setattr("autotuner.measurement.timing.time", clock)
+    measured = _gpu_telemetry(monkeypatch, clock, watts=400.0)
+    result = measure_solo(
+        WindowTimer(clock.step, lambda: None),
+        Measuring(warmup_steps=1, steps=1, windows=3, samples_per_step=2, min_window_s=0.5),
+        telemetry=measured,
+    )
+    assert (result.steps, result.windows) == (512, 3)  # measured again: 3 windows of 32 steps first
+    assert result.telemetry_samples == (3 * 32 + 3 * 512) * 2
+    summary = measured.summary(result.telemetry_samples)
+    energy_j = 400.0 * (3 * 32 + 3 * 512) / 1024  # over both passes' spans, nothing between them
+    assert summary["energy_j_per_sample"] == pytest.approx(energy_j / result.telemetry_samples)
+    assert summary["energy_j_per_sample"] == pytest.approx(400.0 / 1024 / 2)  # W x s a step / samples a step
+    assert summary["power_w_mean"] == pytest.approx(400.0)
+
+
+def test_energy_per_sample_in_lockstep_is_over_the_windows_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In lockstep the telemetry is entered around each window: neither the other processes' turns
+    nor the untimed step that opens each turn are in its energy or its samples."""
+    clock = Clock(step_s=1 / 64)
+    monkeypatch.setattr("autotuner.measurement.timing.time", clock)
+    measured = _gpu_telemetry(monkeypatch, clock, watts=300.0)
+    given = iter([SetupTurn(), WindowsTurn(1), WindowsTurn(2), Release()])
+
+    def receive() -> object:
+        clock.now += 100.0  # the other processes' turns: the counter runs on
+        return next(given)
+
+    result = measure_in_lockstep(
+        WindowTimer(clock.step, lambda: None),
+        Measuring(warmup_steps=2, steps=4, windows=3, samples_per_step=8),
+        Turns(lambda waiting: None, receive),
+        telemetry=measured,
+    )
+    assert result.steps_taken == 2 + 2 * 1 + 3 * 4 and result.telemetry_samples == 3 * 4 * 8
+    summary = measured.summary(result.telemetry_samples)
+    assert summary["energy_j_per_sample"] == pytest.approx(300.0 * 3 * 4 / 64 / (3 * 4 * 8))
+    assert summary["energy_j_per_sample"] == pytest.approx(300.0 / 64 / 8)
