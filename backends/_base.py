@@ -232,6 +232,13 @@ class Backend(ABC):
         """How many times the default trial timeout a trial of `config` may take (compiling costs)."""
         return 1.0
 
+    def reference_overrides(self) -> Config:
+        """Knob values the fp32 reference runs with in place of those knobs' reference values
+        (`autotuner.spec.job.Job.reference_config`): values just as strict numerically that make
+        the reference quicker to run. The knobs' own reference values, what a spec's baseline and
+        space default to, stay as they are. None by default."""
+        return {}
+
     def config_params(self, config: ExportedConfig | Mapping[str, Any]) -> Config:
         """The knob values of `config` (an `autotuner.apply.TunedConfig` or a plain mapping),
         checked against this backend's knob table; ValueError says what is wrong."""

@@ -66,7 +66,7 @@ def study_note(study: optuna.Study) -> str:
         "|---|---|",
         f"| drift tolerance | {percent(settings.max_drift)} |",
         f"| reference noise floor | {percent(reference.noise_floor if reference else None)} "
-        f"(fp32 eager, `{format_config(reference.config if reference else {})}`) |",
+        f"(strict fp32, `{format_config(reference.config if reference else {})}`) |",
         f"| memory limit | {f'{limit:g} MiB' if (limit := settings.max_memory_mb) else 'none'} |",
         f"| trials ran | {sum(t.ran for t in trials)} |",
         f"| outcomes | {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))} |",

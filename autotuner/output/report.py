@@ -160,7 +160,7 @@ def summary_table(report: Report) -> Table:
         ["drift tolerance", percent(settings.max_drift, 2)],
         [
             "reference noise floor",
-            f"{charts.drift_text(reference.noise_floor)} (fp32 eager, {format_config(reference.config)})"
+            f"{charts.drift_text(reference.noise_floor)} (strict fp32, {format_config(reference.config)})"
             if reference is not None
             else "no reference run yet",
         ],

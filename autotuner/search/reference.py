@@ -21,14 +21,14 @@ the probe's; past that, another worker takes it over."""
 
 
 def run_reference(launcher: TrialLauncher, job: Job, device: str, progress: str | None = None) -> Reference:
-    """Run the fp32 eager reference twice; the gap between the two runs is its noise floor.
+    """Run the fp32 reference (`Job.reference_config`) twice; the gap between the two runs is its noise floor.
     `progress`: the phase file of the search's console (`autotuner.trials.progress`)."""
     config = job.reference_config()
     request = job.trial_request(config, device, measure=False, progress=progress)
     runs: list[Losses] = []
     wall_s = 0.0
     for _ in range(2):
-        result: TrialResult[TrialOutput] = launcher.call(job.backend.runner, "run", request, job.trial_timeout())
+        result: TrialResult[TrialOutput] = launcher.call(job.backend.runner, "run", request, job.trial_timeout(config))
         if result.outcome is not Outcome.OK:
             raise BackendError(
                 f"the fp32 reference run failed ({result.outcome}: {result.reason}); no drift can be measured"

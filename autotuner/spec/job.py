@@ -167,10 +167,10 @@ class Job:
     def trial_timeout(self, *configs: Config) -> float:
         """Seconds a trial of the slowest of `configs` may take: `trial.timeout` when the spec sets
         it, else `TRIAL_TIMEOUT_S` times the backend's factor (a config that compiles longer gets
-        longer); no config: the reference's, which compiles nothing."""
+        longer); no config: the reference's (`reference_config`)."""
         if self.spec.trial.timeout is not None:
             return self.spec.trial.timeout
-        return TRIAL_TIMEOUT_S * max((self.backend.timeout_factor(c) for c in configs), default=1.0)
+        return TRIAL_TIMEOUT_S * max(self.backend.timeout_factor(c) for c in configs or (self.reference_config(),))
 
     def probe_request(self, device: str) -> ProbeRequest:
         """The probe of `device` for this job: its workload built from the spec's arguments and its
@@ -253,8 +253,11 @@ class Job:
             yield dict(zip(names, values, strict=True))
 
     def reference_config(self) -> Config:
-        """The numerically strictest config: the baseline's batching, everything else strict."""
-        config = {knob: self.backend.knobs[knob].reference for knob in self.space}
+        """The numerically strictest config: the baseline's batching, everything else strict, at
+        the knobs' reference values or the backend's equally strict ones
+        (`Backend.reference_overrides`: JAX's reference runs jitted)."""
+        overrides = self.backend.reference_overrides()
+        config = {knob: overrides.get(knob, self.backend.knobs[knob].reference) for knob in self.space}
         config[BATCH_SIZE.name] = self.baseline[BATCH_SIZE.name]
         config[ACCUMULATION.name] = self.rank_batch // config[BATCH_SIZE.name]
         return config

@@ -166,6 +166,13 @@ class JaxBackend(Backend):
                 return f"xla_flags={value}: this jaxlib does not know every flag of the {here.upper()} bundles"
         return None
 
+    def reference_overrides(self) -> Config:
+        """The reference runs jitted: under the fp32 precision's strict matmuls
+        (`jax.default_matmul_precision`) a jitted step is strict fp32 too, and it compiles a few
+        executables where op by op every primitive compiles (on a GPU, each with XLA's GEMM
+        autotuning) in each of the reference's two processes."""
+        return {JIT.name: "on"}
+
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
         precision = self.unsupported_precision(config.get(PRECISION.name, "fp32"), capabilities)
         if precision:

@@ -22,7 +22,7 @@ from autotuner.backends.jax import JAX
 from autotuner.backends.jax.apply import TunedTraining
 from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload, as_workload
 from autotuner.errors import SpecError
-from autotuner.spec.job import load_spec
+from autotuner.spec.job import TRIAL_TIMEOUT_S, load_spec
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome
 from tests.support.helpers import ROOT
@@ -43,7 +43,7 @@ def test_the_jax_quickstart_spec_uses_the_jax_knobs_and_presets() -> None:
         "precision": "fp32",
         "batch_size": 16,
         "workers": 0,
-        "jit": "off",
+        "jit": "on",  # the reference runs jitted, strict fp32 all the same: the baseline stays op by op
         **strict,
         "accumulation": 16,
     }
@@ -215,3 +215,45 @@ def test_a_jax_configs_later_processes_load_its_executables_from_the_studys_cach
     uncached = dataclasses.replace(job.trial_request(config, "cpu"), compile_cache=None)
     unused = launcher.call(job.backend.runner, "run", uncached, 120)
     assert unused.outcome is Outcome.OK and unused.output.compile_cache is None  # no study cache: nothing said
+
+
+# ---------------------------------------------------------------- the reference
+
+TINY_GPT = {"vocab": 64, "length": 16, "dim": 32, "layers": 2, "heads": 4, "samples": 128}
+
+
+@pytest.mark.parametrize(
+    ("workload", "arguments"),
+    [("builtin:mlp", JAX_SPEC["workload_args"]), ("builtin:gpt", TINY_GPT)],
+)
+def test_the_jax_reference_runs_jitted_and_trains_as_op_by_op(
+    launcher: TrialLauncher, tmp_path: Path, workload: str, arguments: dict[str, int]
+) -> None:
+    """The reference is jitted (one compile, not one for every primitive) with everything else at
+    its strictest: strict fp32 matmuls make the jitted step train as the op-by-op one, to rounding.
+    The jit knob's reference value, the baseline's default, stays op by op."""
+    spec = {**JAX_SPEC, "workload": workload, "workload_args": arguments, "baseline": {"batch_size": 8}}
+    job = load_spec(_write(tmp_path, spec))
+    assert job.baseline["jit"] == "off" and JAX.knobs["jit"].reference == "off"
+    reference = job.reference_config()
+    assert reference == {
+        "precision": "fp32",
+        "batch_size": 8,
+        "workers": 0,
+        "jit": "on",
+        "remat": "none",
+        "donate": "off",
+        "xla_flags": "default",
+        "accumulation": 4,
+    }
+    untimed = {**spec, "trial": {k: v for k, v in JAX_SPEC["trial"].items() if k != "timeout"}}
+    assert load_spec(_write(tmp_path, untimed)).trial_timeout() == TRIAL_TIMEOUT_S  # jit has no timeout factor
+    losses = {}
+    for jit in ("on", "off"):
+        request = job.trial_request({**reference, "jit": jit}, "cpu", measure=False)
+        result = launcher.call(job.backend.runner, "run", request, 120)
+        assert result.outcome is Outcome.OK, result.reason
+        losses[jit] = result.output.losses
+    jitted, op_by_op = losses["on"], losses["off"]
+    assert jitted.heldout == pytest.approx(op_by_op.heldout, rel=1e-5)
+    assert jitted.trajectory == pytest.approx(op_by_op.trajectory, rel=1e-5)

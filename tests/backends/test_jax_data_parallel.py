@@ -87,7 +87,7 @@ def _assert_same_training(one: tuple[float, list[float]], two: tuple[float, list
 @pytest.mark.parametrize(
     ("workload", "jit", "sharding", "accumulation"),
     [
-        (MLP, "off", "replicated", 1),  # the reference's case: op by op
+        (MLP, "off", "replicated", 1),  # op by op
         (MLP, "on", "replicated", 1),
         (MLP, "on", "sharded", 2),
         (GPT, "on", "sharded", 1),
