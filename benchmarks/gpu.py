@@ -1,6 +1,7 @@
 """One command on one GPU: the GPU benchmarks, each part within 9 minutes on one H100.
 
     python benchmarks/gpu.py [--part study|apply|alternatives|jax|all] [--device cuda:0] [--tiny] [--out DIR] [--force]
+    python benchmarks/gpu.py --lease OUT | --lease-more OUT [--device cuda:0] [--tiny] [--work DIR]
 
 Parts (`all`: the four, in this order; on a GPU run them one command each, since a lent machine
 may stop a command at 10 minutes):
@@ -20,6 +21,14 @@ may stop a command at 10 minutes):
   Writes `gpu-alternatives.json`.
 * `jax`: `autotuner search` of `studies/gpu-gpt-jax.yaml` (the JAX twin of the GPT, the full `jax`
   preset). Writes `gpu-jax.json`.
+
+`--lease OUT` is one command for a lent GPU (at most 8 minutes, `LEASES`): the parts `study`
+(`--timeout 70`, then re-measurement and the profile), `apply` (`--steps 20`), `jax` (its reference
+and two trials) and `tests` (`pytest -m gpu` of the quick tests), each step within its budget (its
+command interrupted, then killed; the step recorded so, the next one run all the same), their
+files, `lease.json` (the plan and what each step did) and the logs' tails into OUT. `--lease-more
+OUT` runs what it leaves out: the full JAX study, the out-of-memory trial and the compile modes with
+accumulation (`tests`). A dry run's budgets are seconds (`Step.tiny_budget_s`).
 
 Every part runs the real CLI (`python -m autotuner ...` as subprocesses, their output shown and
 kept in `<work>/logs/`) or the benchmark harness, reads the study back from its storage and
@@ -68,7 +77,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 import yaml
@@ -151,11 +160,16 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_command(
-    command: list[str], cwd: Path, until: float, log: Path, env: dict[str, str] | None = None
+    command: list[str],
+    cwd: Path,
+    until: float,
+    log: Path,
+    env: dict[str, str] | None = None,
+    grace: float = INTERRUPT_GRACE_S,
 ) -> dict[str, Any]:
     """Run `command` in `cwd`, its output shown and written to `log`; at `until` (time.monotonic)
     interrupt it as Ctrl-C does (the CLI keeps what is finished, records the running trial and
-    exports the best), and kill it if it is still there `INTERRUPT_GRACE_S` later."""
+    exports the best), and kill it if it is still there `grace` seconds later."""
     log.parent.mkdir(parents=True, exist_ok=True)
     shown = shlex.join(["python", *command[1:]] if command[0] == sys.executable else command)
     print(f"\n$ (cd {cwd} && {shown})", flush=True)
@@ -193,7 +207,7 @@ def run_command(
             print(f"\n[gpu.py] the part's time limit: interrupting {command[3] if len(command) > 3 else shown}")
             process.send_signal(signal.SIGINT)
             try:
-                process.wait(timeout=INTERRUPT_GRACE_S)
+                process.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 killed = True
                 process.kill()
@@ -234,6 +248,9 @@ class Context:
         """Part -> why its file was not written into `out` (the result files there are kept)."""
         self.budget_s: float = args.budget_s
         self.deadline = Deadline(self.budget_s)
+        self.write_reserve_s, self.grace_s = WRITE_RESERVE_S, INTERRUPT_GRACE_S
+        self.extra_args: dict[str, list[str]] = {}
+        """Part -> arguments added to its command (the lease's shorter searches, the tests' selection)."""
 
     @property
     def on_cpu(self) -> bool:
@@ -273,7 +290,11 @@ class Context:
 
     def until(self) -> float:
         """When a command of this part must stop (the part's deadline less the time to write up)."""
-        return self.deadline.end - WRITE_RESERVE_S - INTERRUPT_GRACE_S
+        return self.deadline.end - self.write_reserve_s - self.grace_s
+
+    def run(self, command: list[str], log: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+        """`run_command` within this part's deadline, its log `<work>/logs/<log>`."""
+        return run_command(command, self.work, self.until(), self.work / "logs" / log, env, self.grace_s)
 
 
 def study_files(work: Path, name: str) -> list[Path]:
@@ -403,7 +424,7 @@ def part_study(ctx: Context, result: dict[str, Any]) -> None:
     result.update(spec=SPECS["gpt"], spec_used=data, changes=changes)
     energy = bool((data.get("objective") or {}).get("energy"))
     fresh_study(ctx.work, data["name"])
-    result["commands"].append(run_command(ctx.search(spec), ctx.work, ctx.until(), ctx.work / "logs" / "study.log"))
+    result["commands"].append(ctx.run(ctx.search(spec) + ctx.extra_args.get("study", []), "study.log"))
     result.update(study_summary(ctx.work, data["name"], energy))
     result["targets"] = {  # TARGETS, for one H100
         name: {"bar": bar, "stretch": stretch, "value": value, "met": None if value is None else value >= bar}
@@ -426,7 +447,7 @@ def part_jax(ctx: Context, result: dict[str, Any]) -> None:
         }
         changes.append("--tiny: JAX's persistent compilation cache on (<work>/jax-cache)")
     fresh_study(ctx.work, data["name"])
-    command = run_command(ctx.search(spec), ctx.work, ctx.until(), ctx.work / "logs" / "jax.log", _env(extra))
+    command = ctx.run(ctx.search(spec) + ctx.extra_args.get("jax", []), "jax.log", _env(extra))
     result["commands"].append(command)
     result.update(study_summary(ctx.work, data["name"], False))
 
@@ -485,7 +506,8 @@ def part_apply(ctx: Context, result: dict[str, Any]) -> None:
     command = [sys.executable, "-m", "autotuner", "apply", str(export_path), "--spec", str(spec)]
     if ctx.args.apply_steps:
         command += ["--steps", str(ctx.args.apply_steps)]
-    run = run_command(command, ctx.work, ctx.until(), ctx.work / "logs" / "apply.log")
+    command += ctx.extra_args.get("apply", [])
+    run = ctx.run(command, "apply.log")
     result["commands"].append(run)
     output = (ctx.work / "logs" / "apply.log").read_text()
     applied = parse_apply(output)
@@ -615,7 +637,7 @@ def _error(exc: BaseException) -> str:
 def check_device(ctx: Context, part: str) -> None:
     """The full sizes are for a GPU: refuse them where the framework sees none (a CPU would take
     hours, and the gpt study's energy objective would be refused anyway)."""
-    if ctx.tiny:
+    if ctx.tiny or part == "tests":  # the tests skip themselves where torch sees no GPU
         return
     if ctx.on_cpu:
         raise PartError("--device cpu runs only with --tiny: the full sizes are for a GPU")
@@ -679,9 +701,13 @@ def run_part(ctx: Context, part: str) -> dict[str, Any]:
             part_apply(ctx, result)
         elif part == "alternatives":
             part_alternatives(ctx, result, write)
+        elif part == "tests":
+            part_tests(ctx, result)
         else:
             part_jax(ctx, result)
-        failed = [c for c in result["commands"] if c.get("exit_code") not in (None, 0)]
+        failed = [
+            c for c in result["commands"] if c.get("exit_code") not in (None, 0, *c.get("accepted_exit_codes", ()))
+        ]
         stopped = any(c.get("stopped_at_time_limit") for c in result["commands"])
         result["status"] = "stopped at the time limit" if stopped else "ok"
         if failed and not stopped:
@@ -699,6 +725,249 @@ def run_part(ctx: Context, part: str) -> dict[str, Any]:
     else:
         print(f"[gpu.py] wrote {ctx.out / filename}", flush=True)
     return result
+
+
+GPU_TESTS = "tests/e2e/test_gpu.py"
+TEST_SELECTIONS = {
+    "quick": "not compile_mode and not out_of_memory and not jax and not two_ranks",
+    "more": "compile_mode or out_of_memory",
+}
+"""`pytest -k` of the `gpu` tests: the quick ones (every precision, MFU, NVML's energy, energy as an
+objective, `--jobs 1`) for `--lease`; the out-of-memory trial and every compile mode (CUDA graphs
+included) with accumulation for `--lease-more`."""
+TEST_LINE = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+DEVICE_PROBE = """import json, platform, torch
+cuda = torch.cuda.is_available()
+name = torch.cuda.get_device_name(0) if cuda else (platform.processor() or platform.machine())
+print(json.dumps({"device": "cuda:0" if cuda else "cpu", "device_name": name, "torch": torch.__version__}))"""
+
+
+def parse_junit(path: Path) -> list[dict[str, Any]]:
+    """Every test case of pytest's JUnit XML: its name, outcome, seconds and message."""
+    import xml.etree.ElementTree as ElementTree
+
+    tests = []
+    for case in ElementTree.parse(path).iter("testcase"):
+        outcome, message = "passed", ""
+        for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            if (node := case.find(tag)) is not None:
+                outcome, message = name, (node.get("message") or "")[:300]
+                break
+        tests.append(
+            {"test": case.get("name"), "outcome": outcome, "time_s": float(case.get("time") or 0), "message": message}
+        )
+    return tests
+
+
+def parse_pytest_output(output: str) -> list[dict[str, Any]]:
+    """The outcomes `pytest -v` printed, test by test: where no JUnit XML was written (pytest killed)."""
+    return [
+        {"test": m[1].split("::")[-1], "outcome": m[2].lower(), "time_s": None, "message": ""}
+        for line in output.splitlines()
+        if (m := TEST_LINE.match(line.strip()))
+    ]
+
+
+def part_tests(ctx: Context, result: dict[str, Any]) -> None:
+    """`pytest -m gpu` of tests/e2e/test_gpu.py, the selection `ctx.extra_args["tests"]` names
+    (`quick` by default), stopped at the part's deadline as Ctrl-C stops it."""
+    selection = (ctx.extra_args.get("tests") or ["quick"])[0]
+    probe = subprocess.run(
+        [sys.executable, "-c", DEVICE_PROBE], env=_env(), capture_output=True, text=True, timeout=300
+    )
+    if probe.returncode == 0:
+        found = json.loads(probe.stdout.strip().splitlines()[-1])
+        result.update(
+            device=found["device"],
+            device_name=found["device_name"],
+            machine=f"{found['device_name']}, torch {found['torch']}",
+        )
+    junit = ctx.work / "logs" / "tests.xml"
+    junit.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "pytest", GPU_TESTS, "-m", "gpu", "-k", TEST_SELECTIONS[selection]]
+    command += ["-o", "addopts=", "-p", "no:cacheprovider", "-v", "-rfE", f"--junitxml={junit}"]
+    run = run_command(command, ROOT, ctx.until(), ctx.work / "logs" / "tests.log", grace=ctx.grace_s)
+    run["accepted_exit_codes"] = [5]  # 5: no test selected
+    result["commands"].append(run)
+    result["selection"] = {"name": selection, "expression": TEST_SELECTIONS[selection], "file": GPU_TESTS}
+    if junit.exists():
+        result["tests"] = parse_junit(junit)
+    else:
+        result["tests"] = parse_pytest_output((ctx.work / "logs" / "tests.log").read_text())
+    result["counts"] = dict(collections.Counter(t["outcome"] for t in result["tests"]))
+    if run["exit_code"] == 1:
+        failed = [t["test"] for t in result["tests"] if t["outcome"] in ("failed", "error")]
+        raise PartError(f"pytest: {len(failed)} failed: {', '.join(failed)}")
+
+
+# ------------------------------------------------------------------ the lease: one command on a lent GPU
+
+
+class Step(NamedTuple):
+    name: str
+    part: str
+    budget_s: float
+    what: str
+    args: tuple[str, ...] = ()
+    """Added to the part's command (`ctx.extra_args[part]`); for `tests`, the selection's name."""
+    grace_s: float = 20.0
+    """How long an interrupted command has before it is killed (a search exports its best then)."""
+    tiny_budget_s: float = 30.0
+    """The budget in a `--tiny` dry run: seconds, so that a dry run's JAX step (op-by-op on a CPU)
+    is stopped at its budget and shows the stop recorded."""
+
+
+LEASE_S = 480.0
+"""The most a lease command takes: 8 minutes, inside the 10 a lent machine gives a command, and
+inside its 15 minutes in all with the machine's start and the tree's copy."""
+LEASE_SCRIPT_S = 10.0
+"""What the lease keeps beside its steps: the script's start, the plan and the summary."""
+LEASE_WRITE_S = 10.0
+"""What a step keeps, after its command, to read the study back and write its files."""
+LEASES: dict[str, tuple[Step, ...]] = {
+    "lease": (
+        Step(
+            "study",
+            "study",
+            200.0,
+            "the gpt study (studies/gpu-gpt.yaml: the full pytorch preset, energy objective): "
+            "trials for 70 s, then re-measurement and the profile",
+            ("--timeout", "70"),
+            grace_s=40.0,
+            tiny_budget_s=45.0,
+        ),
+        Step(
+            "apply",
+            "apply",
+            100.0,
+            "`autotuner apply` of the study's winner: the promise and the run time",
+            ("--steps", "20"),
+            tiny_budget_s=45.0,
+        ),
+        Step(
+            "jax",
+            "jax",
+            90.0,
+            "the JAX gpt study (studies/gpu-gpt-jax.yaml): its reference and two trials, no profile",
+            ("--trials", "2", "--no-profile"),
+        ),
+        Step(
+            "tests", "tests", 80.0, f"`pytest -m gpu` of the quick tests (-k '{TEST_SELECTIONS['quick']}')", ("quick",)
+        ),
+    ),
+    "lease-more": (
+        Step(
+            "jax",
+            "jax",
+            240.0,
+            "the JAX gpt study (studies/gpu-gpt-jax.yaml, the full jax preset) as far as it gets",
+            grace_s=40.0,
+        ),
+        Step(
+            "tests",
+            "tests",
+            150.0,
+            "`pytest -m gpu`: the out-of-memory trial and every compile mode (CUDA graphs included) with "
+            f"accumulation (-k '{TEST_SELECTIONS['more']}')",
+            ("more",),
+        ),
+    ),
+}
+"""What `--lease` and `--lease-more` run, in order, each step within its budget (seconds): the
+budgets and LEASE_SCRIPT_S sum to at most LEASE_S."""
+LEASE_LOGS = {
+    "study": ("study.log",),
+    "apply": ("apply.log",),
+    "jax": ("jax.log",),
+    "tests": ("tests.log", "tests.xml"),
+}
+LOG_TAIL_BYTES = 200_000
+"""A log copied into the lease's folder keeps its last 200 kB (a handful of small files)."""
+
+
+def lease_plan(mode: str) -> dict[str, Any]:
+    steps = LEASES[mode]
+    return {
+        "mode": mode,
+        "total_budget_s": LEASE_S,
+        "script_reserve_s": LEASE_SCRIPT_S,
+        "budgets_sum_s": sum(step.budget_s for step in steps) + LEASE_SCRIPT_S,
+        "steps": [
+            {
+                "step": step.name,
+                "part": step.part,
+                "what": step.what,
+                "budget_s": step.budget_s,
+                "tiny_budget_s": step.tiny_budget_s,
+                "args": list(step.args),
+                "file": f"gpu-{step.part}.json",
+                "status": "planned",
+            }
+            for step in steps
+        ],
+    }
+
+
+def _copy_tail(source: Path, target: Path) -> None:
+    if not source.exists():
+        return
+    data = source.read_bytes()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data[-LOG_TAIL_BYTES:] if len(data) > LOG_TAIL_BYTES else data)
+
+
+def run_lease(ctx: Context, mode: str, started: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The steps of `LEASES[mode]` in turn, each stopped at its budget (its command interrupted,
+    then killed) and recorded so, the next run all the same; `lease.json` (the plan and what each
+    step did), the steps' files and their logs' tails go into `ctx.out`."""
+    overall = Deadline(LEASE_S - (time.perf_counter() - started))
+    plan = lease_plan(mode)
+    plan.update(
+        invocation=shlex.join(["python", "benchmarks/gpu.py", *sys.argv[1:]]),
+        tiny=ctx.tiny,
+        device_requested=ctx.device or "the spec's (auto)",
+        work=str(ctx.work),
+        started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        status="running",
+    )
+
+    def write() -> None:
+        plan["wall_s"] = time.perf_counter() - started
+        write_results("lease.json", plan, ctx.out)
+
+    print(f"\n===== gpu.py --{mode}: {len(LEASES[mode])} steps, at most {LEASE_S:.0f} s in all", flush=True)
+    for step in LEASES[mode]:
+        print(f"  {step.name:<6} {step.budget_s:5.0f} s  {step.what}", flush=True)
+    write()
+    results = []
+    for step, entry in zip(LEASES[mode], plan["steps"], strict=True):
+        budget = min(step.tiny_budget_s if ctx.tiny else step.budget_s, overall.left() - LEASE_SCRIPT_S / 2)
+        if budget < 2 * LEASE_WRITE_S:
+            entry.update(status="skipped", error=f"{overall.left():.0f} s of the lease left")
+            write()
+            continue
+        ctx.budget_s, ctx.grace_s, ctx.write_reserve_s = budget, min(step.grace_s, budget / 4), LEASE_WRITE_S
+        ctx.extra_args = {step.part: list(step.args)}
+        step_started = time.perf_counter()
+        result = run_part(ctx, step.part)
+        wall = time.perf_counter() - step_started
+        for name in LEASE_LOGS[step.part]:
+            _copy_tail(ctx.work / "logs" / name, ctx.out / "logs" / name)
+        stopped = any(c.get("stopped_at_time_limit") for c in result["commands"])
+        entry.update(
+            status=result["status"],
+            budget_given_s=budget,
+            wall_s=wall,
+            stopped_at_time_limit=stopped,
+            killed=any(c.get("killed") for c in result["commands"]),
+            over_budget=wall > budget,
+            error=(result.get("error") or "").splitlines()[0][:300] if result.get("error") else None,
+        )
+        results.append(result)
+        write()
+    plan["status"] = "ok" if all(s["status"] == "ok" for s in plan["steps"]) else "incomplete"
+    write()
+    return plan, results
 
 
 # ------------------------------------------------------------------ keeping the evidence
@@ -777,6 +1046,9 @@ def summary_line(result: dict[str, Any]) -> str:
             f"{head}\n{'':<12} delivered {times(promise.get('speedup_delivered'))} of the export's "
             f"{times(promise.get('export_speedup'))}: ratio {promise.get('ratio', float('nan')):.3f}"
         )
+    if part == "tests":
+        counts = ", ".join(f"{n} {o}" for o, n in sorted((result.get("counts") or {}).items())) or "no test ran"
+        return f"{head}\n{'':<12} {counts}"
     rows = []
     for name, w in (result.get("workloads") or {}).items():
         if w.get("error"):
@@ -794,6 +1066,18 @@ def argument_parser() -> argparse.ArgumentParser:
         action="append",
         choices=(*PARTS, "all"),
         help="the part to run; give it again for more, in the order given (default: all, in order)",
+    )
+    parser.add_argument(
+        "--lease",
+        metavar="OUT",
+        help="one command on a lent GPU (at most 8 minutes): the gpt study, apply of its winner, the JAX study's "
+        "reference and two trials, the quick `gpu` tests, each step within its budget; files and logs into OUT",
+    )
+    parser.add_argument(
+        "--lease-more",
+        metavar="OUT",
+        help="what --lease leaves out (under 7 minutes): the JAX study, the out-of-memory trial, "
+        "the compile modes (CUDA graphs) with accumulation",
     )
     parser.add_argument("--device", help="the specs' device for this run (default: theirs, auto); cpu needs --tiny")
     parser.add_argument("--tiny", action="store_true", help="workloads and budgets of seconds (a dry run)")
@@ -824,14 +1108,29 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = argument_parser()
+    started = time.perf_counter()
     args = arguments.parse_args(argv)
+    mode = "lease" if args.lease else "lease-more" if args.lease_more else None
+    if mode:
+        if args.lease and args.lease_more or args.part or args.out:
+            arguments.error("--lease and --lease-more take the folder themselves, alone: no --part, no --out")
+        args.out = args.lease or args.lease_more
     ctx = Context(args)
-    parts = PARTS if not args.part or "all" in args.part else tuple(dict.fromkeys(args.part))
+    if mode:
+        parts = tuple(dict.fromkeys(step.part for step in LEASES[mode]))
+    else:
+        parts = PARTS if not args.part or "all" in args.part else tuple(dict.fromkeys(args.part))
     if refused := refused_at_start(ctx, parts):
         arguments.error(refused)
-    started = time.perf_counter()
-    results = [run_part(ctx, part) for part in parts]
+    if mode:
+        plan, results = run_lease(ctx, mode, started)
+    else:
+        results = [run_part(ctx, part) for part in parts]
     print(f"\n===== gpu.py: {time.perf_counter() - started:.0f} s in all; results in {ctx.out}")
+    if mode:
+        for step in plan["steps"]:
+            wall = f"{step['wall_s']:.0f}" if step.get("wall_s") is not None else "-"
+            print(f"{step['step']:<12} {step['status']:<26} {wall:>4} s of {step['budget_s']:.0f} s")
     for result in results:
         print(summary_line(result))
     for part, refused in ctx.refused.items():

@@ -370,8 +370,8 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
     return [*lines, ""]
 
 
-GPU_PARTS = ("study", "apply", "alternatives", "jax")
-"""benchmarks/gpu.py's parts, each writing results/gpu-<part>.json."""
+GPU_PARTS = ("study", "apply", "alternatives", "jax", "tests")
+"""benchmarks/gpu.py's parts, each writing results/gpu-<part>.json (`tests`: a lease's `gpu` tests)."""
 GPU_TARGETS = {"speedup": (3.0, 5.0), "mfu": (0.45, 0.50), "promise": 0.05}
 """What the GPU run is to reach on one H100: tuned over baseline on gpt >= 3x (stretch 5x), the
 tuned gpt's MFU >= 45% (stretch 50%), the promise within 5% (as benchmarks/gpu.py's TARGETS)."""
@@ -546,8 +546,52 @@ def _gpu_alternatives(data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def gpu(results: dict[str, dict[str, Any]]) -> list[str]:
-    """The tables of benchmarks/gpu.py's result files (`results`: part -> its file's data)."""
+def _gpu_tests(data: dict[str, Any]) -> list[str]:
+    lines = _gpu_heading(data, "The `gpu` tests")
+    selection = data.get("selection") or {}
+    counts = ", ".join(f"{n} {o}" for o, n in sorted((data.get("counts") or {}).items())) or "no test ran"
+    lines += [f"`pytest -m gpu {selection.get('file', '')} -k '{selection.get('expression', '')}'`: {counts}.", ""]
+    if data.get("tests"):
+        lines += ["| test | outcome | seconds | message |", "| --- | --- | --- | --- |"]
+        for test in data["tests"]:
+            seconds = "-" if test.get("time_s") is None else f"{test['time_s']:.1f}"
+            message = (test.get("message") or "").replace("|", "/").replace("\n", " ")[:160]
+            lines.append(f"| `{test['test']}` | {test['outcome']} | {seconds} | {message} |")
+        lines.append("")
+    return lines
+
+
+def lease(data: dict[str, Any]) -> list[str]:
+    """The plan of `python benchmarks/gpu.py --lease OUT` (or `--lease-more`) and what each step did."""
+    dry = (
+        " A `--tiny` dry run: its budgets are the dry run's, its figures say nothing of a GPU."
+        if data.get("tiny")
+        else ""
+    )
+    lines = [
+        f"#### The lease: `{data.get('invocation') or 'python benchmarks/gpu.py --' + data['mode']}`",
+        "",
+        f"{len(data['steps'])} steps, budgets {_seconds(data['budgets_sum_s'])} of at most "
+        f"{_seconds(data['total_budget_s'])} with the script's own {_seconds(data['script_reserve_s'])}; "
+        f"the lease took {_seconds(data.get('wall_s') or 0.0)}, {data.get('status')}.{dry}",
+        "",
+        "| step | what | budget | given | took | outcome | file |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for step in data["steps"]:
+        given, took = step.get("budget_given_s"), step.get("wall_s")
+        outcome = step["status"] + (f": {step['error'][:160]}" if step.get("error") else "")
+        lines.append(
+            f"| {step['step']} | {step['what']} | {_seconds(step['budget_s'])} | "
+            f"{'-' if given is None else _seconds(given)} | {'-' if took is None else _seconds(took)} | "
+            f"{outcome} | `{step['file']}` |"
+        )
+    return [*lines, ""]
+
+
+def gpu(results: dict[str, dict[str, Any]], plan: dict[str, Any] | None = None) -> list[str]:
+    """The tables of benchmarks/gpu.py's result files (`results`: part -> its file's data; `plan`:
+    a lease's `lease.json`)."""
     lines = [
         "### On one GPU: `python benchmarks/gpu.py`",
         "",
@@ -555,6 +599,8 @@ def gpu(results: dict[str, dict[str, Any]]) -> list[str]:
         "(`results/gpu-<part>.json`). The targets are for one H100.",
         "",
     ]
+    if plan:
+        lines += lease(plan)
     if data := results.get("study"):
         lines += _gpu_study(data, "The gpt study (full `pytorch` preset, energy objective)", targets=True)
     if data := results.get("apply"):
@@ -563,6 +609,8 @@ def gpu(results: dict[str, dict[str, Any]]) -> list[str]:
         lines += _gpu_alternatives(data)
     if data := results.get("jax"):
         lines += _gpu_study(data, "The JAX gpt study (full `jax` preset)", targets=False)
+    if data := results.get("tests"):
+        lines += _gpu_tests(data)
     return lines
 
 
@@ -583,8 +631,9 @@ def main(argv: list[str] | None = None) -> None:
         sections += overhead(data)
     if data := _load("run_length.json", folder):
         sections += run_length(data)
-    if gpu_results := {part: data for part in GPU_PARTS if (data := _load(f"gpu-{part}.json", folder))}:
-        sections += gpu(gpu_results)
+    plan = _load("lease.json", folder)  # a lease's folder (`gpu.py --lease OUT`): its plan, step by step
+    if (gpu_results := {part: data for part in GPU_PARTS if (data := _load(f"gpu-{part}.json", folder))}) or plan:
+        sections += gpu(gpu_results, plan)
     text = readme.read_text()
     if START not in text:
         text = f"{text.rstrip()}\n\n## Results\n\n{START}\n{END}\n"
