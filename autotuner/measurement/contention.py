@@ -48,12 +48,14 @@ def machine_load(interval_s: float = QUIET_INTERVAL_S) -> float | None:
     (anything on them: nothing of the search's runs meanwhile but this process, which sleeps);
     None without /proc/stat."""
     cpus = usable_cpus()
-    before = cpus_busy_seconds(cpus)
+    before, began = cpus_busy_seconds(cpus), time.monotonic()
     time.sleep(interval_s)
-    after = cpus_busy_seconds(cpus)
+    after, elapsed = cpus_busy_seconds(cpus), time.monotonic() - began
     if before is None or after is None:
         return None
-    return (after - before) / (interval_s * len(cpus))
+    # over the time that really passed (a loaded machine oversleeps), and at most every core: the
+    # kernel's counters move in ticks, which over a fifth of a second can add up to a little more
+    return min(1.0, (after - before) / (max(elapsed, interval_s) * len(cpus)))
 
 
 def wait_until_quiet(max_wait_s: float, interval_s: float = QUIET_INTERVAL_S) -> float | None:
