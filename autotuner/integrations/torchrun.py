@@ -6,9 +6,11 @@ Nothing is mapped here: `TunedTraining` reads the export (`load_config`) and app
 itself, as in the trials, the way the ranks train together included: with `parallel: ddp` it wraps
 the model in `DistributedDataParallel` (bucket size, bucket views, static graph, communication
 hook), with `parallel: fsdp` it shards it with FSDP2's `fully_shard` (resharding, mixed-precision
-policy, offload), once `torch.distributed.init_process_group` has run in each process. The code
-says which knobs it applies, so the snippet shows them as the other formats do. It needs no other
-library than torch.
+policy, offload), once `torch.distributed.init_process_group` has run in each process. After the
+last step, `tuned.finish()` ends the ranks' training (a barrier; DDP's wrapper let go of) before
+`destroy_process_group()`, so that a rank on the CPU does not abort at exit (see its docstring).
+The code says which knobs it applies, so the snippet shows them as the other formats do. It needs
+no other library than torch.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def snippet(config: TunedConfig, path: str | None = None) -> str:
         "for epoch in range(epochs):",
         f"    tuned.loader.sampler.set_epoch(epoch)  # this rank's 1/{processes} of the dataset, reshuffled",
         *LOOP,
+        "tuned.finish()  # every rank done; lets go of what would keep the process group alive",
         "dist.destroy_process_group()",
     ]
     return "\n".join(lines) + "\n"

@@ -290,6 +290,9 @@ POWERSGD_START = 2
 """PowerSGD compresses from this optimizer step on (the earliest it allows with error feedback):
 a config is measured, and its drift judged, as it trains, not over vanilla all-reduces that
 PowerSGD's default of 1,000 steps would run first."""
+_SETTLED: list[Any] = []
+"""The barriers `TunedTraining.finish` waited on, on a CPU (gloo), kept until the interpreter exits:
+each is freed, with the collectives it still watches, on the main thread (see `finish`)."""
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -402,7 +405,9 @@ class TunedTraining(TunedLoop):
     A knob value this model or optimizer cannot take raises `autotuner.trials.outcomes.Unsupported`.
 
     Build the optimizer over the model's parameters before or after: moving a module keeps its
-    parameter objects. With `dataset`, `loader` is its DataLoader (see `make_loader`).
+    parameter objects. With `dataset`, `loader` is its DataLoader (see `make_loader`). As a rank of
+    several (`parallel`), call `finish()` after the last step, before
+    `torch.distributed.destroy_process_group()`.
     """
 
     def __init__(
@@ -531,6 +536,45 @@ class TunedTraining(TunedLoop):
             self._scale = scale
         self.optimizer.zero_grad(set_to_none=not self._keep_grads)
         return True
+
+    def finish(self) -> None:
+        """The end of training, as a rank of several (`parallel`; one process has nothing to end):
+        call it once after the last step, in every rank, before
+        `torch.distributed.destroy_process_group()`. The ranks wait for each other (a barrier), and
+        `model` lets go of DDP's wrapper: from then on it is the module DDP wrapped (FSDP2 shards the
+        module itself, which stays as it is).
+
+        It keeps a rank on the CPU from aborting at the interpreter's exit ("terminate called
+        without an active exception", SIGABRT). Gloo runs each collective on the process group's
+        worker threads, and the worker that drops a finished collective last frees the Python
+        objects it holds (its tensors; the `contextvars` context torch's backward pass keeps for
+        the collectives it starts; a DDP communication hook's callback), for which it takes the
+        GIL. Once the main thread has begun finalizing the interpreter, CPython ends a thread that
+        asks for the GIL (`pthread_exit`), and the unwinding through torch's noexcept destructors
+        aborts the process (pytorch/pytorch#190489): a race the last step's collectives lose now and then. The workers
+        outlive `destroy_process_group()` as long as something holds the group (DDP's wrapper,
+        FSDP2's device mesh, which torch's DTensor caches keep too), so:
+
+        - the barrier, on a CPU, is taken with the GIL released: it waits for a worker that is
+          freeing a collective, and one still finishing its last collective is watched by the
+          barrier's work only weakly, so that it is freed with that work, which `_SETTLED` keeps
+          until the interpreter exits: on the main thread, never on a worker;
+        - without DDP's wrapper, `destroy_process_group()` frees the group and joins its workers,
+          the GIL released, so what a communication hook's callback leaves is freed before then."""
+        if self.parallel is None or not torch.distributed.is_initialized():
+            return
+        if self.device.type == "cuda":  # NCCL: destroy_process_group() shuts its threads down
+            torch.distributed.barrier(device_ids=[self.device.index])
+        else:
+            settled = torch.distributed.barrier(async_op=True)
+            settled.wait()
+            _SETTLED.append(settled)
+        if self._ddp is not None:
+            wrapped = self._ddp.module
+            if self.module is self._ddp:  # it came wrapped (the runner's drift phase)
+                self.module = _unwrapped(wrapped)
+            self.model = wrapped
+            self._ddp = None
 
     def to_device(self, value: Any) -> Any:
         """A batch on the device: its tensors moved, in dicts (any mapping), lists, tuples, namedtuples

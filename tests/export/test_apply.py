@@ -95,6 +95,15 @@ def test_step_steps_the_optimizer_exactly_once_every_accumulation_calls() -> Non
     assert tuned.global_batch == 6
 
 
+def test_one_process_has_nothing_to_finish() -> None:
+    """`finish` ends the training of a rank of several (tests/e2e/test_torchrun_export.py runs
+    two): one process has no ranks to wait for and keeps its model as it is."""
+    model = _model()
+    tuned = TunedTraining(FP32, model, torch.optim.SGD(model.parameters(), lr=0.1), device="cpu")
+    tuned.finish()
+    assert tuned.model is model and tuned.module is model
+
+
 @pytest.mark.parametrize(
     "precision, scaled, dtype",
     [("fp16", True, torch.float16), ("bf16", False, torch.bfloat16), ("fp32", False, torch.float32)],

@@ -413,6 +413,7 @@ def test_the_torchrun_snippet_launches_the_ranks_and_trains_through_tuned_traini
     assert backend in text and f"TunedTraining(config, model, optimizer, dataset, {device})" in text
     assert "config = load_config('runs/ranks/best.yaml')" in text  # the file the config came from
     assert "tuned.loader.sampler.set_epoch(epoch)" in text and text.endswith("dist.destroy_process_group()\n")
+    assert lines[-2].startswith("tuned.finish()")  # the ranks' end, before the group's (see finish)
     assert "load_config('elsewhere.yaml')" in torchrun_export.snippet(config, "elsewhere.yaml")
 
 
