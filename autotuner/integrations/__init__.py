@@ -276,6 +276,17 @@ HOOK_TYPES = {"fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD"}
 Hugging Face Trainer's DDP is Accelerate's)."""
 
 
+def ddp_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
+    """DistributedDataParallel's own keyword arguments for the DDP knobs of `values`
+    (`parallel_knobs`): the names Lightning's `DDPStrategy` and Accelerate's
+    `DistributedDataParallelKwargs` pass on to it."""
+    return {
+        "bucket_cap_mb": values["bucket_cap_mb"],
+        "gradient_as_bucket_view": values["bucket_view"],
+        "static_graph": values["static_graph"],
+    }
+
+
 def powersgd_options() -> dict[str, int]:
     """`PowerSGDState` keyword arguments as `TunedTraining` builds it (rank 1; error feedback and warm
     start are PowerSGDState's defaults), compressing from `POWERSGD_START` on."""

@@ -35,6 +35,7 @@ from autotuner.integrations import (
     assignment,
     call,
     common_setup,
+    ddp_arguments,
     dtype,
     header,
     imports_first,
@@ -63,11 +64,7 @@ def _parallel(config: TunedConfig, *, code: bool) -> dict[str, Any]:
     values = parallel_knobs(config)
     arguments: dict[str, Any]
     if config.parallel == "ddp":
-        arguments = {
-            "bucket_cap_mb": values["bucket_cap_mb"],
-            "gradient_as_bucket_view": values["bucket_view"],
-            "static_graph": values["static_graph"],
-        }
+        arguments = ddp_arguments(values)
         hook = values["comm_hook"]
         if hook != "none":
             from accelerate.utils import DDPCommunicationHookType

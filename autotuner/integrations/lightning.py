@@ -38,6 +38,7 @@ from autotuner.integrations import (
     call,
     comm_hook,
     common_setup,
+    ddp_arguments,
     dtype,
     header,
     imports_first,
@@ -82,11 +83,7 @@ def _strategy(config: TunedConfig, *, code: bool) -> Any:
     values = parallel_knobs(config)
     arguments: dict[str, Any]
     if config.parallel == "ddp":
-        arguments = {
-            "bucket_cap_mb": values["bucket_cap_mb"],
-            "gradient_as_bucket_view": values["bucket_view"],
-            "static_graph": values["static_graph"],
-        }
+        arguments = ddp_arguments(values)
         hook = values["comm_hook"]
         if hook != "none":
             arguments["ddp_comm_hook"] = comm_hook(hook, code=code)

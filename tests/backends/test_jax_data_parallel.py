@@ -29,7 +29,7 @@ from autotuner.spec.job import parse_spec
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome, Unsupported
 from autotuner.trials.request import ProbeRequest, TrialRequest
-from tests.support.helpers import SMALL_MLP, small_request
+from tests.support.helpers import SMALL_MLP, assert_measured_as_one, small_request
 from tests.support.studies import ROOT
 
 RUNNER = "autotuner.backends.jax.runner"
@@ -112,12 +112,7 @@ def test_a_two_device_trial_is_measured_as_one(launcher: TrialLauncher) -> None:
     config = {**trial.config, "accumulation": 2}
     trial = dataclasses.replace(trial, config=config, processes=2, parallel="data_parallel", heldout_batch=4)
     result = launcher.call(RUNNER, "run", trial, 180)
-    assert result.outcome is Outcome.OK, result.reason
-    assert result.output is not None and result.output.throughput is not None
-    throughput = result.output.throughput
-    assert throughput.samples_per_step == trial.global_batch and throughput.samples_per_s > 0
-    assert len(throughput.window_samples_per_s) == trial.windows
-    assert result.output.peak_memory_mb and result.output.peak_memory_mb > 0
+    assert_measured_as_one(result, trial)
     assert len(result.output.losses.trajectory) == trial.drift_steps
     assert np.isfinite(result.output.losses.heldout)
 

@@ -158,3 +158,16 @@ TINY_MLP = {"features": 16, "hidden": 32, "depth": 2, "samples": 64}
 
 
 CPU_BUNDLE = "cpu-onednn"
+
+
+def assert_measured_as_one(result: Any, trial: TrialRequest) -> None:
+    """`result` of `trial` (several ranks or devices) ended ok with one throughput: global samples
+    per step, every window measured, a peak memory."""
+    from autotuner.trials.outcomes import Outcome
+
+    assert result.outcome is Outcome.OK, result.reason
+    assert result.output is not None and result.output.throughput is not None
+    throughput = result.output.throughput
+    assert throughput.samples_per_step == trial.global_batch and throughput.samples_per_s > 0
+    assert len(throughput.window_samples_per_s) == trial.windows
+    assert result.output.peak_memory_mb and result.output.peak_memory_mb > 0
