@@ -97,7 +97,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
     tuned = load_config(args.config)
     job = load_spec(args.spec)
     applied = apply_config(
-        tuned, job, steps=args.steps, device=args.device, force=args.force, baseline=not args.no_baseline
+        tuned,
+        job,
+        steps=args.steps,
+        device=args.device,
+        force=args.force,
+        baseline=not args.no_baseline,
+        note=lambda text: print(f"autotuner: {text}", file=sys.stderr),
     )
     print_applied(applied)
     return 0
@@ -247,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument(
         "--no-baseline",
         action="store_true",
-        help="do not run the baseline after it (by default it runs the same steps, to check the export's speedup)",
+        help="do not run the baseline (by default it runs the same steps beside it, then rounds of both as the study "
+        "re-measured them, to check the export's speedup and its interval)",
     )
     apply.set_defaults(handler=cmd_apply)
 

@@ -321,39 +321,6 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
                 f"{speedups} | {moved} | {measured['steal_share']:.1%} |"
             )
             label = speedups = moved = ""
-    if quickstart and quickstart.get("apply") and quickstart["apply"].get("promise_ratios"):
-        apply = quickstart["apply"]
-        delivered = ", ".join(times(s) for s in apply["speedups_delivered"])
-        ratios = ", ".join(f"{r:.3f}" for r in apply["promise_ratios"])
-        ran = apply.get("steps_run") or [apply["steps"]]
-        steps = f"{min(ran):,}-{max(ran):,}" if min(ran) != max(ran) else f"{ran[0]:,}"
-        slowdowns = [s for s in apply.get("slowdowns") or [] if s is not None]
-        lines += [
-            "",
-            f"The promise (`results/quickstart.json`, key `apply`): best.yaml says "
-            f"{times(apply['export_speedup'])}; `autotuner apply` (at least {apply['steps']} steps, {steps} once "
-            f"its windows were lengthened, the baseline in lockstep with it over as many steps in windows of its own "
-            f"length) delivered {delivered}: ratios {ratios}, {apply['promise_within_5_percent']} of "
-            f"{len(apply['promise_ratios'])} within 5%."
-            + (
-                " The same two configs measured the study's way right before each apply (the speedup now): "
-                + ", ".join(times(n) for n in apply["speedups_now"] if n)
-                + "; apply over now "
-                + ", ".join(f"{r:.3f}" for r in apply["apply_over_now"] if r)
-                + " (how far apply measures from the study's way), now over the export "
-                + ", ".join(f"{r:.3f}" for r in apply["now_over_export"] if r)
-                + " (how far the machine moved the speedup since the study)."
-                if apply.get("speedups_now")
-                else ""
-            )
-            + (
-                " The tuned config's last quarter of windows against its first: "
-                + ", ".join(f"{-s:+.0%}" for s in slowdowns)
-                + " in throughput."
-                if slowdowns
-                else ""
-            ),
-        ]
     timed = (quickstart or {}).get("run_time")
     if timed and "ratio" in timed:
         lines += [
@@ -368,6 +335,88 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
             f"{_seconds(timed['process_wall_s'])}.",
         ]
     return [*lines, ""]
+
+
+def promise(coverage: dict[str, Any] | None, quickstarts: dict[str, dict[str, Any]]) -> list[str]:
+    """The interval's measured coverage, and each quickstart's promise and its applies."""
+    lines = [
+        "### The promise and its interval: `python benchmarks/interval_coverage.py`, `python benchmarks/quickstart.py`",
+        "",
+    ]
+    if coverage:
+        lines += [
+            f"On {coverage['machine']} (`results/interval_coverage.json`): {coverage['rounds']} rounds of the "
+            f"quickstart's winner ({coverage['configs']['winner']}) beside its baseline, each a fresh process of "
+            f"both with {coverage['windows']} windows, in lockstep, as re-measurement measures a round: "
+            f"{times(coverage['speedup'])} over all of them; one round's log-ratio standard deviation "
+            f"{coverage['round_log_sd']:.3f}. Cut into studies of n rounds, each study's 90% interval checked "
+            "against the speedup of the other rounds:",
+            "",
+            "| rounds a study | studies | intervals that held the speedup | coverage (nominal 90%) | "
+            "half-width, median (quartiles) |",
+            "|---|---|---|---|---|",
+        ]
+        for n, found in coverage["coverage"].items():
+            width = found["half_width"]
+            lines.append(
+                f"| {n} | {found['blocks']} | {found['held']} | {found['coverage']:.0%} | "
+                f"{width['median']:.1%} ({width['p25']:.1%}-{width['p75']:.1%}) |"
+            )
+        lines.append("")
+    for name, data in quickstarts.items():
+        if data.get("apply") and data["apply"].get("intervals"):
+            lines += [*promise_table(data, f"results/{name}.json"), ""]
+    return lines
+
+
+def _interval_text(data: dict[str, Any] | None) -> str:
+    if not data:
+        return "-"
+    return f"{times(data['estimate'])} ({data['low']:.2f}-{data['high']:.2f}x, {data['rounds']} rounds)"
+
+
+def promise_table(quickstart: dict[str, Any], source: str) -> list[str]:
+    """The export's speedup and interval, and each apply's promise check against it."""
+    apply = quickstart["apply"]
+    export = apply.get("export_interval")
+    stated = (
+        f", 90% interval {export['low']:.2f}-{export['high']:.2f}x from {export['rounds']} rounds, "
+        f"half-width {_half_width(export):.1%}"
+        if export
+        else ", no interval (one round)"
+    )
+    lines = [
+        f"The promise (`{source}`, key `apply`): best.yaml says {times(apply['export_speedup'])}{stated}. "
+        f"Each `autotuner apply` ran the config over at least {apply['steps']} steps with the baseline "
+        "beside it (the whole run's speedup), then its promise check: rounds of both configs measured as the "
+        "study re-measured them, until its interval was +-5% or at the cap. They agree when the interval of "
+        f"apply's speedup over the export's holds 1: {apply['agreed']} of {len(apply['agree'])} agreed.",
+        "",
+        "| apply | speedup here, 90% interval (rounds) | here over the export, 90% interval | agrees | "
+        "whole run's speedup | throughput over the study's |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k, (interval, agreement, agree, whole, ratio) in enumerate(
+        zip(
+            apply["intervals"],
+            apply["agreements"],
+            apply["agree"],
+            apply["speedups_delivered"],
+            apply["ratios"],
+            strict=True,
+        ),
+        start=1,
+    ):
+        versus = f"{agreement['estimate']:.3f} ({agreement['low']:.3f}-{agreement['high']:.3f})" if agreement else "-"
+        lines.append(
+            f"| {k} | {_interval_text(interval)} | {versus} | {'yes' if agree else 'no'} | {times(whole)} | "
+            f"{ratio:.2f} |"
+        )
+    return lines
+
+
+def _half_width(interval: dict[str, Any]) -> float:
+    return float((interval["high"] - interval["low"]) / 2 / interval["estimate"])
 
 
 GPU_PARTS = ("study", "apply", "alternatives", "jax", "tests")
@@ -623,6 +672,10 @@ def main(argv: list[str] | None = None) -> None:
     sections = []
     if data := _load("fidelity.json", folder):
         sections += fidelity(data, _load("quickstart.json", folder))
+    quickstarts = {name: data for name in ("quickstart", "quickstart-jax") if (data := _load(f"{name}.json", folder))}
+    coverage = _load("interval_coverage.json", folder)
+    if coverage or any(q.get("apply", {}).get("intervals") for q in quickstarts.values()):
+        sections += promise(coverage, quickstarts)
     if data := _load("search_efficiency.json", folder):
         sections += search_efficiency(data)
     if data := _load("alternatives.json", folder):

@@ -90,6 +90,17 @@ class StudyRef(_Section):
     trials_ran: int | None = None
 
 
+class SpeedupInterval(_Section):
+    """The speedup's interval (`autotuner.measurement.interval`): its ends at `level` from `rounds`
+    paired rounds of re-measurement; `estimate` is the speedup itself."""
+
+    estimate: float = Field(gt=0)
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    rounds: int = Field(ge=2)
+    level: float = Field(gt=0, lt=1)
+
+
 class Ranked(_Section):
     """One of the `top` best feasible configs (rank 1 is the best)."""
 
@@ -98,6 +109,7 @@ class Ranked(_Section):
     params: Config
     throughput: float
     speedup: float | None = None
+    speedup_interval: SpeedupInterval | None = None
 
 
 class ExportFile(BaseModel):
@@ -110,6 +122,8 @@ class ExportFile(BaseModel):
     metrics: Metrics
     baseline: Baseline
     speedup: float | None
+    speedup_interval: SpeedupInterval | None = None
+    """The speedup's interval, where re-measurement ran two rounds or more."""
     drift: Drift = Field(default_factory=Drift)
     environment: EnvironmentSection
     spec: SpecRef
@@ -121,7 +135,7 @@ class ExportFile(BaseModel):
 
     def as_data(self) -> dict[str, Any]:
         """The file's content: plain YAML- and JSON-safe data, the sections that are set."""
-        unset = {name for name in ("run", "top") if getattr(self, name) is None}
+        unset = {name for name in ("run", "top", "speedup_interval") if getattr(self, name) is None}
         return dict(plain(self.model_dump(exclude=unset)))
 
 

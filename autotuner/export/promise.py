@@ -2,8 +2,11 @@
 
 `apply_config` checks that the config was tuned for this job and this hardware
 (`autotuner.export.reader`), runs the job with it for N optimizer steps in a trial process, with the
-export's baseline beside it, measured as the study measures; `print_applied` sets the throughput
-and the speedup it got next to the study's, and warns where they part.
+export's baseline beside it, measured as the study measures; then it measures the speedup the way
+the study's re-measurement did, in rounds of a fresh process of each beside the other, and states
+it with its interval (`autotuner.measurement.interval`); `print_applied` sets the throughput and
+the speedup it got next to the study's, says whether the two speedups agree (the interval of
+their ratio holds 1), and warns where they part.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from typing import IO, TYPE_CHECKING
 from autotuner.config.knobs import BATCH_SIZE, Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
+from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval, ratio_of
 from autotuner.measurement.timing import Throughput
-from autotuner.output.formatting import times
+from autotuner.output.formatting import speedup_with_interval, times
 from autotuner.results.run_time import predicted_run_s
 from autotuner.study.fingerprint import thread_mismatch
 from autotuner.trials.probe import Environment
@@ -37,7 +41,8 @@ SLOWDOWN = 0.2
 """`autotuner apply` warns when the last quarter of the config's windows ran this much slower than
 the first (medians): beyond the window-to-window noise of a busy machine."""
 PROMISE = 0.05
-"""The speedup `autotuner apply` delivers is within this of the export's (relative), or it warns."""
+"""Without intervals to compare (an export whose re-measurement ran one round), the speedup
+`autotuner apply` delivers is within this of the export's (relative), or it warns."""
 MIN_APPLY_STEPS = 50
 BASELINE_MOST_S = 180.0
 """The baseline's windows in `autotuner apply` last at most this long: matching the optimizer steps
@@ -70,6 +75,12 @@ class AppliedRun:
     """The framework's start here (the environment's `framework_start_s`, `autotuner.results.run_time`)."""
     compile_cache: str | None = None
     """`cold`, `warm` or `partial`: the compile cache as the config's warm-up found it (None: nothing compiled)."""
+    rounds: tuple[float, ...] = ()
+    """The promise check's rounds: each a fresh process of the config beside one of the baseline,
+    measured as the study's re-measurement measures a round; the config's median window over the
+    baseline's (`promise_rounds`)."""
+    rounds_error: str | None = None
+    """Why a round failed, ending the check early (what it measured before is kept)."""
 
     @property
     def run_s(self) -> float:
@@ -130,7 +141,31 @@ class AppliedRun:
         return None if self.quarters is None else 1.0 - self.quarters[1] / self.quarters[0]
 
     @property
+    def interval(self) -> Interval | None:
+        """The speedup here and its interval, from the promise check's rounds (two or more)."""
+        return ratio_interval(self.rounds)
+
+    @property
+    def checked_speedup(self) -> float | None:
+        """The promise check's speedup: the geometric mean of its rounds (the interval's estimate)."""
+        return geometric_mean(self.rounds) if self.rounds else None
+
+    @property
+    def agreement(self) -> Interval | None:
+        """The speedup here over the export's, with the interval of that ratio (`ratio_of`), where
+        both have an interval."""
+        here, there = self.interval, self.tuned.speedup_interval
+        return ratio_of(here, there) if here is not None and there is not None else None
+
+    @property
     def keeps_promise(self) -> bool | None:
+        """Whether the speedup here agrees with the export's: the interval of their ratio holds 1;
+        with an interval here only, it holds the export's speedup; with neither, the whole run's
+        speedup is within `PROMISE` of it. None where nothing can tell (no baseline run)."""
+        if (agreement := self.agreement) is not None:
+            return agreement.contains(1.0)
+        if (here := self.interval) is not None and self.tuned.speedup:
+            return here.contains(self.tuned.speedup)
         ratio = self.promise_ratio
         return None if ratio is None else abs(ratio - 1.0) <= PROMISE
 
@@ -150,6 +185,7 @@ def apply_config(
     force: bool = False,
     baseline: bool = True,
     warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
+    note: Callable[[str], None] = lambda text: None,
 ) -> AppliedRun:
     """Run `job` with `tuned` in a trial process, from a cold compile cache as a real run starts,
     measured as a trial is: warm-up, then windows as long as the study's (each lengthened to
@@ -159,7 +195,8 @@ def apply_config(
     `baseline`, the export's baseline config runs over as many optimizer steps (its windows for
     `BASELINE_MOST_S` at most), so the speedup delivered can be set beside the export's: on a CPU
     in lockstep with the config (turn by turn, `autotuner.trials.lockstep.measure_together`), elsewhere
-    after it. A config tuned for another job or other hardware is refused unless `force`."""
+    after it; then the promise check's rounds (`promise_rounds`), each round's progress told to
+    `note`. A config tuned for another job or other hardware is refused unless `force`."""
     from autotuner.trials.lockstep import in_lockstep, measure_together
     from autotuner.trials.outcomes import Outcome
 
@@ -172,9 +209,14 @@ def apply_config(
         results = measure_together(
             launcher, job.backend.runner, requests, environment.device, timeout, match_first=True
         )
-    for what, result in zip(("config", "baseline config"), results, strict=False):
-        if result.outcome is not Outcome.OK:
-            raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
+        for what, result in zip(("config", "baseline config"), results, strict=False):
+            if result.outcome is not Outcome.OK:
+                raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
+        rounds, rounds_error = (
+            promise_rounds(job, launcher, [r.config for r in requests], environment.device, cold_cache, note)
+            if len(requests) > 1
+            else ([], None)
+        )
     result = results[0]
     output = result.output
     assert output is not None and output.throughput is not None  # it measured, and ended ok
@@ -192,7 +234,53 @@ def apply_config(
         setup_s=output.setup_s or 0.0,
         start_s=environment.framework_start_s or 0.0,
         compile_cache=output.compile_cache,
+        rounds=tuple(rounds),
+        rounds_error=rounds_error,
     )
+
+
+def promise_rounds(
+    job: Job,
+    launcher: TrialLauncher,
+    configs: list[Config],
+    device: str,
+    compile_cache: str,
+    note: Callable[[str], None],
+) -> tuple[list[float], str | None]:
+    """The speedup of `configs[0]` over `configs[1]` (the export's baseline), measured the way the
+    study's re-measurement measures a round (`autotuner.search.remeasure`): a fresh trial process
+    of each, `budget.remeasure_windows` windows, together (in lockstep on a CPU), the round's
+    speedup the config's median window over the baseline's. Rounds until the interval is as narrow
+    as `budget.remeasure_width`, at most `budget.remeasure_runs` (two at least: one gives no
+    interval). Each round's speedup, and why a round failed (None: none did)."""
+    from autotuner.trials.lockstep import measure_together
+    from autotuner.trials.outcomes import Outcome
+
+    budget = job.spec.budget
+    requests = [
+        dataclasses.replace(
+            job.trial_request(config, device),
+            windows=budget.remeasure_windows,
+            drift=False,
+            compile_cache=compile_cache,
+        )
+        for config in configs
+    ]
+    timeout = job.trial_timeout(*configs)
+    most = max(2, budget.remeasure_runs)
+    speedups: list[float] = []
+    for number in range(1, most + 1):
+        note(f"checking the promise: round {number} of at most {most}, the config beside the baseline")
+        results = measure_together(launcher, job.backend.runner, requests, device, timeout)
+        failed = next((r for r in results if r.outcome is not Outcome.OK), None)
+        if failed is not None:
+            return speedups, f"round {number}: {failed.outcome.value}: {failed.reason}"
+        config, base = (r.output.throughput.samples_per_s for r in results if r.output and r.output.throughput)
+        speedups.append(config / base)  # both ended ok, so both measured
+        interval = ratio_interval(speedups)
+        if interval is not None and interval.half_width <= budget.remeasure_width:
+            break
+    return speedups, None
 
 
 def _checked(
@@ -271,6 +359,14 @@ def _requests(
     return requests, timeout
 
 
+def _rounds_text(run: AppliedRun) -> str:
+    count = len(run.rounds)
+    return (
+        f"{count} round{'s' if count > 1 else ''} of the config beside the baseline, each a fresh process of both, "
+        "measured as the study re-measured them"
+    )
+
+
 def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
     """The applied throughput next to the study's, their ratio, and the held-out loss of both."""
     out, err = out or sys.stdout, err or sys.stderr
@@ -304,6 +400,19 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             f"{times(tuned.speedup)} in the export: ratio {run.promise_ratio:.2f}",
             file=out,
         )
+    if run.rounds:
+        here, there = run.interval, tuned.speedup_interval
+        text = f"promise: {speedup_with_interval(run.checked_speedup, here)} here ({_rounds_text(run)})"
+        text += f", {speedup_with_interval(tuned.speedup, there)} in the export"
+        if (agreement := run.agreement) is not None:
+            verb = "they agree" if agreement.contains(1.0) else "they do not agree"
+            text += f": {verb} (here over the export {speedup_with_interval(agreement.estimate, agreement)})"
+        elif here is not None and tuned.speedup:
+            verb = "holds" if here.contains(tuned.speedup) else "does not hold"
+            text += f" (no interval in the export): the interval here {verb} it"
+        print(text, file=out)
+    if run.rounds_error:
+        print(f"autotuner: warning: the promise check stopped early: {run.rounds_error}", file=err)
     if (predicted := run.predicted_run_s) is not None:
         print(
             f"run time: {run.throughput.steps_taken:,} optimizer steps took {run.run_s:.1f} s here, start, build "
@@ -320,7 +429,14 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             file=out,
         )
     promise = run.promise_ratio
-    if promise is not None and run.keeps_promise is False:
+    if run.keeps_promise is False and run.interval is not None:
+        print(
+            f"autotuner: warning: the speedup here ({times(run.interval.estimate)}, {run.interval.text()}) does not "
+            f"agree with the export's ({times(tuned.speedup)}): the machine may be busier or different now, or the "
+            "job has changed",
+            file=err,
+        )
+    elif promise is not None and run.keeps_promise is False:
         print(
             f"autotuner: warning: the speedup here is {abs(promise - 1):.1%} "
             f"{'below' if promise < 1 else 'above'} the export's "

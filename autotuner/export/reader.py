@@ -24,6 +24,7 @@ from autotuner.backends._base import with_defaults
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config
 from autotuner.errors import SpecError
 from autotuner.export.file import READS_VERSIONS, ExportFile
+from autotuner.measurement.interval import Interval
 from autotuner.spec.keys import parse_yaml, read_text
 from autotuner.study.fingerprint import fingerprint, machine
 from autotuner.trials.probe import Environment
@@ -52,6 +53,8 @@ class TunedConfig:
     drift: dict[str, Any]
     source: str
     """The file it was read from."""
+    speedup_interval: Interval | None = None
+    """The speedup's interval, where the study's re-measurement ran two rounds or more."""
 
     @property
     def backend(self) -> str:
@@ -169,6 +172,7 @@ def parse_config(data: Any, source: str) -> TunedConfig:
         metrics=export.metrics.model_dump(),
         baseline=export.baseline.model_dump(),
         speedup=export.speedup,
+        speedup_interval=Interval.from_dict(export.speedup_interval.model_dump()) if export.speedup_interval else None,
         environment=export.environment.model_dump(),
         spec=export.spec.model_dump(),
         study=export.study.model_dump(),

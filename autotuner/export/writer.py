@@ -21,9 +21,19 @@ from autotuner.export.file import (
     Metrics,
     Ranked,
     SpecRef,
+    SpeedupInterval,
     StudyRef,
 )
-from autotuner.results.records import TrialRecord, baseline, best, ranked, records, speedup, stored_reference
+from autotuner.results.records import (
+    TrialRecord,
+    baseline,
+    best,
+    ranked,
+    records,
+    speedup,
+    speedup_interval,
+    stored_reference,
+)
 from autotuner.results.run_time import run_plan
 from autotuner.spec.job import output_dir
 from autotuner.study.names import ENVIRONMENT, FINGERPRINT
@@ -62,6 +72,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFi
         if base is not None
         else Baseline(),
         speedup=speedup(winner, base),
+        speedup_interval=_interval(winner, base),
         drift=Drift(
             tolerance=settings.max_drift,
             reference_noise_floor=reference.noise_floor if reference else None,
@@ -89,6 +100,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFi
                 trial=t.number,
                 params=t.config,
                 speedup=speedup(t, base),
+                speedup_interval=_interval(t, base),
                 drift=t.metrics.get("drift"),
                 throughput_spread=t.metrics.get("throughput_spread"),
                 **{**_measured(t), **estimate(t)},
@@ -98,6 +110,12 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFi
         if top
         else None,
     )
+
+
+def _interval(t: TrialRecord, base: TrialRecord | None) -> SpeedupInterval | None:
+    """The interval of `t`'s speedup over the baseline (two rounds of re-measurement or more)."""
+    interval = speedup_interval(t) if base is not None else None
+    return SpeedupInterval(**interval.as_dict()) if interval is not None else None
 
 
 def _measured(t: TrialRecord) -> dict[str, Any]:

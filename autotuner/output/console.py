@@ -20,9 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config, shown_knobs
-from autotuner.output.formatting import percent, rate, times
+from autotuner.measurement.interval import LEVEL
+from autotuner.output.formatting import interval_range, percent, rate, times
 from autotuner.results.evidence import Reference
-from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup
+from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup, speedup_interval
 from autotuner.results.run_time import RunPlan, money, verdict
 from autotuner.trials.probe import Environment
 from autotuner.trials.progress import duration, phase_path, read_phase, time_left
@@ -231,6 +232,12 @@ class SearchReporter:
         runs = ", ".join(rate(value) for value in t.throughputs)
         error = t.remeasure_error
         tail = f" [red]{escape(str(error))}[/]: not declared best" if error else f": median {rate(t.throughput)}"
+        if not error and t.remeasured is not None and t.remeasured.speedups:
+            interval = speedup_interval(t)
+            rounds = len(t.remeasured.speedups)
+            tail += f"; speedup {times(speedup(t, None))}" + (
+                f", {interval.text()} ({rounds} rounds)" if interval else " (one round: no interval)"
+            )
         tag = " (baseline)" if t.role == "baseline" else ""
         group, lockstep = (t.remeasured.group, t.remeasured.lockstep) if t.remeasured else ([], False)
         others = ", ".join(f"#{n}" for n in group if n != t.number)
@@ -291,11 +298,17 @@ class SearchReporter:
         same = [k for k in knobs if len(shown) > 1 and len({knob_value(t.config, k) for t in shown}) == 1]
         varied = [k for k in knobs if k not in same]
         extra = [c for c, key in (("run", "run_s"), ("cost", "run_cost")) if any(key in e for e in estimates.values())]
+        intervals = [speedup_interval(t) for t in shown]
         columns = [
             Column("trial", [f"#{t.number}" + (" base" if t.role == "baseline" else "") for t in shown]),
             *(Column(knob_header(k), [escape(knob_value(t.config, k)) for t in shown]) for k in varied),
             Column("samples/s", [rate(t.throughput) for t in shown]),
             Column("speedup", [times(speedup(t, base)) for t in shown]),
+            *(
+                [Column(f"{LEVEL:.0%} interval", [interval_range(interval) for interval in intervals])]
+                if any(intervals)
+                else []
+            ),
             Column("drift", [percent(t.metrics.get("drift")) for t in shown]),
             Column("spread", [percent(t.metrics.get("throughput_spread"), 1) for t in shown]),
             Column("processes", [processes(t) for t in shown]),
@@ -321,6 +334,8 @@ class SearchReporter:
             b = summary.best
             ratio = speedup(b, base)
             versus = f", {times(ratio)} the baseline" if ratio else ""
+            if ratio and (interval := speedup_interval(b)) is not None:
+                versus += f" ({interval.text()}, {interval.rounds} rounds)"
             self.console.print(
                 f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{versus}"
             )

@@ -11,8 +11,8 @@ from __future__ import annotations
 import optuna
 
 from autotuner.config.knobs import format_config
-from autotuner.output.formatting import percent, rate, runs, times
-from autotuner.results.records import baseline, best, records, speedup, stored_reference
+from autotuner.output.formatting import percent, rate, runs, speedup_with_interval
+from autotuner.results.records import baseline, best, records, speedup, speedup_interval, stored_reference
 from autotuner.results.run_time import run_plan, verdict
 from autotuner.study.fingerprint import fingerprint
 from autotuner.study.names import FINGERPRINT
@@ -34,7 +34,7 @@ def study_note(study: optuna.Study) -> str:
         lines.append("**No feasible config yet**: every trial so far failed or drifted past the tolerance.")
     else:
         ratio = speedup(winner, base)
-        versus = f", **{times(ratio)}** the baseline" if ratio else ""
+        versus = f", **{speedup_with_interval(ratio, speedup_interval(winner))}** the baseline" if ratio else ""
         lines.append(
             f"**Best:** trial #{winner.number}, `{format_config(winner.config)}`: "
             f"{rate(winner.throughput)}{versus}, drift {percent(winner.metrics.get('drift'))}"
@@ -51,12 +51,16 @@ def study_note(study: optuna.Study) -> str:
         lines += [
             "",
             "**Re-measured** before the best was declared (each process's median; the throughput is "
-            "the median over every window of them):",
+            "the median over every window of them; the speedup, the geometric mean of each round's "
+            "speedup over the baseline beside it, with its 90% interval from two rounds on):",
             "",
         ]
         for t in sorted(remeasured, key=lambda t: -t.throughput):
             error = t.remeasure_error
-            lines.append(f"- #{t.number} `{format_config(t.config)}`: {runs(t)}" + (f", **{error}**" if error else ""))
+            shown = f"- #{t.number} `{format_config(t.config)}`: {runs(t)}"
+            if t.remeasured is not None and t.remeasured.speedups and not error:
+                shown += f"; speedup {speedup_with_interval(speedup(t, base), speedup_interval(t))}"
+            lines.append(shown + (f", **{error}**" if error else ""))
     counts: dict[str, int] = {}
     for t in trials:
         counts[t.outcome] = counts.get(t.outcome, 0) + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from autotuner.measurement.interval import Interval
     from autotuner.results.records import TrialRecord
 
 
@@ -18,6 +19,16 @@ def times(value: float | None) -> str:
     """How many times another figure a figure is (a speedup over the baseline, one time over
     another) in two decimals: `5.29x`; `-` for none."""
     return "-" if not value else f"{value:.2f}x"
+
+
+def interval_range(interval: Interval | None) -> str:
+    """A speedup's interval as its two ends: `4.62-5.47x`; `-` for none (one round, or none)."""
+    return "-" if interval is None else f"{interval.low:.2f}-{interval.high:.2f}x"
+
+
+def speedup_with_interval(value: float | None, interval: Interval | None) -> str:
+    """`5.03x, 90% interval 4.62-5.47x`, or `5.03x` without an interval; `-` for none."""
+    return times(value) + (f", {interval.text()}" if value and interval is not None else "")
 
 
 def percent(value: Any, digits: int = 3) -> str:

@@ -19,7 +19,7 @@ import optuna
 from autotuner.config.knobs import BATCH_SIZE, format_config
 from autotuner.errors import SpecError
 from autotuner.output import charts
-from autotuner.output.formatting import percent, rate, runs, times
+from autotuner.output.formatting import percent, rate, runs, speedup_with_interval
 from autotuner.results.evidence import Reference
 from autotuner.results.profiles import Profile, stored_profiles
 from autotuner.results.records import (
@@ -29,6 +29,7 @@ from autotuner.results.records import (
     ranked,
     records,
     speedup,
+    speedup_interval,
     spent_seconds,
     stored_reference,
 )
@@ -87,7 +88,8 @@ class Report:
         return float(self.settings.max_drift or 0.01)
 
     def speedup(self, trial: TrialRecord) -> str:
-        return times(speedup(trial, self.baseline))
+        """Its speedup over the baseline, with its interval once re-measured in two rounds or more."""
+        return speedup_with_interval(speedup(trial, self.baseline), speedup_interval(trial))
 
 
 def load_report(storage_url: str, name: str, *, default: bool = False) -> Report:

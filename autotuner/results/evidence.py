@@ -58,6 +58,10 @@ class Remeasurement:
     """The rates of each run's windows."""
     measured_s: list[float] = field(default_factory=list)
     """The wall time of each run's timed windows, in seconds (what the search spent measuring)."""
+    speedups: list[float] = field(default_factory=list)
+    """Each run's speedup over the baseline's process measured beside it (in its group): the run's
+    median window over the baseline's. The rounds `autotuner.measurement.interval` makes the
+    speedup's interval of; empty for the baseline and where the baseline failed."""
     baseline_windows: list[float] | None = None
     """The rates of the baseline's windows measured in the same group (in lockstep, between its
     own); None when the baseline was not measured beside it, or failed."""
@@ -74,7 +78,7 @@ class Remeasurement:
         return [rate for run in self.windows for rate in run]
 
     def as_dict(self) -> dict[str, Any]:
-        """The claim's stored form: `baseline_windows` and `error` only where there are some."""
+        """The claim's stored form: `speedups`, `baseline_windows` and `error` only where there are some."""
         data: dict[str, Any] = {
             "throughputs": self.throughputs,
             "windows": self.windows,
@@ -82,6 +86,8 @@ class Remeasurement:
             "group": self.group,
             "lockstep": self.lockstep,
         }
+        if self.speedups:
+            data["speedups"] = self.speedups
         if self.baseline_windows is not None:
             data["baseline_windows"] = self.baseline_windows
         if self.error is not None:
@@ -96,6 +102,7 @@ class Remeasurement:
             throughputs=list(data.get("throughputs") or []),
             windows=[list(run) for run in data.get("windows") or []],
             measured_s=list(data.get("measured_s") or []),
+            speedups=list(data.get("speedups") or []),
             baseline_windows=data.get("baseline_windows"),
             group=list(data.get("group") or []),
             lockstep=bool(data.get("lockstep", False)),

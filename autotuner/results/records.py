@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotuner.config.knobs import Config, Params
+from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval
 from autotuner.measurement.pruning import TRIAL_NOISE
 from autotuner.results.evidence import Reference, Remeasurement
 from autotuner.study.names import (
@@ -190,13 +191,22 @@ def stored_reference(study: optuna.Study) -> Reference | None:
 
 
 def speedup(trial: TrialRecord, base: TrialRecord | None) -> float | None:
-    """The config's throughput over the baseline's. Once it is re-measured, over the baseline's
-    windows measured in the same group, so that a change in the machine's speed between groups
-    (in lockstep, between windows) falls on both; None without a baseline throughput."""
+    """The config's throughput over the baseline's. Once it is re-measured, the geometric mean of
+    its rounds' speedups over the baseline measured beside it (`speedup_interval`'s estimate), so
+    that a change in the machine's speed between rounds falls on both; None without a baseline
+    throughput."""
+    if trial.remeasured is not None and trial.remeasured.speedups:
+        return geometric_mean(trial.remeasured.speedups)
     baseline_windows = (trial.remeasured.baseline_windows if trial.remeasured else None) or []
     if trial.rerun_windows and baseline_windows:
         return trial.throughput / float(statistics.median(baseline_windows))
     return trial.throughput / base.throughput if base is not None and base.throughput > 0 else None
+
+
+def speedup_interval(trial: TrialRecord) -> Interval | None:
+    """The interval of the config's `speedup` from its re-measurement's rounds
+    (`autotuner.measurement.interval.ratio_interval`); None before two rounds."""
+    return ratio_interval(trial.remeasured.speedups) if trial.remeasured is not None else None
 
 
 class RunLength(Protocol):

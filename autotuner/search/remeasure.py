@@ -1,17 +1,20 @@
 """Re-measurement: the fastest feasible configs and the baseline measured again, together, before
-the best is declared, so that one lucky window or process cannot win.
+the best is declared, so that one lucky window or process cannot win, and the winner's speedup is
+stated with its interval.
 
 `autotuner.results.records.to_remeasure` picks the configs. They are measured in rounds: in each, every
 config still in contention and the baseline run one fresh trial process each, measured together
 (`autotuner.trials.lockstep.measure_together`; split into groups the memory holds, `remeasure_groups`
-and `processes_that_fit`). After a round, a config whose speedup is below the leader's by more
-than the noise of the two (`contenders`) is out; the rounds stop when only the leader is left
-and its speedup, the export's promise, is settled (`settled`: its last two processes agree, and
-so do the baseline's), or after `budget.remeasure_runs` rounds. Configs that come in later (a
-re-measurement reordered the top) are judged against those re-measured before them too
-(`earlier_estimates`), so a newcomer that cannot beat the leader is out after one round; and they
-get the rounds the first ones left of `budget.remeasure_runs` (`rounds_left`), one at least. Each
-config's `autotuner.results.evidence.Remeasurement` is stored in its claim
+and `processes_that_fit`, the baseline in each). A round gives each config a speedup: its median
+window over the baseline's beside it; its rounds give its speedup and, from two rounds on, its 90%
+interval (`autotuner.measurement.interval`). After a round, a config whose interval the leader's
+clears is out (`contenders`; after one round, one below the leader by more than the noise of their
+windows); the rounds stop once the leader's interval is narrower than `budget.remeasure_width`
+(the leader's promise is then as certain as asked, whoever is left), when no config is left, or
+after `budget.remeasure_runs` rounds. Configs that come in later (a re-measurement reordered the
+top) are judged against those re-measured before them too (`earlier_standings`), and get the
+rounds the first ones left of `budget.remeasure_runs` (`rounds_left`), two at least. Each config's
+`autotuner.results.evidence.Remeasurement` is stored in its claim
 (`autotuner.workers.coordination.OncePerStudy.remeasure`), where `autotuner.results.records.records` reads it back.
 """
 
@@ -25,8 +28,10 @@ from dataclasses import dataclass
 
 import optuna
 
+from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval
 from autotuner.measurement.telemetry import available_memory_mb
 from autotuner.output.console import SearchReporter
+from autotuner.output.formatting import times
 from autotuner.results.evidence import Remeasurement
 from autotuner.results.records import TrialRecord, baseline, records, to_remeasure
 from autotuner.results.run_time import RunPlan
@@ -43,21 +48,12 @@ MEMORY_SHARE = 0.8
 
 
 NOISE_FLOOR = 0.03
-"""The smallest lead that settles a re-measurement: two lockstep processes of one config came out up
-to about 3% apart in `benchmarks/fidelity.py`, whatever their windows said."""
+"""The smallest lead that puts a config out after one round, before intervals: two lockstep
+processes of one config came out up to about 3% apart in `benchmarks/fidelity.py`, whatever their
+windows said."""
 ERROR_MULTIPLE = 2.0
-"""How many standard errors of the difference between two speedups settle which is faster."""
-SETTLED = 2 * NOISE_FLOOR
-"""How far apart a config's last two processes may come out for its figure to be settled. A
-speedup is a ratio of two configs' processes, and one process can come out far from the next (the
-quickstart's baseline: a trial at 3,385 samples/s, its re-measurement at 2,624, later ones at
-about 3,400 again); two that agree within this put the pooled figure within about half of it."""
-
-
-def settled(runs: list[float]) -> bool:
-    """Whether a config's processes (`runs`: their medians, its trial's first, then its
-    re-measurement's) settle its figure: the last two agree within `SETTLED`."""
-    return len(runs) >= 2 and min(runs[-2:]) >= max(runs[-2:]) * (1 - SETTLED)
+"""After one round, how many standard errors of the difference between two speedups put the
+slower config out."""
 
 
 def median_error(windows: list[float]) -> float:
@@ -69,41 +65,57 @@ def median_error(windows: list[float]) -> float:
     return 1.2533 * statistics.stdev(windows) / math.sqrt(len(windows)) / middle if middle > 0 else math.inf
 
 
-def contenders(estimates: dict[int, tuple[float, float]]) -> list[int]:
-    """The configs that can still win, leader first: `estimates` maps a trial number to its speedup
-    and that speedup's relative standard error (`median_error`). A config is out when its speedup
-    is below the leader's by more than `ERROR_MULTIPLE` standard errors of the difference
-    (sqrt(e_leader^2 + e_config^2)) and by more than `NOISE_FLOOR`."""
-    if not estimates:
+@dataclass(frozen=True)
+class Standing:
+    """A config's speedup so far in a re-measurement: the geometric mean of its rounds' speedups
+    (its throughput, without a baseline), its interval once it has two rounds, and the relative
+    standard error of its windows' median (`median_error`), what one round is judged by."""
+
+    speedup: float
+    interval: Interval | None
+    error: float
+
+
+def standing(remeasurement: Remeasurement) -> Standing:
+    """Where a config's `remeasurement` puts it (`Standing`)."""
+    windows = remeasurement.rerun_windows
+    if remeasurement.speedups:
+        value = geometric_mean(remeasurement.speedups)
+    else:
+        value = statistics.median(windows)
+    return Standing(value, ratio_interval(remeasurement.speedups), median_error(windows))
+
+
+def contenders(standings: dict[int, Standing]) -> list[int]:
+    """The configs that can still win, leader first: `standings` maps a trial number to its
+    `Standing`. With two rounds each, a config is out when the leader's interval clears its own
+    (`Interval.clears`); before, when its speedup is below the leader's by more than
+    `ERROR_MULTIPLE` standard errors of the difference (sqrt(e_leader^2 + e_config^2)) and by more
+    than `NOISE_FLOOR`."""
+    if not standings:
         return []
-    leader = max(estimates, key=lambda n: (estimates[n][0], -n))
-    lead, lead_error = estimates[leader]
+    leader = max(standings, key=lambda n: (standings[n].speedup, -n))
+    lead = standings[leader]
     kept = [leader]
-    for number, (value, error) in sorted(estimates.items(), key=lambda item: -item[1][0]):
-        margin = max(NOISE_FLOOR, ERROR_MULTIPLE * math.hypot(lead_error, error))
-        if number != leader and value >= lead * (1 - margin):
+    for number, other in sorted(standings.items(), key=lambda item: -item[1].speedup):
+        if number == leader:
+            continue
+        if lead.interval is not None and other.interval is not None:
+            if not lead.interval.clears(other.interval):
+                kept.append(number)
+            continue
+        margin = max(NOISE_FLOOR, ERROR_MULTIPLE * math.hypot(lead.error, other.error))
+        if other.speedup >= lead.speedup * (1 - margin):
             kept.append(number)
     return kept
 
 
-def speedup_estimate(remeasurement: Remeasurement, baseline_windows: list[float]) -> tuple[float, float]:
-    """A config's speedup so far (over the baseline's windows beside it; without them, its
-    throughput) and the relative standard error of its windows' median (`median_error`)."""
-    windows = remeasurement.rerun_windows
-    value = statistics.median(windows)
-    if baseline_windows:
-        value /= statistics.median(baseline_windows)
-    return value, median_error(windows)
-
-
-def earlier_estimates(
-    trials: list[TrialRecord], batch: list[int], baseline_number: int | None
-) -> dict[int, tuple[float, float]]:
-    """The `speedup_estimate` of every config re-measured before this batch (trial numbers
-    `batch`), the baseline and failed re-measurements aside: a newcomer is judged against them
-    too, so one that cannot beat a leader settled earlier is out after its first round."""
+def earlier_standings(trials: list[TrialRecord], batch: list[int], baseline_number: int | None) -> dict[int, Standing]:
+    """The `standing` of every config re-measured before this batch (trial numbers `batch`), the
+    baseline and failed re-measurements aside: a newcomer is judged against them too, so one that
+    cannot beat a leader settled earlier is out."""
     return {
-        t.number: speedup_estimate(t.remeasured, t.remeasured.baseline_windows or [])
+        t.number: standing(t.remeasured)
         for t in trials
         if t.remeasured is not None
         and not t.remeasured.error
@@ -113,17 +125,24 @@ def earlier_estimates(
     }
 
 
+def baseline_standing(runs: int, windows: list[float]) -> Standing:
+    """The baseline's `Standing` after `runs` rounds: a speedup of 1 by definition, exactly (its
+    interval a point, from two rounds on), so a config whose interval lies below 1 is out."""
+    exact = Interval(1.0, 1.0, 1.0, runs) if runs >= 2 else None
+    return Standing(1.0, exact, median_error(windows))
+
+
 def rounds_left(trials: list[TrialRecord], batch: list[int], runs: int) -> int:
     """How many rounds the re-measurement of trial numbers `batch` may run: `runs`
     (`budget.remeasure_runs`) less the rounds of the longest re-measurement before it (the most
-    processes a config re-measured before has), one at least, so that each config is judged.
-    Configs that come in once the first ones ran to the cap (a machine too noisy to settle them)
-    are judged in one round, not in as many again."""
+    processes a config re-measured before has), two at least, so that each config gets an
+    interval. Configs that come in once the first ones ran to the cap (a machine too noisy to
+    settle them) are judged in two rounds, not in as many again."""
     ran = max(
         (len(t.remeasured.throughputs) for t in trials if t.remeasured is not None and t.number not in batch),
         default=0,
     )
-    return max(1, runs - ran)
+    return max(min(2, runs), runs - ran)
 
 
 def remeasure_groups(
@@ -173,10 +192,12 @@ class Remeasurer:
 
     def run(self) -> None:
         """Measure the fastest feasible configs and the baseline again, in rounds of one more trial
-        process each, measured together (`measure_together`), until the leader's lead is beyond the
-        noise (`contenders`) or after `budget.remeasure_runs` rounds in all. A config's throughput is then
-        the median over every window of its processes, and its speedup is over the baseline's
-        windows measured with them; when that reorders the top, the newcomers are re-measured too,
+        process each, measured together (`measure_together`), until the leader's interval is as
+        narrow as `budget.remeasure_width` or after `budget.remeasure_runs` rounds in all, the
+        configs the leader's interval clears dropped on the way (`contenders`). A config's
+        throughput is then the median over every window of its processes, and its speedup the
+        geometric mean of its rounds' speedups over the baseline measured beside it, with its
+        interval; when that reorders the top, the newcomers are re-measured too,
         and so are the configs within the machine's noise of the best
         (`autotuner.results.records.to_remeasure`): at most twice `budget.remeasure_top` configs and the
         baseline in all."""
@@ -207,8 +228,8 @@ class Remeasurer:
     ) -> dict[int, Remeasurement]:
         """Re-measure the configs of trials `numbers` in rounds: in each, a process of every config
         still in `contenders` and one of the baseline, measured together (in groups the memory
-        holds, `remeasure_groups`), until only the leader is left and its and the baseline's
-        processes are `settled`, or after the rounds left (`rounds_left`)."""
+        holds, `remeasure_groups`), until the leader's interval is as narrow as
+        `budget.remeasure_width`, or no config is left, or after the rounds left (`rounds_left`)."""
         budget = self.job.spec.budget
         trials = [candidates[n] for n in numbers]
         configs = [t for t in trials if baseline is None or t.number != baseline.number]
@@ -228,13 +249,13 @@ class Remeasurer:
             )
         # configs re-measured in an earlier batch: the newcomers must beat them too, in the rounds left
         known = records(self.study)
-        earlier = earlier_estimates(known, numbers, baseline.number if baseline is not None else None)
+        earlier = earlier_standings(known, numbers, baseline.number if baseline is not None else None)
         most_rounds = rounds_left(known, numbers, budget.remeasure_runs)
         cap = f"{most_rounds} round{'s' if most_rounds > 1 else ''} (budget.remeasure_runs" + (
             ", what the configs re-measured before left of it)" if most_rounds < budget.remeasure_runs else ")"
         )
         alive, still = configs, [t.number for t in everyone]
-        unsettled: list[str] = []
+        standings: dict[int, Standing] = {}
         for round_number in range(1, most_rounds + 1):
             parts = remeasure_groups(alive, baseline, most)
             what = ", ".join(f"#{t.number}" for t in alive) + (" beside the baseline" if alive and baseline else "")
@@ -246,22 +267,24 @@ class Remeasurer:
                 for part in parts:
                     self._measure_group(part, baseline, found, beside, groups, lockstep)
             alive = [t for t in alive if not found[t.number].error]
-            estimates = dict(earlier)
-            estimates.update({t.number: speedup_estimate(found[t.number], beside[t.number]) for t in alive})
+            standings = dict(earlier)
+            standings.update({t.number: standing(found[t.number]) for t in alive})
             if baseline is not None and not found[baseline.number].error:
-                estimates[baseline.number] = (1.0, median_error(found[baseline.number].rerun_windows))
-            still = contenders(estimates)
+                base_runs = found[baseline.number]
+                standings[baseline.number] = baseline_standing(len(base_runs.throughputs), base_runs.rerun_windows)
+            still = contenders(standings)
             alive = [t for t in alive if t.number in still]
-            unsettled = self._unsettled(alive, baseline, found) if len(still) == 1 else []
-            if not alive or (len(still) <= 1 and not unsettled):
+            lead = standings[still[0]].interval if still else None
+            if not alive or (lead is not None and lead.half_width <= budget.remeasure_width):
                 break
+        lead = standings[still[0]].interval if still and alive else None
         if alive and len(still) > 1:
             self.reporter.note(f"after {cap} {', '.join(f'#{n}' for n in still)} are within the noise of each other")
-        elif alive and unsettled:
+        if alive and (lead is None or lead.half_width > budget.remeasure_width):
+            shown = f"{times(lead.estimate)}, {lead.text()}" if lead else "one round: no interval"
             self.reporter.note(
-                f"after {cap} the last two processes of "
-                f"{' and of '.join(unsettled)} are more than {SETTLED:.0%} apart: #{alive[0].number}'s "
-                "speedup is less certain than that"
+                f"after {cap} #{still[0]}'s speedup is {shown}: less certain than budget.remeasure_width "
+                f"(+-{budget.remeasure_width:.0%}) asks"
             )
         baseline_failed = baseline is None or found[baseline.number].error
         for t in trials:
@@ -272,17 +295,6 @@ class Remeasurer:
         for t in trials:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
         return {t.number: found[t.number] for t in trials}
-
-    @staticmethod
-    def _unsettled(
-        alive: list[TrialRecord], baseline: TrialRecord | None, found: dict[int, Remeasurement]
-    ) -> list[str]:
-        """Whose processes do not settle the leader's speedup yet (`settled`): the leader's (the
-        only config left in `alive`) or the baseline's; empty when both are."""
-        whose = [(f"#{t.number}", t) for t in alive[:1]]
-        if baseline is not None and not found[baseline.number].error:
-            whose.append(("the baseline", baseline))
-        return [name for name, t in whose if not settled([t.trial_throughput, *found[t.number].throughputs])]
 
     def _measure_group(
         self,
@@ -309,6 +321,11 @@ class Remeasurer:
         for t, result in zip(part, results, strict=True):
             self._add_run(found[t.number], result)
             groups[t.number].update(other.number for other in part)
+        if baseline is not None and not found[baseline.number].error:
+            base_median = found[baseline.number].throughputs[-1]
+            for t, result in zip(part, results, strict=True):  # each config's round: over the baseline beside it
+                if t.number != baseline.number and result.outcome is Outcome.OK and not found[t.number].error:
+                    found[t.number].speedups.append(found[t.number].throughputs[-1] / base_median)
         if baseline is not None and not found[baseline.number].error:
             measured = found[baseline.number].windows[-1]
             for t in part:  # its windows in this group (the baseline's: its own)

@@ -55,15 +55,19 @@ class Budget(_Strict):
     the best in their trials: one further behind cannot win), and the baseline, are measured again
     in fresh trial processes, then up to as many more that came out within the machine's noise of
     the best; 0: never. Not counted in `trials`."""
-    remeasure_runs: int = Field(3, gt=0, le=100)
+    remeasure_runs: int = Field(5, gt=0, le=100)
     """The most rounds of re-measurement: in each, every config still in contention and the
-    baseline run one more trial process, measured together. A config whose speedup falls behind the
-    leader's by more than the noise is out (`autotuner.search.remeasure.contenders`), and the rounds stop
-    once only the leader is left and its speedup is settled: its last two processes (its trial
-    and its re-measurement's) agree within 6%, and so do the baseline's
-    (`autotuner.search.remeasure.settled`). A config's throughput is the median over every window of its
+    baseline run one more trial process, measured together. Each round gives each config a
+    speedup over the baseline beside it; from two rounds on, its speedup has a 90% interval
+    (`autotuner.measurement.interval`). A config whose interval the leader's clears is out
+    (`autotuner.search.remeasure.contenders`), and the rounds stop once the leader's interval is
+    as narrow as `remeasure_width`. A config's throughput is the median over every window of its
     processes. The rounds are the whole re-measurement's: configs that come in later (a
-    re-measurement reordered the top) get the rounds the first ones left, one at least."""
+    re-measurement reordered the top) get the rounds the first ones left, two at least."""
+    remeasure_width: float = Field(0.05, gt=0, le=1)
+    """The re-measurement stops once the leader's speedup interval is this narrow: its half-width
+    relative to the speedup (0.05: the speedup within about 5% at 90%). On the 2-core VM the
+    quickstart's pair needs three rounds for it (`benchmarks/interval_coverage.py`)."""
     remeasure_windows: int = Field(10, gt=0, le=1000)
     """Measured windows of each re-measurement process (a trial has `trial.windows`). Measured in
     lockstep, what is left between two processes is the window-to-window noise, which more windows

@@ -95,6 +95,11 @@ def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Pa
     assert timed is not None, out
     assert int(timed[1].replace(",", "")) > int(ran[1]) + 1  # the warm-up's steps (2) and calibration's
     assert re.search(r"the study predicts [\d.]+ s for as many: ratio \d+\.\d\d", out)
+    # the promise check: rounds of the config beside the baseline as the study re-measured them, an interval
+    promise = re.search(r"promise: (\d+\.\d\d)x, 90% interval (\d+\.\d\d)-(\d+\.\d\d)x here \((\d+) rounds", out)
+    assert promise is not None, out
+    assert float(promise[2]) <= float(promise[1]) <= float(promise[3]) and 2 <= int(promise[4]) <= 5
+    assert "checking the promise: round 1 of at most 5" in done.stderr
     assert "Traceback" not in done.stderr
     skipped = run_cli(
         "apply", "runs/applied/best.yaml", "--spec", str(spec), "--steps", "6", "--no-baseline", cwd=workdir

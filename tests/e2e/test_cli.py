@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from autotuner.config.knobs import config_key
+from autotuner.measurement.interval import ratio_interval
 from autotuner.results.records import baseline, records, speedup
 from autotuner.study.optuna_adapter import study_id, study_storage
 from tests.support.helpers import HELD
@@ -68,8 +69,8 @@ def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(se
         k: v for k, v in study_storage(study).get_study_system_attrs(study_id(study)).items() if "remeasure:" in k
     }
     for number, measured in ((export["study"]["trial"], winner), (0, base)):
-        # the trial's process, then one more a round: one round, or two when the first left the
-        # winner within the noise of the baseline (budget.remeasure_runs 2)
+        # the trial's process, then one more a round: two rounds, the fewest an interval needs
+        # (budget.remeasure_runs 2); one where the only config fell behind the baseline in the first
         rounds = len(stored[f"autotuner:remeasure:{number}"]["throughputs"])
         assert measured["remeasured"] and 1 <= rounds <= 2 and len(measured["throughput_runs"]) == 1 + rounds
         assert measured["trial_throughput"] == measured["throughput_runs"][0]
@@ -87,8 +88,12 @@ def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(se
         assert claim["lockstep"] is True and 0 in claim["group"] and len(claim["baseline_windows"]) == 3 * rounds
         if claim["group"] == stored["autotuner:remeasure:0"]["group"]:
             assert claim["baseline_windows"] == sum(stored["autotuner:remeasure:0"]["windows"], [])
-    beside = stored[f"autotuner:remeasure:{export['study']['trial']}"]["baseline_windows"]
-    assert export["speedup"] == pytest.approx(winner["throughput"] / statistics.median(beside))
+    # the speedup: the geometric mean of the rounds' speedups over the baseline beside it, with its interval
+    if export["study"]["trial"] != 0:
+        rounds = stored[f"autotuner:remeasure:{export['study']['trial']}"]["speedups"]
+        assert len(rounds) == 2 and export["speedup"] == pytest.approx(statistics.geometric_mean(rounds))
+        assert export["speedup_interval"] == ratio_interval(rounds).as_dict()
+        assert f"({ratio_interval(rounds).text()}, 2 rounds)" in " ".join(stdout.split())
     assert "in lockstep with" in stdout
     # The winner and the baseline at least (a config that led before its re-measurement too).
     assert {f"autotuner:remeasure:{export['study']['trial']}", "autotuner:remeasure:0"} <= set(stored)

@@ -1,17 +1,17 @@
 """Re-measurement end to end: a study whose memory holds only two processes at once measures its
 configs in parts, the baseline beside each, in lockstep. Its rounds (which configs stay in them,
-when the figures are settled, a newcomer after the cap) are decided on scripted processes in
+when the leader's interval stops them, a newcomer after the cap) are decided on scripted processes in
 tests/search/test_remeasure.py."""
 
 from __future__ import annotations
 
-import itertools
 import statistics
 from pathlib import Path
 
 import pytest
 import yaml
 
+from autotuner.measurement.interval import ratio_interval
 from autotuner.results.records import records, remeasurements, speedup
 from tests.support.studies import load_study, run_cli, write_spec
 
@@ -47,7 +47,9 @@ def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: 
     trials = {t.number: t for t in records(study)}
     export = yaml.safe_load((workdir / "runs" / "small" / "best.yaml").read_text())
     winner = stored[export["study"]["trial"]]
-    assert export["speedup"] == pytest.approx(
-        statistics.median(itertools.chain(*winner.windows)) / statistics.median(winner.baseline_windows)
-    )
+    # each round's speedup: the config's process over the baseline's beside it; the export's, their geometric mean
+    assert len(winner.speedups) == len(winner.windows)
+    assert export["speedup"] == pytest.approx(statistics.geometric_mean(winner.speedups))
     assert export["speedup"] == pytest.approx(speedup(trials[export["study"]["trial"]], None))
+    if len(winner.speedups) >= 2:  # the interval of its rounds, in the export beside it
+        assert export["speedup_interval"] == ratio_interval(winner.speedups).as_dict()

@@ -7,9 +7,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -20,11 +21,18 @@ from torch._dynamo.eval_frame import OptimizedModule
 
 from autotuner.backends.pytorch.apply import TunedTraining, set_matmul_precision
 from autotuner.errors import SpecError
-from autotuner.export.promise import AppliedRun, print_applied
+from autotuner.export.promise import AppliedRun, print_applied, promise_rounds
 from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.export.writer import EXPORT_VERSION
+from autotuner.measurement.interval import Interval, ratio_interval
 from autotuner.measurement.timing import Throughput
+from autotuner.spec.job import load_spec
+from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import Environment
+from autotuner.trials.request import TrialRequest
+from autotuner.trials.trial_output import Losses, TrialOutput
+from tests.support.studies import write_spec
 
 FP32 = {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"}
 
@@ -311,6 +319,94 @@ def test_apply_warns_when_the_speedup_it_delivers_is_not_the_exports(
     assert ("the speedup here is" in err.getvalue()) is bool(warned), err.getvalue()
     assert warned is None or f"the speedup here is {warned} the export's (more than 5%)" in err.getvalue()
     assert run.keeps_promise is (not warned)
+
+
+def test_the_export_carries_the_speedups_interval_and_the_reader_reads_it(tmp_path: Path) -> None:
+    interval = {"estimate": 2.469, "low": 2.31, "high": 2.64, "rounds": 3, "level": 0.9}
+    (tmp_path / "a.best.yaml").write_text(yaml.safe_dump({**VALID, "speedup_interval": interval}))
+    read = load_config(tmp_path / "a.best.yaml")
+    assert read.speedup_interval == Interval(2.469, 2.31, 2.64, 3, 0.9)
+    assert parse_config(VALID, "job.best.yaml").speedup_interval is None  # one round, or an older export
+    bad = {**VALID, "speedup_interval": {**interval, "rounds": 1}}
+    with pytest.raises(SpecError, match="speedup_interval.rounds"):
+        parse_config(bad, "job.best.yaml")
+
+
+def _with_intervals(export: list[float] | None, rounds: list[float]) -> AppliedRun:
+    """An applied run whose promise check measured `rounds`, of an export whose speedup's rounds were `export`."""
+    run = _applied(1234.5, 500.0)
+    study = ratio_interval(export) if export else None
+    tuned = dataclasses.replace(run.tuned, speedup=study.estimate if study else 2.469, speedup_interval=study)
+    return dataclasses.replace(run, tuned=tuned, rounds=tuple(rounds))
+
+
+@pytest.mark.parametrize(
+    ("export", "rounds", "agree"),
+    [
+        ([2.5, 2.4, 2.45], [2.45, 2.5, 2.42], True),
+        ([2.5, 2.4, 2.45], [2.1, 2.15, 2.12], False),  # 13% below, the rounds close together
+        ([2.5, 2.4, 2.45], [2.1, 2.9], True),  # two rounds far apart: too uncertain to say they differ
+        (None, [2.45, 2.5, 2.42], True),  # an export of one round: its speedup inside the interval here
+        (None, [2.1, 2.15, 2.12], False),
+    ],
+)
+def test_apply_says_whether_its_interval_agrees_with_the_exports(
+    export: list[float] | None, rounds: list[float], agree: bool
+) -> None:
+    run = _with_intervals(export, rounds)
+    out, err = io.StringIO(), io.StringIO()
+    print_applied(run, out, err)
+    here = ratio_interval(rounds)
+    assert here is not None and run.interval == here and run.keeps_promise is agree
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("promise:"))
+    assert line.startswith(f"promise: {here.estimate:.2f}x, 90% interval {here.low:.2f}-{here.high:.2f}x here")
+    assert f"{len(rounds)} rounds of the config beside the baseline" in line
+    if export:
+        study = ratio_interval(export)
+        assert study is not None and run.agreement is not None
+        assert f"{study.estimate:.2f}x, 90% interval {study.low:.2f}-{study.high:.2f}x in the export" in line
+        assert ("they agree" if agree else "they do not agree") in line
+        assert run.agreement.contains(1.0) is agree
+    else:
+        assert ("the interval here holds it" if agree else "does not hold it") in line
+    assert ("does not agree with the export's" in err.getvalue()) is (not agree), err.getvalue()
+
+
+class _Rounds:
+    """A launcher whose processes measure the rates given for their config's micro-batch, in
+    order (the config's, then the baseline's); a rate of 0 fails the process."""
+
+    def __init__(self, rates: dict[int, list[float]]):
+        self.rates = {batch: iter(values) for batch, values in rates.items()}
+
+    def call(self, runner: str, function: str, request: TrialRequest, timeout_s: float) -> TrialResult[TrialOutput]:
+        rate = next(self.rates[request.config["batch_size"]])
+        if not rate:
+            return TrialResult(Outcome.CRASH, "signal 9")
+        assert request.windows == 4 and not request.drift and request.compile_cache == "cache"
+        throughput = Throughput(rate, 0.01, [rate] * 4, 0.1, 1.0, 10, 4, 16)
+        return TrialResult(Outcome.OK, output=TrialOutput(Losses(math.nan, []), throughput=throughput))
+
+
+@pytest.mark.parametrize(
+    ("config", "baseline", "expected", "error"),
+    [
+        ([2000.0] * 5, [1000.0, 1010.0, 990.0, 1000.0, 1000.0], 2, None),  # narrow after two rounds
+        ([2000.0] * 5, [800.0, 1000.0, 800.0, 1000.0, 800.0], 4, None),  # wide: every round of the cap
+        ([2000.0, 2000.0, 0.0], [800.0, 1000.0, 800.0], 2, "round 3: crash: signal 9"),  # kept what it had
+    ],
+)
+def test_the_promise_check_runs_rounds_until_its_interval_is_narrow(
+    tmp_path: Path, config: list[float], baseline: list[float], expected: int, error: str | None
+) -> None:
+    job = load_spec(write_spec(tmp_path, budget={"trials": 2, "remeasure_runs": 4, "remeasure_windows": 4}))
+    configs = [job.complete({**job.baseline, "batch_size": 8}), job.complete(job.baseline)]
+    launcher = _Rounds({8: config, job.baseline["batch_size"]: baseline})
+    notes: list[str] = []
+    speedups, failed = promise_rounds(job, cast(TrialLauncher, launcher), configs, "cuda:0", "cache", notes.append)
+    assert len(speedups) == expected and failed == error
+    assert speedups == [c / b for c, b in zip(config, baseline, strict=False)][:expected]
+    assert notes[0] == "checking the promise: round 1 of at most 4, the config beside the baseline"
 
 
 def test_apply_compares_its_run_time_with_the_studys_prediction_for_as_many_steps() -> None:

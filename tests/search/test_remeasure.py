@@ -1,4 +1,4 @@
-"""Re-measurement: its rounds, which configs stay in them and when the figures are settled, how
+"""Re-measurement: its rounds, which configs stay in them and when the leader's interval stops them, how
 many trial processes are alive at once, and how a group that the memory cannot hold is split,
 the baseline beside the configs in every part."""
 
@@ -17,6 +17,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from rich.console import Console
 
+from autotuner.measurement.interval import ratio_interval
 from autotuner.measurement.telemetry import available_memory_mb
 from autotuner.output.console import SearchReporter
 from autotuner.results.evidence import Remeasurement
@@ -24,15 +25,15 @@ from autotuner.results.records import TrialRecord, records, remeasurements
 from autotuner.results.store import record
 from autotuner.search.remeasure import (
     MEMORY_SHARE,
-    SETTLED,
     Remeasurer,
+    Standing,
+    baseline_standing,
     contenders,
-    earlier_estimates,
+    earlier_standings,
     median_error,
     processes_that_fit,
     remeasure_groups,
     rounds_left,
-    settled,
 )
 from autotuner.spec.job import Job, load_spec
 from autotuner.study.claims import Claims
@@ -80,37 +81,63 @@ def test_the_median_error_is_the_relative_standard_error_of_the_median() -> None
     assert median_error([5.0] * 10) == 0.0
 
 
-def test_a_config_is_out_once_the_leader_is_ahead_by_more_than_the_noise_of_both() -> None:
+def _one_round(speedup: float, error: float) -> Standing:
+    return Standing(speedup, None, error)
+
+
+def test_after_one_round_a_config_is_out_once_the_leader_is_ahead_by_more_than_the_noise_of_both() -> None:
     # the leader first, then the others by speedup
-    assert contenders({0: (1.0, 0.01), 4: (2.0, 0.01), 5: (1.99, 0.01)}) == [4, 5]
+    assert contenders({0: _one_round(1.0, 0.01), 4: _one_round(2.0, 0.01), 5: _one_round(1.99, 0.01)}) == [4, 5]
     # 10% behind: out with errors of 1% (margin 3%, the floor) ...
-    assert contenders({0: (1.0, 0.01), 4: (2.0, 0.01), 5: (1.8, 0.01)}) == [4]
+    assert contenders({0: _one_round(1.0, 0.01), 4: _one_round(2.0, 0.01), 5: _one_round(1.8, 0.01)}) == [4]
     # ... in with errors of 5% (margin 2 x sqrt(2) x 5% = 14%)
-    assert contenders({0: (1.0, 0.05), 4: (2.0, 0.05), 5: (1.8, 0.05)}) == [4, 5]
+    assert contenders({0: _one_round(1.0, 0.05), 4: _one_round(2.0, 0.05), 5: _one_round(1.8, 0.05)}) == [4, 5]
     # never less than the floor, whatever the windows say; a tie goes to the lower number
-    assert contenders({4: (2.0, 0.0), 5: (1.95, 0.0)}) == [4, 5]
-    assert contenders({4: (2.0, 0.0), 5: (2.0, 0.0)}) == [4, 5]
-    assert contenders({4: (2.0, 0.0), 5: (1.9, 0.0)}) == [4]
+    assert contenders({4: _one_round(2.0, 0.0), 5: _one_round(1.95, 0.0)}) == [4, 5]
+    assert contenders({4: _one_round(2.0, 0.0), 5: _one_round(2.0, 0.0)}) == [4, 5]
+    assert contenders({4: _one_round(2.0, 0.0), 5: _one_round(1.9, 0.0)}) == [4]
     # with one window a speedup settles nothing
-    assert contenders({4: (2.0, math.inf), 5: (1.0, 0.0)}) == [4, 5]
+    assert contenders({4: _one_round(2.0, math.inf), 5: _one_round(1.0, 0.0)}) == [4, 5]
     assert contenders({}) == []
 
 
+def _rounds(*ratios: float) -> Standing:
+    interval = ratio_interval(list(ratios))
+    assert interval is not None
+    return Standing(interval.estimate, interval, 0.0)
+
+
+def test_with_intervals_a_config_is_out_once_the_leaders_interval_clears_its_own() -> None:
+    leader, close, far = _rounds(5.0, 5.1, 4.9), _rounds(4.9, 5.0, 4.8), _rounds(4.0, 4.1, 3.9)
+    assert leader.interval is not None and far.interval is not None and close.interval is not None
+    assert leader.interval.clears(far.interval) and not leader.interval.clears(close.interval)
+    assert contenders({4: leader, 5: close, 6: far}) == [4, 5]
+    # the baseline's speedup is 1 exactly: a config whose interval lies above 1 puts it out
+    assert contenders({0: baseline_standing(3, [100.0] * 30), 4: leader}) == [4]
+    # the rule of one round where either has no interval yet
+    assert contenders({4: leader, 7: _one_round(4.0, 0.01)}) == [4]
+    assert contenders({4: leader, 7: _one_round(4.99, 0.01)}) == [4, 7]
+
+
 def test_a_newcomer_is_judged_against_the_leader_re_measured_before_it() -> None:
-    # #4 re-measured first, at 4.8x the baseline beside it; #5 and #1 came in after it
+    # #4 re-measured first in two rounds, at 4.8x and 4.9x the baseline beside it; #5 and #1 came in after it
     leader = dataclasses.replace(
         _trial(4),
         remeasured=Remeasurement(
-            [13_000.0], [[12_900.0, 13_000.0, 13_100.0]], baseline_windows=[2_700.0, 2_710.0, 2_720.0]
+            [13_000.0, 13_100.0],
+            [[12_900.0, 13_000.0, 13_100.0], [13_000.0, 13_100.0, 13_200.0]],
+            speedups=[4.8, 4.9],
+            baseline_windows=[2_700.0, 2_710.0, 2_720.0, 2_660.0, 2_670.0, 2_680.0],
         ),
     )
     failed = dataclasses.replace(_trial(7), remeasured=Remeasurement(error="re-run 1: crash: signal 9"))
     base = dataclasses.replace(_trial(0), remeasured=Remeasurement([2_710.0], [[2_700.0, 2_710.0, 2_720.0]]))
-    earlier = earlier_estimates([leader, failed, base, _trial(5), _trial(1)], [5, 1], baseline_number=0)
+    earlier = earlier_standings([leader, failed, base, _trial(5), _trial(1)], [5, 1], baseline_number=0)
     assert list(earlier) == [4]  # neither the baseline, nor a failed one, nor the batch's own
-    assert earlier[4][0] == pytest.approx(13_000 / 2_710)
+    assert earlier[4].speedup == pytest.approx(math.sqrt(4.8 * 4.9))  # the rounds' geometric mean
+    assert earlier[4].interval == ratio_interval([4.8, 4.9])
     # the newcomers' first round: 4.2x and 4.1x, within the noise of each other, but not of #4
-    this_round = {0: (1.0, 0.01), 5: (4.2, 0.01), 1: (4.1, 0.01)}
+    this_round = {0: _one_round(1.0, 0.01), 5: _one_round(4.2, 0.01), 1: _one_round(4.1, 0.01)}
     assert contenders(this_round) == [5, 1]  # alone, they would go on for every round
     assert contenders({**earlier, **this_round}) == [4]  # beside the leader, both are out
 
@@ -143,21 +170,15 @@ def test_a_remeasurement_process_measures_throughput_and_skips_the_drift_phase(l
     assert measured_only.losses.trajectory == [] and math.isnan(measured_only.losses.heldout)
 
 
-def test_a_figure_is_settled_when_the_last_two_processes_agree() -> None:
-    assert settled([3385.0, 3400.0]) and settled([3385.0, 2624.0, 3300.0, 3400.0])
-    assert not settled([3385.0, 2624.0])  # the trial, then a process 22% slower
-    assert not settled([3400.0]) and not settled([])  # one process settles nothing
-    assert settled([100.0, 100 * (1 - SETTLED)]) and not settled([100.0, 100 * (1 - SETTLED) - 0.01])
-
-
 def test_configs_that_come_in_later_get_the_rounds_the_first_ones_left() -> None:
     def remeasured(number: int, processes: int) -> TrialRecord:
         return dataclasses.replace(_trial(number), remeasured=Remeasurement([100.0] * processes, [[100.0]] * processes))
 
-    assert rounds_left([_trial(4), _trial(0)], [4, 0], 3) == 3  # the first re-measurement: all of them
-    assert rounds_left([remeasured(4, 1), remeasured(0, 1), _trial(5)], [5], 3) == 2
-    # the first ones ran to the cap: a newcomer is still judged, in one round
-    assert rounds_left([remeasured(4, 3), remeasured(0, 3), _trial(5)], [5], 3) == 1
+    assert rounds_left([_trial(4), _trial(0)], [4, 0], 5) == 5  # the first re-measurement: all of them
+    assert rounds_left([remeasured(4, 2), remeasured(0, 2), _trial(5)], [5], 5) == 3
+    # the first ones ran to the cap: a newcomer is still judged, in the two rounds an interval needs
+    assert rounds_left([remeasured(4, 5), remeasured(0, 5), _trial(5)], [5], 5) == 2
+    assert rounds_left([remeasured(4, 1), _trial(5)], [5], 1) == 1  # never more than the cap
     # the batch's own processes (a re-measurement taken over from another worker) do not count
     assert rounds_left([remeasured(5, 2), _trial(0)], [5, 0], 3) == 3
 
@@ -224,47 +245,53 @@ def _remeasure(job: Job, study: optuna.Study, launcher: _Paced) -> str:
     return printed.getvalue()
 
 
-def test_rounds_go_on_while_the_baselines_processes_disagree(tmp_path: Path) -> None:
-    # The baseline's processes alternate between two rates 20% apart: no two in a row agree, and its
-    # figure never settles, though the leader (micro-batch 64) is clearly ahead.
+def test_rounds_go_on_while_the_leaders_interval_is_wide(tmp_path: Path) -> None:
+    # The baseline's processes alternate between two rates 20% apart, the leader's (micro-batch 64)
+    # hold theirs: its rounds' speedups are 5x, 4x, 5x, and its interval stays wider than +-5%
+    # though it is clearly ahead of the other config.
     job, study = _searched(tmp_path, {8: 1000.0, 32: 2000.0, 64: 4000.0}, remeasure_top=1, remeasure_runs=3)
     printed = _remeasure(job, study, _Paced({8: [800.0, 1000.0, 800.0], 64: [4000.0] * 3}))
     stored = remeasurements(study)
     leader = next(t.number for t in records(study) if t.config["batch_size"] == 64)
     assert sorted(stored) == [0, leader]  # the other config is far behind: never re-measured
     assert len(stored[0].throughputs) == len(stored[leader].throughputs) == 3  # every round of the cap
+    assert stored[leader].speedups == [5.0, 4.0, 5.0] and stored[0].speedups == []
     assert stored[leader].group == [0, leader] and stored[leader].lockstep is False
-    cap = r"after 3 rounds \(budget\.remeasure_runs\) the last two processes of the baseline are more than 6% apart"
+    interval = ratio_interval([5.0, 4.0, 5.0])
+    assert interval is not None and interval.half_width > 0.05
+    cap = (
+        rf"after 3 rounds \(budget\.remeasure_runs\) #{leader}'s speedup is 4\.64x, 90% interval "
+        rf"{interval.low:.2f}-{interval.high:.2f}x: less certain than budget\.remeasure_width \(\+-5%\) asks"
+    )
     assert re.search(cap, " ".join(printed.split())), printed
-    runs = [1000.0, *stored[0].throughputs]
-    assert not any(settled(runs[k : k + 2]) for k in range(len(runs) - 1)), runs
 
 
-def test_rounds_stop_once_the_leader_and_the_baseline_are_settled(tmp_path: Path) -> None:
-    job, study = _searched(tmp_path, {8: 1000.0, 32: 2000.0, 64: 4000.0}, remeasure_top=1, remeasure_runs=3)
-    launcher = _Paced({8: [1000.0, 1000.0, 1000.0], 64: [4000.0] * 3})
-    _remeasure(job, study, launcher)
+def test_rounds_stop_once_the_leaders_interval_is_narrow(tmp_path: Path) -> None:
+    job, study = _searched(tmp_path, {8: 1000.0, 32: 2000.0, 64: 4000.0}, remeasure_top=1, remeasure_runs=5)
+    launcher = _Paced({8: [1000.0, 1010.0, 1000.0], 64: [4000.0] * 3})
+    printed = _remeasure(job, study, launcher)
     stored = remeasurements(study)
-    assert [len(r.throughputs) for r in stored.values()] == [1, 1]  # one round: both agree with their trials
-    assert sorted(launcher.ran) == [8, 64]
+    # two rounds, 4.0x and 3.96x: half-width 3.2% at 90%, under 5%
+    assert [len(r.throughputs) for r in stored.values()] == [2, 2]
+    assert sorted(launcher.ran) == [8, 8, 64, 64]
+    assert "less certain" not in printed
 
 
-def test_a_newcomer_after_rounds_that_ran_to_the_cap_is_judged_in_one_round(tmp_path: Path) -> None:
+def test_a_newcomer_after_rounds_that_ran_to_the_cap_is_judged_in_two_rounds(tmp_path: Path) -> None:
     # The baseline's processes (micro-batch 8) alternate between two rates ten times apart, the top
     # config's (64) between two three times apart: the first re-measurement runs every round of the
-    # cap (2) unsettled, and their processes spread far. The other config's trial (32) is a quarter
-    # as fast as the top's: not the top, yet within that spread, so it comes in after. Its process
-    # is as fast as the top's best, beside the baseline's next, a slow one: it leads. Unsettled (its
-    # trial and its process four times apart), it would run a second round, as the first configs
-    # did; the budget has none left: it is judged in one.
-    job, study = _searched(tmp_path, {8: 2000.0, 64: 5000.0, 32: 1250.0}, remeasure_top=1, remeasure_runs=2)
-    launcher = _Paced({8: [200.0, 2000.0, 200.0], 64: [1666.0, 5000.0], 32: [5000.0]})
+    # cap (3), its interval wide, and their processes spread far. The other config's trial (32) is a
+    # quarter as fast as the top's: not the top, yet within that spread, so it comes in after. The
+    # budget has no rounds left: it is judged in the two an interval needs, not in three more.
+    job, study = _searched(tmp_path, {8: 2000.0, 64: 5000.0, 32: 1250.0}, remeasure_top=1, remeasure_runs=3)
+    launcher = _Paced({8: [200.0, 2000.0, 200.0, 2000.0, 200.0], 64: [1666.0, 5000.0, 1666.0], 32: [5000.0] * 2})
     _remeasure(job, study, launcher)
     stored = remeasurements(study)
     number = {t.config["batch_size"]: t.number for t in records(study)}
     top, newcomer = number[64], number[32]
     assert sorted(stored) == [0, top, newcomer], stored  # the baseline, the top config, then the other
     assert stored[top].group == [0, top] and stored[newcomer].group == [0, newcomer], stored
-    assert len(stored[0].throughputs) == 2 and len(stored[top].throughputs) == 2, stored
-    assert len(stored[newcomer].throughputs) == 1, stored  # not 2 more rounds
-    assert launcher.ran.count(32) == 1 and launcher.ran.count(8) == 3
+    assert len(stored[0].throughputs) == 3 and len(stored[top].throughputs) == 3, stored
+    assert len(stored[newcomer].throughputs) == 2, stored  # not 3 more rounds
+    assert stored[newcomer].speedups == [2.5, 25.0]
+    assert launcher.ran.count(32) == 2 and launcher.ran.count(8) == 5

@@ -1,0 +1,77 @@
+"""The speedup's interval: the t quantile, the interval of a few rounds' ratios, and whether two
+speedups agree. Pinned to figures worked by hand and to the t table."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval, ratio_of, t_quantile
+
+T_TABLE_95 = {1: 6.3138, 2: 2.9200, 3: 2.3534, 4: 2.1318, 5: 2.0150, 9: 1.8331, 29: 1.6991}
+"""Student's t, 0.95 quantile (the two-sided 90% critical value), from the published table."""
+
+
+@pytest.mark.parametrize("df", sorted(T_TABLE_95))
+def test_the_t_quantile_matches_the_table(df: int) -> None:
+    assert t_quantile(0.95, df) == pytest.approx(T_TABLE_95[df], abs=1.5e-3)
+
+
+def test_the_t_quantile_tends_to_the_normal_and_rounds_a_small_df_down() -> None:
+    assert t_quantile(0.95, 10_000) == pytest.approx(1.645006, abs=1e-5)  # the normal's 1.644854, nearly
+    assert t_quantile(0.95, 1e9) == pytest.approx(statistics.NormalDist().inv_cdf(0.95), abs=1e-8)
+    assert t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-3)
+    assert t_quantile(0.95, 1.7) == t_quantile(0.95, 1)  # a wider interval, never a narrower one
+    assert t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError):
+        t_quantile(0.95, 0.5)
+
+
+def test_the_interval_is_the_t_interval_of_the_log_ratios() -> None:
+    ratios = [5.0, 4.8, 5.3]
+    logs = [math.log(r) for r in ratios]
+    half = 2.9200 * statistics.stdev(logs) / math.sqrt(3)  # t(0.95, 2) x s / sqrt(n)
+    interval = ratio_interval(ratios)
+    assert interval is not None and interval.rounds == 3 and interval.level == 0.9
+    assert interval.estimate == pytest.approx(geometric_mean(ratios)) == pytest.approx((5.0 * 4.8 * 5.3) ** (1 / 3))
+    assert interval.low == pytest.approx(math.exp(statistics.fmean(logs) - half), rel=1e-4)
+    assert interval.high == pytest.approx(math.exp(statistics.fmean(logs) + half), rel=1e-4)
+    # worked by hand: 5.029x, 90% interval 4.62-5.47x
+    assert (round(interval.estimate, 3), round(interval.low, 2), round(interval.high, 2)) == (5.029, 4.62, 5.47)
+    assert interval.half_width == pytest.approx((interval.high - interval.low) / 2 / interval.estimate)
+    assert interval.text() == "90% interval 4.62-5.47x"
+    assert interval.log_error == pytest.approx(statistics.stdev(logs) / math.sqrt(3), rel=1e-4)
+
+
+def test_no_interval_from_one_round_or_a_ratio_that_is_not_positive() -> None:
+    assert ratio_interval([5.0]) is None and ratio_interval([]) is None
+    assert ratio_interval([5.0, 0.0]) is None and ratio_interval([5.0, math.nan]) is None
+    same = ratio_interval([2.0, 2.0, 2.0])
+    assert same == Interval(2.0, 2.0, 2.0, 3)
+
+
+def test_more_rounds_of_the_same_noise_narrow_the_interval() -> None:
+    three, six = ratio_interval([5.0, 4.8, 5.2]), ratio_interval([5.0, 4.8, 5.2] * 2)
+    assert three is not None and six is not None and six.half_width < three.half_width / 2
+
+
+def test_two_speedups_agree_when_the_interval_of_their_ratio_holds_one() -> None:
+    study, here = ratio_interval([5.0, 4.8, 5.2]), ratio_interval([5.1, 4.9, 5.3, 5.0])
+    assert study is not None and here is not None
+    agreement = ratio_of(here, study)
+    assert agreement.estimate == pytest.approx(here.estimate / study.estimate)
+    assert agreement.contains(1.0)
+    # Welch: the combined standard error and degrees of freedom, worked out
+    ea, eb = here.log_error, study.log_error
+    df = (ea**2 + eb**2) ** 2 / (ea**4 / 3 + eb**4 / 2)
+    half = t_quantile(0.95, df) * math.hypot(ea, eb)
+    assert agreement.high == pytest.approx(agreement.estimate * math.exp(half))
+    slower = ratio_interval([4.0, 3.9, 4.1])
+    assert slower is not None and not ratio_of(slower, study).contains(1.0)
+
+
+def test_an_interval_is_stored_and_read_back() -> None:
+    interval = ratio_interval([5.0, 4.8, 5.3])
+    assert interval is not None and Interval.from_dict(interval.as_dict()) == interval
