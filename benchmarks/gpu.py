@@ -11,8 +11,9 @@ may stop a command at 10 minutes):
   (the study's `environment` attr), the best config, tuned over baseline, the tuned MFU and tokens/s,
   energy per sample, every trial's outcome. Writes `gpu-study.json`.
 * `apply`: `autotuner apply` of that study's winner (`runs/gpu-gpt/best.yaml` in the work
-  folder: run `study` first, with the same `--work`), the baseline run after it: the speedup
-  delivered against the export's (the promise: within 5%). Writes `gpu-apply.json`.
+  folder: run `study` first, with the same `--work`), the baseline run after it, then its promise
+  check's rounds: the speedup here with its interval against the export's (the promise: they
+  agree). Writes `gpu-apply.json`.
 * `alternatives`: the tuned config against the alternatives (`benchmarks/alternatives.py`:
   baseline, rule of thumb, the Lightning and Accelerate batch-size finders, tuned) on `gpt` (the
   `study` part's study when the work folder holds it: its search resumes and stops at once) and
@@ -462,6 +463,10 @@ APPLY_LINES = {
         rf"^speedup: ([\d.]+)x here \(over the baseline .*, {NUMBER} samples/s, run here for (\d+) optimizer "
         rf"steps .*\), ([\d.]+)x in the export: ratio ([\d.]+)$"
     ),
+    "promise": re.compile(
+        r"^promise: ([\d.]+)x(?:, 90% interval ([\d.]+)-([\d.]+)x)? here \((\d+) rounds? .*"
+        r"(they agree|they do not agree|holds it|does not hold it)"
+    ),
 }
 
 
@@ -486,6 +491,13 @@ def parse_apply(output: str) -> dict[str, Any]:
                 export_speedup_printed=float(m[4]),
                 promise_ratio_printed=float(m[5]),
             )
+        elif m := APPLY_LINES["promise"].match(line):
+            found.update(
+                speedup_checked=float(m[1]),
+                interval_checked=[float(m[2]), float(m[3])] if m[2] else None,
+                rounds_checked=int(m[4]),
+                promise_agrees=m[5] in ("they agree", "holds it"),
+            )
     return found
 
 
@@ -501,7 +513,12 @@ def part_apply(ctx: Context, result: dict[str, Any]) -> None:
         device_name=environment.get("device_name"),
         machine=machine(environment),
         environment=environment,
-        export={"path": str(export_path), "params": export.get("params"), "speedup": export.get("speedup")},
+        export={
+            "path": str(export_path),
+            "params": export.get("params"),
+            "speedup": export.get("speedup"),
+            "speedup_interval": export.get("speedup_interval"),
+        },
     )
     command = [sys.executable, "-m", "autotuner", "apply", str(export_path), "--spec", str(spec)]
     if ctx.args.apply_steps:
@@ -520,9 +537,15 @@ def part_apply(ctx: Context, result: dict[str, Any]) -> None:
         raise PartError("autotuner apply printed no speedup over the baseline (see its output)")
     result["promise"] = {
         "export_speedup": promised,
+        "export_interval": export.get("speedup_interval"),
         "speedup_delivered": delivered,
         "ratio": delivered / promised,
         "within_5_percent": abs(delivered / promised - 1) <= TARGETS["promise"],
+        # the promise check's rounds: the speedup here with its interval, and whether it agrees
+        "speedup_checked": applied.get("speedup_checked"),
+        "interval_checked": applied.get("interval_checked"),
+        "rounds_checked": applied.get("rounds_checked"),
+        "agrees": applied.get("promise_agrees"),
     }
 
 

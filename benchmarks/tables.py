@@ -290,7 +290,7 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
         return f"{value:,.0f} matmuls/s" if config.startswith("machine floor") else rate(value)
 
     lines = [
-        "### Measurement fidelity: `python benchmarks/fidelity.py`, and the promise: `python benchmarks/quickstart.py`",
+        "### Measurement fidelity: `python benchmarks/fidelity.py`",
         "",
         f"On {data['machine']} (`results/fidelity.json`): the quickstart's baseline and winner. *One after "
         f"another*: {data['runs']} trials of each at the spec's trial settings, interleaved, as a search's trials "
@@ -535,6 +535,15 @@ def _gpu_study(data: dict[str, Any], title: str, targets: bool) -> list[str]:
     return [*lines, ""]
 
 
+def _checked_text(promise: dict[str, Any]) -> str:
+    checked, interval = promise.get("speedup_checked"), promise.get("interval_checked")
+    if checked is None:
+        return "-"
+    here = times(checked) + (f" ({interval[0]:.2f}-{interval[1]:.2f}x" if interval else " (no interval")
+    here += f", {promise.get('rounds_checked')} rounds)"
+    return here + f" against {_interval_text(promise.get('export_interval'))}"
+
+
 def _gpu_apply(data: dict[str, Any]) -> list[str]:
     lines = _gpu_heading(data, "`autotuner apply` of the gpt study's winner")
     applied, promise = data.get("apply") or {}, data.get("promise") or {}
@@ -554,6 +563,12 @@ def _gpu_apply(data: dict[str, Any]) -> list[str]:
             "-" if ratio is None else f"{ratio:.3f}",
             f"within {target:.0%}",
             "**not measured**" if within is None else "met" if within <= target else "**not met**",
+        ),
+        (
+            "the promise check: speedup here, 90% interval (rounds), against the export's interval",
+            _checked_text(promise),
+            "they agree",
+            "**not measured**" if promise.get("agrees") is None else "met" if promise["agrees"] else "**not met**",
         ),
         (
             "the config's throughput here / in the study",

@@ -77,13 +77,11 @@ class Standing:
 
 
 def standing(remeasurement: Remeasurement) -> Standing:
-    """Where a config's `remeasurement` puts it (`Standing`)."""
+    """Where a config's `remeasurement` puts it (`Standing`): by its rounds' speedups; without a
+    baseline beside it, by its processes' throughputs the same way."""
     windows = remeasurement.rerun_windows
-    if remeasurement.speedups:
-        value = geometric_mean(remeasurement.speedups)
-    else:
-        value = statistics.median(windows)
-    return Standing(value, ratio_interval(remeasurement.speedups), median_error(windows))
+    rounds = remeasurement.speedups or remeasurement.throughputs
+    return Standing(geometric_mean(rounds), ratio_interval(rounds), median_error(windows))
 
 
 def contenders(standings: dict[int, Standing]) -> list[int]:
@@ -275,17 +273,11 @@ class Remeasurer:
             still = contenders(standings)
             alive = [t for t in alive if t.number in still]
             lead = standings[still[0]].interval if still else None
-            if not alive or (lead is not None and lead.half_width <= budget.remeasure_width):
+            narrow = lead is not None and lead.half_width <= budget.remeasure_width
+            if not alive or narrow:
                 break
-        lead = standings[still[0]].interval if still and alive else None
-        if alive and len(still) > 1:
-            self.reporter.note(f"after {cap} {', '.join(f'#{n}' for n in still)} are within the noise of each other")
-        if alive and (lead is None or lead.half_width > budget.remeasure_width):
-            shown = f"{times(lead.estimate)}, {lead.text()}" if lead else "one round: no interval"
-            self.reporter.note(
-                f"after {cap} #{still[0]}'s speedup is {shown}: less certain than budget.remeasure_width "
-                f"(+-{budget.remeasure_width:.0%}) asks"
-            )
+        if alive:
+            self._note_undecided(still, standings, cap if not narrow else None, round_number)
         baseline_failed = baseline is None or found[baseline.number].error
         for t in trials:
             found[t.number].group = sorted(groups[t.number])
@@ -295,6 +287,22 @@ class Remeasurer:
         for t in trials:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
         return {t.number: found[t.number] for t in trials}
+
+    def _note_undecided(self, still: list[int], standings: dict[int, Standing], cap: str | None, ran: int) -> None:
+        """Say what the rounds left undecided: configs still within the noise of the leader (`still`,
+        leader first), and at the cap (`cap`, how it reads; None before it), a leader's speedup
+        less certain than `budget.remeasure_width` asks."""
+        after = cap or f"{ran} round{'s' if ran > 1 else ''}"
+        if len(still) > 1:
+            self.reporter.note(f"after {after} {', '.join(f'#{n}' for n in still)} are within the noise of each other")
+        lead = standings[still[0]].interval
+        width = self.job.spec.budget.remeasure_width
+        if cap is not None:
+            shown = f"{times(lead.estimate)}, {lead.text()}" if lead else "without an interval"
+            self.reporter.note(
+                f"after {after} #{still[0]}'s {'speedup' if lead else 'figure'} is {shown}: "
+                f"less certain than budget.remeasure_width (+-{width:.0%}) asks"
+            )
 
     def _measure_group(
         self,

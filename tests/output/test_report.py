@@ -16,6 +16,7 @@ from optuna.distributions import CategoricalDistribution
 from autotuner.errors import SpecError
 from autotuner.export.writer import export_data
 from autotuner.output import charts
+from autotuner.measurement.interval import ratio_interval
 from autotuner.output.dashboard import study_note
 from autotuner.output.formatting import percent
 from autotuner.output.pages import render_html, render_markdown
@@ -278,6 +279,31 @@ def test_a_lucky_trial_does_not_win_once_the_top_is_remeasured(tmp_path: Path) -
     assert [row["trial"] for row in export["top"]] == [4, 1]
     assert "Re-measured" in study_note(study) and "2,200/s" in study_note(study)
     assert "3: 2,000/s / 2,150/s / 2,200/s" in render_markdown(load_report(url, "lucky"))
+
+
+def test_the_export_report_and_dashboard_note_state_the_speedup_with_its_interval(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/interval.db"
+    study = _store(url, "interval", TRIALS)
+    # three rounds of #4 beside the baseline: 2.2x, 2.1x, 2.15x; #1 one round only
+    rounds = [2.2, 2.1, 2.15]
+    windows = {"windows": [[2200.0] * 3, [2100.0] * 3, [2150.0] * 3], "baseline_windows": [1000.0] * 9}
+    _remeasure(url, study, 4, {"throughputs": [2200.0, 2100.0, 2150.0], "speedups": rounds, **windows})
+    _remeasure(url, study, 1, {"throughputs": [1900.0], "windows": [[1900.0] * 3], "speedups": [1.9]})
+    _remeasure(url, study, 0, {"throughputs": [1000.0] * 3, "windows": [[1000.0] * 3] * 3})
+    interval = ratio_interval(rounds)
+    assert interval is not None
+    shown = f"{interval.estimate:.2f}x, 90% interval {interval.low:.2f}-{interval.high:.2f}x"
+    winner = best(records(study))
+    assert winner.number == 4 and speedup(winner, None) == pytest.approx(interval.estimate)
+    export = export_data(study, "sqlite:///x.db", top=2).as_data()
+    assert export["speedup"] == pytest.approx(interval.estimate)
+    assert export["speedup_interval"] == {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
+                                          "rounds": 3, "level": 0.9}
+    assert [row["speedup_interval"] for row in export["top"]] == [interval.as_dict(), None]  # #1: one round
+    report = render_markdown(load_report(url, "interval"))
+    assert f"#4 precision=bf16 batch=16x4 workers=0 compile=none: 2,150/s, {shown} the baseline's" in report
+    note = study_note(study)
+    assert f"**{shown}** the baseline" in note and f"; speedup {shown}" in note
 
 
 def test_a_config_within_the_machines_noise_of_the_best_is_remeasured_too(tmp_path: Path) -> None:
