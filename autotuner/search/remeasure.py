@@ -7,10 +7,9 @@ config still in contention and the baseline run one fresh trial process each, me
 (`autotuner.trials.lockstep.measure_together`; split into groups the memory holds, `remeasure_groups`
 and `processes_that_fit`, the baseline in each). A round gives each config a speedup: its median
 window over the baseline's beside it; its rounds give its speedup and, from two rounds on, its 90%
-interval (`autotuner.measurement.interval`). After a round, a config whose interval the leader's
-clears is out (`contenders`; after one round, one below the leader by more than the noise of their
-windows); the rounds stop once the leader's interval is narrower than `budget.remeasure_width`
-(the leader's promise is then as certain as asked, whoever is left), when no config is left, or
+interval (`autotuner.measurement.interval`). From the second round on, a config whose interval the
+leader's clears is out (`contenders`); the rounds stop once the leader's interval is narrower than
+`budget.remeasure_width` (the leader's promise is then as certain as asked, whoever is left), when no config is left, or
 after `budget.remeasure_runs` rounds. Configs that come in later (a re-measurement reordered the
 top) are judged against those re-measured before them too (`earlier_standings`), and get the
 rounds the first ones left of `budget.remeasure_runs` (`rounds_left`), two at least. Each config's
@@ -22,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import statistics
 from dataclasses import dataclass
 
 import optuna
@@ -47,63 +44,36 @@ MEMORY_SHARE = 0.8
 """The share of the memory available that a re-measurement group's processes may take."""
 
 
-NOISE_FLOOR = 0.03
-"""The smallest lead that puts a config out after one round, before intervals: two lockstep
-processes of one config came out up to about 3% apart in `benchmarks/fidelity.py`, whatever their
-windows said."""
-ERROR_MULTIPLE = 2.0
-"""After one round, how many standard errors of the difference between two speedups put the
-slower config out."""
-
-
-def median_error(windows: list[float]) -> float:
-    """The relative standard error of the median of `windows` (1.2533 sigma / sqrt(n), over the
-    median); infinite with fewer than two windows."""
-    if len(windows) < 2:
-        return math.inf
-    middle = statistics.median(windows)
-    return 1.2533 * statistics.stdev(windows) / math.sqrt(len(windows)) / middle if middle > 0 else math.inf
-
-
 @dataclass(frozen=True)
 class Standing:
     """A config's speedup so far in a re-measurement: the geometric mean of its rounds' speedups
-    (its throughput, without a baseline), its interval once it has two rounds, and the relative
-    standard error of its windows' median (`median_error`), what one round is judged by."""
+    (of its processes' throughputs, without a baseline), and its interval once it has two rounds."""
 
     speedup: float
     interval: Interval | None
-    error: float
 
 
 def standing(remeasurement: Remeasurement) -> Standing:
     """Where a config's `remeasurement` puts it (`Standing`): by its rounds' speedups; without a
     baseline beside it, by its processes' throughputs the same way."""
-    windows = remeasurement.rerun_windows
     rounds = remeasurement.speedups or remeasurement.throughputs
-    return Standing(geometric_mean(rounds), ratio_interval(rounds), median_error(windows))
+    return Standing(geometric_mean(rounds), ratio_interval(rounds))
 
 
 def contenders(standings: dict[int, Standing]) -> list[int]:
     """The configs that can still win, leader first: `standings` maps a trial number to its
-    `Standing`. With two rounds each, a config is out when the leader's interval clears its own
-    (`Interval.clears`); before, when its speedup is below the leader's by more than
-    `ERROR_MULTIPLE` standard errors of the difference (sqrt(e_leader^2 + e_config^2)) and by more
-    than `NOISE_FLOOR`."""
+    `Standing`. A config is out once the leader's interval clears its own
+    (`Interval.clears`: the leader's lower end above its upper end); one without an interval yet
+    (one round) is never out, since one round says nothing of how far the next one can land."""
     if not standings:
         return []
     leader = max(standings, key=lambda n: (standings[n].speedup, -n))
-    lead = standings[leader]
+    lead = standings[leader].interval
     kept = [leader]
     for number, other in sorted(standings.items(), key=lambda item: -item[1].speedup):
         if number == leader:
             continue
-        if lead.interval is not None and other.interval is not None:
-            if not lead.interval.clears(other.interval):
-                kept.append(number)
-            continue
-        margin = max(NOISE_FLOOR, ERROR_MULTIPLE * math.hypot(lead.error, other.error))
-        if other.speedup >= lead.speedup * (1 - margin):
+        if lead is None or other.interval is None or not lead.clears(other.interval):
             kept.append(number)
     return kept
 
@@ -123,11 +93,10 @@ def earlier_standings(trials: list[TrialRecord], batch: list[int], baseline_numb
     }
 
 
-def baseline_standing(runs: int, windows: list[float]) -> Standing:
+def baseline_standing(runs: int) -> Standing:
     """The baseline's `Standing` after `runs` rounds: a speedup of 1 by definition, exactly (its
     interval a point, from two rounds on), so a config whose interval lies below 1 is out."""
-    exact = Interval(1.0, 1.0, 1.0, runs) if runs >= 2 else None
-    return Standing(1.0, exact, median_error(windows))
+    return Standing(1.0, Interval(1.0, 1.0, 1.0, runs) if runs >= 2 else None)
 
 
 def rounds_left(trials: list[TrialRecord], batch: list[int], runs: int) -> int:
@@ -268,8 +237,7 @@ class Remeasurer:
             standings = dict(earlier)
             standings.update({t.number: standing(found[t.number]) for t in alive})
             if baseline is not None and not found[baseline.number].error:
-                base_runs = found[baseline.number]
-                standings[baseline.number] = baseline_standing(len(base_runs.throughputs), base_runs.rerun_windows)
+                standings[baseline.number] = baseline_standing(len(found[baseline.number].throughputs))
             still = contenders(standings)
             alive = [t for t in alive if t.number in still]
             lead = standings[still[0]].interval if still else None
