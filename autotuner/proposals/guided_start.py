@@ -83,9 +83,14 @@ class LocalSearch:
     """Configs one knob away from a centre, the best feasible trial; `supported`: whether the
     device can run a config (the search skips those it cannot)."""
 
-    def __init__(self, space: dict[str, list[Any]], supported: Callable[[Params], bool]):
+    def __init__(
+        self, space: dict[str, list[Any]], supported: Callable[[Params], bool], reference: Params | None = None
+    ):
         self.space = space
         self.supported = supported
+        self.reference = {k: v for k, v in (reference or {}).items() if v in space.get(k, ())}
+        """Each searched knob's reference value (the strictest): what a move resets a knob that
+        depends on the one it changes to (`moves`)."""
 
     def next_config(self, trials: Sequence[FrozenTrial], tried: TriedConfigs, last: int | None) -> Params | None:
         """Every fresh neighbour of the centre (first the best feasible trial up to the trial
@@ -101,9 +106,9 @@ class LocalSearch:
         while centre is not None:
             scanned, moved = centre.number, False
             for ring in RINGS:
-                neighbours = list(self.neighbours(centre.params, ring))
+                neighbours = list(self.moves(centre.params, ring))
                 for params in neighbours:
-                    if tried.fresh(params) and self.supported(params):
+                    if tried.fresh(params):
                         return params
                 keys = (config_key(p) for p in neighbours)
                 scanned = max([scanned] + [tried.numbers[k] for k in keys if k in tried.numbers])
@@ -117,10 +122,24 @@ class LocalSearch:
 
     def first_fresh_neighbour(self, params: Params, tried: TriedConfigs) -> Params | None:
         """The first fresh config the device supports among the neighbours of `params`, ring by ring."""
-        return next(
-            (p for ring in RINGS for p in self.neighbours(params, ring) if tried.fresh(p) and self.supported(p)),
-            None,
-        )
+        return next((p for ring in RINGS for p in self.moves(params, ring) if tried.fresh(p)), None)
+
+    def moves(self, params: Params, ring: int = 1) -> Iterator[Params]:
+        """The supported configs one move from `params`: each neighbour (`neighbours`) the device
+        can run; one it cannot, with one other knob reset to its reference value where that makes
+        it one it can (ONNX Runtime from a bf16 centre, at fp32), else with every other knob at its
+        reference value, so that no value of a knob is out of reach because others rule it out."""
+        for neighbour in self.neighbours(params, ring):
+            if self.supported(neighbour):
+                yield neighbour
+                continue
+            moved = next(k for k in neighbour if neighbour[k] != params.get(k))
+            others = {k: v for k, v in self.reference.items() if k != moved and neighbour.get(k) != v}
+            resets = [{**neighbour, knob: value} for knob, value in others.items()]
+            resets.append({**neighbour, **others})  # where one reset is not enough: every other knob's
+            reset = next((r for r in resets if self.supported(r)), None)
+            if reset is not None:
+                yield reset
 
     def neighbours(self, params: Params, ring: int = 1) -> Iterator[Params]:
         """The configs one knob away from `params`, in the order the local search tries them:
@@ -157,10 +176,12 @@ class GuidedStart:
     """The guided start over `space`: the rule-of-thumb config and its fallbacks, then the local
     search. `unsupported`: what the device cannot run (skipped)."""
 
-    def __init__(self, space: dict[str, list[Any]], unsupported: Unsupported | None = None):
+    def __init__(
+        self, space: dict[str, list[Any]], unsupported: Unsupported | None = None, reference: Params | None = None
+    ):
         self.space = space
         self.unsupported = unsupported
-        self.local_search = LocalSearch(space, self.supported)
+        self.local_search = LocalSearch(space, self.supported, reference)
 
     def supported(self, params: Params) -> bool:
         return self.unsupported is None or self.unsupported(params) is None

@@ -124,7 +124,8 @@ class FreshConfigSampler(BaseSampler):
         self.rng = random.Random(seed)
         """Picks among equally near fresh configs (`nearest_fresh`)."""
         self.wrapped = WrappedSampler(base, values)
-        self.guided_start = GuidedStart(values, unsupported)
+        reference = {name: knobs[name].reference for name in values if name in knobs}
+        self.guided_start = GuidedStart(values, unsupported, reference)
         self.rule: Params | None = rule_of_thumb(values, unsupported) if guided else None
         """The rule-of-thumb config (`rule_of_thumb`) the guided start begins at; None: not guided."""
 

@@ -644,3 +644,52 @@ def test_a_start_another_worker_runs_is_not_proposed_again() -> None:
     worker = optuna.load_study(study_name=study.study_name, storage=study_storage(study), sampler=other)
     assert worker.ask(other.space).params == {**rule, "precision": "fp32"}, "a neighbour of the running start"
     assert worker.ask(other.space).params == {**rule, "batch_size": 32}
+
+
+def test_from_any_centre_every_supported_value_of_every_knob_is_one_move_away() -> None:
+    """A value another knob's value rules out (ONNX Runtime runs fp32 only; no loader workers
+    without the default prefetch depth) is reached by the move that resets that knob (or every
+    other knob) to its reference value."""
+    import itertools
+
+    from autotuner.backends.pytorch import PYTORCH, TorchCapabilities
+    from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE, InferenceCapabilities
+    from autotuner.proposals.guided_start import LocalSearch
+
+    cases = [
+        (
+            PYTORCH_INFERENCE,
+            InferenceCapabilities(bf16=True, fp16=True, compile=True, torchao=True, onnxruntime=True, ort_cpu=True),
+            {
+                "precision": ["fp32", "bf16", "fp16"],
+                "batch_size": [8, 64],
+                "quantization": ["none", "int8-dynamic"],
+                "runtime": ["pytorch", "onnxruntime-cpu"],
+                "compile": ["none", "default"],
+            },
+        ),
+        (
+            PYTORCH,
+            TorchCapabilities(bf16=True, compile=True),
+            {"precision": ["fp32", "bf16"], "workers": [0, 1, 2], "prefetch_factor": [2, 4], "batch_size": [16, 64]},
+        ),
+    ]
+    for backend, capabilities, space in cases:
+        reference = {name: backend.knobs[name].reference for name in space}
+        reference["batch_size"] = space["batch_size"][0]
+
+        def supported(params: dict[str, object]) -> bool:
+            config = {**reference, **params, "accumulation": 1}
+            return backend.unsupported_reason(config, capabilities) is None
+
+        search = LocalSearch(space, supported, reference)
+        configs = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
+        for centre in filter(supported, configs):
+            reached = [move for ring in (1, 2) for move in search.moves(centre, ring)]
+            assert all(supported(move) for move in reached)
+            for knob, values in space.items():
+                for value in values:
+                    # a value the device runs with the other knobs at their reference values
+                    if value == centre[knob] or not supported({**reference, knob: value}):
+                        continue
+                    assert any(move[knob] == value for move in reached), f"{centre} {knob} {value} {reached}"
