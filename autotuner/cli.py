@@ -135,6 +135,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     export = export_data(study, url, top=args.top or 0)
     if args.format in FORMATS:
         return _export_code(export, name, args)
+    if args.format == "onnx":
+        return _export_onnx(export, name, args)
     path = write_export(export, Path(args.output) if args.output else export_path(name, args.format), args.format)
     for entry in export.top or []:
         print(f"{entry.rank:>3}. #{entry.trial} {format_config(entry.params)}: {entry.throughput:,.0f}/s")
@@ -152,6 +154,24 @@ def _export_code(export: ExportFile, name: str, args: argparse.Namespace) -> int
     path = write_text(code, Path(args.output) if args.output else export_path(name, f"{args.format}.py"))
     print(code, end="")
     print(path)
+    return 0
+
+
+def _export_onnx(export: ExportFile, name: str, args: argparse.Namespace) -> int:
+    """Write an inference winner on ONNX Runtime as its ONNX model and session settings."""
+    from autotuner.export.reader import parse_config
+    from autotuner.export.writer import export_path
+    from autotuner.integrations.onnx import write_onnx
+    from autotuner.spec.job import load_spec
+
+    if not args.spec:
+        raise SpecError("--format onnx builds the model from the job: give --spec", key="--format onnx")
+    tuned = parse_config(export.as_data(), f"study {name}")
+    model, options = write_onnx(
+        tuned, load_spec(args.spec), Path(args.output) if args.output else export_path(name, "onnx")
+    )
+    print(model)
+    print(options)
     return 0
 
 
@@ -264,9 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
     export.add_argument(
         "--format",
-        choices=("yaml", "json", *FORMATS),
+        choices=("yaml", "json", *FORMATS, "onnx"),
         default="yaml",
-        help=f"yaml, json; or a trainer's arguments as Python: {', '.join(FORMATS)}",
+        help=f"yaml, json; a trainer's arguments as Python: {', '.join(FORMATS)}; "
+        "onnx: an inference winner on ONNX Runtime as its model and session settings",
     )
     export.add_argument("--top", type=_positive_int, help="also list the K best feasible configs (written as `top`)")
     export.add_argument(

@@ -11,10 +11,13 @@ from __future__ import annotations
 from autotuner.backends._base import Backend, Capabilities
 from autotuner.backends.jax import JAX
 from autotuner.backends.pytorch import PYTORCH
+from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
 from autotuner.config.knobs import Knob
 
 BACKENDS: dict[str, Backend] = {}
 """Name -> backend: every backend the engine knows (`register` adds one)."""
+INFERENCE: dict[str, Backend] = {}
+"""Name -> the backend's inference half (`task: inference`): the backends that serve a model."""
 
 
 def register(backend: Backend) -> Backend:
@@ -29,11 +32,13 @@ def register(backend: Backend) -> Backend:
 
 register(PYTORCH)
 register(JAX)
+INFERENCE[PYTORCH.name] = PYTORCH_INFERENCE
 
 
-def get_backend(name: str) -> Backend:
-    """The backend registered under `name`; KeyError when there is none."""
-    return BACKENDS[name]
+def get_backend(name: str, task: str = "train") -> Backend:
+    """The backend registered under `name`, or for `task: inference` its inference half; KeyError
+    when there is none."""
+    return INFERENCE[name] if task == "inference" else BACKENDS[name]
 
 
 def knob_named(name: str) -> Knob | None:

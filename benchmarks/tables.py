@@ -369,6 +369,38 @@ def promise(coverage: dict[str, Any] | None, quickstarts: dict[str, dict[str, An
     return lines
 
 
+def inference(data: dict[str, Any]) -> list[str]:
+    """The inference study's winner against the baseline and the obvious alternatives."""
+    search = data["search"]
+    lines = [
+        "### Inference: `python benchmarks/inference.py`",
+        "",
+        f"On {data['machine']} (`results/inference.json`): `autotuner search --spec {data['spec']}` took "
+        f"{search['wall_s']:.1f} s ({search['trials_ran']} trials ran); then the tuned config, the baseline and the "
+        f"obvious alternatives served side by side in lockstep, {data['rounds']} rounds, medians. Drift: the "
+        f"relative error of the outputs on the held-out inputs against the fp32 model (tolerance "
+        f"{data['max_drift']:.1%}"
+        + (f", p99 latency limit {data['max_latency_ms']:g} ms" if data.get("max_latency_ms") else "")
+        + ").",
+        "",
+        "| config | knobs | samples/s | over the baseline | p50 latency | p99 latency | drift | top-1 agreement |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in data["configs"].items():
+        if "throughput" not in row:
+            lines.append(f"| {name} | {row['config']} | failed: {row.get('error')} | | | | | |")
+            continue
+        agreement = "-" if row.get("top1_agreement") is None else f"{row['top1_agreement']:.1%}"
+        lines.append(
+            f"| {name} | {row['config']} | {row['throughput']:,.0f} | {row['over_baseline']:.2f}x | "
+            f"{row['latency_p50_ms']:.2f} ms | {row['latency_p99_ms']:.2f} ms | {row['relative_error']:.3%} | "
+            f"{agreement} |"
+        )
+    for name, row in data.get("unsupported", {}).items():
+        lines.append(f"| {name} | {row['config']} | unsupported: {row['reason']} | | | | | |")
+    return [*lines, ""]
+
+
 def _interval_text(data: dict[str, Any] | None) -> str:
     if not data:
         return "-"
@@ -691,6 +723,8 @@ def main(argv: list[str] | None = None) -> None:
     coverage = _load("interval_coverage.json", folder)
     if coverage or any(q.get("apply", {}).get("intervals") for q in quickstarts.values()):
         sections += promise(coverage, quickstarts)
+    if data := _load("inference.json", folder):
+        sections += inference(data)
     if data := _load("search_efficiency.json", folder):
         sections += search_efficiency(data)
     if data := _load("alternatives.json", folder):

@@ -77,9 +77,18 @@ def test_readme_quickstart_output_ends_as_the_search_prints_it() -> None:
     assert re.search(r"^\[1/14\] .* #0 \(baseline\) precision=fp32 batch=16x16 workers=0 compile=none", output, re.M)
     assert f"exported: {export_path(job.name)}" in output
     assert f"dashboard: {dashboard_command(job.storage_url(), str(artifact_dir(job)))}" in output
-    best = re.search(r"^best: trial #(\d+) (.*): ([\d,]+)/s, ([\d.]+)x the baseline$", output, re.M)
+    best = re.search(
+        r"^best: trial #(\d+) (.*): ([\d,]+)/s, ([\d.]+)x the baseline "
+        r"\(90% interval ([\d.]+)-([\d.]+)x, \d+ rounds\)$",
+        output,
+        re.M,
+    )
     assert best is not None
-    assert re.search(rf"^\s+#{best.group(1)}\s.*\s{best.group(3)}/s\s+{best.group(4)}x", output, re.M)
+    assert re.search(
+        rf"^\s+#{best.group(1)}\s.*\s{best.group(3)}/s\s+{best.group(4)}x\s+{best.group(5)}-{best.group(6)}x",
+        output,
+        re.M,
+    )
 
 
 def test_readme_headline_figures_are_the_generated_benchmark_tables() -> None:

@@ -79,6 +79,8 @@ class SpecRef(_Section):
     """Ranks the job runs as (`global_batch` = micro-batch x accumulation x processes)."""
     parallel: str | None = None
     """How its ranks train together: `ddp`, `fsdp`; None for one process."""
+    task: str = "train"
+    """`train`, or `inference` (a config to serve a model with: `TunedInference`)."""
 
 
 class StudyRef(_Section):

@@ -25,10 +25,11 @@ from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
 from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval, ratio_of
 from autotuner.measurement.timing import Throughput
-from autotuner.output.formatting import speedup_with_interval, times
+from autotuner.output.formatting import percent, speedup_with_interval, times
 from autotuner.results.run_time import predicted_run_s
 from autotuner.study.fingerprint import thread_mismatch
 from autotuner.trials.probe import Environment
+from autotuner.trials.trial_output import Latency, OutputDrift
 
 if TYPE_CHECKING:
     from autotuner.spec.job import Job
@@ -81,6 +82,10 @@ class AppliedRun:
     baseline's (`promise_rounds`)."""
     rounds_error: str | None = None
     """Why a round failed, ending the check early (what it measured before is kept)."""
+    latency: Latency | None = None
+    """An inference config's latency of a batch here (`task: inference`)."""
+    output_drift: OutputDrift | None = None
+    """An inference config's outputs here against the model's in strict fp32 (`task: inference`)."""
 
     @property
     def run_s(self) -> float:
@@ -234,6 +239,8 @@ def apply_config(
         setup_s=output.setup_s or 0.0,
         start_s=environment.framework_start_s or 0.0,
         compile_cache=output.compile_cache,
+        latency=output.latency,
+        output_drift=output.output_drift,
         rounds=tuple(rounds),
         rounds_error=rounds_error,
     )
@@ -418,6 +425,22 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             f"run time: {run.throughput.steps_taken:,} optimizer steps took {run.run_s:.1f} s here, start, build "
             f"and warm-up included (compile cache {run.compile_cache or 'unused'}); the study predicts "
             f"{predicted:.1f} s for as many: ratio {run.run_s / predicted:.2f}",
+            file=out,
+        )
+    if run.latency is not None:  # an inference config: its batches, each timed alone
+        study_p99 = tuned.metrics.get("latency_p99_ms")
+        print(
+            f"latency of a batch of {tuned.params['batch_size']}: p50 {run.latency.p50_ms:.2f} ms, "
+            f"p99 {run.latency.p99_ms:.2f} ms here over {run.latency.calls} calls"
+            + (f"; p99 {float(study_p99):.2f} ms in the study" if isinstance(study_p99, (int, float)) else ""),
+            file=out,
+        )
+    if run.output_drift is not None:
+        served = run.output_drift
+        agrees = f", top-1 agreement {served.top1_agreement:.2%}" if served.top1_agreement is not None else ""
+        print(
+            f"output drift from the fp32 model here: {served.relative_error:.3%}{agrees}; "
+            f"{percent(tuned.metrics.get('drift'))} in the study",
             file=out,
         )
     study_loss = tuned.metrics.get("heldout_loss")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from autotuner.backends import BACKENDS
+from autotuner.backends import BACKENDS, get_backend
 from autotuner.backends._base import with_defaults
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config
 from autotuner.errors import SpecError
@@ -132,15 +132,20 @@ def parse_config(data: Any, source: str) -> TunedConfig:
             source=source,
             key="version",
         )
-    backend = BACKENDS.get(export.environment.backend)
-    if backend is None:
+    if export.environment.backend not in BACKENDS:
         raise SpecError(
             f"{export.environment.backend!r} is not a backend; choose between {', '.join(BACKENDS)}",
             source=source,
             key="environment.backend",
         )
+    try:
+        backend = get_backend(export.environment.backend, export.spec.task)
+    except KeyError:
+        raise SpecError(
+            f"the {export.environment.backend} backend has no task {export.spec.task!r}", source=source, key="spec.task"
+        ) from None
     params = dict(export.params)
-    if backend.name == "pytorch" and "pin_memory" not in params:
+    if backend.name == "pytorch" and export.spec.task == "train" and "pin_memory" not in params:
         # exported before pinning was a knob: the loader then pinned on a CUDA device, as the study ran it
         params["pin_memory"] = str(export.environment.model_dump().get("device", "")).startswith("cuda")
     params = with_defaults(backend, params)  # exported before a knob existed: its reference value

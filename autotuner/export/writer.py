@@ -86,6 +86,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFi
             global_batch=settings.global_batch,
             processes=settings.processes or 1,
             parallel=settings.parallel,
+            task=settings.task,
         ),
         study=StudyRef(
             name=study.study_name,

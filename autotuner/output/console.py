@@ -152,6 +152,10 @@ def _narrowed(columns: list[Column], console: Console) -> list[int]:
     return widths
 
 
+def _milliseconds(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.1f} ms"
+
+
 class SearchReporter:
     def __init__(self, console: Console | None = None):
         # A terminal's width, or COLUMNS where it is set; else (a log, a pipe) 120 columns rather
@@ -246,7 +250,12 @@ class SearchReporter:
 
     def reference(self, reference: Reference, tolerance: float) -> None:
         self.console.print(
-            f"fp32 reference: held-out loss {reference.heldout:.6g}; drift tolerance {tolerance:.2%}, "
+            (
+                "fp32 reference: the model's outputs in strict fp32 eager"
+                if reference.outputs
+                else f"fp32 reference: held-out loss {reference.heldout:.6g}"
+            )
+            + f"; drift tolerance {tolerance:.2%}, "
             f"reference noise floor {percent(reference.noise_floor)}"
         )
 
@@ -263,6 +272,8 @@ class SearchReporter:
         reason = escape(done.reason)  # the user's exception text: "[/]" in it is not markup
         if done.outcome == "ok":
             status = f"{rate(done.throughput)} drift {percent(done.metrics.get('drift'))}"
+            if (p99 := done.metrics.get("latency_p99_ms")) is not None:  # an inference trial
+                status += f" p99 {p99:.1f} ms"
             if skipped := int(done.metrics.get("drift_skipped_steps") or 0):
                 status += f" ({skipped} drift steps skipped by fp16 loss scaling)"
             status += "" if done.feasible else f" [yellow]infeasible: {reason}[/]"
@@ -310,6 +321,11 @@ class SearchReporter:
                 else []
             ),
             Column("drift", [percent(t.metrics.get("drift")) for t in shown]),
+            *(
+                [Column("p99 latency", [_milliseconds(t.metrics.get("latency_p99_ms")) for t in shown])]
+                if any(t.metrics.get("latency_p99_ms") is not None for t in shown)
+                else []
+            ),
             Column("spread", [percent(t.metrics.get("throughput_spread"), 1) for t in shown]),
             Column("processes", [processes(t) for t in shown]),
             Column("warm-up", [f"{t.metrics.get('warmup_s', 0):.2f}s" for t in shown]),

@@ -35,6 +35,10 @@ class Reference:
     """Each run's held-out loss."""
     wall_s: float
     """Both runs' wall time."""
+    outputs: bool = False
+    """An inference study's reference (`task: inference`): drift compares a config's outputs with
+    the fp32 model's, in each trial; `heldout` and `trajectory` are empty, and the noise floor is
+    fp32's own, at one sample a call against the baseline's batch."""
 
     def drift(self, losses: Losses) -> Drift:
         """How far a trial's drift phase came out from the reference's."""

@@ -49,6 +49,12 @@ def trial_metrics(
         metrics.update(_measured(output, config, environment))
     if result.outcome is Outcome.NAN:  # the loss diverged: no finite drift
         metrics["drift"] = math.inf
+    elif output is not None and output.output_drift is not None and not pruned(result):
+        served = output.output_drift  # an inference trial: its outputs against the fp32 model's
+        metrics["drift"] = served.relative_error
+        for name in ("top1_agreement", "accuracy", "reference_accuracy"):
+            if (value := getattr(served, name)) is not None:
+                metrics[name] = value
     elif output is not None and reference is not None and not pruned(result):
         losses = output.losses
         drift = reference.drift(losses)
@@ -91,6 +97,14 @@ def _measured(output: TrialOutput, config: Config, environment: Environment) -> 
     share = contention(output.telemetry or {})
     if share is not None:
         metrics.update(contention=share, contended=share > CONTENDED_SHARE)
+    if output.latency is not None:  # an inference trial's calls, each a batch
+        latency = output.latency
+        metrics.update(
+            latency_p50_ms=latency.p50_ms,
+            latency_p99_ms=latency.p99_ms,
+            latency_mean_ms=latency.mean_ms,
+            latency_calls=latency.calls,
+        )
     if output.peak_memory_mb is not None:
         metrics["peak_memory_mb"] = output.peak_memory_mb
     if output.dataset_items is not None:
@@ -131,10 +145,18 @@ def record(
     drift_over = _finite(drift) - objective.max_drift if drift is not None else 0.0
     memory_over = memory - objective.max_memory_mb if objective.max_memory_mb and memory is not None else 0.0
     violations = [drift_over, 0.0 if outcome is Outcome.OK else 1.0, memory_over]  # names.CONSTRAINT_NAMES
+    latency = metrics.get("latency_p99_ms")
+    latency_over = 0.0
+    if job.spec.task == "inference":  # names.INFERENCE_CONSTRAINT_NAMES
+        limit = objective.max_latency_ms
+        latency_over = latency - limit if limit and latency is not None else 0.0
+        violations.append(latency_over)
     if outcome is Outcome.OK and drift_over > 0:
         reason = f"drift {drift:.3%} is over the tolerance of {objective.max_drift:.3%}"
     elif outcome is Outcome.OK and memory_over > 0:
         reason = f"peak memory {memory:.0f} MiB is over the limit of {objective.max_memory_mb:.0f} MiB"
+    elif outcome is Outcome.OK and latency_over > 0:
+        reason = f"p99 latency {latency:.1f} ms is over the limit of {objective.max_latency_ms:g} ms"
     feasible = all(v <= 0 for v in violations)
     attrs = {
         CONFIG: config,

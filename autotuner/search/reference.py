@@ -7,13 +7,15 @@ own noise floor, shown next to the tolerance. A search runs it once per study, t
 
 from __future__ import annotations
 
+import math
+
 from autotuner.errors import BackendError
 from autotuner.measurement.drift import measure_drift
 from autotuner.results.evidence import Reference
 from autotuner.spec.job import Job
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.outcomes import Outcome
-from autotuner.trials.trial_output import Losses, TrialOutput
+from autotuner.trials.trial_output import TrialOutput
 
 REFERENCE_LEASE_TRIALS = 3
 """A worker running the reference (two trial runs) holds it for this many trial timeouts, plus
@@ -25,7 +27,7 @@ def run_reference(launcher: TrialLauncher, job: Job, device: str, progress: str 
     `progress`: the phase file of the search's console (`autotuner.trials.progress`)."""
     config = job.reference_config()
     request = job.trial_request(config, device, measure=False, progress=progress)
-    runs: list[Losses] = []
+    outputs: list[TrialOutput] = []
     wall_s = 0.0
     for _ in range(2):
         result: TrialResult[TrialOutput] = launcher.call(job.backend.runner, "run", request, job.trial_timeout(config))
@@ -34,9 +36,13 @@ def run_reference(launcher: TrialLauncher, job: Job, device: str, progress: str 
                 f"the fp32 reference run failed ({result.outcome}: {result.reason}); no drift can be measured"
             )
         assert result.output is not None  # it ended ok: it sent its output
-        runs.append(result.output.losses)
+        outputs.append(result.output)
         wall_s += result.wall_s
-    first, second = runs
+    served = [o.output_drift for o in outputs if o.output_drift is not None]
+    if served:  # an inference study: each trial compares its outputs with the fp32 model's itself
+        floor = max(d.relative_error for d in served)
+        return Reference(config, math.nan, [], floor, 0.0, [], wall_s, outputs=True)
+    first, second = (o.losses for o in outputs)
     noise = measure_drift(second.heldout, second.trajectory, first.heldout, first.trajectory)
     return Reference(
         config=config,

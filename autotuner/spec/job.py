@@ -53,7 +53,7 @@ class Job:
 
     def __init__(self, spec: JobSpec, source: str, text: str):
         self.spec, self.source, self.text = spec, source, text
-        self.backend: Backend = get_backend(spec.backend)
+        self.backend: Backend = get_backend(spec.backend, spec.task)
         self.space: dict[str, list[Any]] = {}
         """Knob -> the values searched: the declared ones, narrowed by `narrow` once the probe has
         said what the device and the workload can honour."""
@@ -121,6 +121,12 @@ class Job:
                 "trial": {"timeout", "max_memory_mb"},
             }
         )
+        # Keys added since, at their defaults, are left out: a study or an export made before them
+        # keeps its identity (`task`: training; no latency limit).
+        if data.get("task") == "train":
+            del data["task"]
+        if data.get("objective", {}).get("max_latency_ms") is None:
+            data.get("objective", {}).pop("max_latency_ms", None)
         # A quiet knob (one added after the first four) held at its reference value is left out,
         # so that adding a knob keeps the identity of every study whose space does not search it.
         knobs = self.backend.knobs
@@ -377,6 +383,23 @@ def _rank_batch(spec: JobSpec) -> str:
     return f"global_batch / processes ({spec.global_batch} / {spec.processes} = {spec.global_batch // spec.processes})"
 
 
+def _check_task(spec: JobSpec, source: str) -> None:
+    """The keys that only one task has: a latency limit for inference, processes and a run for
+    training."""
+    if spec.task != "inference":
+        if spec.objective.max_latency_ms is not None:
+            raise SpecError(
+                "limits a batch's latency, which task: inference measures (this job trains)",
+                source=source,
+                key="objective.max_latency_ms",
+            )
+        return
+    if spec.processes != 1:
+        raise SpecError("task: inference serves from one process: processes must be 1", source=source, key="processes")
+    if spec.run is not None:
+        raise SpecError("predicts a training run's time; task: inference has none", source=source, key="run")
+
+
 def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:
     """`processes` and `parallel` as this backend can run them, `global_batch` split evenly."""
     if spec.processes == 1:
@@ -418,7 +441,11 @@ def parse_spec(data: Any, source: str, text: str = "") -> Job:
             source=source,
             key="backend",
         )
-    backend = get_backend(spec.backend)
+    _check_task(spec, source)
+    try:
+        backend = get_backend(spec.backend, spec.task)
+    except KeyError:
+        raise SpecError(f"the {spec.backend} backend has no task {spec.task}", source=source, key="task") from None
     missing = backend.missing_requirements()
     if missing:
         raise SpecError(missing, source=source, key="backend")

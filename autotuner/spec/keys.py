@@ -43,6 +43,10 @@ class Objective(_Strict):
     energy: bool = False
     """Also minimize energy per sample (J, from NVML's energy counter): a third objective of the
     study, for its Pareto front. Needs a GPU with an energy counter."""
+    max_latency_ms: float | None = Field(None, gt=0, le=86_400_000)
+    """`task: inference` only: the most a batch may take, in milliseconds, at the 99th percentile
+    of a trial's calls (each timed alone, the device synchronised): a config slower than that is
+    infeasible, however many samples a second it serves."""
 
 
 class Budget(_Strict):
@@ -162,12 +166,19 @@ class JobSpec(_Strict):
     it is never a path."""
     backend: str
     """The framework backend: `pytorch` or `jax`."""
+    task: Literal["train", "inference"] = "train"
+    """What a trial measures: `train`, optimizer steps of the workload (drift: the held-out loss
+    after K steps against the fp32 reference's); `inference`, the model's forward pass alone
+    (throughput and latency of a batch; drift: its outputs on the held-out inputs against the
+    model's in strict fp32 eager). PyTorch only."""
     workload: str
     """The training job: `package.module:function`, a factory returning the backend's workload
     (imported and called in the trial processes: trusted code, like a pytest `conftest.py`), or a
     built-in one (`builtin:mlp`, `builtin:cnn`, `builtin:gpt`)."""
     global_batch: int = Field(gt=0, le=2**31)
-    """Samples per optimizer step, the same in every config: `batch_size` x `accumulation`."""
+    """Samples per optimizer step, the same in every config: `batch_size` x `accumulation`. With
+    `task: inference`, the samples a measured step serves, in `accumulation` calls of `batch_size`
+    each: every config serves the same samples, whatever its batch."""
     workload_args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments the workload factory is called with."""
     device: str = "auto"

@@ -46,6 +46,10 @@ CONSTRAINT_NAMES = ("drift", "outcome", "memory")
 """The constraint values in the order a trial's `TRIAL_CONSTRAINTS` system attr lists them: drift
 over the tolerance, an outcome other than ok, peak memory over the limit (> 0: violated)."""
 DRIFT_LIMIT, OUTCOME_OK, MEMORY_LIMIT = CONSTRAINT_NAMES
+LATENCY_LIMIT = "latency"
+INFERENCE_CONSTRAINT_NAMES = (*CONSTRAINT_NAMES, LATENCY_LIMIT)
+"""An inference study's constraint values: those of `CONSTRAINT_NAMES`, then a batch's p99 latency
+over `objective.max_latency_ms` (> 0: violated)."""
 
 # ------------------------------------------------------------------ a trial's user attrs
 

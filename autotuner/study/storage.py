@@ -33,6 +33,7 @@ from autotuner.study.names import (
     ENVIRONMENT,
     FINGERPRINT,
     IDENTITY_CLAIM,
+    INFERENCE_CONSTRAINT_NAMES,
     METRIC_NAMES,
     SETTINGS,
     STUDY_ATTRS,
@@ -79,6 +80,8 @@ class StudySettings:
     """Ranks of every trial (the spec's `processes`)."""
     parallel: str | None = None
     """How the ranks train together (`autotuner.spec.job.Job.parallel`); None for one process."""
+    task: str = "train"
+    """What a trial measures (the spec's `task`): `train` or `inference`."""
 
     @classmethod
     def of(cls, job: Job) -> StudySettings:
@@ -92,6 +95,7 @@ class StudySettings:
             max_memory_mb=job.spec.objective.max_memory_mb,
             processes=job.spec.processes,
             parallel=job.parallel,
+            task=job.spec.task,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -306,7 +310,8 @@ def _write_study_attrs(study: optuna.Study, job: Job, environment: Environment, 
     study.set_user_attr(SETTINGS, StudySettings.of(job).as_dict())
     study.set_user_attr(ENVIRONMENT, environment.as_dict())
     study.set_user_attr(FINGERPRINT, fingerprint)
-    study.set_user_attr(CONSTRAINTS, list(CONSTRAINT_NAMES))
+    names = INFERENCE_CONSTRAINT_NAMES if job.spec.task == "inference" else CONSTRAINT_NAMES
+    study.set_user_attr(CONSTRAINTS, list(names))
 
 
 def _machine(environment: Environment) -> str:

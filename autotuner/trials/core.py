@@ -284,7 +284,8 @@ def _check_finite(loss: Any, where: str) -> float:
     return value
 
 
-def _seed(backend: TrialBackend, seed: int) -> None:
+def seed_trial(backend: TrialBackend, seed: int) -> None:
+    """Seed Python's and the framework's random generators for a build or a phase."""
     random.seed(seed)
     backend.seed(seed)
 
@@ -300,7 +301,7 @@ def probe(backend: TrialBackend, request: ProbeRequest) -> ProbeResult:
     args = dict(request.workload_args or {})
 
     def build(factory: Callable[..., Any]) -> None:
-        _seed(backend, 0)
+        seed_trial(backend, 0)
         built.append(backend.as_workload(factory(**args), request.workload))
 
     with backend.on_device(device):
@@ -357,7 +358,7 @@ def _run(
     started = time.perf_counter()
     phase = PhaseFile(request.progress)
     phase("building the workload")
-    _seed(backend, request.seed)
+    seed_trial(backend, request.seed)
     workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
     initial = backend.initial_state(workload)
     lookups = backend.compile_lookups()
@@ -380,7 +381,7 @@ def _run(
             phase("counting FLOPs")
             output.flops_per_sample = _count_flops(backend, workload, training)
         training = backend.restart(workload, training, initial)
-    _seed(backend, request.seed)
+    seed_trial(backend, request.seed)
     output.losses = _drift_phase(backend, workload, training, request, phase, group)
     return output
 
@@ -398,7 +399,7 @@ def run_profile(backend: TrialBackend, profile: ProfileRequest, group: RankGroup
     with backend.on_device(device):
         phase = PhaseFile(request.progress)
         phase("building the workload")
-        _seed(backend, request.seed)
+        seed_trial(backend, request.seed)
         workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
         training = backend.training(workload, request.config, device, request.parallel)
         batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))

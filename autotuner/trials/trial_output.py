@@ -26,6 +26,34 @@ class Losses:
     """The drift steps the config skipped (fp16 overflow), where the backend can tell."""
 
 
+@dataclass(frozen=True)
+class Latency:
+    """An inference trial's calls inside its measured windows, each timed alone (device
+    synchronised): how long a batch took, in milliseconds."""
+
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    calls: int
+
+
+@dataclass(frozen=True)
+class OutputDrift:
+    """How far an inference config's outputs on the held-out inputs are from the model's in strict
+    fp32 eager (`autotuner.trials.inference`)."""
+
+    relative_error: float
+    """||outputs - reference|| / ||reference||, Frobenius norms over every held-out item's
+    outputs, computed in float64 (or what the workload's `drift_fn` returns instead)."""
+    top1_agreement: float | None = None
+    """Where the outputs are class scores (a last dimension of two or more): the share of items
+    (and positions) whose arg-max is the reference's."""
+    accuracy: float | None = None
+    """Where the items carry integer labels of the outputs' shape: the share the config's arg-max gets right."""
+    reference_accuracy: float | None = None
+    """The same for the reference's outputs."""
+
+
 @dataclass
 class TrialOutput:
     """What a trial process sends back when it ran to its end."""
@@ -47,6 +75,10 @@ class TrialOutput:
     prune_held_off: list[float] = field(default_factory=list)
     """The share of the cores other work had taken by each window after which the trial was behind
     the best but not pruned, since it was slowed by that work (`autotuner.measurement.pruning`)."""
+    latency: Latency | None = None
+    """An inference trial's latency of a batch (`autotuner.trials.inference`); None for training."""
+    output_drift: OutputDrift | None = None
+    """An inference trial's drift: its outputs against the reference's; None for training."""
 
     def as_dict(self) -> dict[str, Any]:
         """As plain data (the benchmarks keep trial outputs in JSON): what the measured phase
@@ -66,6 +98,10 @@ class TrialOutput:
                 setup_s=self.setup_s,
                 prune_held_off=self.prune_held_off,
             )
+        if self.latency is not None:
+            data["latency"] = asdict(self.latency)
+        if self.output_drift is not None:
+            data["output_drift"] = asdict(self.output_drift)
         return data
 
     @classmethod
@@ -82,6 +118,8 @@ class TrialOutput:
             setup_s=data.get("setup_s"),
             dataset_items=data.get("dataset_items"),
             prune_held_off=data.get("prune_held_off", []),
+            latency=Latency(**data["latency"]) if data.get("latency") else None,
+            output_drift=OutputDrift(**data["output_drift"]) if data.get("output_drift") else None,
         )
 
 

@@ -151,3 +151,79 @@ def first_batch_problem(workload: TorchWorkload, count: int) -> str | None:
     except Exception as exc:
         return f"the model fails on the first batch: {type(exc).__name__}: {exc}"
     return None
+
+
+@dataclass(kw_only=True)
+class InferenceWorkload:
+    """What a factory returns for `task: inference`: a model to serve and the inputs it serves
+    (a training factory's `TorchWorkload` is accepted too: its model and data, its optimizer and
+    loss left unused).
+
+        def my_classifier() -> InferenceWorkload:
+            return InferenceWorkload(model=build_model(), dataset=MyInputs())   # items: inputs, or (inputs, label)
+
+    A batch reaches the model by the rule of the module docstring; a mapping's `labels` are left
+    out of the call (they are what accuracy is measured against)."""
+
+    model: torch.nn.Module
+    dataset: torch.utils.data.Dataset[Any]
+    """Map-style, with a length: the inputs a trial serves, one item each (inputs, or an
+    `(inputs, label)` pair, or a mapping that may hold `labels`). The same item for the same
+    index in every process."""
+    heldout: torch.utils.data.Dataset[Any] | None = None
+    """The inputs drift is measured on; default: the dataset's last items (256 at most)."""
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    """What batches a list of items; None: torch's `default_collate`."""
+    drift_fn: Callable[[torch.Tensor, torch.Tensor], float] | None = None
+    """`drift_fn(outputs, reference) -> float`: a drift of your own in place of the relative error
+    of the outputs (both the model's primary output over the held-out items, in float64)."""
+    tokens_per_sample: int | None = None
+    """Set it to get tokens/s as well as samples/s."""
+    flops_per_sample: float | None = None
+    """The forward pass's FLOPs per sample, for MFU where the device's peak is known."""
+    checkpoint_blocks: tuple[type[torch.nn.Module], ...] | None = None
+    """Unused in inference; here so that the probe reads either workload alike."""
+
+    def collate(self, items: list[Any]) -> Any:
+        """`items` batched as the trial's loaders batch them."""
+        return (self.collate_fn or torch.utils.data.default_collate)(items)
+
+    def forward(self, model: Callable[..., Any], batch: Any) -> Any:
+        """The model's output on `batch` (the module docstring's rule, a mapping's labels left out)."""
+        if isinstance(batch, Mapping):
+            return model(**{k: v for k, v in batch.items() if k != "labels"})
+        return call_model(model, batch)[0]
+
+    def loss(self, model: Callable[..., Any], batch: Any) -> Any:
+        """The forward pass (what the probe's checks call a workload's loss)."""
+        return self.forward(model, batch)
+
+    def optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        """None is trained: a plain SGD, for the probe's optimizer checks only."""
+        return torch.optim.SGD(list(params), lr=0.0)
+
+
+def as_inference_workload(built: Any, ref: str) -> InferenceWorkload:
+    """Check what a factory returned for `task: inference`: an `InferenceWorkload`, a training
+    `TorchWorkload` (its model, data and collate function) or a pair (model, dataset)."""
+    if isinstance(built, TorchWorkload):
+        built = InferenceWorkload(
+            model=built.model,
+            dataset=built.dataset,
+            heldout=built.heldout,
+            collate_fn=built.collate_fn,
+            tokens_per_sample=built.tokens_per_sample,
+        )
+    elif isinstance(built, tuple) and len(built) == 2:
+        built = InferenceWorkload(model=built[0], dataset=built[1])
+    if not isinstance(built, InferenceWorkload):
+        raise TypeError(f"workload factory {ref} returned {type(built).__name__}, expected an InferenceWorkload")
+    if not isinstance(built.model, torch.nn.Module):
+        raise TypeError(f"workload factory {ref}: model is {type(built.model).__name__}, not a torch.nn.Module")
+    for name, data in (("dataset", built.dataset), ("heldout", built.heldout)):
+        if data is not None and not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+            raise TypeError(f"workload factory {ref}: {name} must be map-style (__getitem__ and __len__)")
+    for name in ("collate_fn", "drift_fn"):
+        if getattr(built, name) is not None and not callable(getattr(built, name)):
+            raise TypeError(f"workload factory {ref}: {name} must be a callable or None")
+    return built

@@ -439,3 +439,36 @@ def test_the_shipped_example_specs_are_valid() -> None:
     for path in specs:
         job = load_spec(path)
         assert job.baseline and job.space
+
+
+# ---------------------------------------------------------------- task: inference
+
+
+def test_an_inference_spec_has_the_inference_knobs(tmp_path: Path) -> None:
+    job = load_spec(write(tmp_path, changed(task="inference", baseline={"batch_size": 8})))
+    assert job.spec.task == "inference" and job.backend.runner.endswith("inference_runner")
+    assert {"quantization", "runtime", "threads"} <= set(job.space)
+    assert job.baseline["runtime"] == "pytorch" and job.baseline["quantization"] == "none"
+    assert job.complete({**job.baseline, "batch_size": 8})["accumulation"] == job.spec.global_batch // 8
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "fragment"),
+    [
+        ({"objective": {"max_latency_ms": 50}}, "objective.max_latency_ms", "which task: inference measures"),
+        ({"task": "inference", "processes": 2}, "processes", "serves from one process"),
+        ({"task": "inference", "run": {"steps": 100}}, "run", "task: inference has none"),
+        ({"task": "serve"}, "task", "choose between 'train' or 'inference'"),
+        ({"task": "inference", "baseline": {"optimizer": "fused"}}, "baseline.optimizer", "has no knob 'optimizer'"),
+    ],
+)
+def test_keys_of_the_other_task_are_refused(tmp_path: Path, changes: dict[str, Any], key: str, fragment: str) -> None:
+    refused(tmp_path, changed(**changes), key, fragment)
+
+
+def test_keys_added_later_at_their_defaults_keep_a_studys_identity(tmp_path: Path) -> None:
+    # a study (and its export) made before `task` and `objective.max_latency_ms` existed keeps its identity
+    before = spec(tmp_path).identity()
+    assert spec(tmp_path, task="train").identity() == before
+    assert spec(tmp_path, objective={"max_drift": 0.01, "max_latency_ms": None}).identity() == before
+    assert spec(tmp_path, task="inference", baseline={"batch_size": 8}).identity() != before

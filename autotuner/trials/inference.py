@@ -1,0 +1,272 @@
+"""One inference trial, in a trial process: the algorithm of `task: inference`, written once.
+
+`run_inference` builds the workload with the trial's seed and takes its held-out inputs: as many
+of the workload's held-out items as make whole served steps (a multiple of `global_batch`, so
+every config serves the same items in whole batches of its own size). It computes the model's
+outputs on them in strict fp32 eager, before the config touches the model: the reference its
+drift is measured against, in this process, so no output tensor crosses a process. Then it applies
+the config (the backend's `TunedInference`: quantization, precision, compile, runtime, threads),
+and, when the request measures, times it: a step serves `global_batch` samples in `accumulation`
+calls of `batch_size` (`autotuner.measurement.timing`'s warm-up, calibration, windows and
+lockstep turns, as a training trial's), each call timed alone with the device synchronised, so
+the calls inside the measured windows give the latency of a batch (p50, p99). Last, the config
+serves the held-out inputs and its outputs are compared with the reference's
+(`ServingBackend.output_drift`: the relative error of the outputs, the top-1 agreement, the
+accuracy against labels where the items carry them). The fp32 reference of the study
+(`autotuner.search.reference`) runs the same with `measure` off: the strict config's own outputs
+at one sample a call against those at the baseline's batch, the noise floor of fp32 itself.
+
+This module imports no framework: the backend's `ServingBackend` does the framework's part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from autotuner.config.knobs import BATCH_SIZE
+from autotuner.measurement.pruning import behind
+from autotuner.measurement.telemetry import Telemetry
+from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
+from autotuner.measurement.traces import read_trace, top_operators
+from autotuner.measurement.turns import Turns
+from autotuner.trials.core import TrialBackend, seed_trial
+from autotuner.trials.factory import load_factory
+from autotuner.trials.outcomes import NonFiniteLoss
+from autotuner.trials.progress import PhaseFile
+from autotuner.trials.request import ProfileRequest, TrialRequest
+from autotuner.trials.trial_output import Latency, Losses, OutputDrift, ProfileOutput, TrialOutput
+
+HELDOUT_ITEMS = 256
+"""Held-out items a trial serves for its drift, at most (rounded down to whole served steps, one
+step at least), when the workload names no held-out set: the dataset's last ones."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """A served call's wall time, by `time.monotonic`: when it began and how long it took."""
+
+    began: float
+    seconds: float
+
+
+class ServingBackend(TrialBackend):
+    """A backend's inference half, in a trial process: what `run_inference` calls besides the
+    process set-up, build and seeding a `TrialBackend` provides."""
+
+    @abstractmethod
+    def heldout_items(self, workload: Any, count: int) -> list[Any]:
+        """The first `count` of the workload's held-out items (its `heldout`, else the dataset's last
+        `count`), in order."""
+
+    @abstractmethod
+    def reference_outputs(self, workload: Any, items: list[Any], batch: int, device: Any) -> Any:
+        """The model's outputs on `items`, strict fp32 eager on `device`, `batch` items a call,
+        before any config is applied: what drift is measured against."""
+
+    @abstractmethod
+    def serving(
+        self, workload: Any, config: dict[str, Any], device: Any, example: list[Any], export_file: str | None
+    ) -> Any:
+        """The backend's `TunedInference` of `config` over the workload's model on `device`;
+        `example`: the items of one batch of the config's size (what an exported graph is traced
+        with), `export_file`: where that graph is kept (`export_file`)."""
+
+    @abstractmethod
+    def batches(self, workload: Any, serving: Any, seed: int) -> Iterator[Any]:
+        """The dataset's batches of the config's size, in a seeded order, epoch after epoch."""
+
+    @abstractmethod
+    def serve(self, serving: Any, batch: Any) -> Any:
+        """The outputs of one call on `batch` (on the host or the device, as the runtime gives
+        them), once the device has finished it."""
+
+    @abstractmethod
+    def served_outputs(self, workload: Any, serving: Any, items: list[Any]) -> Any:
+        """The config's outputs on `items`, `batch_size` items a call."""
+
+    @abstractmethod
+    def output_drift(self, workload: Any, outputs: Any, reference: Any, items: list[Any]) -> OutputDrift:
+        """How far `outputs` are from `reference` (`OutputDrift`)."""
+
+    def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+        """Entry point: one inference trial of `request` (`run_inference`)."""
+        return run_inference(self, request, turns)
+
+    def profile(self, request: ProfileRequest) -> ProfileOutput:
+        """Entry point: `request.steps` served steps of its trial's config under the profiler
+        (`profile_inference`)."""
+        return profile_inference(self, request)
+
+
+def heldout_count(available: int, global_batch: int) -> int:
+    """Held-out items a trial serves: at most `HELDOUT_ITEMS` (or all `available` when fewer), in
+    whole served steps of `global_batch`, one step at least."""
+    steps = max(1, min(available, max(HELDOUT_ITEMS, global_batch)) // global_batch)
+    return steps * global_batch
+
+
+def export_file(request: TrialRequest) -> str | None:
+    """Where a trial keeps the graph its runtime runs when it is not PyTorch's (an ONNX export), in
+    the study's compile cache: one per workload, arguments, seed and batch size, so the model is
+    exported once for a study and each batch size, and every later trial of it reuses the file."""
+    if not request.compile_cache or request.config.get("runtime", "pytorch") == "pytorch":
+        return None
+    key = json.dumps(
+        [request.workload, request.workload_args, request.seed, request.config[BATCH_SIZE.name]],
+        sort_keys=True,
+        default=str,
+    )
+    return os.path.join(request.compile_cache, "onnx", f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.onnx")
+
+
+def percentile(values: list[float], share: float) -> float:
+    """The `share` quantile of `values` (nearest rank, as a latency percentile is read)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+def latency(calls: list[Served], spans: list[tuple[float, float]]) -> Latency | None:
+    """The latency of the calls that began inside the measured windows' `spans`, in milliseconds."""
+    inside = [c.seconds * 1e3 for c in calls if any(start <= c.began <= end for start, end in spans)]
+    if not inside:
+        return None
+    return Latency(
+        p50_ms=statistics.median(inside),
+        p99_ms=percentile(inside, 0.99),
+        mean_ms=statistics.fmean(inside),
+        calls=len(inside),
+    )
+
+
+def run_inference(backend: ServingBackend, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+    """One inference trial of `request`, as the module says; with `turns`, its measured phase takes
+    its turns in a lockstep group."""
+    backend.configure_process(request.device, request.compile_cache, request.config)
+    device = backend.resolve_device(request.device)
+    backend.use_device(device)
+    with backend.on_device(device):
+        return _run(backend, request, device, turns)
+
+
+def _run(backend: ServingBackend, request: TrialRequest, device: Any, turns: Turns | None) -> TrialOutput:
+    started = time.perf_counter()
+    phase = PhaseFile(request.progress)
+    phase("building the workload")
+    seed_trial(backend, request.seed)
+    workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+    available = len(workload.heldout) if workload.heldout is not None else len(workload.dataset)
+    items = backend.heldout_items(workload, heldout_count(available, request.global_batch))
+    phase(f"reference outputs, {len(items)} items in strict fp32")
+    reference = backend.reference_outputs(workload, items, request.heldout_batch, device)
+    batch = int(request.config[BATCH_SIZE.name])
+    serving = backend.serving(workload, request.config, device, items[:batch], export_file(request))
+    output = TrialOutput(
+        losses=Losses(math.nan, []),
+        tokens_per_sample=workload.tokens_per_sample,
+        flops_per_sample=workload.flops_per_sample,
+        dataset_items=len(workload.dataset),
+    )
+    if request.measure:
+        output.setup_s = time.perf_counter() - started
+        stopped = _measure(backend, workload, serving, request, device, output, turns, phase)
+        if stopped or not request.drift:
+            return output
+    phase(f"outputs on {len(items)} held-out items")
+    if not request.measure:  # the study's reference: fp32 itself, one sample a call against the baseline's batch
+        single = backend.reference_outputs(workload, items, 1, device)
+        output.output_drift = backend.output_drift(workload, single, reference, items)
+    else:
+        output.output_drift = backend.output_drift(
+            workload, backend.served_outputs(workload, serving, items), reference, items
+        )
+    if not math.isfinite(output.output_drift.relative_error):
+        raise NonFiniteLoss(f"the outputs became {output.output_drift.relative_error} on the held-out items")
+    return output
+
+
+def profile_inference(backend: ServingBackend, profile: ProfileRequest) -> ProfileOutput:
+    """`profile.steps` served steps of its trial's config under the framework's profiler, after
+    the trial's warm-up steps (compilation is not what a call costs): the trace's path and its
+    operators by self time (`autotuner.measurement.traces.top_operators`)."""
+    request = profile.trial
+    backend.configure_process(request.device, request.compile_cache, request.config)
+    device = backend.resolve_device(request.device)
+    backend.use_device(device)
+    with backend.on_device(device):
+        phase = PhaseFile(request.progress)
+        phase("building the workload")
+        seed_trial(backend, request.seed)
+        workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+        batch = int(request.config[BATCH_SIZE.name])
+        example = backend.heldout_items(workload, batch)
+        serving = backend.serving(workload, request.config, device, example, export_file(request))
+        batches = backend.batches(workload, serving, request.seed)
+        calls = request.global_batch // batch
+        phase(f"warm-up, {request.warmup_steps} steps")
+        for _ in range(max(1, request.warmup_steps) * calls):
+            backend.serve(serving, next(batches))
+        phase(f"profiling {profile.steps} steps")
+        with backend.profiling(device, profile.folder) as written:
+            for _ in range(profile.steps * calls):
+                backend.serve(serving, next(batches))
+    where, total_ms, operators = top_operators(read_trace(written[0]), profile.steps)
+    return ProfileOutput(trace=written[0], where=where, total_ms=total_ms, operators=operators)
+
+
+def _measure(
+    backend: ServingBackend,
+    workload: Any,
+    serving: Any,
+    request: TrialRequest,
+    device: Any,
+    output: TrialOutput,
+    turns: Turns | None,
+    phase: PhaseFile,
+) -> bool:
+    """The measured phase: steps of `accumulation` calls, each timed alone; whether it was
+    stopped early (pruned)."""
+    batches = backend.batches(workload, serving, request.seed)
+    calls: list[Served] = []
+    calls_a_step = request.global_batch // int(request.config[BATCH_SIZE.name])
+
+    def step() -> None:
+        for _ in range(calls_a_step):
+            batch = next(batches)
+            began = time.monotonic()
+            backend.serve(serving, batch)
+            calls.append(Served(began, time.monotonic() - began))
+
+    telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device))
+    stop: Callable[[list[float]], str | None] | None = None
+    if request.prune_best is not None:
+        best, after = request.prune_best, request.prune_after
+        stop = lambda rates: behind(rates, best, after)  # noqa: E731
+    timer = WindowTimer(
+        step,
+        lambda: None,  # every call ends synchronised (`serve`)
+        after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
+    )
+    settings = Measuring(
+        warmup_steps=request.warmup_steps,
+        steps=request.steps,
+        windows=request.windows,
+        samples_per_step=request.global_batch,
+        min_window_s=request.min_window_s,
+        match_steps=request.match_steps,
+        match_most_s=request.match_most_s,
+    )
+    throughput = measure_throughput(timer, settings, telemetry=telemetry, turns=turns, stop=stop, phase=phase)
+    output.throughput = throughput
+    output.latency = latency(calls, throughput.window_spans)
+    output.telemetry = telemetry.summary(throughput.telemetry_samples)
+    output.peak_memory_mb = max(backend.peak_memory_mb(device), output.telemetry.get("gpu_process_memory_mb_max", 0.0))
+    return throughput.stopped is not None

@@ -1,0 +1,158 @@
+"""The PyTorch backend's inference half, trial-process side: PyTorch's part of the inference trial
+(`autotuner.trials.inference`), exposed as the runner module's `TRIAL_BACKEND`. The config is
+applied by `autotuner.backends.pytorch.serving.TunedInference`, the object users serve with.
+
+Imported by the fork server before any trial, so importing it must not initialise CUDA (nor
+import torchao or onnxruntime: a config that uses them imports them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
+from autotuner.backends.pytorch.probe import environment
+from autotuner.backends.pytorch.runner import PyTorchTrial
+from autotuner.backends.pytorch.serving import TunedInference, primary_output
+from autotuner.backends.pytorch.workload import InferenceWorkload, as_inference_workload
+from autotuner.config.knobs import BATCH_SIZE, Config
+from autotuner.trials.inference import ServingBackend
+from autotuner.trials.probe import Environment
+from autotuner.trials.trial_output import OutputDrift
+
+
+def _ort_providers() -> list[str]:
+    """ONNX Runtime's execution providers in this build (none without onnxruntime)."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return []
+    import onnxruntime
+
+    return list(onnxruntime.get_available_providers())
+
+
+def _label(item: Any) -> Any:
+    """An item's label: a pair's second item, a mapping's `labels`; None where it carries none."""
+    if isinstance(item, dict):
+        return item.get("labels")
+    if isinstance(item, (tuple, list)) and not hasattr(item, "_fields") and len(item) == 2:
+        return item[1]
+    return None
+
+
+class PyTorchServing(ServingBackend, PyTorchTrial):
+    """PyTorch's part of an inference trial (`autotuner.trials.inference.ServingBackend`)."""
+
+    def environment(self, device: torch.device) -> Environment:
+        found = environment(device)
+        providers = _ort_providers()
+        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
+        inference = {
+            "torchao": importlib.util.find_spec("torchao") is not None,
+            "fp8": capability >= (8, 9),
+            "onnxruntime": bool(providers),
+            "ort_cpu": "CPUExecutionProvider" in providers,
+            "ort_cuda": device.type == "cuda" and "CUDAExecutionProvider" in providers,
+            "ort_tensorrt": device.type == "cuda" and "TensorrtExecutionProvider" in providers,
+        }
+        return dataclasses.replace(found, capabilities={**found.capabilities, **inference})
+
+    def as_workload(self, built: Any, ref: str) -> InferenceWorkload:  # type: ignore[override]
+        return as_inference_workload(built, ref)
+
+    def first_batch_problem(self, workload: Any, count: int) -> str | None:
+        try:
+            items = [workload.dataset[i] for i in range(count)]
+        except Exception as exc:
+            return f"the dataset's first items cannot be read: {type(exc).__name__}: {exc}"
+        try:
+            batch = workload.collate(items)
+        except Exception as exc:
+            return f"the collate function cannot batch the dataset's first {count} items: {type(exc).__name__}: {exc}"
+        try:
+            with torch.no_grad():
+                primary_output(workload.forward(workload.model.eval(), batch))
+        except Exception as exc:
+            return f"the model fails on the first batch: {type(exc).__name__}: {exc}"
+        return None
+
+    def heldout_items(self, workload: InferenceWorkload, count: int) -> list[Any]:
+        if workload.heldout is not None:
+            return [workload.heldout[i] for i in range(count)]
+        size = len(workload.dataset)
+        return [workload.dataset[i] for i in range(size - count, size)]
+
+    def reference_outputs(self, workload: InferenceWorkload, items: list[Any], batch: int, device: Any) -> Any:
+        config = {name: knob.reference for name, knob in PYTORCH_INFERENCE.knobs.items()}
+        strict = TunedInference({**config, BATCH_SIZE.name: batch}, workload.model, device=device)
+        outputs = [
+            primary_output(strict(workload.collate(items[k : k + batch]))).detach().to("cpu", torch.float64)
+            for k in range(0, len(items), batch)
+        ]
+        return torch.cat(outputs)
+
+    def serving(
+        self, workload: InferenceWorkload, config: Config, device: Any, example: list[Any], export_file: str | None
+    ) -> TunedInference:
+        return TunedInference(
+            config, workload.model, device=device, example=workload.collate(example), onnx_file=export_file
+        )
+
+    def batches(self, workload: InferenceWorkload, serving: TunedInference, seed: int) -> Iterator[Any]:
+        generator = torch.Generator().manual_seed(seed)
+        loader = torch.utils.data.DataLoader(
+            workload.dataset,
+            batch_size=serving.batch_size,
+            shuffle=True,
+            generator=generator,
+            drop_last=True,
+            collate_fn=workload.collate,
+            num_workers=serving.workers,
+        )
+        while True:
+            yielded = False
+            for batch in loader:
+                yielded = True
+                yield batch
+            if not yielded:
+                raise ValueError("the data loader yields no batch: the dataset holds fewer items than one batch")
+
+    def serve(self, serving: TunedInference, batch: Any) -> Any:
+        outputs = serving(batch)
+        serving.synchronize()
+        return outputs
+
+    def served_outputs(self, workload: InferenceWorkload, serving: TunedInference, items: list[Any]) -> torch.Tensor:
+        size = serving.batch_size
+        outputs = [
+            primary_output(serving(workload.collate(items[k : k + size]))).detach().to("cpu", torch.float64)
+            for k in range(0, len(items), size)
+        ]
+        return torch.cat(outputs)
+
+    def output_drift(
+        self, workload: InferenceWorkload, outputs: torch.Tensor, reference: torch.Tensor, items: list[Any]
+    ) -> OutputDrift:
+        if workload.drift_fn is not None:
+            error = float(workload.drift_fn(outputs, reference))
+        else:
+            scale = float(torch.linalg.vector_norm(reference))
+            error = float(torch.linalg.vector_norm(outputs - reference)) / scale if scale else 0.0
+        agreement = accuracy = reference_accuracy = None
+        if outputs.dim() >= 2 and outputs.shape[-1] >= 2:
+            chosen, expected = outputs.argmax(-1), reference.argmax(-1)
+            agreement = float((chosen == expected).double().mean())
+            labels = [_label(item) for item in items]
+            if all(isinstance(label, (int, torch.Tensor)) for label in labels):
+                target = torch.as_tensor([int(label) for label in labels]) if chosen.dim() == 1 else None
+                if target is not None and target.shape == chosen.shape:
+                    accuracy = float((chosen == target).double().mean())
+                    reference_accuracy = float((expected == target).double().mean())
+        return OutputDrift(error, agreement, accuracy, reference_accuracy)
+
+
+TRIAL_BACKEND = PyTorchServing()

@@ -1,0 +1,209 @@
+"""Serving a model with an inference config: `TunedInference` (what the trials serve through and
+users apply), the knobs' unsupported reasons, and the drift, latency and held-out rules of the
+inference trial. CPU only, real torch, torchao and ONNX Runtime."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE, InferenceCapabilities
+from autotuner.backends.pytorch.inference_runner import PyTorchServing
+from autotuner.backends.pytorch.serving import TunedInference, primary_output
+from autotuner.backends.pytorch.workload import InferenceWorkload, TorchWorkload, as_inference_workload
+from autotuner.trials.inference import Served, heldout_count, latency, percentile
+
+REFERENCE = {name: knob.reference for name, knob in PYTORCH_INFERENCE.knobs.items()}
+
+
+def _config(**changes: object) -> dict[str, object]:
+    return {**REFERENCE, "batch_size": 8, **changes}
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 5))
+
+
+def _inputs(count: int = 16) -> torch.Tensor:
+    return torch.randn(count, 32, generator=torch.Generator().manual_seed(1))
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def test_the_reference_config_is_the_model_itself() -> None:
+    model, x = _model(), _inputs()
+    expected = model(x)
+    served = TunedInference(_config(), _model(), device="cpu")(x)
+    assert torch.equal(served, expected.detach())
+
+
+@pytest.mark.parametrize(
+    ("changes", "most"),
+    [
+        ({"precision": "bf16"}, 0.05),
+        ({"quantization": "int8-dynamic"}, 0.05),
+        ({"quantization": "int8-weight-only"}, 0.05),
+        ({"runtime": "onnxruntime-cpu", "threads": 1}, 1e-5),
+    ],
+)
+def test_each_knob_computes_the_same_outputs_within_its_numerics(
+    changes: dict[str, object], most: float, tmp_path: Path
+) -> None:
+    x = _inputs()
+    expected = _model()(x).detach()
+    tuned = TunedInference(_config(**changes), _model(), device="cpu", example=x[:8], onnx_file=tmp_path / "m.onnx")
+    outputs = primary_output(tuned(x[:8])).float()
+    assert _relative(outputs, expected[:8]) <= most
+    if changes.get("runtime"):
+        assert (tmp_path / "m.onnx").exists() and tuned.session is not None
+
+
+def test_an_onnx_runtime_needs_an_example_and_reuses_its_export(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="give an example batch"):
+        TunedInference(_config(runtime="onnxruntime-cpu"), _model(), device="cpu")
+    x, onnx = _inputs(8), tmp_path / "m.onnx"
+    TunedInference(_config(runtime="onnxruntime-cpu"), _model(), device="cpu", example=x, onnx_file=onnx)
+    written = onnx.stat().st_mtime_ns
+    TunedInference(_config(runtime="onnxruntime-cpu"), _model(), device="cpu", example=x, onnx_file=onnx)
+    assert onnx.stat().st_mtime_ns == written  # exported once
+
+
+def test_a_mapping_batch_is_passed_as_keywords_without_its_labels() -> None:
+    class Keyword(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 3)
+
+        def forward(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"logits": self.linear(features)}
+
+    tuned = TunedInference(_config(), Keyword(), device="cpu")
+    out = tuned({"features": torch.randn(2, 4), "labels": torch.tensor([0, 1])})
+    assert primary_output(out).shape == (2, 3)
+
+
+CPU = InferenceCapabilities(bf16=True, fp16=True, compile=True, torchao=True, onnxruntime=True, ort_cpu=True)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({}, None),
+        ({"quantization": "int8-dynamic"}, None),
+        ({"runtime": "onnxruntime-cpu", "threads": 1}, None),
+        ({"runtime": "onnxruntime-cpu", "precision": "bf16"}, "the model is exported in fp32"),
+        ({"runtime": "onnxruntime-cpu", "quantization": "int8-dynamic"}, "ONNX Runtime runs the exported fp32 graph"),
+        ({"runtime": "onnxruntime-cuda"}, "this ONNX Runtime build has no CUDAExecutionProvider"),
+        ({"quantization": "fp8"}, "compute capability 8.9"),
+        ({"compile": "reduce-overhead"}, "CUDA graphs need a CUDA device"),
+        ({"precision": "tf32"}, "no TF32 matmuls"),
+    ],
+)
+def test_what_a_cpu_cannot_serve_is_unsupported_with_the_reason(changes: dict[str, object], reason: str | None) -> None:
+    found = PYTORCH_INFERENCE.unsupported_reason(_config(**changes), CPU)
+    assert found is None if reason is None else reason in (found or ""), found
+
+
+def test_a_missing_library_is_unsupported_with_the_pip_line() -> None:
+    bare = InferenceCapabilities(bf16=True)
+    found = PYTORCH_INFERENCE.unsupported_reason(_config(quantization="int8-dynamic"), bare)
+    assert found is not None and "torchao is not installed here: pip install torchao" in found
+    found = PYTORCH_INFERENCE.unsupported_reason(_config(runtime="onnxruntime-cpu"), bare)
+    assert found is not None and "pip install onnxruntime" in found
+
+
+def test_held_out_items_are_whole_served_steps() -> None:
+    assert heldout_count(256, 64) == 256 and heldout_count(300, 64) == 256
+    assert heldout_count(1000, 48) == 240  # 256 at most, in steps of 48
+    assert heldout_count(10, 64) == 64  # one step at least (the probe checks the dataset holds it)
+    assert heldout_count(2000, 512) == 512
+
+
+def test_latency_is_read_from_the_calls_inside_the_measured_windows() -> None:
+    calls = [Served(0.5, 9.0), *(Served(1.0 + k * 0.01, 0.001 * (k + 1)) for k in range(100)), Served(5.0, 1.0)]
+    found = latency(calls, [(1.0, 2.5)])  # the warm-up's call (0.5) and one after (5.0) are not counted
+    assert found is not None and found.calls == 100
+    assert found.p50_ms == pytest.approx(50.5) and found.p99_ms == pytest.approx(99.0)
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and latency(calls, []) is None
+
+
+def _classifier_items(count: int) -> list[tuple[torch.Tensor, int]]:
+    x = _inputs(count)
+    return [(x[k], k % 5) for k in range(count)]
+
+
+def test_output_drift_is_the_relative_error_with_top1_agreement_and_accuracy() -> None:
+    serving = PyTorchServing()
+    workload = InferenceWorkload(model=_model(), dataset=_classifier_items(16))
+    items = _classifier_items(16)
+    reference = serving.reference_outputs(workload, items, 8, torch.device("cpu"))
+    same = serving.output_drift(workload, reference.clone(), reference, items)
+    assert same.relative_error == 0.0 and same.top1_agreement == 1.0
+    assert same.accuracy == same.reference_accuracy is not None
+    noisy = reference + 0.1 * reference.norm() / math.sqrt(reference.numel()) * torch.ones_like(reference)
+    drift = serving.output_drift(workload, noisy, reference, items)
+    assert drift.relative_error == pytest.approx(0.1, rel=1e-6)
+    custom = InferenceWorkload(model=_model(), dataset=items, drift_fn=lambda out, ref: 0.25)
+    assert serving.output_drift(custom, noisy, reference, items).relative_error == 0.25
+
+
+def test_a_training_workload_serves_its_model_and_data() -> None:
+    training = TorchWorkload(model=_model(), dataset=_classifier_items(8), optimizer=torch.optim.SGD)
+    served = as_inference_workload(training, "x:y")
+    assert served.model is training.model and served.dataset is training.dataset
+    with pytest.raises(TypeError, match="expected an InferenceWorkload"):
+        as_inference_workload(object(), "x:y")
+
+
+def test_the_exported_graph_is_kept_once_per_workload_seed_and_batch() -> None:
+    from autotuner.trials.inference import export_file
+    from autotuner.trials.request import TrialRequest
+
+    def request(**config: object) -> TrialRequest:
+        return TrialRequest(
+            workload="autotuner.backends.pytorch.inference_builtin:encoder",
+            workload_args={"width": 64},
+            device="cpu",
+            config=_config(**config),
+            global_batch=64,
+            seed=0,
+            warmup_steps=1,
+            steps=1,
+            windows=1,
+            drift_steps=1,
+            heldout_batch=8,
+            compile_cache="/cache",
+        )
+
+    assert export_file(request()) is None  # PyTorch's runtime exports nothing
+    eight = export_file(request(runtime="onnxruntime-cpu"))
+    assert eight is not None and eight.startswith("/cache/onnx/") and eight.endswith(".onnx")
+    assert export_file(request(runtime="onnxruntime-cpu", threads=2)) == eight  # the same graph
+    assert export_file(request(runtime="onnxruntime-cpu", batch_size=16)) != eight
+
+
+def test_only_an_onnx_winner_exports_as_onnx(tmp_path: Path) -> None:
+    from autotuner.errors import SpecError
+    from autotuner.export.reader import parse_config
+    from autotuner.integrations.onnx import write_onnx
+
+    export = {
+        "version": 1,
+        "params": _config(),
+        "metrics": {"throughput": 100.0},
+        "baseline": {},
+        "speedup": None,
+        "environment": {"backend": "pytorch", "device": "cpu", "fingerprint": "0"},
+        "spec": {"identity": "x", "task": "inference"},
+        "study": {"name": "s"},
+    }
+    tuned = parse_config(export, "best.yaml")
+    with pytest.raises(SpecError, match="runs on pytorch: --format onnx writes the model of an inference config"):
+        write_onnx(tuned, None, tmp_path / "best.onnx")  # type: ignore[arg-type]
