@@ -215,7 +215,7 @@ def export_onnx(model: torch.nn.Module, example: Any, path: Path) -> list[str]:
             str(partial),
             kwargs=kwargs,
             input_names=names,
-            dynamo=False,  # the TorchScript exporter: no onnxscript needed, seconds not minutes
+            dynamo=False,  # the TorchScript exporter, which needs no onnxscript
         )
     partial.replace(path)
     return names
