@@ -196,6 +196,7 @@ def top_table(report: Report, top: int = TOP) -> Table:
     leaders = ranked(report.trials, report.plan)[:top]
     estimates = [report.estimate(t) for t in leaders]
     shown = [(column, key) for column, key in ESTIMATE_COLUMNS if any(key in e for e in estimates)]
+    served = any(t.metrics.get("latency_p99_ms") is not None for t in leaders)  # an inference study
     rows = [
         [
             str(rank),
@@ -205,12 +206,20 @@ def top_table(report: Report, top: int = TOP) -> Table:
             _processes(t),
             report.speedup(t),
             charts.trial_drift_text(t),
+            *([_latency_text(t)] if served else []),
             *(_estimate_text(key, estimate) for _, key in shown),
         ]
         for rank, (t, estimate) in enumerate(zip(leaders, estimates, strict=True), start=1)
     ]
     headers = ["rank", "trial", "config", "throughput", "processes", "speedup", "drift"]
+    headers += ["latency p50 / p99"] if served else []
     return [*headers, *(column for column, _ in shown)], rows
+
+
+def _latency_text(t: TrialRecord) -> str:
+    """An inference trial's latency of a batch: `12.3 / 18.9 ms`."""
+    p50, p99 = t.metrics.get("latency_p50_ms"), t.metrics.get("latency_p99_ms")
+    return "-" if p50 is None or p99 is None else f"{float(p50):.1f} / {float(p99):.1f} ms"
 
 
 def _estimate_text(key: str, estimate: dict[str, Any]) -> str:

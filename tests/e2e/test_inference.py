@@ -5,6 +5,7 @@ Face model built from a config (no download) tuned the same way."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,11 @@ def test_the_export_is_a_serving_config(served: tuple[Path, str]) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"latency of a batch of {tuned.params['batch_size']}: p50 " in done.stdout
     assert "output drift from the fp32 model here: " in done.stdout and "promise: " in done.stdout
+    # the report's top configs carry each one's latency of a batch
+    reported = run_cli("report", "--spec", str(folder / "served.yaml"), "--format", "md", cwd=folder)
+    assert reported.returncode == 0, reported.stdout + reported.stderr
+    report = (folder / "runs" / "served" / "report.md").read_text()
+    assert "| latency p50 / p99 |" in report and re.search(r"\| [\d.]+ / [\d.]+ ms \|", report)
 
 
 def test_a_latency_limit_makes_slower_configs_infeasible(tmp_path: Path) -> None:

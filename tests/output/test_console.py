@@ -24,11 +24,15 @@ def _config(precision: str, batch: int, workers: int, compile: str, optimizer: s
 
 
 def _trial(
-    number: int, config: dict[str, Any], throughput: float, runs: list[float] | None = None, speedups: list[float] = []
+    number: int,
+    config: dict[str, Any],
+    throughput: float,
+    runs: list[float] | None = None,
+    speedups: tuple[float, ...] = (),
 ) -> TrialRecord:
     metrics = {"throughput": throughput, "drift": 0.00041, "throughput_spread": 0.039, "warmup_s": 27.71}
     remeasured = (
-        Remeasurement(throughputs=runs, windows=[[r] for r in runs], group=[0, number], speedups=speedups)
+        Remeasurement(throughputs=runs, windows=[[r] for r in runs], group=[0, number], speedups=list(speedups))
         if runs
         else None
     )
@@ -41,7 +45,7 @@ BASELINE = _trial(
 )
 TRIALS = [
     BASELINE,
-    _trial(4, _config("bf16", 256, 4, "max-autotune", "fused"), 3390.0, [3400.0, 3310.0, 3390.0], [5.1, 4.9]),
+    _trial(4, _config("bf16", 256, 4, "max-autotune", "fused"), 3390.0, [3400.0, 3310.0, 3390.0], (5.1, 4.9)),
     _trial(7, _config("bf16", 256, 4, "max-autotune", "foreach"), 3290.0),
     _trial(9, _config("fp16", 128, 4, "reduce-overhead", "fused", checkpointing="blocks"), 3105.0),
     _trial(11, _config("bf16", 256, 2, "default", "fused"), 1714.0),

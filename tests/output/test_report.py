@@ -15,8 +15,8 @@ from optuna.distributions import CategoricalDistribution
 
 from autotuner.errors import SpecError
 from autotuner.export.writer import export_data
-from autotuner.output import charts
 from autotuner.measurement.interval import ratio_interval
+from autotuner.output import charts
 from autotuner.output.dashboard import study_note
 from autotuner.output.formatting import percent
 from autotuner.output.pages import render_html, render_markdown
@@ -297,8 +297,13 @@ def test_the_export_report_and_dashboard_note_state_the_speedup_with_its_interva
     assert winner.number == 4 and speedup(winner, None) == pytest.approx(interval.estimate)
     export = export_data(study, "sqlite:///x.db", top=2).as_data()
     assert export["speedup"] == pytest.approx(interval.estimate)
-    assert export["speedup_interval"] == {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
-                                          "rounds": 3, "level": 0.9}
+    assert export["speedup_interval"] == {
+        "estimate": interval.estimate,
+        "low": interval.low,
+        "high": interval.high,
+        "rounds": 3,
+        "level": 0.9,
+    }
     assert [row["speedup_interval"] for row in export["top"]] == [interval.as_dict(), None]  # #1: one round
     report = render_markdown(load_report(url, "interval"))
     assert f"#4 precision=bf16 batch=16x4 workers=0 compile=none: 2,150/s, {shown} the baseline's" in report

@@ -678,9 +678,10 @@ def test_from_any_centre_every_supported_value_of_every_knob_is_one_move_away() 
         reference = {name: backend.knobs[name].reference for name in space}
         reference["batch_size"] = space["batch_size"][0]
 
-        def supported(params: dict[str, object]) -> bool:
-            config = {**reference, **params, "accumulation": 1}
-            return backend.unsupported_reason(config, capabilities) is None
+        def supported(
+            params: dict[str, object], backend: Any = backend, capabilities: Any = capabilities, base: Any = reference
+        ) -> bool:
+            return backend.unsupported_reason({**base, **params, "accumulation": 1}, capabilities) is None
 
         search = LocalSearch(space, supported, reference)
         configs = [dict(zip(space, values, strict=True)) for values in itertools.product(*space.values())]
