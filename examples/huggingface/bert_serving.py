@@ -31,7 +31,5 @@ def make_workload(
     model = BertForSequenceClassification(config)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(vocab, (samples + 256, length), generator=generator)
-    items = [
-        {"input_ids": row, "attention_mask": torch.ones_like(row), "labels": int(row.sum()) % 4} for row in tokens
-    ]
+    items = [{"input_ids": row, "attention_mask": torch.ones_like(row), "labels": int(row.sum()) % 4} for row in tokens]
     return InferenceWorkload(model=model, dataset=items[:samples], heldout=items[samples:], tokens_per_sample=length)
