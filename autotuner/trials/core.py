@@ -28,7 +28,7 @@ from autotuner.config.knobs import Config
 from autotuner.measurement.contention import CONTENDED_SHARE
 from autotuner.measurement.pruning import behind
 from autotuner.measurement.telemetry import Telemetry
-from autotuner.measurement.timing import DONE, Measuring, WindowTimer, measure_throughput
+from autotuner.measurement.timing import DONE, WindowTimer, measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.factory import load_factory, workload_problem
@@ -458,13 +458,7 @@ def _measure(
     others = [*backend.more_gpu_uuids(device), *(uuid for uuid in ranks if uuid is not None)]
     telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device), more_gpus=others)
 
-    def stop(rates: list[float]) -> str | None:
-        reason = behind(rates, request.prune_best, request.prune_after) if request.prune_best is not None else None
-        if reason is not None and (share := telemetry.cpu.others_share()) > CONTENDED_SHARE:
-            output.prune_held_off.append(share)  # slowed by other work, a trial would look a loser
-            return None
-        return reason
-
+    stop = pruning(request, telemetry, output)
     leading = group is None or group.rank == 0
     timer = WindowTimer(
         step,
@@ -478,16 +472,9 @@ def _measure(
         stopped = timer.follow(group.next_command)
         group.gather("peak_memory_mb", backend.peak_memory_mb(device))
         return stopped
-    settings = Measuring(
-        warmup_steps=request.warmup_steps,
-        steps=request.steps,
-        windows=request.windows,
-        samples_per_step=request.global_batch,
-        min_window_s=request.min_window_s,
-        match_steps=request.match_steps,
-        match_most_s=request.match_most_s,
+    throughput = measure_throughput(
+        timer, request.measuring(), telemetry=telemetry, turns=turns, stop=stop, phase=phase
     )
-    throughput = measure_throughput(timer, settings, telemetry=telemetry, turns=turns, stop=stop, phase=phase)
     measured = telemetry.summary(throughput.telemetry_samples)  # every span's samples, not the last windows'
     output.throughput = throughput
     peaks = [backend.peak_memory_mb(device)]
@@ -498,6 +485,22 @@ def _measure(
     output.peak_memory_mb = max(*peaks, measured.get("gpu_process_memory_mb_max", 0.0))
     output.telemetry = measured
     return throughput.stopped is not None
+
+
+def pruning(request: TrialRequest, telemetry: Telemetry, output: TrialOutput) -> Callable[[list[float]], str | None]:
+    """The rule the measured phase asks after each window whether to stop there: behind the best
+    so far (`autotuner.measurement.pruning.behind`, a search trial only), unless other work took
+    more than `CONTENDED_SHARE` of the CPU meanwhile (the share is kept in `output`): slowed by it,
+    a trial would look a loser."""
+
+    def stop(rates: list[float]) -> str | None:
+        reason = behind(rates, request.prune_best, request.prune_after) if request.prune_best is not None else None
+        if reason is not None and (share := telemetry.cpu.others_share()) > CONTENDED_SHARE:
+            output.prune_held_off.append(share)
+            return None
+        return reason
+
+    return stop
 
 
 def _drift_phase(

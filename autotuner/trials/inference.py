@@ -28,17 +28,16 @@ import os
 import statistics
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from autotuner.config.knobs import BATCH_SIZE
-from autotuner.measurement.pruning import behind
 from autotuner.measurement.telemetry import Telemetry
-from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
+from autotuner.measurement.timing import WindowTimer, measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
-from autotuner.trials.core import TrialBackend, seed_trial
+from autotuner.trials.core import TrialBackend, pruning, seed_trial
 from autotuner.trials.factory import load_factory
 from autotuner.trials.outcomes import NonFiniteLoss
 from autotuner.trials.progress import PhaseFile
@@ -246,25 +245,15 @@ def _measure(
             calls.append(Served(began, time.monotonic() - began))
 
     telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device))
-    stop: Callable[[list[float]], str | None] | None = None
-    if request.prune_best is not None:
-        best, after = request.prune_best, request.prune_after
-        stop = lambda rates: behind(rates, best, after)  # noqa: E731
     timer = WindowTimer(
         step,
         lambda: None,  # every call ends synchronised (`serve`)
         after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
     )
-    settings = Measuring(
-        warmup_steps=request.warmup_steps,
-        steps=request.steps,
-        windows=request.windows,
-        samples_per_step=request.global_batch,
-        min_window_s=request.min_window_s,
-        match_steps=request.match_steps,
-        match_most_s=request.match_most_s,
+    stop = pruning(request, telemetry, output)
+    throughput = measure_throughput(
+        timer, request.measuring(), telemetry=telemetry, turns=turns, stop=stop, phase=phase
     )
-    throughput = measure_throughput(timer, settings, telemetry=telemetry, turns=turns, stop=stop, phase=phase)
     output.throughput = throughput
     output.latency = latency(calls, throughput.window_spans)
     output.telemetry = telemetry.summary(throughput.telemetry_samples)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.config.knobs import Config
+from autotuner.measurement.timing import Measuring
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,19 @@ class TrialRequest:
     one process group, `global_batch` split between them."""
     parallel: str | None = None
     """How the ranks train together (the spec's `parallel`: `ddp`, `fsdp`); None for one process."""
+
+    def measuring(self) -> Measuring:
+        """How its measured phase times it (`autotuner.measurement.timing.measure_throughput`): a
+        step of `global_batch` samples, warm-up, windows and their calibration as it asks."""
+        return Measuring(
+            warmup_steps=self.warmup_steps,
+            steps=self.steps,
+            windows=self.windows,
+            samples_per_step=self.global_batch,
+            min_window_s=self.min_window_s,
+            match_steps=self.match_steps,
+            match_most_s=self.match_most_s,
+        )
 
 
 @dataclass(frozen=True)

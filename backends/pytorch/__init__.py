@@ -187,6 +187,27 @@ class TorchCapabilities(Capabilities):
     fsdp: bool = capability("FSDP2")
 
 
+def model_knob_irrelevant(knob: str, value: object, caps: TorchCapabilities) -> str | None:
+    """Why `value` (not the reference) of a knob that acts on the model itself (`compile`,
+    `memory_format`, `attention`) cannot matter on this device and model, or None: what training
+    and serving a PyTorch model share."""
+    if knob == COMPILE.name:
+        if not caps.compile:
+            return f"compile={value}: torch.compile cannot build kernels here"
+        if value == "reduce-overhead" and not caps.cuda_graphs:
+            return "compile=reduce-overhead: CUDA graphs need a CUDA device"
+    if knob == MEMORY_FORMAT.name and not caps.convolutions:
+        return "memory_format=channels_last: the model has no 2-D convolutions"
+    if knob == ATTENTION.name:
+        if value == "eager":
+            return None if caps.hf_attention else "attention=eager: only Hugging Face models choose their attention"
+        if not (caps.sdpa or caps.hf_attention):
+            return f"attention={value}: the model calls no scaled_dot_product_attention"
+        if value != "math" and not getattr(caps, f"sdpa_{value}"):
+            return f"attention={value}: this device or torch build has no {value} attention kernel"
+    return None
+
+
 class PyTorchBackend(Backend):
     name = "pytorch"
     runner = "autotuner.backends.pytorch.runner"
@@ -217,24 +238,12 @@ class PyTorchBackend(Backend):
         caps = capabilities if isinstance(capabilities, TorchCapabilities) else TorchCapabilities()
         if value == self.knobs[knob].reference:
             return None
-        if knob == COMPILE.name:
-            if not caps.compile:
-                return f"compile={value}: torch.compile cannot build kernels here"
-            if value == "reduce-overhead" and not caps.cuda_graphs:
-                return "compile=reduce-overhead: CUDA graphs need a CUDA device"
-        if knob == "memory_format" and not caps.convolutions:
-            return "memory_format=channels_last: the model has no 2-D convolutions"
+        if reason := model_knob_irrelevant(knob, value, caps):
+            return reason
         if knob == "optimizer" and not getattr(caps, f"{value}_optimizer"):
             return f"optimizer={value}: the workload's optimizer takes no {value}=True on this device"
         if knob == "checkpointing" and not caps.checkpoint_blocks:
             return "checkpointing=blocks: the model has no repeated blocks (name them: TorchWorkload.checkpoint_blocks)"
-        if knob == "attention":
-            if value == "eager":
-                return None if caps.hf_attention else "attention=eager: only Hugging Face models choose their attention"
-            if not (caps.sdpa or caps.hf_attention):
-                return f"attention={value}: the model calls no scaled_dot_product_attention"
-            if value != "math" and not getattr(caps, f"sdpa_{value}"):
-                return f"attention={value}: this device or torch build has no {value} attention kernel"
         for parallel, knobs in PARALLEL_KNOBS.items():
             if any(knob == k.name for k in knobs) and not getattr(caps, parallel):
                 return f"{knob}={value}: a knob of parallel: {parallel} (a trial of several processes)"
@@ -293,6 +302,7 @@ __all__ = [
     "STATIC_GRAPH",
     "CHECKPOINTING",
     "COMPILE",
+    "COMPILE_TIMEOUT_FACTOR",
     "CUDNN_BENCHMARK",
     "MEMORY_FORMAT",
     "OPTIMIZER",
@@ -301,4 +311,5 @@ __all__ = [
     "PYTORCH",
     "PyTorchBackend",
     "TorchCapabilities",
+    "model_knob_irrelevant",
 ]

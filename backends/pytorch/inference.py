@@ -17,7 +17,14 @@ import os
 from dataclasses import dataclass
 
 from autotuner.backends._base import Backend, Capabilities, capability
-from autotuner.backends.pytorch import ATTENTION, COMPILE, MEMORY_FORMAT, TorchCapabilities
+from autotuner.backends.pytorch import (
+    ATTENTION,
+    COMPILE,
+    COMPILE_TIMEOUT_FACTOR,
+    MEMORY_FORMAT,
+    TorchCapabilities,
+    model_knob_irrelevant,
+)
 from autotuner.config.knobs import BATCH_SIZE, PRECISION, WORKERS, Config, Knob, knob_table
 
 INFERENCE_PRECISION = Knob(
@@ -104,24 +111,14 @@ class PyTorchInference(Backend):
     install = "pip install torch"
 
     def timeout_factor(self, config: Config) -> float:
-        return {"none": 1.0, "default": 2.0, "reduce-overhead": 2.0, "max-autotune": 4.0}[config.get("compile", "none")]
+        return COMPILE_TIMEOUT_FACTOR[config.get(COMPILE.name, "none")]
 
     def irrelevant(self, knob: str, value: object, capabilities: Capabilities) -> str | None:
         caps = capabilities if isinstance(capabilities, InferenceCapabilities) else InferenceCapabilities()
         if value == self.knobs[knob].reference:
             return None
-        if knob == COMPILE.name:
-            if not caps.compile:
-                return f"compile={value}: torch.compile cannot build kernels here"
-            if value == "reduce-overhead" and not caps.cuda_graphs:
-                return "compile=reduce-overhead: CUDA graphs need a CUDA device"
-        if knob == MEMORY_FORMAT.name and not caps.convolutions:
-            return "memory_format=channels_last: the model has no 2-D convolutions"
-        if knob == ATTENTION.name:
-            if not caps.sdpa:
-                return f"attention={value}: the model calls no scaled_dot_product_attention"
-            if value != "math" and not getattr(caps, f"sdpa_{value}"):
-                return f"attention={value}: this device or torch build has no {value} attention kernel"
+        if reason := model_knob_irrelevant(knob, value, caps):
+            return reason
         if knob == QUANTIZATION.name:
             if not caps.torchao:
                 return f"quantization={value}: torchao is not installed here: {pip_line('torchao')}"

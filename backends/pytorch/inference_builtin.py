@@ -3,9 +3,8 @@
 
 Its attention is `scaled_dot_product_attention` (so the `attention` knob applies) and its layers
 are `Linear` (what quantization replaces); each item is `(tokens, label)`, the label a fixed
-function of the tokens, so the accuracy is reported beside the top-1 agreement (a model with
-random weights is near chance on it: what is compared is the config against fp32, not the model
-against the labels).
+function of the tokens, so the accuracy is reported beside the top-1 agreement. With random
+weights the accuracy says nothing of the model; what is compared is the config against fp32.
 """
 
 from __future__ import annotations

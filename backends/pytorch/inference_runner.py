@@ -19,7 +19,7 @@ from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
 from autotuner.backends.pytorch.probe import environment
 from autotuner.backends.pytorch.runner import PyTorchTrial
 from autotuner.backends.pytorch.serving import TunedInference, primary_output
-from autotuner.backends.pytorch.workload import InferenceWorkload, as_inference_workload
+from autotuner.backends.pytorch.workload import InferenceWorkload, as_inference_workload, first_batch_problem
 from autotuner.config.knobs import BATCH_SIZE, Config
 from autotuner.trials.inference import ServingBackend
 from autotuner.trials.probe import Environment
@@ -65,20 +65,10 @@ class PyTorchServing(ServingBackend, PyTorchTrial):
         return as_inference_workload(built, ref)
 
     def first_batch_problem(self, workload: Any, count: int) -> str | None:
-        try:
-            items = [workload.dataset[i] for i in range(count)]
-        except Exception as exc:
-            return f"the dataset's first items cannot be read: {type(exc).__name__}: {exc}"
-        try:
-            batch = workload.collate(items)
-        except Exception as exc:
-            return f"the collate function cannot batch the dataset's first {count} items: {type(exc).__name__}: {exc}"
-        try:
-            with torch.no_grad():
-                primary_output(workload.forward(workload.model.eval(), batch))
-        except Exception as exc:
-            return f"the model fails on the first batch: {type(exc).__name__}: {exc}"
-        return None
+        # what is served must hold a tensor to compare (`primary_output`), in eval mode
+        return first_batch_problem(
+            workload, count, lambda batch: primary_output(workload.forward(workload.model.eval(), batch))
+        )
 
     def heldout_items(self, workload: InferenceWorkload, count: int) -> list[Any]:
         if workload.heldout is not None:

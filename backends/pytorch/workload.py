@@ -131,10 +131,13 @@ def as_workload(built: Any, ref: str) -> TorchWorkload:
     return built
 
 
-def first_batch_problem(workload: TorchWorkload, count: int) -> str | None:
+def first_batch_problem(
+    workload: TorchWorkload | InferenceWorkload, count: int, run: Callable[[Any], Any] | None = None
+) -> str | None:
     """What fails, in a few words, when the dataset's first `count` items are read, batched by the
-    workload's collate function and the model's loss computed on them, without gradients, where
-    the model was built (the probe's check); None when nothing does."""
+    workload's collate function and the model's loss computed on them (or `run` called with the
+    batch), without gradients, where the model was built (the probe's check); None when nothing
+    does."""
     try:
         items = [workload.dataset[i] for i in range(count)]
     except Exception as exc:
@@ -145,7 +148,7 @@ def first_batch_problem(workload: TorchWorkload, count: int) -> str | None:
         return f"the collate function cannot batch the dataset's first {count} items: {type(exc).__name__}: {exc}"
     try:
         with torch.no_grad():
-            workload.loss(workload.model, batch)
+            run(batch) if run is not None else workload.loss(workload.model, batch)
     except NoLoss as exc:
         return str(exc)
     except Exception as exc:

@@ -4,6 +4,7 @@ inference trial. CPU only, real torch, torchao and ONNX Runtime."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from autotuner.backends.pytorch.inference_runner import PyTorchServing
 from autotuner.backends.pytorch.serving import TunedInference, primary_output
 from autotuner.backends.pytorch.workload import InferenceWorkload, TorchWorkload, as_inference_workload
 from autotuner.trials.inference import Served, heldout_count, latency, percentile
+from autotuner.trials.request import TrialRequest
 
 REFERENCE = {name: knob.reference for name, knob in PYTORCH_INFERENCE.knobs.items()}
 
@@ -164,29 +166,17 @@ def test_a_training_workload_serves_its_model_and_data() -> None:
 
 def test_the_exported_graph_is_kept_once_per_workload_seed_and_batch() -> None:
     from autotuner.trials.inference import export_file
-    from autotuner.trials.request import TrialRequest
+    from tests.support.helpers import small_request
 
     def request(**config: object) -> TrialRequest:
-        return TrialRequest(
-            workload="autotuner.backends.pytorch.inference_builtin:encoder",
-            workload_args={"width": 64},
-            device="cpu",
-            config=_config(**config),
-            global_batch=64,
-            seed=0,
-            warmup_steps=1,
-            steps=1,
-            windows=1,
-            drift_steps=1,
-            heldout_batch=8,
-            compile_cache="/cache",
-        )
+        workload = "autotuner.backends.pytorch.inference_builtin:encoder"
+        return dataclasses.replace(small_request(workload, _config(**config), {"width": 64}), compile_cache="/cache")
 
     assert export_file(request()) is None  # PyTorch's runtime exports nothing
     eight = export_file(request(runtime="onnxruntime-cpu"))
     assert eight is not None and eight.startswith("/cache/onnx/") and eight.endswith(".onnx")
     assert export_file(request(runtime="onnxruntime-cpu", threads=2)) == eight  # the same graph
-    assert export_file(request(runtime="onnxruntime-cpu", batch_size=16)) != eight
+    assert export_file(request(runtime="onnxruntime-cpu", batch_size=4)) != eight
 
 
 def test_only_an_onnx_winner_exports_as_onnx(tmp_path: Path) -> None:
