@@ -386,13 +386,11 @@ def _run(
     return output
 
 
-def run_profile(backend: TrialBackend, profile: ProfileRequest, group: RankGroup | None = None) -> ProfileOutput:
-    """`profile.steps` optimizer steps of its trial's config under the framework's profiler, after
-    the trial's warm-up steps (compilation is not what a step costs), the trace written into
-    `profile.folder`: the trace's path and its operators by self time
-    (`autotuner.measurement.traces.top_operators`). In a trial of several processes every rank
-    takes the steps and rank 0's are profiled."""
-    request = profile.trial
+@contextlib.contextmanager
+def trial_process(backend: TrialBackend, request: TrialRequest) -> Iterator[tuple[Any, PhaseFile, Any]]:
+    """The trial process set up for `request`'s config (`configure_process`), its device current,
+    inside the device's context, the workload built from the trial's seed: its device, its phase
+    file and the workload. What every entry point that runs a config starts with."""
     backend.configure_process(request.device, request.compile_cache, request.config)
     device = backend.resolve_device(request.device)
     backend.use_device(device)
@@ -400,7 +398,21 @@ def run_profile(backend: TrialBackend, profile: ProfileRequest, group: RankGroup
         phase = PhaseFile(request.progress)
         phase("building the workload")
         seed_trial(backend, request.seed)
-        workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+        yield (
+            device,
+            phase,
+            backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload),
+        )
+
+
+def run_profile(backend: TrialBackend, profile: ProfileRequest, group: RankGroup | None = None) -> ProfileOutput:
+    """`profile.steps` optimizer steps of its trial's config under the framework's profiler, after
+    the trial's warm-up steps (compilation is not what a step costs), the trace written into
+    `profile.folder`: the trace's path and its operators by self time
+    (`autotuner.measurement.traces.top_operators`). In a trial of several processes every rank
+    takes the steps and rank 0's are profiled."""
+    request = profile.trial
+    with trial_process(backend, request) as (device, phase, workload):
         training = backend.training(workload, request.config, device, request.parallel)
         batches = _forever(training.make_loader(workload.dataset, shuffle=True, seed=request.seed))
         phase(f"warm-up, {request.warmup_steps} steps")

@@ -37,8 +37,7 @@ from autotuner.measurement.telemetry import Telemetry
 from autotuner.measurement.timing import WindowTimer, measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
-from autotuner.trials.core import TrialBackend, pruning, seed_trial
-from autotuner.trials.factory import load_factory
+from autotuner.trials.core import TrialBackend, pruning, trial_process
 from autotuner.trials.outcomes import NonFiniteLoss
 from autotuner.trials.progress import PhaseFile
 from autotuner.trials.request import ProfileRequest, TrialRequest
@@ -149,19 +148,20 @@ def latency(calls: list[Served], spans: list[tuple[float, float]]) -> Latency | 
 def run_inference(backend: ServingBackend, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
     """One inference trial of `request`, as the module says; with `turns`, its measured phase takes
     its turns in a lockstep group."""
-    backend.configure_process(request.device, request.compile_cache, request.config)
-    device = backend.resolve_device(request.device)
-    backend.use_device(device)
-    with backend.on_device(device):
-        return _run(backend, request, device, turns)
-
-
-def _run(backend: ServingBackend, request: TrialRequest, device: Any, turns: Turns | None) -> TrialOutput:
     started = time.perf_counter()
-    phase = PhaseFile(request.progress)
-    phase("building the workload")
-    seed_trial(backend, request.seed)
-    workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+    with trial_process(backend, request) as (device, phase, workload):
+        return _run(backend, request, device, workload, phase, turns, started)
+
+
+def _run(
+    backend: ServingBackend,
+    request: TrialRequest,
+    device: Any,
+    workload: Any,
+    phase: PhaseFile,
+    turns: Turns | None,
+    started: float,
+) -> TrialOutput:
     available = len(workload.heldout) if workload.heldout is not None else len(workload.dataset)
     items = backend.heldout_items(workload, heldout_count(available, request.global_batch))
     phase(f"reference outputs, {len(items)} items in strict fp32")
@@ -197,14 +197,7 @@ def profile_inference(backend: ServingBackend, profile: ProfileRequest) -> Profi
     the trial's warm-up steps (compilation is not what a call costs): the trace's path and its
     operators by self time (`autotuner.measurement.traces.top_operators`)."""
     request = profile.trial
-    backend.configure_process(request.device, request.compile_cache, request.config)
-    device = backend.resolve_device(request.device)
-    backend.use_device(device)
-    with backend.on_device(device):
-        phase = PhaseFile(request.progress)
-        phase("building the workload")
-        seed_trial(backend, request.seed)
-        workload = backend.as_workload(load_factory(request.workload)(**request.workload_args), request.workload)
+    with trial_process(backend, request) as (device, phase, workload):
         batch = int(request.config[BATCH_SIZE.name])
         example = backend.heldout_items(workload, batch)
         serving = backend.serving(workload, request.config, device, example, export_file(request))
