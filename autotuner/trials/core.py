@@ -127,6 +127,11 @@ class TrialBackend(ABC):
         cannot batch ...: <the exception>`); None when nothing does."""
         return None
 
+    def heldout_problem(self, workload: Any, global_batch: int) -> str | None:
+        """Probe: why the workload's held-out items cannot be measured with `global_batch`
+        samples a step (an inference trial serves them in whole steps); None when they can."""
+        return None
+
     def workload_capabilities(self, workload: Any, device: Any, count: int) -> dict[str, bool]:
         """Probe, once the first batch trains: what the workload offers the knobs (a model with
         convolutions, attention, blocks to checkpoint; an optimizer with a fused variant on
@@ -336,6 +341,8 @@ def _data_problem(backend: TrialBackend, workload: Workload, global_batch: int) 
         return f"the dataset holds {size} items, fewer than one global batch ({global_batch}): no step can be taken"
     if workload.heldout is not None and len(workload.heldout) == 0:
         return "the held-out dataset is empty"
+    if problem := backend.heldout_problem(workload, global_batch):
+        return problem
     return backend.first_batch_problem(workload, min(PROBE_ITEMS, global_batch))
 
 

@@ -95,6 +95,16 @@ class ServingBackend(TrialBackend):
     def output_drift(self, workload: Any, outputs: Any, reference: Any, items: list[Any]) -> OutputDrift:
         """How far `outputs` are from `reference` (`OutputDrift`)."""
 
+    def heldout_problem(self, workload: Any, global_batch: int) -> str | None:
+        """A held-out set smaller than one served step: drift is measured on whole steps, the same
+        items for every config in whole batches of its own size."""
+        if workload.heldout is not None and len(workload.heldout) < global_batch:
+            return (
+                f"the held-out set holds {len(workload.heldout)} items, fewer than one served step "
+                f"({global_batch}, the global batch): drift is measured on whole steps"
+            )
+        return None
+
     def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
         """Entry point: one inference trial of `request` (`run_inference`)."""
         return run_inference(self, request, turns)

@@ -124,8 +124,17 @@ def test_a_missing_library_is_unsupported_with_the_pip_line() -> None:
 def test_held_out_items_are_whole_served_steps() -> None:
     assert heldout_count(256, 64) == 256 and heldout_count(300, 64) == 256
     assert heldout_count(1000, 48) == 240  # 256 at most, in steps of 48
-    assert heldout_count(10, 64) == 64  # one step at least (the probe checks the dataset holds it)
+    assert heldout_count(10, 64) == 64  # one step at least (the probe checks the data holds it)
     assert heldout_count(2000, 512) == 512
+
+
+def test_the_probe_refuses_a_held_out_set_smaller_than_one_served_step() -> None:
+    from autotuner.trials.core import _data_problem
+
+    small = InferenceWorkload(model=_model(), dataset=_classifier_items(64), heldout=_classifier_items(10))
+    found = _data_problem(PyTorchServing(), small, 32)
+    assert found is not None and "held-out set holds 10 items, fewer than one served step (32" in found
+    assert _data_problem(PyTorchServing(), small, 8) is None
 
 
 def test_latency_is_read_from_the_calls_inside_the_measured_windows() -> None:
