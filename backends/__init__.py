@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from autotuner.backends._base import Backend, Capabilities
 from autotuner.backends.jax import JAX
+from autotuner.backends.jax.inference import JAX_INFERENCE
 from autotuner.backends.pytorch import PYTORCH
 from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
 from autotuner.config.knobs import Knob
@@ -33,6 +34,7 @@ def register(backend: Backend) -> Backend:
 register(PYTORCH)
 register(JAX)
 INFERENCE[PYTORCH.name] = PYTORCH_INFERENCE
+INFERENCE[JAX.name] = JAX_INFERENCE
 
 
 def get_backend(name: str, task: str = "train") -> Backend:

@@ -126,6 +126,8 @@ PRECISION = Knob(
 BATCH_SIZE = Knob("batch_size", "micro-batch per forward/backward", None, None, memory_order=ASCENDING)
 ACCUMULATION = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
 WORKERS = Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024, compiled=False)
+CALLS = Knob("accumulation", "calls a measured step serves its global batch in (derived)", None, 1)
+"""`task: inference`'s `accumulation`: a served step is `global_batch` samples in calls of `batch_size`."""
 COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
 """The knobs every backend has (a backend may restrict their values). A knob only one framework
 has (torch.compile's mode, XLA jit) is defined by its backend (`Backend.knobs`)."""

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def write_onnx(tuned: TunedConfig, job: Job, path: Path) -> tuple[Path, Path]:
     """Write the ONNX model of `tuned` (an inference config of `job` on an ONNX runtime) to `path`
     and its session's settings beside it (`<path>.json`); both paths."""
-    runtime = str(tuned.params.get("runtime", "pytorch"))
+    runtime = str(tuned.params.get("runtime", tuned.backend))
     if tuned.spec.get("task") != "inference" or not runtime.startswith("onnxruntime"):
         raise SpecError(
             f"the best config runs on {runtime if tuned.spec.get('task') == 'inference' else 'a training loop'}: "

@@ -25,7 +25,7 @@ from autotuner.backends.pytorch import (
     TorchCapabilities,
     model_knob_irrelevant,
 )
-from autotuner.config.knobs import BATCH_SIZE, PRECISION, WORKERS, Config, Knob, knob_table
+from autotuner.config.knobs import BATCH_SIZE, CALLS, PRECISION, WORKERS, Config, Knob, knob_table
 
 INFERENCE_PRECISION = Knob(
     "precision",
@@ -34,7 +34,6 @@ INFERENCE_PRECISION = Knob(
     "fp32",
     recommended=("bf16", "fp16", "tf32"),
 )
-CALLS = Knob("accumulation", "calls a measured step serves its global batch in (derived)", None, 1)
 QUANTIZATION = Knob(
     "quantization",
     "torchao: int8 weights (activations in the compute precision), int8 dynamic activations and int8 "

@@ -176,3 +176,45 @@ def test_an_onnx_winner_is_exported_as_its_model_and_session(tmp_path: Path) -> 
     (logits,) = session.run(None, {"input_0": tokens.numpy()})
     expected = workload.model.eval()(tokens).detach()
     assert torch.allclose(torch.from_numpy(logits), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_jax_model_is_tuned_for_serving_with_the_same_drift_rule(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    spec = {
+        "name": "served-jax",
+        "backend": "jax",
+        "task": "inference",
+        "workload": "builtin:mlp",
+        "workload_args": {"features": 32, "hidden": 64, "depth": 2, "classes": 10, "samples": 512},
+        "device": "cpu",
+        "global_batch": 32,
+        "baseline": {"precision": "fp32", "batch_size": 8, "jit": "off"},
+        "space": {"precision": ["fp32", "bf16", "tf32"], "batch_size": [8, 32], "jit": ["off", "on"], "workers": [0]},
+        "objective": {"max_drift": 0.001},  # bf16's outputs drift by more
+        "budget": {"trials": 5, "remeasure_top": 0},
+        "trial": {"warmup_steps": 1, "steps": 2, "windows": 2, "min_window_s": 0.05, "prune_after": 0, "timeout": 120},
+        "profile": {"steps": 0},
+        "sampler": {"name": "tpe", "seed": 0},
+    }
+    (tmp_path / "jax.yaml").write_text(yaml.safe_dump(spec))
+    done = run_cli("search", "--spec", str(tmp_path / "jax.yaml"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = records(load_study(tmp_path, "served-jax"))
+    ok = [t for t in trials if t.outcome == "ok"]
+    assert len(ok) == 5, [(t.config, t.reason) for t in trials]
+    assert all(t.config["precision"] != "tf32" for t in ok)  # no TF32 on a CPU: dropped before the first trial
+    for t in ok:
+        assert 0 < t.metrics["latency_p50_ms"] <= t.metrics["latency_p99_ms"] and t.metrics["top1_agreement"] > 0.9
+        assert t.metrics["accuracy"] is not None and t.metrics["reference_accuracy"] is not None
+        if t.config["precision"] == "bf16":
+            assert t.metrics["drift"] > 0.001 and not t.feasible and "drift" in t.reason, t
+        else:
+            assert t.metrics["drift"] < 1e-5 and t.feasible, t
+    from autotuner.backends.jax.inference_builtin import mlp
+    from autotuner.backends.jax.serving import TunedInference as JaxTunedInference
+
+    tuned = load_config(tmp_path / "runs" / "served-jax" / "best.yaml")
+    workload = mlp(**spec["workload_args"])
+    serving = JaxTunedInference(tuned, workload.apply_fn, "cpu", params=workload.params)
+    inputs = workload.heldout.arrays[0][: tuned.params["batch_size"]]
+    assert serving.synchronize(serving(inputs)).shape == (tuned.params["batch_size"], 10)

@@ -1,0 +1,74 @@
+"""The JAX backend's inference half (`task: inference`), engine side: its knobs and what a device
+can honour. Imports no framework.
+
+A trial serves `global_batch` samples a step in calls of `batch_size` (`accumulation` calls), each
+call timed alone (`autotuner.trials.inference`), as PyTorch's does; the trial-process half is
+`autotuner.backends.jax.inference_runner`, and what a config does to a model is
+`autotuner.backends.jax.serving.TunedInference`, the object users serve with too. The knobs:
+the batch, the precision (the weights cast once, the inputs' floats at each call, the outputs
+returned in fp32; TF32 matmuls for `tf32`), XLA jit, and the host threads that gather and place
+the next batches ahead of the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotuner.backends._base import Backend, Capabilities
+from autotuner.backends.jax import JIT, JaxCapabilities
+from autotuner.config.knobs import BATCH_SIZE, CALLS, PRECISION, Config, Knob, knob_table
+
+INFERENCE_PRECISION = Knob(
+    "precision",
+    "fp32; tf32 matmuls; bf16 or fp16: the weights cast once and the inputs' floats at each call, the outputs "
+    "returned in fp32",
+    ("fp32", "tf32", "bf16", "fp16"),
+    "fp32",
+    recommended=("bf16", "tf32"),
+)
+SERVING_WORKERS = Knob(
+    "workers",
+    "host threads that gather the next batches and put them on the device ahead of the call",
+    None,
+    0,
+    minimum=0,
+    maximum=64,
+    compiled=False,
+)
+JAX_INFERENCE_KNOBS = (INFERENCE_PRECISION, BATCH_SIZE, CALLS, SERVING_WORKERS, JIT)
+
+
+class JaxInference(Backend):
+    name = "jax"
+    runner = "autotuner.backends.jax.inference_runner"
+    knobs = knob_table(*JAX_INFERENCE_KNOBS)
+    capabilities_type = JaxCapabilities
+    builtin_workloads = {
+        "mlp": "autotuner.backends.jax.inference_builtin:mlp",
+        "gpt": "autotuner.backends.jax.inference_builtin:gpt",
+    }
+    default_space = "jax-inference"
+    requires = ("jax",)
+    install = "pip install 'autotuner[jax]'"
+
+    def irrelevant(self, knob: str, value: Any, capabilities: Capabilities) -> str | None:
+        if knob == JIT.name and value != JIT.reference and not getattr(capabilities, "jit", False):
+            return "jit=on: XLA cannot compile a function here"
+        return None
+
+    def reference_overrides(self) -> Config:
+        """The fp32 reference is served jitted: under strict fp32 matmuls a jitted forward pass is
+        strict fp32 too, and op by op every primitive compiles on its own."""
+        return {JIT.name: "on"}
+
+    def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
+        reason = self.unsupported_precision(config.get(PRECISION.name, "fp32"), capabilities)
+        if reason:
+            return reason
+        for knob, value in config.items():
+            if reason := self.irrelevant(knob, value, capabilities):
+                return reason
+        return None
+
+
+JAX_INFERENCE = JaxInference()

@@ -1,0 +1,128 @@
+"""The JAX backend's inference half, trial-process side: JAX's part of the inference trial
+(`autotuner.trials.inference`), exposed as the runner module's `TRIAL_BACKEND`. The config is
+applied by `autotuner.backends.jax.serving.TunedInference`, the object users serve with.
+
+Imported by the fork server before any trial: importing jax initialises no device (JAX is set up
+for the trial's device before anything starts it, as for training: `JaxTrial.configure_process`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from autotuner.backends.jax.inference import JAX_INFERENCE
+from autotuner.backends.jax.runner import JaxTrial
+from autotuner.backends.jax.serving import (
+    JaxInferenceWorkload,
+    TunedInference,
+    as_inference_workload,
+    primary_output,
+    split_batch,
+    stack,
+)
+from autotuner.config.knobs import BATCH_SIZE, Config
+from autotuner.trials.inference import ServingBackend
+from autotuner.trials.trial_output import OutputDrift
+
+
+class Items:
+    """A list of items as a dataset (what `stack` reads)."""
+
+    def __init__(self, items: list[Any]):
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index]
+
+
+class JaxServing(ServingBackend, JaxTrial):
+    """JAX's part of an inference trial (`autotuner.trials.inference.ServingBackend`)."""
+
+    def as_workload(self, built: Any, ref: str) -> JaxInferenceWorkload:  # type: ignore[override]
+        return as_inference_workload(built, ref)
+
+    def workload_capabilities(self, workload: Any, device: jax.Device, count: int) -> dict[str, bool]:
+        return {}  # none of the inference knobs depends on the model
+
+    def first_batch_problem(self, workload: JaxInferenceWorkload, count: int) -> str | None:  # type: ignore[override]
+        try:
+            inputs, _ = split_batch(stack(workload.dataset, 0, count))
+        except Exception as exc:
+            return f"the dataset's first {count} items cannot be read and stacked: {type(exc).__name__}: {exc}"
+        try:
+            primary_output(workload.apply_fn(jax.tree.map(jax.numpy.asarray, workload.params), inputs))
+        except Exception as exc:
+            return f"apply_fn fails on the first batch: {type(exc).__name__}: {exc}"
+        return None
+
+    def heldout_items(self, workload: JaxInferenceWorkload, count: int) -> list[Any]:
+        if workload.heldout is not None:
+            return [workload.heldout[i] for i in range(count)]
+        size = len(workload.dataset)
+        return [workload.dataset[i] for i in range(size - count, size)]
+
+    def _outputs(self, serving: TunedInference, items: list[Any]) -> np.ndarray:
+        size, data = serving.batch_size, Items(items)
+        outputs = [
+            np.asarray(primary_output(serving(split_batch(stack(data, k, min(k + size, len(items))))[0])), np.float64)
+            for k in range(0, len(items), size)
+        ]
+        return np.concatenate(outputs)
+
+    def reference_outputs(
+        self, workload: JaxInferenceWorkload, items: list[Any], batch: int, device: jax.Device
+    ) -> np.ndarray:
+        strict = {name: knob.reference for name, knob in JAX_INFERENCE.knobs.items()}
+        config = {**strict, **JAX_INFERENCE.reference_overrides(), BATCH_SIZE.name: batch}
+        return self._outputs(TunedInference(config, workload.apply_fn, device, params=workload.params), items)
+
+    def serving(
+        self, workload: JaxInferenceWorkload, config: Config, device: jax.Device, example: list[Any], export_file: Any
+    ) -> TunedInference:
+        return TunedInference(config, workload.apply_fn, device, params=workload.params)
+
+    def batches(self, workload: JaxInferenceWorkload, serving: TunedInference, seed: int) -> Iterator[Any]:
+        loader = serving.make_loader(workload.dataset, shuffle=True, seed=seed)
+        while True:
+            yielded = False
+            for batch in loader:
+                yielded = True
+                yield split_batch(batch)[0]
+            if not yielded:
+                raise ValueError("the data loader yields no batch: the dataset holds fewer items than one batch")
+
+    def serve(self, serving: TunedInference, batch: Any) -> Any:
+        return serving.synchronize(serving(batch))
+
+    def served_outputs(self, workload: JaxInferenceWorkload, serving: TunedInference, items: list[Any]) -> np.ndarray:
+        return self._outputs(serving, items)
+
+    def output_drift(
+        self, workload: JaxInferenceWorkload, outputs: np.ndarray, reference: np.ndarray, items: list[Any]
+    ) -> OutputDrift:
+        if workload.drift_fn is not None:
+            error = float(workload.drift_fn(outputs, reference))
+        else:
+            scale = float(np.linalg.norm(reference))
+            error = float(np.linalg.norm(outputs - reference)) / scale if scale else 0.0
+        agreement = accuracy = reference_accuracy = None
+        if outputs.ndim >= 2 and outputs.shape[-1] >= 2:
+            chosen, expected = outputs.argmax(-1), reference.argmax(-1)
+            agreement = float((chosen == expected).mean())
+            _, labels = split_batch(stack(Items(items), 0, len(items)))
+            if labels is not None and np.issubdtype(np.asarray(labels).dtype, np.integer):
+                target = np.asarray(labels)
+                if target.shape == chosen.shape:
+                    accuracy = float((chosen == target).mean())
+                    reference_accuracy = float((expected == target).mean())
+        return OutputDrift(error, agreement, accuracy, reference_accuracy)
+
+
+TRIAL_BACKEND = JaxServing()
