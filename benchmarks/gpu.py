@@ -752,12 +752,12 @@ def run_part(ctx: Context, part: str) -> dict[str, Any]:
 
 GPU_TESTS = "tests/e2e/test_gpu.py"
 TEST_SELECTIONS = {
-    "quick": "not compile_mode and not out_of_memory and not jax and not two_ranks",
-    "more": "compile_mode or out_of_memory",
+    "quick": "not compile_mode and not out_of_memory and not jax and not two_ranks and not inference",
+    "more": "compile_mode or out_of_memory or inference",
 }
 """`pytest -k` of the `gpu` tests: the quick ones (every precision, MFU, NVML's energy, energy as an
-objective, `--jobs 1`) for `--lease`; the out-of-memory trial and every compile mode (CUDA graphs
-included) with accumulation for `--lease-more`."""
+objective, `--jobs 1`) for `--lease`; the out-of-memory trial, every compile mode (CUDA graphs
+included) with accumulation and the inference study for `--lease-more`."""
 TEST_LINE = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 DEVICE_PROBE = """import json, platform, torch
 cuda = torch.cuda.is_available()
@@ -890,8 +890,8 @@ LEASES: dict[str, tuple[Step, ...]] = {
             "tests",
             "tests",
             150.0,
-            "`pytest -m gpu`: the out-of-memory trial and every compile mode (CUDA graphs included) with "
-            f"accumulation (-k '{TEST_SELECTIONS['more']}')",
+            "`pytest -m gpu`: the out-of-memory trial, every compile mode (CUDA graphs included) with "
+            f"accumulation and the inference study (-k '{TEST_SELECTIONS['more']}')",
             ("more",),
         ),
     ),

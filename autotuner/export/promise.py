@@ -86,6 +86,15 @@ class AppliedRun:
     """An inference config's latency of a batch here (`task: inference`)."""
     output_drift: OutputDrift | None = None
     """An inference config's outputs here against the model's in strict fp32 (`task: inference`)."""
+    latency_limit_ms: float | None = None
+    """The job's `objective.max_latency_ms`, which the p99 here is held to (`task: inference`)."""
+
+    @property
+    def within_latency_limit(self) -> bool | None:
+        """Whether the p99 latency of a call here is within the job's limit; None without either."""
+        if self.latency is None or self.latency_limit_ms is None:
+            return None
+        return self.latency.p99_ms <= self.latency_limit_ms
 
     @property
     def run_s(self) -> float:
@@ -241,6 +250,7 @@ def apply_config(
         compile_cache=output.compile_cache,
         latency=output.latency,
         output_drift=output.output_drift,
+        latency_limit_ms=job.spec.objective.max_latency_ms,
         rounds=tuple(rounds),
         rounds_error=rounds_error,
     )
@@ -432,9 +442,17 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         print(
             f"latency of a batch of {tuned.params['batch_size']}: p50 {run.latency.p50_ms:.2f} ms, "
             f"p99 {run.latency.p99_ms:.2f} ms here over {run.latency.calls} calls"
-            + (f"; p99 {float(study_p99):.2f} ms in the study" if isinstance(study_p99, (int, float)) else ""),
+            + (f"; p99 {float(study_p99):.2f} ms in the study" if isinstance(study_p99, (int, float)) else "")
+            + (f"; within the limit of {run.latency_limit_ms:g} ms" if run.within_latency_limit else ""),
             file=out,
         )
+        if run.within_latency_limit is False:
+            print(
+                f"autotuner: warning: the p99 latency here ({run.latency.p99_ms:.2f} ms) is over the job's limit "
+                f"of {run.latency_limit_ms:g} ms (objective.max_latency_ms): the machine may be busier or "
+                "different now",
+                file=err,
+            )
     if run.output_drift is not None:
         served = run.output_drift
         agrees = f", top-1 agreement {served.top1_agreement:.2%}" if served.top1_agreement is not None else ""

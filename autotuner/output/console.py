@@ -354,8 +354,21 @@ class SearchReporter:
                 versus += f" ({interval.text()}, {interval.rounds} rounds)"
             self.console.print(
                 f"[bold green]best[/]: trial #{b.number} {format_config(b.config)}: {rate(b.throughput)}{versus}"
+                + _latency_versus(b, base)
             )
             if plan is not None and (line := verdict(plan, summary.trials, b, base)):
                 self.console.print(f"run: {line}")
             self.console.print(f"exported: {summary.export}")
         self.console.print(f"dashboard: {escape(dashboard_command(summary.storage_url, summary.artifacts))}")
+
+
+def _latency_versus(best: TrialRecord, base: TrialRecord | None) -> str:
+    """An inference winner's latency of a call beside the baseline's (empty for training)."""
+    p50 = best.metrics.get("latency_p50_ms")
+    if not isinstance(p50, (int, float)):
+        return ""
+    text = f"; a batch of {best.config['batch_size']} in {p50:.2f} ms at p50"
+    base_p50 = base.metrics.get("latency_p50_ms") if base is not None else None
+    if isinstance(base_p50, (int, float)) and base is not None and base.number != best.number:
+        text += f" (the baseline's batch of {base.config['batch_size']}: {base_p50:.2f} ms)"
+    return text

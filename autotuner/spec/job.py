@@ -125,8 +125,11 @@ class Job:
         # keeps its identity (`task`: training; no latency limit).
         if data.get("task") == "train":
             del data["task"]
-        if data.get("objective", {}).get("max_latency_ms") is None:
-            data.get("objective", {}).pop("max_latency_ms", None)
+        objective = data.get("objective", {})
+        if objective.get("max_latency_ms") is None:
+            objective.pop("max_latency_ms", None)
+        if objective.get("optimize") == "throughput":
+            objective.pop("optimize", None)
         # A quiet knob (one added after the first four) held at its reference value is left out,
         # so that adding a knob keeps the identity of every study whose space does not search it.
         knobs = self.backend.knobs
@@ -329,6 +332,8 @@ def _resolve_space(job: Job, source: str) -> None:
                             source=source,
                             key="space.batch_size",
                         )
+        elif knob == BATCH_SIZE.name and spec.objective.optimize == "latency":
+            values = [per_rank]  # one call a request (`_check_task`)
         elif knob in preset:
             values = _choices(preset[knob], backend.knobs[knob], f"{preset_name} preset: {knob}", source)
             if knob == BATCH_SIZE.name:
@@ -383,6 +388,14 @@ def _rank_batch(spec: JobSpec) -> str:
     return f"global_batch / processes ({spec.global_batch} / {spec.processes} = {spec.global_batch // spec.processes})"
 
 
+def _inline(space: Any, knob: str) -> list[Any] | None:
+    """The values a spec's inline `space` gives `knob` (a list, or one value), or None."""
+    if not isinstance(space, dict) or knob not in space:
+        return None
+    values = space[knob]
+    return list(values) if isinstance(values, list) else [values]
+
+
 def _check_task(spec: JobSpec, source: str) -> None:
     """The keys that only one task has: a latency limit for inference, processes and a run for
     training."""
@@ -393,7 +406,26 @@ def _check_task(spec: JobSpec, source: str) -> None:
                 source=source,
                 key="objective.max_latency_ms",
             )
+        if spec.objective.optimize == "latency":
+            raise SpecError(
+                "latency is what task: inference measures (this job trains): optimize throughput",
+                source=source,
+                key="objective.optimize",
+            )
         return
+    if spec.objective.optimize == "latency":
+        served = {
+            "space.batch_size": _inline(spec.space, BATCH_SIZE.name),
+            "baseline.batch_size": [spec.baseline.get(BATCH_SIZE.name)],
+        }
+        for key, values in served.items():
+            if any(value not in (None, spec.global_batch) for value in values or []):
+                raise SpecError(
+                    f"optimize: latency serves each request of global_batch ({spec.global_batch}) in one call: "
+                    f"batch_size is {spec.global_batch} (leave it out)",
+                    source=source,
+                    key=key,
+                )
     if spec.processes != 1:
         raise SpecError("task: inference serves from one process: processes must be 1", source=source, key="processes")
     if spec.run is not None:

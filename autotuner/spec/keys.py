@@ -43,6 +43,14 @@ class Objective(_Strict):
     energy: bool = False
     """Also minimize energy per sample (J, from NVML's energy counter): a third objective of the
     study, for its Pareto front. Needs a GPU with an energy counter."""
+    optimize: Literal["throughput", "latency"] = "throughput"
+    """What the study maximizes. `throughput`: samples a second, each config serving a step of
+    `global_batch` samples in calls of its own `batch_size`. `latency` (`task: inference` only):
+    the time one call takes on a request of `global_batch` samples, which every config serves in
+    one call (`batch_size` is `global_batch`), so the configs are ranked by the time of a call (the
+    median window of calls, measured and re-measured as throughput is); the speedup is the
+    baseline's call time over the config's, and the export and report give each config's p50 and
+    p99."""
     max_latency_ms: float | None = Field(None, gt=0, le=86_400_000)
     """`task: inference` only: the most a batch may take, in milliseconds, at the 99th percentile
     of a trial's calls (each timed alone, the device synchronised): a config slower than that is

@@ -8,7 +8,10 @@ call timed alone (`autotuner.trials.inference`); the trial-process half is
 
 Not offered: unstructured pruning (zeroing weights where they are small). Dense kernels do the
 same work on zeros, so it cannot make a forward pass faster; only 2:4 semi-structured sparsity
-has kernels that skip the zeros (NVIDIA GPUs of compute capability 8.0 and later).
+has kernels that skip the zeros (NVIDIA GPUs of compute capability 8.0 and later): the
+`sparsity` knob. Nor torchao's `autoquant`: it chooses each layer's kernel by timing them in the
+process that runs it, so two processes of the same config can serve different kernels, and an
+export could not say what it promises; the study itself compares the quantizations it offers.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ QUANTIZATION = Knob(
     "none",
     recommended=("int8-dynamic", "int8-weight-only"),
 )
+SPARSITY = Knob(
+    "sparsity",
+    "2:4 semi-structured sparsity of the linear layers: each four weights pruned to their two largest, then "
+    "served by sparse kernels (torchao's sparsify_) in the precision's dtype; a model not trained for it drifts",
+    ("none", "2:4"),
+    "none",
+    quiet=True,
+)
 RUNTIME = Knob(
     "runtime",
     "PyTorch, or ONNX Runtime with one execution provider (CPU, CUDA, TensorRT) on the model "
@@ -59,6 +70,9 @@ THREADS = Knob(
     maximum=4096,
     compiled=False,
 )
+SPARSE_ROWS, SPARSE_COLUMNS = 32, 64
+"""A linear layer's weight the 2:4 kernels take in bf16 and fp16: rows (out_features) a multiple of
+32, columns (in_features) of 64 (`torch.sparse.SparseSemiStructuredTensor`'s constraints)."""
 ORT_PROVIDERS = {
     "onnxruntime-cpu": "CPUExecutionProvider",
     "onnxruntime-cuda": "CUDAExecutionProvider",
@@ -71,6 +85,7 @@ INFERENCE_KNOBS = (
     WORKERS,
     COMPILE,
     QUANTIZATION,
+    SPARSITY,
     RUNTIME,
     THREADS,
     MEMORY_FORMAT,
@@ -82,6 +97,8 @@ INFERENCE_KNOBS = (
 class InferenceCapabilities(TorchCapabilities):
     torchao: bool = capability("torchao (quantization)")
     fp8: bool = capability("fp8 matmuls")
+    sparse24: bool = capability("2:4 sparse matmuls")
+    sparse24_layers: bool = capability("workload: linear layers the 2:4 kernels take")
     onnxruntime: bool = capability("ONNX Runtime")
     ort_cpu: bool = capability("ONNX Runtime: CPU provider")
     ort_cuda: bool = capability("ONNX Runtime: CUDA provider")
@@ -123,6 +140,16 @@ class PyTorchInference(Backend):
                 return f"quantization={value}: torchao is not installed here: {pip_line('torchao')}"
             if value == "fp8" and not caps.fp8:
                 return "quantization=fp8: fp8 matmuls need an NVIDIA GPU of compute capability 8.9 or later"
+        if knob == SPARSITY.name:
+            if not caps.torchao:
+                return f"sparsity={value}: torchao is not installed here: {pip_line('torchao')}"
+            if not caps.sparse24:
+                return f"sparsity={value}: 2:4 sparse kernels need an NVIDIA GPU of compute capability 8.0 or later"
+            if not caps.sparse24_layers:
+                return (
+                    f"sparsity={value}: the model has no linear layer the 2:4 kernels take (out_features a "
+                    f"multiple of {SPARSE_ROWS}, in_features of {SPARSE_COLUMNS})"
+                )
         if knob == RUNTIME.name:
             if not caps.onnxruntime:
                 return f"runtime={value}: onnxruntime is not installed here: {pip_line('onnxruntime')}"
@@ -145,7 +172,7 @@ class PyTorchInference(Backend):
                 return reason
         runtime = config.get(RUNTIME.name, "pytorch")
         if runtime != "pytorch":
-            for other in (COMPILE, QUANTIZATION, MEMORY_FORMAT, ATTENTION):
+            for other in (COMPILE, QUANTIZATION, SPARSITY, MEMORY_FORMAT, ATTENTION):
                 if config.get(other.name, other.reference) != other.reference:
                     return (
                         f"{other.name}={config[other.name]} with runtime={runtime}: ONNX Runtime runs the exported "
@@ -160,6 +187,11 @@ class PyTorchInference(Backend):
         if attention in ("flash", "cudnn") and capabilities.accelerator and precision not in ("bf16", "fp16"):
             return f"attention={attention}: its CUDA kernels compute in bf16 or fp16 only"
         quantization = config.get(QUANTIZATION.name, "none")
+        if config.get(SPARSITY.name, "none") != "none":
+            if quantization != "none":
+                return f"sparsity=2:4 with quantization={quantization}: not offered together"
+            if precision not in ("bf16", "fp16"):
+                return f"sparsity=2:4 with precision={precision}: the sparse weights are served in bf16 or fp16"
         if quantization == "fp8" and precision == "fp16":
             return "quantization=fp8 with precision=fp16: torchao's fp8 matmuls take bf16 or fp32 activations"
         return None

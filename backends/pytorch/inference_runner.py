@@ -18,7 +18,7 @@ import torch
 from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
 from autotuner.backends.pytorch.probe import environment
 from autotuner.backends.pytorch.runner import PyTorchTrial
-from autotuner.backends.pytorch.serving import TunedInference, primary_output
+from autotuner.backends.pytorch.serving import TunedInference, primary_output, sparse_layer
 from autotuner.backends.pytorch.workload import InferenceWorkload, as_inference_workload, first_batch_problem
 from autotuner.config.knobs import BATCH_SIZE, Config
 from autotuner.trials.inference import ServingBackend
@@ -54,12 +54,17 @@ class PyTorchServing(ServingBackend, PyTorchTrial):
         inference = {
             "torchao": importlib.util.find_spec("torchao") is not None,
             "fp8": capability >= (8, 9),
+            "sparse24": capability >= (8, 0),
             "onnxruntime": bool(providers),
             "ort_cpu": "CPUExecutionProvider" in providers,
             "ort_cuda": device.type == "cuda" and "CUDAExecutionProvider" in providers,
             "ort_tensorrt": device.type == "cuda" and "TensorrtExecutionProvider" in providers,
         }
         return dataclasses.replace(found, capabilities={**found.capabilities, **inference})
+
+    def workload_capabilities(self, workload: Any, device: torch.device, count: int) -> dict[str, bool]:
+        found = super().workload_capabilities(workload, device, count)
+        return {**found, "sparse24_layers": any(sparse_layer(m) for m in workload.model.modules())}
 
     def as_workload(self, built: Any, ref: str) -> InferenceWorkload:  # type: ignore[override]
         return as_inference_workload(built, ref)

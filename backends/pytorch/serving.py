@@ -11,8 +11,9 @@ exported config to their own model with it, so what a study measured is what a u
 What it does, once, in this order: the intra-op threads (`threads`, process-wide), the matmul
 precision (TF32 for `tf32`), the model on its device in eval mode, its convolutions in
 channels_last (`memory_format`); then either PyTorch: torchao's quantization of its linear layers
-(`quantization`) and `torch.compile` (`compile`), each call run under `torch.inference_mode`, the
-precision's autocast (bf16 or fp16; the weights stay fp32) and the `attention` backend; or ONNX
+(`quantization`) or their 2:4 sparsity (`sparsity`, `sparsify`) and `torch.compile` (`compile`),
+each call run under `torch.inference_mode`, the precision's autocast (bf16 or fp16; the weights
+stay fp32, but for 2:4 sparse layers, served in that dtype) and the `attention` backend; or ONNX
 Runtime (`runtime: onnxruntime-*`): the fp32 model exported once through `torch.onnx` (to `onnx_file`,
 reused when it is there) and run in an `InferenceSession` with the provider the config names and
 its threads. A batch reaches the model by the workload rule (`autotuner.backends.pytorch.workload.call_model`):
@@ -37,7 +38,7 @@ from autotuner.backends.pytorch.apply import (
     set_matmul_precision,
     to_device,
 )
-from autotuner.backends.pytorch.inference import ORT_PROVIDERS, PYTORCH_INFERENCE
+from autotuner.backends.pytorch.inference import ORT_PROVIDERS, PYTORCH_INFERENCE, SPARSE_COLUMNS, SPARSE_ROWS
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -105,6 +106,43 @@ def quantize(model: torch.nn.Module, quantization: str) -> None:
     quantize_(model, configs[quantization]())
 
 
+def sparse_layer(module: torch.nn.Module, name: str = "") -> bool:
+    """Whether `module` is a linear layer whose weight the 2:4 kernels take."""
+    return (
+        isinstance(module, torch.nn.Linear)
+        and module.out_features % SPARSE_ROWS == 0
+        and module.in_features % SPARSE_COLUMNS == 0
+    )
+
+
+def sparsify(model: torch.nn.Module, sparsity: str, dtype: torch.dtype | None) -> None:
+    """2:4 sparsity of the model's linear layers the kernels take (`sparse_layer`), in place: each
+    four weights of a row pruned to their two largest (`prune_2_4`), the layer cast to `dtype` (the
+    precision's: the kernels take bf16 or fp16), its weight compressed for the sparse kernels
+    (torchao's `sparsify_` with `semi_sparse_weight`). Its kernels need an NVIDIA GPU of compute
+    capability 8.0 or later."""
+    if sparsity == "none":
+        return
+    if dtype is None:
+        raise ValueError("sparsity=2:4 serves the sparse weights in bf16 or fp16: set precision")
+    prune_2_4(model)
+    from torchao.sparsity import semi_sparse_weight, sparsify_
+
+    for module in model.modules():
+        if sparse_layer(module):
+            module.to(dtype)
+    sparsify_(model, semi_sparse_weight(), filter_fn=sparse_layer)
+
+
+def prune_2_4(model: torch.nn.Module) -> None:
+    """Each four consecutive weights of a row of the model's `sparse_layer`s pruned to their two
+    largest in magnitude (torchao's `apply_fake_sparsity`), in place: the zeros 2:4 kernels skip."""
+    _quiet_import("torchao")
+    from torchao.sparsity import apply_fake_sparsity
+
+    apply_fake_sparsity(model, filter_fn=sparse_layer)
+
+
 class TunedInference(TunedLoop):
     """A config applied to `model` for serving (see the module docstring). `config`: an exported
     config (`autotuner.apply.load_config`) or a mapping of knob values; `example`: one batch as
@@ -138,6 +176,7 @@ class TunedInference(TunedLoop):
         self._attention: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
         if self.runtime == "pytorch":
             quantize(model, self.quantization)
+            sparsify(model, self.config["sparsity"], AUTOCAST.get(self.precision))
             self._attention = choose_attention(model, self.config["attention"])
             mode = self.config["compile"]
             self.model = model if mode == "none" else torch.compile(model, mode=COMPILE_MODES[mode])

@@ -6,7 +6,9 @@ What they prove on a GPU: every precision (bf16, fp16 with its GradScaler, tf32)
 `error` or `crash`; a real CUDA out-of-memory error at a huge batch is recorded `oom` and rules
 the larger batches out; NVML's energy counter gives energy per sample and power, and energy can
 be the study's third objective; MFU is a fraction for a GPU with a datasheet peak; the JAX
-backend runs a study on the GPU; and `--jobs 1` runs one worker.
+backend runs a study on the GPU; an inference study serves with every GPU knob (quantization,
+2:4 sparsity, CUDA graphs, ONNX Runtime's CUDA provider) ok or unsupported; and `--jobs 1` runs
+one worker.
 
 Every test is marked `gpu`: tests/conftest.py skips them where torch sees no CUDA GPU. The
 studies are small (a two-layer GPT of width 64), so the module takes minutes, most of it the
@@ -303,6 +305,47 @@ def test_a_jax_study_runs_on_the_gpu(tmp_path: Path) -> None:
     if environment.get("energy_counter"):
         for trial in jitted:
             assert trial.user_attrs["energy_j_per_sample"] > 0, _shown(trial)
+
+
+def test_an_inference_study_serves_on_the_gpu_with_every_knob_ok_or_unsupported(tmp_path: Path) -> None:
+    """The built-in encoder served on cuda:0: precisions, torchao's quantizations (fp8 where the GPU
+    has it), 2:4 sparsity, CUDA graphs and ONNX Runtime's CUDA provider each end ok or unsupported
+    with a reason, and what ran has its latency and drift."""
+    space = {
+        "precision": ["fp32", "tf32", "bf16", "fp16"],
+        "batch_size": [8, 32],
+        "quantization": ["none", "int8-weight-only", "int8-dynamic", "fp8"],
+        "sparsity": ["none", "2:4"],
+        "compile": ["none", "reduce-overhead"],
+        "runtime": ["pytorch", "onnxruntime-cuda"],
+        "threads": [0],
+    }
+    spec = write_spec(
+        tmp_path,
+        name="served-gpu",
+        task="inference",
+        device="cuda:0",
+        workload="builtin:encoder",
+        workload_args={"width": 128, "heads": 4, "layers": 2, "length": 64, "vocab": 1000, "samples": 1024},
+        global_batch=32,
+        baseline={"precision": "fp32", "batch_size": 8},
+        space=space,
+        objective={"max_drift": 0.5, "max_latency_ms": 1000},  # 2:4 pruning of random weights drifts far
+        budget={"trials": 12, "remeasure_top": 1, "remeasure_runs": 2},
+        trial={**TRIAL, "prune_after": 0},
+        sampler={"name": "random", "seed": 0},
+    )
+    _search(spec, tmp_path)
+    trials = _trials(tmp_path, "served-gpu")
+    for trial in trials:
+        _ok_or_unsupported(trial)
+    ran = [t for t in trials if t.user_attrs["outcome"] == "ok"]
+    assert len(ran) >= 6, [_shown(t) for t in trials]
+    for trial in ran:
+        attrs = trial.user_attrs
+        assert 0 < attrs["latency_p50_ms"] <= attrs["latency_p99_ms"], _shown(trial)
+        assert attrs["drift"] is not None and attrs["top1_agreement"] is not None, _shown(trial)
+    assert any(t.user_attrs["config"]["precision"] in ("bf16", "fp16") for t in ran), [_shown(t) for t in trials]
 
 
 def test_search_with_one_job_runs_one_worker_on_the_first_gpu(tmp_path: Path) -> None:

@@ -95,6 +95,7 @@ def test_the_export_is_a_serving_config(served: tuple[Path, str]) -> None:
     done = run_cli("apply", "runs/served/best.yaml", "--spec", str(folder / "served.yaml"), cwd=folder)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"latency of a batch of {tuned.params['batch_size']}: p50 " in done.stdout
+    assert "; within the limit of 10000 ms" in done.stdout  # the spec's objective.max_latency_ms
     assert "output drift from the fp32 model here: " in done.stdout and "promise: " in done.stdout
     # the report's top configs carry each one's latency of a batch
     reported = run_cli("report", "--spec", str(folder / "served.yaml"), "--format", "md", cwd=folder)
@@ -116,6 +117,23 @@ def test_a_latency_limit_makes_slower_configs_infeasible(tmp_path: Path) -> None
     assert done.returncode == 1, done.stdout + done.stderr  # nothing feasible
     trials = records(load_study(tmp_path, "limited"))
     assert trials and all(not t.feasible and "p99 latency" in t.reason and "0.001 ms" in t.reason for t in trials)
+
+
+def test_optimizing_latency_ranks_configs_by_the_time_of_one_call(tmp_path: Path) -> None:
+    spec = {
+        **ENCODER,
+        "name": "latency",
+        "baseline": {"precision": "fp32"},
+        "space": {"precision": ["fp32", "bf16"], "runtime": ["pytorch"], "quantization": ["none"], "threads": [0, 1]},
+        "objective": {"max_drift": 0.05, "optimize": "latency"},
+        "budget": {"trials": 3, "remeasure_top": 0},
+    }
+    (tmp_path / "latency.yaml").write_text(yaml.safe_dump(spec))
+    done = run_cli("search", "--spec", str(tmp_path / "latency.yaml"), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = records(load_study(tmp_path, "latency"))
+    assert trials and all(t.config["batch_size"] == 32 and t.config["accumulation"] == 1 for t in trials)
+    assert re.search(r"best: trial #\d+ .*; a batch of 32 in [\d.]+ ms at p50", " ".join(done.stdout.split()))
 
 
 def test_a_hugging_face_classifier_built_from_a_config_is_tuned_for_serving(tmp_path: Path) -> None:

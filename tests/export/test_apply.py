@@ -31,7 +31,7 @@ from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import Environment
 from autotuner.trials.request import TrialRequest
-from autotuner.trials.trial_output import Losses, TrialOutput
+from autotuner.trials.trial_output import Latency, Losses, TrialOutput
 from tests.support.studies import write_spec
 
 FP32 = {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"}
@@ -441,6 +441,19 @@ def test_apply_without_the_baseline_says_nothing_of_the_speedup() -> None:
     print_applied(run, out, err)
     assert run.speedup is None and run.keeps_promise is None
     assert "speedup" not in out.getvalue() + err.getvalue()
+
+
+@pytest.mark.parametrize(("p99_ms", "within"), [(8.0, True), (12.5, False)])
+def test_apply_holds_an_inference_configs_p99_latency_to_the_jobs_limit(p99_ms: float, within: bool) -> None:
+    run = dataclasses.replace(
+        _applied(1234.5, 500.0), latency=Latency(p50_ms=6.0, p99_ms=p99_ms, mean_ms=6.5, calls=200), latency_limit_ms=10
+    )
+    out, err = io.StringIO(), io.StringIO()
+    print_applied(run, out, err)
+    assert run.within_latency_limit is within
+    assert ("within the limit of 10 ms" in out.getvalue()) is within
+    assert (f"the p99 latency here ({p99_ms:.2f} ms) is over the job's limit of 10 ms" in err.getvalue()) is not within
+    assert dataclasses.replace(run, latency_limit_ms=None).within_latency_limit is None
 
 
 @pytest.mark.parametrize(

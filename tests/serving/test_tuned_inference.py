@@ -206,3 +206,51 @@ def test_only_an_onnx_winner_exports_as_onnx(tmp_path: Path) -> None:
     tuned = parse_config(export, "best.yaml")
     with pytest.raises(SpecError, match="runs on pytorch: --format onnx writes the model of an inference config"):
         write_onnx(tuned, None, tmp_path / "best.onnx")  # type: ignore[arg-type]
+
+
+def test_2_4_sparsity_prunes_each_four_weights_of_the_layers_its_kernels_take_to_two() -> None:
+    from autotuner.backends.pytorch.serving import prune_2_4, sparse_layer
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 64), nn.GELU(), nn.Linear(64, 5))  # the head's shape: no kernel
+    assert sparse_layer(model[0]) and not sparse_layer(model[2])
+    kept, head = model[0].weight.detach().clone(), model[2].weight.detach().clone()
+    prune_2_4(model)
+    groups = model[0].weight.detach().reshape(-1, 4)
+    assert bool(((groups != 0).sum(dim=1) == 2).all())
+    largest = kept.reshape(-1, 4).abs().topk(2, dim=1).values.sum(dim=1)
+    assert torch.allclose(groups.abs().sum(dim=1), largest)  # the two largest of each four kept
+    assert torch.equal(model[2].weight.detach(), head)
+
+
+@pytest.mark.parametrize(
+    ("caps", "changes", "reason"),
+    [
+        (CPU, {"sparsity": "2:4", "precision": "bf16"}, "compute capability 8.0"),
+        (
+            dataclasses.replace(CPU, accelerator=True, sparse24=True),
+            {"sparsity": "2:4", "precision": "bf16"},
+            "no linear layer the 2:4 kernels take",
+        ),
+        (
+            dataclasses.replace(CPU, accelerator=True, sparse24=True, sparse24_layers=True),
+            {"sparsity": "2:4", "precision": "fp32"},
+            "served in bf16 or fp16",
+        ),
+        (
+            dataclasses.replace(CPU, accelerator=True, sparse24=True, sparse24_layers=True),
+            {"sparsity": "2:4", "precision": "bf16", "quantization": "int8-dynamic"},
+            "not offered together",
+        ),
+        (
+            dataclasses.replace(CPU, accelerator=True, sparse24=True, sparse24_layers=True),
+            {"sparsity": "2:4", "precision": "bf16"},
+            None,
+        ),
+    ],
+)
+def test_2_4_sparsity_is_offered_on_a_gpu_that_has_the_kernels_only(
+    caps: InferenceCapabilities, changes: dict[str, object], reason: str | None
+) -> None:
+    found = PYTORCH_INFERENCE.unsupported_reason(_config(**changes), caps)
+    assert found is None if reason is None else reason in (found or ""), found

@@ -460,10 +460,29 @@ def test_an_inference_spec_has_the_inference_knobs(tmp_path: Path) -> None:
         ({"task": "inference", "run": {"steps": 100}}, "run", "task: inference has none"),
         ({"task": "serve"}, "task", "choose between 'train' or 'inference'"),
         ({"task": "inference", "baseline": {"optimizer": "fused"}}, "baseline.optimizer", "has no knob 'optimizer'"),
+        ({"objective": {"optimize": "latency"}}, "objective.optimize", "latency is what task: inference measures"),
+        (
+            {"task": "inference", "objective": {"optimize": "latency"}, "space": {"batch_size": [8, 16]}},
+            "space.batch_size",
+            "serves each request of global_batch",
+        ),
+        (
+            {"task": "inference", "objective": {"optimize": "latency"}, "baseline": {"batch_size": 8}},
+            "baseline.batch_size",
+            "batch_size is",
+        ),
     ],
 )
 def test_keys_of_the_other_task_are_refused(tmp_path: Path, changes: dict[str, Any], key: str, fragment: str) -> None:
     refused(tmp_path, changed(**changes), key, fragment)
+
+
+def test_optimizing_latency_serves_every_request_in_one_call(tmp_path: Path) -> None:
+    job = spec(tmp_path, task="inference", objective={"optimize": "latency"})
+    whole = job.spec.global_batch
+    assert job.space["batch_size"] == [whole] and job.baseline["batch_size"] == whole
+    assert job.complete(job.baseline)["accumulation"] == 1
+    assert job.identity() != spec(tmp_path, task="inference").identity()
 
 
 def test_keys_added_later_at_their_defaults_keep_a_studys_identity(tmp_path: Path) -> None:
@@ -471,4 +490,5 @@ def test_keys_added_later_at_their_defaults_keep_a_studys_identity(tmp_path: Pat
     before = spec(tmp_path).identity()
     assert spec(tmp_path, task="train").identity() == before
     assert spec(tmp_path, objective={"max_drift": 0.01, "max_latency_ms": None}).identity() == before
+    assert spec(tmp_path, objective={"max_drift": 0.01, "optimize": "throughput"}).identity() == before
     assert spec(tmp_path, task="inference", baseline={"batch_size": 8}).identity() != before

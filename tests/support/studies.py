@@ -52,10 +52,10 @@ def write_spec(folder: Path, **changes: Any) -> Path:
     spec = {**SMALL_SPEC, **changes}
     space = spec.get("space")
     if isinstance(space, dict) and "preset" not in space:
-        from autotuner.backends import BACKENDS
+        from autotuner.backends import BACKENDS, INFERENCE
         from autotuner.config.knobs import DERIVED
 
-        backend = BACKENDS.get(spec["backend"])
+        backend = (INFERENCE if spec.get("task") == "inference" else BACKENDS).get(spec["backend"])
         parallel = spec.get("parallel") or ((backend.parallel or (None,))[0] if spec.get("processes", 1) > 1 else None)
         knobs = backend.job_knobs(parallel) if backend is not None else {}
         baseline = spec.get("baseline") or {}
