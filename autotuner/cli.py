@@ -7,8 +7,10 @@ traceback); 130 interrupted (Ctrl-C, or SIGTERM).
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -76,6 +78,8 @@ def cmd_search(args: argparse.Namespace) -> int:
             *(["--trials", str(args.trials)] if args.trials else []),
             *(["--timeout", str(args.timeout)] if args.timeout else []),
             *(["--no-profile"] if args.no_profile else []),
+            *(["--warm-start", args.warm_start] if args.warm_start else []),
+            *(["--warm-start-study", args.warm_start_study] if args.warm_start_study else []),
         ]
         return search_on_gpus(job, args.jobs, passthrough)
     search = Search(
@@ -85,6 +89,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         device=args.device,
         profile=not args.no_profile,
+        warm_start=args.warm_start,
+        warm_start_study=args.warm_start_study,
     )
     return search.run().exit_code
 
@@ -192,6 +198,45 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    from autotuner.spec.job import load_spec
+
+    folder = load_spec(args.spec).output_dir() / "logs"
+    logs = sorted(folder.glob("*.log"), key=lambda p: p.stat().st_mtime)
+    if args.name is None:
+        names: dict[str, list[Path]] = {}
+        for path in logs:
+            names.setdefault(path.name.split(".")[0], []).append(path)
+        for name in sorted(names, key=_log_order):
+            size = sum(p.stat().st_size for p in names[name])
+            print(f"{name:<16} {len(names[name]):>3} processes {size:>10,} bytes")
+        if not names:
+            print(f"no process wrote anything: {folder} holds no log")
+        return 0
+    name = f"trial-{args.name}" if args.name.isdigit() else args.name
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise SpecError(
+            f"{shown(args.name)} is no log's name: a trial's number, or reference, probe, apply", key="logs"
+        )
+    found = [path for path in logs if path.name.split(".")[0] == name]
+    if not found:
+        raise SpecError(
+            f"no log of {name} in {folder} (a process that wrote nothing leaves none; a trial run by a worker on "
+            "another machine keeps its log there)",
+            key="logs",
+        )
+    for path in found:  # each process's, oldest first
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+        sys.stdout.write(f"--- {path} (last written {when})\n{path.read_text(errors='replace')}")
+    return 0
+
+
+def _log_order(name: str) -> tuple[int, int, str]:
+    """Trials by number first, then the others by name."""
+    number = name.removeprefix("trial-")
+    return (0, int(number), "") if number.isdigit() else (1, 0, name)
+
+
 def cmd_env(args: argparse.Namespace) -> int:
     from autotuner.backends import BACKENDS
     from autotuner.study.fingerprint import describe
@@ -258,6 +303,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         help="start N workers on this machine's GPUs, each with a trial's GPUs to itself (1, or the spec's processes)",
     )
+    search.add_argument(
+        "--warm-start",
+        metavar="STUDY_DB",
+        help="an earlier study (runs/<name>/study.db or a storage URL: another machine, an earlier version of the "
+        "job) whose best configs are tried first; nothing it measured counts here",
+    )
+    search.add_argument(
+        "--warm-start-study",
+        metavar="NAME",
+        type=_study_name,
+        help="the study to take, where --warm-start holds several",
+    )
     search.set_defaults(handler=cmd_search)
 
     apply = commands.add_parser("apply", help="run the job with an exported config; compare its throughput")
@@ -309,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     dashboard.add_argument("--port", type=_positive_int, default=8080)
     dashboard.set_defaults(handler=cmd_dashboard)
+
+    logs = commands.add_parser("logs", help="print what a trial's processes wrote (runs/<name>/logs/)")
+    logs.add_argument("name", nargs="?", help="a trial's number, or reference, probe, apply; none: list the logs")
+    logs.add_argument("--spec", required=True, help="the job spec (gives the study's folder)")
+    logs.set_defaults(handler=cmd_logs)
 
     env = commands.add_parser("env", help="print the device, versions, capabilities and the study fingerprint")
     env.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")

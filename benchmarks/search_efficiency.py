@@ -205,9 +205,12 @@ def replay(
     seed: int,
     bar: float,
     start: dict[str, Any] | None = None,
+    warm: list[dict[str, Any]] | None = None,
 ) -> list[float]:
     """The best feasible throughput after each trial that ran (trials counted as the budget counts
-    them), until one reaches `bar`; `start`: the guided start's config instead of the rule of thumb."""
+    them), until one reaches `bar`; `start`: the guided start's config instead of the rule of thumb;
+    `warm`: configs enqueued after the baseline, as `autotuner search --warm-start` enqueues an
+    earlier study's (`autotuner.search.warm_start`)."""
     configs = list(job.configs())
     unsupported = job.unsupported(job.backend.capabilities(grid["environment"]["capabilities"]))
     sampler = contender.make(seed, job, configs, unsupported)
@@ -217,6 +220,8 @@ def replay(
     study.enqueue_trial(
         job.baseline, user_attrs={"role": "baseline"}
     )  # as autotuner.workers.coordination.enqueue_baseline
+    for params in warm or []:
+        study.enqueue_trial(params)
     reference = Reference.from_dict(grid["reference"])
     curve: list[float] = []
     while sampler.fresh_configs(study) or study.get_trials(states=(TrialState.WAITING,)):

@@ -401,6 +401,31 @@ def inference(data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def warm_start(data: dict[str, Any]) -> list[str]:
+    """Trials to the bar from a related study's best configs, against a cold start."""
+    lines = [
+        "### Warm start: `python benchmarks/warm_start.py`",
+        "",
+        f"Trials the default sampler needs until a feasible trial reaches {data['target']:.0%} of the grid's best "
+        f"(the baseline counted), cold and with `--warm-start` from the source grid's study, replayed over "
+        f"{data['seeds']} seeds against recorded grids (`results/warm_start.json`).",
+        "",
+        "| grid | warm-started from | configs taken (dropped) | cold: median (p25-p75) | warm: median (p25-p75) |",
+        "|---|---|---|---|---|",
+    ]
+    for pair in data["pairs"]:
+        cold, warm = pair["cold"], pair["warm"]
+        dropped = sum(pair["dropped"].values())
+        why = ", ".join(pair["dropped"])
+        lines.append(
+            f"| {pair['target']} ({pair['grid_configs_run']} configs) | {pair['source']} ({pair['relation']}) | "
+            f"{len(pair['warm_configs'])}" + (f" ({dropped}: {why})" if dropped else "") + " | "
+            f"{cold['trials_median']:g} ({cold['trials_p25']:g}-{cold['trials_p75']:g}) | "
+            f"{warm['trials_median']:g} ({warm['trials_p25']:g}-{warm['trials_p75']:g}) |"
+        )
+    return [*lines, ""]
+
+
 def _interval_text(data: dict[str, Any] | None) -> str:
     if not data:
         return "-"
@@ -727,6 +752,8 @@ def main(argv: list[str] | None = None) -> None:
         sections += inference(data)
     if data := _load("search_efficiency.json", folder):
         sections += search_efficiency(data)
+    if data := _load("warm_start.json", folder):
+        sections += warm_start(data)
     if data := _load("alternatives.json", folder):
         sections += alternatives(data)
     if data := _load("overhead.json", folder):

@@ -88,6 +88,9 @@ class AppliedRun:
     """An inference config's outputs here against the model's in strict fp32 (`task: inference`)."""
     latency_limit_ms: float | None = None
     """The job's `objective.max_latency_ms`, which the p99 here is held to (`task: inference`)."""
+    warned: str | None = None
+    """What the run's processes wrote (`autotuner.trials.launcher.warning_summary`), in `log`."""
+    log: str | None = None
 
     @property
     def within_latency_limit(self) -> bool | None:
@@ -251,6 +254,8 @@ def apply_config(
         latency=output.latency,
         output_drift=output.output_drift,
         latency_limit_ms=job.spec.objective.max_latency_ms,
+        warned=result.warned,
+        log=result.log,
         rounds=tuple(rounds),
         rounds_error=rounds_error,
     )
@@ -276,7 +281,7 @@ def promise_rounds(
     budget = job.spec.budget
     requests = [
         dataclasses.replace(
-            job.trial_request(config, device),
+            job.trial_request(config, device, log=job.log_path("apply")),
             windows=budget.remeasure_windows,
             drift=False,
             compile_cache=compile_cache,
@@ -352,7 +357,7 @@ def _requests(
     per_window = min(settings.steps, total)
     windows = math.ceil(total / per_window)
     request = dataclasses.replace(
-        job.trial_request(config, device),
+        job.trial_request(config, device, log=job.log_path("apply")),
         steps=per_window,
         windows=windows,
         # `steps` asked: as many windows as cover them; by default, as many windows as that many
@@ -428,6 +433,8 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             verb = "holds" if here.contains(tuned.speedup) else "does not hold"
             text += f" (no interval in the export): the interval here {verb} it"
         print(text, file=out)
+    if run.warned:
+        print(f"the run's output (warned: {run.warned}) is in {run.log}", file=out)
     if run.rounds_error:
         print(f"autotuner: warning: the promise check stopped early: {run.rounds_error}", file=err)
     if (predicted := run.predicted_run_s) is not None:

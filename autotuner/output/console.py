@@ -286,6 +286,8 @@ class SearchReporter:
         if best is not None:
             ratio = speedup(best, baseline)
             best_text = f" | best #{best.number} {rate(best.throughput)}" + (f" ({times(ratio)})" if ratio else "")
+        if warned := done.metrics.get("warned"):
+            status += f" [dim]warned: {escape(str(warned))} (autotuner logs {done.number})[/]"
         tag = " (baseline)" if done.role == "baseline" else ""
         if self._trials_began is None:  # the pace leaves out the start-up and the reference
             self._trials_began = max(0.0, elapsed_s - float(done.metrics.get("wall_s") or 0.0))

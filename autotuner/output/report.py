@@ -281,11 +281,18 @@ def trial_table(report: Report) -> Table:
             charts.trial_drift_text(t),
             metric(t, "warmup_s", "{:.2f} s"),
             peak_memory(t.metrics.get("peak_memory_mb"), report.environment.memory_mb),
+            _output_text(t),
         ]
         for t in sorted(report.trials, key=lambda t: t.number)
     ]
     headers = ["trial", "role", "config", "outcome", "feasible", "reason", "throughput", "spread", "processes", "drift"]
-    return [*headers, "warm-up", "peak memory"], rows
+    return [*headers, "warm-up", "peak memory", "output"], rows
+
+
+def _output_text(t: TrialRecord) -> str:
+    """What a trial's processes wrote, in a few words, and the command that prints it all."""
+    warned = t.metrics.get("warned")
+    return f"warned: {warned} (autotuner logs {t.number})" if warned else "-"
 
 
 def profile_pair(report: Report) -> tuple[Profile | None, Profile | None]:

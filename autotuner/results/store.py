@@ -44,6 +44,8 @@ def trial_metrics(
 ) -> Metrics:
     """Everything measured about one trial, derived from the trial process's output."""
     metrics: Metrics = {"startup_s": result.startup_s, "wall_s": result.wall_s}
+    if result.warned is not None:  # what its process wrote, kept in its log (`autotuner logs`)
+        metrics.update(warned=result.warned, log=result.log)
     output = result.output
     if output is not None:
         metrics.update(_measured(output, config, environment))

@@ -74,7 +74,7 @@ class TrialDispatch:
                 shown = f"trial {slot + 1}/{self.max_trials}: {format_config(config)}"
                 best = self._prune_bound(tried) if role == "search" else None
                 with self.reporter.running(shown):
-                    result = self._run(config, best)
+                    result = self._run(trial.number, config, best)
                 result, extra = self._when_contended(trial.number, config, result, shown, best)
             return record(
                 study,
@@ -108,10 +108,13 @@ class TrialDispatch:
         pace = self.plan.pace_to_win(done, self.job.spec.trial.warmup_steps)
         return best if pace is None else min(best, pace)
 
-    def _run(self, config: Config, best: float | None) -> TrialResult[TrialOutput]:
-        """Run `config` in a trial process; with `best`, stopped early if it cannot reach it."""
+    def _run(self, number: int, config: Config, best: float | None) -> TrialResult[TrialOutput]:
+        """Run trial `number`'s `config` in a trial process; with `best`, stopped early if it cannot
+        reach it."""
         device = self.environment.device
-        request = self.job.trial_request(config, device, prune_best=best, progress=self.reporter.progress)
+        request = self.job.trial_request(
+            config, device, prune_best=best, progress=self.reporter.progress, log=self.job.log_path(f"trial-{number}")
+        )
         return self.launcher.call(self.job.backend.runner, "run", request, self.job.trial_timeout(config))
 
     def _when_contended(
@@ -128,7 +131,7 @@ class TrialDispatch:
             load = wait_until_quiet(wait)
         quiet = load is None or load <= CONTENDED_SHARE
         with self.reporter.running(f"{shown}: again, the machine {'quiet' if quiet else 'still busy'}"):
-            second = self._run(config, best)
+            second = self._run(number, config, best)
         again = _contention(second)
         # windows too short to tell their own contention: the wait before them told
         flagged = second.outcome is not Outcome.OK or (again > CONTENDED_SHARE if again is not None else not quiet)

@@ -13,14 +13,20 @@ recorded and the search goes on; bad input or an unusable storage stops it befor
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 
 import optuna
 import sqlalchemy
 from optuna.trial import TrialState
 
 from autotuner.backends import Capabilities
+from autotuner.config.knobs import Params, config_key
 from autotuner.errors import StorageError
 from autotuner.export.writer import export_data, export_path, write_export
 from autotuner.output.console import SearchReporter
@@ -34,6 +40,7 @@ from autotuner.search.dispatch import TrialDispatch
 from autotuner.search.profiling import artifact_dir, run_profiles
 from autotuner.search.reference import REFERENCE_LEASE_TRIALS, run_reference
 from autotuner.search.remeasure import Remeasurer
+from autotuner.search.warm_start import WARM_START, enqueue_warm_start, load_earlier, warm_configs
 from autotuner.spec.job import Job
 from autotuner.study.claims import Claims
 from autotuner.study.names import NOT_SEARCHED, RUN
@@ -79,6 +86,8 @@ class Search:
         device: str | None = None,
         reporter: SearchReporter | None = None,
         profile: bool = True,
+        warm_start: str | None = None,
+        warm_start_study: str | None = None,
     ):
         self.job = job
         self.storage_url = job.storage_url(storage)
@@ -91,6 +100,10 @@ class Search:
         self.profile = profile and job.spec.profile.steps > 0
         self.plan: RunPlan | None = None
         """The real run the study's configs are ranked for (`run:`, `cost:`), set as the search starts."""
+        self.warm_start = warm_start
+        """An earlier study's storage (`runs/<name>/study.db` or a URL) whose best configs are tried
+        first (`autotuner.search.warm_start`); `warm_start_study` names it where it holds several."""
+        self.warm_start_study = warm_start_study
 
     def run(self) -> SearchSummary:
         try:
@@ -107,8 +120,13 @@ class Search:
     def _search(self) -> SearchSummary:
         job = self.job
         check_storage_url(self.storage_url, default=self.is_default_storage)  # not after a probe's seconds
+        earlier = load_earlier(self.warm_start, self.warm_start_study, job) if self.warm_start else None
         launcher = job.backend.launcher(job.spec.trial.max_memory_mb)
-        environment = job.probe(launcher, self.device, self.device_source)
+        with tempfile.TemporaryDirectory(prefix="autotuner-probe-") as folder:  # nothing written if it refuses
+            environment = job.probe(launcher, self.device, self.device_source, log=os.path.join(folder, "probe"))
+            for log in Path(folder).glob("*.log"):  # what it printed, kept with the trials' logs
+                Path(job.log_path("probe")).parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(log, Path(job.log_path("probe")).parent / log.name)
         capabilities = job.backend.capabilities(environment.capabilities)
         not_searched = job.narrow(capabilities)
         check_objectives(job, environment)
@@ -134,6 +152,8 @@ class Search:
         try:
             recovery.recover()  # first: a cut-off baseline is retried, not enqueued afresh
             enqueue_baseline(study, self.job.baseline)
+            if earlier is not None and not study.user_attrs.get(WARM_START):
+                self._warm_start(study, *earlier, job.unsupported(capabilities))
             reference = once.reference(
                 lambda: self._run_reference(launcher, environment.device),
                 REFERENCE_LEASE_TRIALS * job.trial_timeout() + PROBE_TIMEOUT_S,
@@ -162,6 +182,19 @@ class Search:
         except KeyboardInterrupt:
             interrupted = True
         return self._finish(study, interrupted)
+
+    def _warm_start(
+        self, study: optuna.Study, earlier: optuna.Study, source: str, unsupported: Callable[[Params], str | None]
+    ) -> None:
+        """Enqueue the earlier study's best configs after the baseline, and say what was taken."""
+        tried = {config_key(t.params) for t in study.get_trials(deepcopy=False)}
+        warm = warm_configs(records(earlier), source, self.job, unsupported, self.max_trials, tried)
+        enqueue_warm_start(study, warm)
+        dropped = "; ".join(f"{count} dropped: {why}" for why, count in warm.dropped.items())
+        self.reporter.note(
+            f"warm start from {warm.source}: {len(warm.configs)} of its best configs are tried first"
+            + (f" ({dropped})" if dropped else "")
+        )
 
     def _trials(self, dispatch: TrialDispatch, sampler: FreshConfigSampler, recovery: Recovery, started: float) -> None:
         """Ask for trials and run them (`dispatch`) until the study's budget (in trials, across its

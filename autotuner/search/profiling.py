@@ -91,7 +91,9 @@ def run_profiles(
         job.output_dir().mkdir(parents=True, exist_ok=True)  # with another storage, nothing may be there yet
         folder = Path(tempfile.mkdtemp(prefix=f"profile-{trial.number}-", dir=job.output_dir())).resolve()
         try:
-            request = job.trial_request(trial.config, device, progress=reporter.progress)
+            request = job.trial_request(
+                trial.config, device, progress=reporter.progress, log=job.log_path(f"trial-{trial.number}")
+            )
             asked = ProfileRequest(request, steps, str(folder))
             started = time.monotonic()
             with reporter.running(f"profiling the {role}, trial #{trial.number}: {steps} steps after its warm-up"):

@@ -26,7 +26,7 @@ def run_reference(launcher: TrialLauncher, job: Job, device: str, progress: str 
     """Run the fp32 reference (`Job.reference_config`) twice; the gap between the two runs is its noise floor.
     `progress`: the phase file of the search's console (`autotuner.trials.progress`)."""
     config = job.reference_config()
-    request = job.trial_request(config, device, measure=False, progress=progress)
+    request = job.trial_request(config, device, measure=False, progress=progress, log=job.log_path("reference"))
     outputs: list[TrialOutput] = []
     wall_s = 0.0
     for _ in range(2):

@@ -286,7 +286,9 @@ class Remeasurer:
         job, device = self.job, self.device
         requests = [
             dataclasses.replace(
-                job.trial_request(t.config, device, progress=self.reporter.progress),
+                job.trial_request(
+                    t.config, device, progress=self.reporter.progress, log=job.log_path(f"trial-{t.number}")
+                ),
                 windows=job.spec.budget.remeasure_windows,
                 drift=False,  # its trial measured it: the same config, seed and data
             )

@@ -181,18 +181,27 @@ class Job:
             return self.spec.trial.timeout
         return TRIAL_TIMEOUT_S * max(self.backend.timeout_factor(c) for c in configs or (self.reference_config(),))
 
-    def probe_request(self, device: str) -> ProbeRequest:
+    def log_path(self, name: str) -> str:
+        """Where the processes of `name` (`trial-<number>`, `reference`, `probe`, `apply`) keep their
+        output: each its own `runs/<study>/logs/<name>.<pid>.log`, removed when it wrote nothing
+        (`autotuner.trials.launcher.log_file`; `autotuner logs` prints them)."""
+        return str(self.output_dir() / "logs" / name)
+
+    def probe_request(self, device: str, log: str | None = None) -> ProbeRequest:
         """The probe of `device` for this job: its workload built from the spec's arguments and its
-        data checked against its global batch, before anything is stored or run."""
+        data checked against its global batch, before anything is stored or run; with `log`, its
+        output goes there (`TrialRequest.log`)."""
         return ProbeRequest(
-            device, self.workload_path(), dict(self.spec.workload_args), self.spec.global_batch, self.parallel
+            device, self.workload_path(), dict(self.spec.workload_args), self.spec.global_batch, self.parallel, log
         )
 
-    def probe(self, launcher: TrialLauncher, device: str, source: str | None = None) -> Environment:
-        """`probe_request(device)` run by `launcher` (`autotuner.backends.Backend.probe`); a device
-        that does not exist, or too few GPUs for the trial's ranks, is an error of `source` (the
-        spec unless told)."""
-        environment = self.backend.probe(launcher, self.probe_request(device), source or self.source)
+    def probe(
+        self, launcher: TrialLauncher, device: str, source: str | None = None, log: str | None = None
+    ) -> Environment:
+        """`probe_request(device, log)` run by `launcher` (`autotuner.backends.Backend.probe`); a
+        device that does not exist, or too few GPUs for the trial's ranks, is an error of `source`
+        (the spec unless told)."""
+        environment = self.backend.probe(launcher, self.probe_request(device, log), source or self.source)
         first = int(device.partition(":")[2] or 0)
         needed = first + self.spec.processes
         if (
@@ -216,11 +225,12 @@ class Job:
         measure: bool = True,
         prune_best: float | None = None,
         progress: str | None = None,
+        log: str | None = None,
     ) -> TrialRequest:
         """The request that runs `config` on `device`; with `prune_best` (a search trial: the best
         feasible throughput so far), one stopped early when it cannot reach it
         (`trial.prune_after`); with `progress`, one that writes its phase there
-        (`autotuner.trials.progress`)."""
+        (`autotuner.trials.progress`); with `log`, one whose output goes there (`log_path`)."""
         settings = self.spec.trial
         return TrialRequest(
             workload=self.workload_path(),
@@ -242,6 +252,7 @@ class Job:
             compile_cache=str(self.compile_cache_dir()),
             processes=self.spec.processes,
             parallel=self.parallel,
+            log=log,
         )
 
     def complete(self, params: Params) -> Config:

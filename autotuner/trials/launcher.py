@@ -19,9 +19,12 @@ import ctypes
 import importlib
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.util
 import os
+import re
 import resource
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -29,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from autotuner.measurement.turns import Turn, Turns, Waiting
 from autotuner.trials.messages import GarbledMessage, Started, receive_message, send_message
 from autotuner.trials.outcomes import Classified, Outcome, ProcessEnd, classify_end, exception_message
+from autotuner.trials.request import log_of
 
 Output = TypeVar("Output")
 
@@ -47,6 +51,10 @@ class TrialResult(Generic[Output]):
     startup_s: float | None = None
     """From asking for the process to the process running the trial's code."""
     wall_s: float = 0.0
+    log: str | None = None
+    """The file the process's output went to (`TrialRequest.log`), when it wrote any."""
+    warned: str | None = None
+    """What the process wrote there, in a few words (`warning_summary`); None when it wrote nothing."""
 
     @classmethod
     def unsupported(cls, reason: str) -> TrialResult[Any]:
@@ -71,6 +79,42 @@ def _limit_memory(limit_mb: float | None) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
+def log_file(log: str, pid: int) -> str:
+    """The file process `pid` of the requests whose `log` is `log` writes its output to."""
+    return f"{log}.{pid}.log"
+
+
+def _redirect_output(log: str | None) -> None:
+    """This process's stdout and stderr (file descriptors 1 and 2, which its children inherit)
+    written to its own file of `log` (`log_file`)."""
+    if log is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+    fd = os.open(log_file(log, os.getpid()), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+WARNING = re.compile(r"^(?:.*?:\d+: )?((?:\w+Warning|WARNING|Warning|warning)\b.*)$")
+"""A warning line: Python's `file.py:12: UserWarning: ...` (from the category on), a logger's
+`WARNING ...`, or any line that starts with the word."""
+SUMMARY_CHARS = 90
+
+
+def warning_summary(text: str) -> str | None:
+    """What a process wrote, in a few words: its first warning line (`WARNING`), else its first
+    line, shortened to `SUMMARY_CHARS`, with how many more lines there were; None for nothing."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    found = next((m.group(1) for line in lines if (m := WARNING.match(line))), lines[0])
+    found = found if len(found) <= SUMMARY_CHARS else found[: SUMMARY_CHARS - 3] + "..."
+    return found + (f" (+{len(lines) - 1} lines)" if len(lines) > 1 else "")
+
+
 def _trial_main(
     conn: multiprocessing.connection.Connection,
     runner: str,
@@ -88,6 +132,7 @@ def _trial_main(
     (`autotuner.measurement.turns.Turns`)."""
     os.setsid()  # own process group: the launcher kills it together with its workers
     die_with_parent()
+    _redirect_output(log_of(arg))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle
     _limit_memory(memory_limit_mb)
     send_message(conn, Started(time.time()))
@@ -105,6 +150,9 @@ def _trial_main(
             message["reason"] += f" (a trial process may allocate {memory_limit_mb:g} MiB: trial.max_memory_mb)"
     send_message(conn, message)
     conn.close()
+    # The teardown skipped below would unlink the named semaphores that pools made here (a compile
+    # pool's); left, the search's resource tracker finds them at its exit and warns on its console.
+    multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
     # Skip interpreter teardown: data-loader workers and compile pools are killed with the group.
     os._exit(0)
 
@@ -135,6 +183,9 @@ class TrialProcess:
             target=_trial_main, args=(send, runner, function, arg, memory_limit_mb, their_turns)
         )
         self.process.start()
+        log = log_of(arg)
+        self.log = log_file(log, self.process.pid) if log is not None and self.process.pid else None
+        """Where the process's output goes (`_redirect_output`); removed at its end if it is empty."""
         send.close()
         if their_turns is not None:
             their_turns.close()
@@ -203,6 +254,7 @@ class TrialProcess:
                 self.turns.close()
             end = ProcessEnd(self.message, self.process.exitcode, self.timed_out, self.timeout_s, self.read_error)
             classified: Classified = classify_end(end)
+            warned = warning_summary(_read_log(self.log)) if self.log else None
             self._result = TrialResult(
                 classified.outcome,
                 classified.reason,
@@ -210,6 +262,8 @@ class TrialProcess:
                 classified.result,
                 self.startup_s,
                 time.time() - self.asked_at,
+                log=self.log if warned is not None else None,
+                warned=warned,
             )
         return self._result
 
@@ -237,6 +291,18 @@ class TrialLauncher:
         finally:
             result = process.end()
         return result
+
+
+def _read_log(path: str, most: int = 1 << 20) -> str:
+    """What a process wrote to its log (its first MiB); an empty log is removed."""
+    try:
+        if os.path.getsize(path) == 0:
+            os.remove(path)
+            return ""
+        with open(path, "rb") as file:
+            return file.read(most).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _kill_group(process: multiprocessing.process.BaseProcess, wait_s: float) -> None:

@@ -60,6 +60,10 @@ class TrialRequest:
     one process group, `global_batch` split between them."""
     parallel: str | None = None
     """How the ranks train together (the spec's `parallel`: `ddp`, `fsdp`); None for one process."""
+    log: str | None = None
+    """Where the process's stdout and stderr go, its own and its children's: a file of its own,
+    `<log>.<pid>.log` (`autotuner.trials.launcher.log_file`), so the libraries' warnings and prints
+    stay off the search's console. None: the console."""
 
     def measuring(self) -> Measuring:
         """How its measured phase times it (`autotuner.measurement.timing.measure_throughput`): a
@@ -91,6 +95,8 @@ class ProbeRequest:
     parallel: str | None = None
     """How the job's ranks train together (the spec's `parallel`), so the probe can say which of
     its knobs this torch build and device can honour; None for one process."""
+    log: str | None = None
+    """As `TrialRequest.log`."""
 
 
 @dataclass(frozen=True)
@@ -101,3 +107,10 @@ class ProfileRequest:
     trial: TrialRequest
     steps: int
     folder: str
+
+
+def log_of(request: Any) -> str | None:
+    """The log file of a request of any kind (a profile's is its trial's), or None."""
+    if isinstance(request, ProfileRequest):
+        return request.trial.log
+    return getattr(request, "log", None)

@@ -39,7 +39,7 @@ class _Scripted(TrialDispatch):
 
     again: TrialResult[TrialOutput]
 
-    def _run(self, config: Any, best: float | None) -> TrialResult[TrialOutput]:
+    def _run(self, number: int, config: Any, best: float | None) -> TrialResult[TrialOutput]:
         return self.again
 
 

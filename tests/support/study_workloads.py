@@ -304,3 +304,18 @@ def dropout_attention(samples: int = 512, dim: int = 16, length: int = 8) -> Tor
         loss_fn=F.cross_entropy,
         optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3),
     )
+
+
+_KEPT: list[Any] = []
+
+
+def noisy_mlp(**mlp_args: Any) -> TorchWorkload:
+    """The built-in MLP, built by a factory that prints, warns as a library does, and keeps a named
+    semaphore (as a compile pool does) that its process never releases."""
+    import multiprocessing
+    import warnings
+
+    print("hello from the factory")
+    warnings.warn("a library's deprecation: pass dtype= instead", FutureWarning, stacklevel=1)
+    _KEPT.append(multiprocessing.get_context("forkserver").Semaphore())
+    return mlp(**mlp_args)
