@@ -36,10 +36,12 @@ from autotuner.trials.outcomes import NonFiniteLoss
 from autotuner.trials.probe import Environment, ProbeResult
 from autotuner.trials.progress import PhaseFile
 from autotuner.trials.request import ProbeRequest, ProfileRequest, TrialRequest
+from autotuner.trials.streams import is_stream, prefix
 from autotuner.trials.trial_output import Losses, ProfileOutput, TrialOutput
 
 HELDOUT_DEFAULT = 256
-"""Items of the held-out set when the workload names none: the dataset's last ones."""
+"""Items of the held-out set when the workload names none: the dataset's last ones (a stream's
+first ones); at most as many of a streamed held-out set."""
 
 
 class Workload(Protocol):
@@ -334,12 +336,20 @@ def _data_problem(backend: TrialBackend, workload: Workload, global_batch: int) 
     """Why the workload's data cannot train with `global_batch` samples per optimizer step, or None:
     an empty or too small dataset or held-out set, items the collate function cannot batch, a
     model that fails on the first batch or whose loss cannot be found (`first_batch_problem`)."""
-    size = len(workload.dataset)
-    if size == 0:
-        return "the dataset is empty"
-    if size < global_batch:
-        return f"the dataset holds {size} items, fewer than one global batch ({global_batch}): no step can be taken"
-    if workload.heldout is not None and len(workload.heldout) == 0:
+    if is_stream(workload.dataset):  # read ahead: a stream says its size by ending
+        size = len(prefix(workload.dataset, global_batch))
+        if size < global_batch:
+            return (
+                f"the stream ended after {size} items, fewer than one global batch ({global_batch}): "
+                "no step can be taken"
+            )
+    else:
+        size = len(workload.dataset)
+        if size == 0:
+            return "the dataset is empty"
+        if size < global_batch:
+            return f"the dataset holds {size} items, fewer than one global batch ({global_batch}): no step can be taken"
+    if workload.heldout is not None and not prefix(workload.heldout, 1):
         return "the held-out dataset is empty"
     if problem := backend.heldout_problem(workload, global_batch):
         return problem
@@ -374,7 +384,7 @@ def _run(
         losses=Losses(math.nan, []),
         tokens_per_sample=workload.tokens_per_sample,
         flops_per_sample=workload.flops_per_sample,
-        dataset_items=len(workload.dataset),
+        dataset_items=None if is_stream(workload.dataset) else len(workload.dataset),
     )
     if request.measure:
         output.setup_s = time.perf_counter() - started  # a real run builds the same before its first step
@@ -530,13 +540,18 @@ def _drift_phase(
     phase: PhaseFile,
     group: RankGroup | None = None,
 ) -> Losses:
-    """K optimizer steps on the dataset's first K*global_batch items in order, then the loss on
-    the held-out items. In a trial of several processes each rank's loader takes its shard of
-    every global batch (the backend's `make_loader`), a step's loss is the mean over the ranks, and
-    every rank evaluates the whole held-out set (the same weights: the same loss)."""
+    """K optimizer steps on the dataset's first K*global_batch items in order (again from its start
+    where it holds fewer), then the loss on the held-out items. In a trial of several processes each
+    rank's loader takes its shard of every global batch (the backend's `make_loader`), a step's loss
+    is the mean over the ranks, and every rank evaluates the whole held-out set (the same weights:
+    the same loss). Of a stream, both are bounded prefixes read in its order (`HELDOUT_DEFAULT`)."""
     needed = request.drift_steps * request.global_batch
-    size = len(workload.dataset)
-    ordered = backend.subset(workload.dataset, [i % size for i in range(needed)])
+    if is_stream(workload.dataset):
+        first = prefix(workload.dataset, needed)
+        ordered: Any = [first[i % len(first)] for i in range(needed)]
+    else:
+        size = len(workload.dataset)
+        ordered = backend.subset(workload.dataset, [i % size for i in range(needed)])
     batches = iter(training.make_loader(ordered, shuffle=False, seed=request.seed))
     trajectory: list[float] = []
     for _ in range(request.drift_steps):
@@ -547,7 +562,11 @@ def _drift_phase(
             loss = math.fsum(losses) / len(losses) if losses else loss
         trajectory.append(loss)
     heldout = workload.heldout
-    if heldout is None:
+    if heldout is not None and is_stream(heldout):
+        heldout = prefix(heldout, HELDOUT_DEFAULT)
+    elif heldout is None and is_stream(workload.dataset):
+        heldout = prefix(workload.dataset, HELDOUT_DEFAULT)
+    elif heldout is None:
         heldout = backend.subset(workload.dataset, list(range(max(0, size - HELDOUT_DEFAULT), size)))
     count = len(heldout)
     phase(f"held-out loss, {count} items")

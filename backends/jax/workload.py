@@ -182,7 +182,10 @@ def as_workload(built: Any, ref: str) -> JaxWorkload:
     for name in ("dataset", "heldout"):
         data = getattr(built, name)
         if data is not None and (not hasattr(data, "__getitem__") or not hasattr(data, "__len__")):
-            raise TypeError(f"workload factory {ref}: {name} must be map-style (__getitem__ and __len__)")
+            raise TypeError(
+                f"workload factory {ref}: {name} must be map-style (__getitem__ and __len__); a stream is read by "
+                "the pytorch backend only"
+            )
     return built
 
 

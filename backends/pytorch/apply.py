@@ -48,6 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from autotuner.backends._base import ExportedConfig, TunedLoop
 from autotuner.backends.pytorch import COMPILE, PREFETCH_FACTOR, PYTORCH
 from autotuner.trials.outcomes import Unsupported
+from autotuner.trials.streams import is_stream
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
@@ -593,11 +594,18 @@ class TunedTraining(TunedLoop):
         `collate_fn`. `seed` fixes the shuffling and the workers' seeds. As a rank of several
         (`parallel`), the loader takes this rank's share of the dataset (`DistributedSampler`:
         every `world_size`-th item from its rank on, of the same order for every config), so the
-        ranks' micro-batches of one optimizer step together hold `global_batch` samples."""
+        ranks' micro-batches of one optimizer step together hold `global_batch` samples. A
+        streamed dataset (no length) is read in its order, not shuffled, the rank's share split
+        between the workers without duplicates (`autotuner.backends.pytorch.workload.StreamShard`)."""
         workers = self.workers
         fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
         sampler: torch.utils.data.DistributedSampler[Any] | None = None
-        if self.world_size > 1:  # this rank's shard of every global batch, the same for every config
+        if is_stream(dataset):
+            from autotuner.backends.pytorch.workload import Stream
+
+            dataset, shuffle = Stream(dataset).shard(self.rank, self.world_size, self.batch_size), False
+            seed = None  # nothing to shuffle
+        elif self.world_size > 1:  # this rank's shard of every global batch, the same for every config
             sampler = torch.utils.data.DistributedSampler(
                 dataset, self.world_size, self.rank, shuffle=shuffle, seed=seed or 0, drop_last=True
             )

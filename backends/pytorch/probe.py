@@ -22,6 +22,7 @@ from autotuner.backends.pytorch import PYTORCH
 from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
 from autotuner.measurement.nvml import cuda_uuid, has_energy_counter, nvml_driver
 from autotuner.trials.probe import Environment
+from autotuner.trials.streams import prefix
 
 if TYPE_CHECKING:
     from autotuner.backends.pytorch.workload import TorchWorkload
@@ -117,7 +118,7 @@ def workload_capabilities(workload: TorchWorkload, device: torch.device, count: 
 
     calls = Calls()
     try:
-        batch = workload.collate([workload.dataset[i] for i in range(count)])
+        batch = workload.collate(prefix(workload.dataset, count))
         with torch.no_grad(), calls:
             workload.loss(model, batch)
     except Exception:  # the probe's first-batch check has passed: this only decides a capability

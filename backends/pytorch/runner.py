@@ -36,6 +36,7 @@ from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, cache_state
 from autotuner.trials.probe import Environment
 from autotuner.trials.request import ProfileRequest, TrialRequest
+from autotuner.trials.streams import prefix
 from autotuner.trials.trial_output import ProfileOutput, TrialOutput
 
 HOST_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
@@ -258,9 +259,9 @@ class PyTorchTrial(TrialBackend):
         drift phase anyway). None when nothing was counted."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        count = min(FLOP_COUNT_SAMPLES, len(workload.dataset))  # type: ignore[arg-type]
+        items = prefix(workload.dataset, FLOP_COUNT_SAMPLES)
+        count = len(items)
         try:
-            items = [workload.dataset[i] for i in range(count)]
             batch = training.to_device(workload.collate(items))
             with without_checkpointing(workload.model), FlopCounterMode(display=False) as counter:
                 workload.loss(workload.model, batch).backward()

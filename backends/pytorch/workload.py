@@ -34,11 +34,14 @@ torch.compile, the DataLoader (batch size, workers, pinning) and gradient accumu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from autotuner.trials.streams import prefix
 
 
 class NoLoss(ValueError):
@@ -73,10 +76,14 @@ def output_loss(output: Any) -> torch.Tensor:
 @dataclass(kw_only=True)
 class TorchWorkload:
     model: torch.nn.Module
-    dataset: torch.utils.data.Dataset[Any]
+    dataset: torch.utils.data.Dataset[Any] | Iterable[Any]
     """Map-style, with a length; each item is what `collate_fn` batches (see the module docstring).
     Must give the same item for the same index in every process (per-index randomness only), so
-    drift compares like with like."""
+    drift compares like with like. Or streamed (no length: a torch `IterableDataset`, a `datasets`
+    streaming dataset, any iterable of items), which must give the same items in the same order
+    each time it is iterated: it is read in its order (no shuffling), from its start every epoch;
+    loader workers each read it and keep every N-th micro-batch of it (`Stream`), so together they
+    load each item once and in order; drift and the held-out loss use its first items."""
     optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
     """A factory: the backend builds a fresh optimizer for each phase of a trial."""
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
@@ -86,8 +93,9 @@ class TorchWorkload:
     the model call and `loss_fn` cannot express; `loss_fn` is then not used."""
     collate_fn: Callable[[list[Any]], Any] | None = None
     """What batches a list of items, in every loader; None: torch's `default_collate`."""
-    heldout: torch.utils.data.Dataset[Any] | None = None
-    """The fixed batch drift is measured on; default: the dataset's last 256 items."""
+    heldout: torch.utils.data.Dataset[Any] | Iterable[Any] | None = None
+    """The fixed batch drift is measured on; default: the dataset's last 256 items (a stream's
+    first 256). Of a streamed held-out set, its first 256 items."""
     tokens_per_sample: int | None = None
     """Set it to get tokens/s as well as samples/s."""
     flops_per_sample: float | None = None
@@ -121,14 +129,55 @@ def as_workload(built: Any, ref: str) -> TorchWorkload:
         raise TypeError(f"workload factory {ref} returned {type(built).__name__}, expected a TorchWorkload")
     if not isinstance(built.model, torch.nn.Module):
         raise TypeError(f"workload factory {ref}: model is {type(built.model).__name__}, not a torch.nn.Module")
-    if not hasattr(built.dataset, "__getitem__") or not hasattr(built.dataset, "__len__"):
-        raise TypeError(f"workload factory {ref}: dataset must be map-style (__getitem__ and __len__)")
+    for name in ("dataset", "heldout"):
+        data = getattr(built, name)
+        if data is None or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+            continue
+        if not hasattr(data, "__iter__"):
+            raise TypeError(
+                f"workload factory {ref}: {name} must be map-style (__getitem__ and __len__) or a stream (__iter__)"
+            )
+        setattr(built, name, Stream(data))
     if not callable(built.optimizer):
         raise TypeError(f"workload factory {ref}: optimizer must be a callable")
     for name in ("loss_fn", "train_step", "collate_fn"):
         if getattr(built, name) is not None and not callable(getattr(built, name)):
             raise TypeError(f"workload factory {ref}: {name} must be a callable or None")
     return built
+
+
+class Stream(torch.utils.data.IterableDataset[Any]):
+    """A streamed dataset (`TorchWorkload.dataset`) as every loader of a trial reads it: whole, in
+    its order; in `shard`, the share of one rank and one loader worker."""
+
+    def __init__(self, items: Iterable[Any]):
+        self.items: Iterable[Any] = items.items if isinstance(items, Stream) else items
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.items)
+
+    def shard(self, rank: int, ranks: int, micro_batch: int) -> StreamShard:
+        return StreamShard(self.items, rank, ranks, micro_batch)
+
+
+class StreamShard(torch.utils.data.IterableDataset[Any]):
+    """One rank's share of a stream, split between its loader workers without duplicates: rank r of
+    R takes every R-th item from its r-th on (as `DistributedSampler` takes a map-style dataset's
+    in order), and worker k of W of that share's micro-batches the k-th, (k+W)-th, ...: a
+    DataLoader hands the workers' batches out in turn, so the loader yields the share's
+    micro-batches in the stream's order, each item once. Every worker reads the whole stream and
+    skips what is not its own."""
+
+    def __init__(self, items: Iterable[Any], rank: int, ranks: int, micro_batch: int):
+        self.items, self.rank, self.ranks, self.micro_batch = items, rank, ranks, micro_batch
+
+    def __iter__(self) -> Iterator[Any]:
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        share = itertools.islice(iter(self.items), self.rank, None, self.ranks)
+        for index, item in enumerate(share):
+            if (index // self.micro_batch) % workers == worker:
+                yield item
 
 
 def first_batch_problem(
@@ -139,7 +188,7 @@ def first_batch_problem(
     batch), without gradients, where the model was built (the probe's check); None when nothing
     does."""
     try:
-        items = [workload.dataset[i] for i in range(count)]
+        items = prefix(workload.dataset, count)
     except Exception as exc:
         return f"the dataset's first items cannot be read: {type(exc).__name__}: {exc}"
     try:
@@ -212,8 +261,8 @@ def as_inference_workload(built: Any, ref: str) -> InferenceWorkload:
     if isinstance(built, TorchWorkload):
         built = InferenceWorkload(
             model=built.model,
-            dataset=built.dataset,
-            heldout=built.heldout,
+            dataset=built.dataset,  # type: ignore[arg-type]  # a stream is refused below
+            heldout=built.heldout,  # type: ignore[arg-type]
             collate_fn=built.collate_fn,
             tokens_per_sample=built.tokens_per_sample,
         )
@@ -225,7 +274,10 @@ def as_inference_workload(built: Any, ref: str) -> InferenceWorkload:
         raise TypeError(f"workload factory {ref}: model is {type(built.model).__name__}, not a torch.nn.Module")
     for name, data in (("dataset", built.dataset), ("heldout", built.heldout)):
         if data is not None and not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-            raise TypeError(f"workload factory {ref}: {name} must be map-style (__getitem__ and __len__)")
+            raise TypeError(
+                f"workload factory {ref}: {name} must be map-style (__getitem__ and __len__): task: inference "
+                "serves every config the same items in whole batches of its own size"
+            )
     for name in ("collate_fn", "drift_fn"):
         if getattr(built, name) is not None and not callable(getattr(built, name)):
             raise TypeError(f"workload factory {ref}: {name} must be a callable or None")

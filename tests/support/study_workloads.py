@@ -319,3 +319,28 @@ def noisy_mlp(**mlp_args: Any) -> TorchWorkload:
     warnings.warn("a library's deprecation: pass dtype= instead", FutureWarning, stacklevel=1)
     _KEPT.append(multiprocessing.get_context("forkserver").Semaphore())
     return mlp(**mlp_args)
+
+
+class TokenStream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """A streamed corpus, as a `datasets` streaming dataset reads one: (inputs, targets) token
+    sequences one after another, no length, no indexing; the same sequences each time."""
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor):
+        self.inputs, self.targets = inputs, targets
+
+    def __iter__(self) -> Any:
+        for i in range(len(self.inputs)):
+            yield self.inputs[i], self.targets[i]
+
+
+def streamed_gpt(ends_after: int | None = None, **size: Any) -> TorchWorkload:
+    """The built-in GPT reading its training sequences from a stream (`ends_after`: the stream
+    holds that many), with no held-out set of its own: drift is measured on the stream's first."""
+    from autotuner.backends.pytorch.builtin import gpt
+
+    workload = gpt(**size)
+    inputs, targets = workload.dataset.tensors  # type: ignore[attr-defined]
+    count = len(inputs) if ends_after is None else ends_after
+    workload.dataset = TokenStream(inputs[:count], targets[:count])
+    workload.heldout = None
+    return workload
