@@ -1,7 +1,7 @@
 """Search efficiency: how many trials each sampler needs to find a near-best config, replayed
 against a recorded grid of real trials (a tabular benchmark).
 
-    python benchmarks/search_efficiency.py [--spec studies/bench-mlp.yaml ...] [--record] [--seeds 20]
+    python benchmarks/search_efficiency.py [--spec studies/bench-mlp.yaml ...] [--record] [--repeats 3] [--seeds 20]
 
 1. The grid (once per spec, or again with `--record`): every config of the spec's space runs as a
    real trial through the search's trial launcher (fork server, one process per trial, the
@@ -71,7 +71,13 @@ from autotuner.study.names import DIRECTIONS
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import Environment  # noqa: E402
 
-DEFAULT_SPECS = ["studies/bench-mlp.yaml", "studies/bench-cnn.yaml"]
+DEFAULT_SPECS = [
+    "studies/bench-mlp.yaml",
+    "studies/bench-cnn.yaml",
+    "studies/bench-resnet.yaml",
+    "studies/bench-gpt-grid.yaml",
+    "studies/bench-cnn-grid.yaml",
+]
 CLOSE_BAR = 0.9
 """A second, looser bar (share of the best throughput), read off the same replays."""
 BUDGET_SHARE = 0.15

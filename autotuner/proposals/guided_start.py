@@ -9,15 +9,19 @@ either end of a small range). While it does not fit in memory (out of memory, or
 limit) it is tried at the next smaller batch; if its numerics fail (drift over the tolerance,
 NaN), at the strict precision. Then a local search around the best feasible trial so far
 (`LocalSearch`): every untried config one knob away (precision first, then the knobs in the
-space's order; an integer knob one step up or down its sorted values, then two steps), after
-which the best trial run by then becomes the centre; when a centre's neighbours hold nothing
-faster, the guided start has nothing left. It skips configs the device cannot run, and reads
+space's order, but last the knobs whose one-knob moves so far changed the throughput by less
+than a trial's noise; an integer knob one step up or down its sorted values, then two steps),
+after which the best trial run by then becomes the centre (at once, when a trial comes out
+`LEAP` ahead of it); when a centre's neighbours hold nothing faster, the guided start has
+nothing left. It skips configs the device cannot run, and reads
 everything from the stored trials, so workers sharing the study (while one runs the rule-of-thumb
 config, the others take its neighbours) and a resumed study go on with the same search.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +40,28 @@ RINGS = (1, 2)
 FIRST = (PRECISION.name,)
 """Knobs the local search changes before the others (in the space's order)."""
 NUMERICS = PRECISION.name
+LEAP = 0.3
+"""A trial this far ahead of the local search's centre becomes the centre at once, before the
+centre's ring is used up (`LocalSearch.next_config`): twice a trial's noise
+(`autotuner.measurement.pruning.TRIAL_NOISE`), it is no luck, and the rest of the ring around a
+centre that far behind is unlikely to hold the best."""
+SMALL_EFFECT = math.log(1.05)
+"""A one-knob move that changed the throughput by less than 5% (in log terms): within a trial's
+noise, the knob has not mattered here (`LocalSearch.knob_order`)."""
+
+
+def one_knob_effects(done: Sequence[FrozenTrial]) -> dict[str, float]:
+    """Each knob's largest effect in the moves between feasible trials that differ in that knob
+    alone: |log| of their throughputs' ratio. The local search makes such moves, so these pairs
+    accumulate as it goes; a knob no such pair has changed is absent."""
+    effects: dict[str, float] = {}
+    for a, b in itertools.combinations(done, 2):
+        differing = [k for k in a.params if a.params[k] != b.params.get(k)]
+        if len(differing) == 1 and a.values[0] > 0 and b.values[0] > 0:
+            knob = differing[0]
+            effects[knob] = max(effects.get(knob, 0.0), abs(math.log(a.values[0] / b.values[0])))
+    return effects
+
 
 Unsupported = Callable[[Params], str | None]
 """Why the device cannot run a config (sampled params), or None: the backend's
@@ -102,11 +128,14 @@ class LocalSearch:
             eligible = (t for t in candidates if until is None or t.number <= until)
             return max(eligible, key=lambda t: (t.values[0], -t.number), default=None)
 
-        centre = best(last)
+        centre, leader = best(last), best(None)
+        if centre is not None and leader is not None and leader.values[0] > (1 + LEAP) * centre.values[0]:
+            centre = leader  # far ahead: move there without finishing the ring of a centre that far behind
+        names = self.knob_order(candidates)
         while centre is not None:
             scanned, moved = centre.number, False
             for ring in RINGS:
-                neighbours = list(self.moves(centre.params, ring))
+                neighbours = list(self.moves(centre.params, ring, names))
                 for params in neighbours:
                     if tried.fresh(params):
                         return params
@@ -124,12 +153,22 @@ class LocalSearch:
         """The first fresh config the device supports among the neighbours of `params`, ring by ring."""
         return next((p for ring in RINGS for p in self.moves(params, ring) if tried.fresh(p)), None)
 
-    def moves(self, params: Params, ring: int = 1) -> Iterator[Params]:
+    def knob_order(self, done: Sequence[FrozenTrial]) -> list[str]:
+        """The knobs in the order the local search moves them: precision first, then the space's
+        order, but the knobs whose one-knob moves between the stored trials changed the throughput
+        by less than `SMALL_EFFECT` (`one_knob_effects`) last: a knob that has not mattered here is
+        the last place to spend a trial."""
+        effects = one_knob_effects(done)
+        default = [n for n in FIRST if n in self.space] + [n for n in self.space if n not in FIRST]
+        small = [n for n in default if effects.get(n, math.inf) <= SMALL_EFFECT]
+        return [n for n in default if n not in small] + small
+
+    def moves(self, params: Params, ring: int = 1, names: Sequence[str] | None = None) -> Iterator[Params]:
         """The supported configs one move from `params`: each neighbour (`neighbours`) the device
         can run; one it cannot, with one other knob reset to its reference value where that makes
         it one it can (ONNX Runtime from a bf16 centre, at fp32), else with every other knob at its
         reference value, so that no value of a knob is out of reach because others rule it out."""
-        for neighbour in self.neighbours(params, ring):
+        for neighbour in self.neighbours(params, ring, names):
             if self.supported(neighbour):
                 yield neighbour
                 continue
@@ -141,11 +180,13 @@ class LocalSearch:
             if reset is not None:
                 yield reset
 
-    def neighbours(self, params: Params, ring: int = 1) -> Iterator[Params]:
-        """The configs one knob away from `params`, in the order the local search tries them:
-        `ring` 1, every other value of a categorical knob and an integer knob's next value up
-        and down its sorted values; `ring` 2, an integer knob two values up and down."""
-        names = [n for n in FIRST if n in self.space] + [n for n in self.space if n not in FIRST]
+    def neighbours(self, params: Params, ring: int = 1, names: Sequence[str] | None = None) -> Iterator[Params]:
+        """The configs one knob away from `params`, knob by knob in `names`' order (default:
+        precision first, then the space's): `ring` 1, every other value of a categorical knob and
+        an integer knob's next value up and down its sorted values; `ring` 2, an integer knob two
+        values up and down."""
+        if names is None:
+            names = [n for n in FIRST if n in self.space] + [n for n in self.space if n not in FIRST]
         for name in names:
             values = self.space[name]
             if len(values) < 2 or params.get(name) not in values:

@@ -694,3 +694,61 @@ def test_from_any_centre_every_supported_value_of_every_knob_is_one_move_away() 
                     if value == centre[knob] or not supported({**reference, knob: value}):
                         continue
                     assert any(move[knob] == value for move in reached), f"{centre} {knob} {value} {reached}"
+
+
+def _stored(space: dict[str, list[Any]], trials: list[tuple[dict[str, Any], float]]) -> list[Any]:
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for params, rate in trials:
+        study.add_trial(
+            create_trial(
+                params=params,
+                distributions={k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()},
+                values=[rate, 0.0],
+                system_attrs={"constraints": [-0.01, 0.0, 0.0]},
+            )
+        )
+    return study.get_trials()
+
+
+ORDER_SPACE = {
+    "precision": ["fp32", "bf16"],
+    "batch_size": [8, 16, 32],
+    "workers": [0, 1, 2],
+    "optimizer": ["as-given", "fused"],
+    "compile": ["none", "default"],
+}
+CENTRE = {"precision": "bf16", "batch_size": 32, "workers": 1, "optimizer": "as-given", "compile": "none"}
+
+
+def test_the_local_search_moves_last_the_knobs_whose_moves_have_not_mattered() -> None:
+    from autotuner.proposals.guided_start import LocalSearch, one_knob_effects
+
+    done = _stored(
+        ORDER_SPACE,
+        [
+            (CENTRE, 100.0),
+            ({**CENTRE, "optimizer": "fused"}, 101.0),  # 1%: within a trial's noise
+            ({**CENTRE, "precision": "fp32"}, 50.0),  # 2x
+            ({**CENTRE, "precision": "fp32", "batch_size": 16, "workers": 0}, 10.0),  # two knobs from any other
+        ],
+    )
+    effects = one_knob_effects(done)
+    assert set(effects) == {"optimizer", "precision"} and effects["precision"] == pytest.approx(math.log(2.0))
+    search = LocalSearch(ORDER_SPACE, lambda params: True)
+    order = search.knob_order(done)
+    assert order == ["precision", "batch_size", "workers", "compile", "optimizer"]
+    moves = list(search.moves(CENTRE, 1, order))
+    assert moves[0] == {**CENTRE, "precision": "fp32"} and moves[-1] == {**CENTRE, "optimizer": "fused"}
+
+
+def test_a_trial_far_ahead_of_the_centre_becomes_the_centre_before_its_ring_is_used_up() -> None:
+    from autotuner.proposals.guided_start import LEAP, LocalSearch
+    from autotuner.results.tried import TriedConfigs
+
+    far = {**CENTRE, "precision": "fp32"}
+    for rate, expected in ((100.0 * (1 + LEAP) * 1.1, far), (100.0 * (1 + LEAP) * 0.9, CENTRE)):
+        done = _stored(ORDER_SPACE, [(CENTRE, 100.0), (far, rate)])
+        tried = TriedConfigs(done)
+        following = LocalSearch(ORDER_SPACE, lambda params: True).next_config(done, tried, last=0)
+        assert following is not None and one_knob_apart(following, expected), (rate, following)
+        assert following not in (CENTRE, far)
