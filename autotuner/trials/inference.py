@@ -16,7 +16,8 @@ accuracy against labels where the items carry them). The fp32 reference of the s
 (`autotuner.search.reference`) runs the same with `measure` off: the strict config's own outputs
 at one sample a call against those at the baseline's batch, the noise floor of fp32 itself.
 
-This module imports no framework: the backend's `ServingBackend` does the framework's part.
+This module imports no framework (numpy only, for the drift): the backend's `ServingBackend` does
+the framework's part.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from autotuner.config.knobs import BATCH_SIZE
 from autotuner.measurement.telemetry import Telemetry
@@ -113,6 +116,27 @@ class ServingBackend(TrialBackend):
         """Entry point: `request.steps` served steps of its trial's config under the profiler
         (`profile_inference`)."""
         return profile_inference(self, request)
+
+
+def compare_outputs(
+    outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None = None, error: float | None = None
+) -> OutputDrift:
+    """How far `outputs` are from `reference` (the primary output of every held-out item, in
+    order, float64): their relative error, `||outputs - reference|| / ||reference||` over every
+    element (`error` in its place: a workload's `drift_fn`); where the outputs are class scores
+    (a last axis of two or more), the share of items whose top-1 class is the reference's, and
+    with integer `labels` shaped as the predictions, the accuracy of both."""
+    if error is None:
+        scale = float(np.linalg.norm(reference))
+        error = float(np.linalg.norm(outputs - reference)) / scale if scale else 0.0
+    agreement = accuracy = reference_accuracy = None
+    if outputs.ndim >= 2 and outputs.shape[-1] >= 2:
+        chosen, expected = outputs.argmax(-1), reference.argmax(-1)
+        agreement = float((chosen == expected).mean())
+        if labels is not None and np.issubdtype(labels.dtype, np.integer) and labels.shape == chosen.shape:
+            accuracy = float((chosen == labels).mean())
+            reference_accuracy = float((expected == labels).mean())
+    return OutputDrift(error, agreement, accuracy, reference_accuracy)
 
 
 def heldout_count(available: int, global_batch: int) -> int:

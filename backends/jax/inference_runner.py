@@ -25,7 +25,7 @@ from autotuner.backends.jax.serving import (
     stack,
 )
 from autotuner.config.knobs import BATCH_SIZE, Config
-from autotuner.trials.inference import ServingBackend
+from autotuner.trials.inference import ServingBackend, compare_outputs
 from autotuner.trials.trial_output import OutputDrift
 
 
@@ -107,22 +107,9 @@ class JaxServing(ServingBackend, JaxTrial):
     def output_drift(
         self, workload: JaxInferenceWorkload, outputs: np.ndarray, reference: np.ndarray, items: list[Any]
     ) -> OutputDrift:
-        if workload.drift_fn is not None:
-            error = float(workload.drift_fn(outputs, reference))
-        else:
-            scale = float(np.linalg.norm(reference))
-            error = float(np.linalg.norm(outputs - reference)) / scale if scale else 0.0
-        agreement = accuracy = reference_accuracy = None
-        if outputs.ndim >= 2 and outputs.shape[-1] >= 2:
-            chosen, expected = outputs.argmax(-1), reference.argmax(-1)
-            agreement = float((chosen == expected).mean())
-            _, labels = split_batch(stack(Items(items), 0, len(items)))
-            if labels is not None and np.issubdtype(np.asarray(labels).dtype, np.integer):
-                target = np.asarray(labels)
-                if target.shape == chosen.shape:
-                    accuracy = float((chosen == target).mean())
-                    reference_accuracy = float((expected == target).mean())
-        return OutputDrift(error, agreement, accuracy, reference_accuracy)
+        error = float(workload.drift_fn(outputs, reference)) if workload.drift_fn is not None else None
+        _, labels = split_batch(stack(Items(items), 0, len(items)))
+        return compare_outputs(outputs, reference, None if labels is None else np.asarray(labels), error)
 
 
 TRIAL_BACKEND = JaxServing()

@@ -13,6 +13,7 @@ import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
@@ -21,7 +22,7 @@ from autotuner.backends.pytorch.runner import PyTorchTrial
 from autotuner.backends.pytorch.serving import TunedInference, primary_output, sparse_layer
 from autotuner.backends.pytorch.workload import InferenceWorkload, as_inference_workload, first_batch_problem
 from autotuner.config.knobs import BATCH_SIZE, Config
-from autotuner.trials.inference import ServingBackend
+from autotuner.trials.inference import ServingBackend, compare_outputs
 from autotuner.trials.probe import Environment
 from autotuner.trials.trial_output import OutputDrift
 
@@ -132,22 +133,13 @@ class PyTorchServing(ServingBackend, PyTorchTrial):
     def output_drift(
         self, workload: InferenceWorkload, outputs: torch.Tensor, reference: torch.Tensor, items: list[Any]
     ) -> OutputDrift:
-        if workload.drift_fn is not None:
-            error = float(workload.drift_fn(outputs, reference))
-        else:
-            scale = float(torch.linalg.vector_norm(reference))
-            error = float(torch.linalg.vector_norm(outputs - reference)) / scale if scale else 0.0
-        agreement = accuracy = reference_accuracy = None
-        if outputs.dim() >= 2 and outputs.shape[-1] >= 2:
-            chosen, expected = outputs.argmax(-1), reference.argmax(-1)
-            agreement = float((chosen == expected).double().mean())
-            labels = [_label(item) for item in items]
-            if all(isinstance(label, (int, torch.Tensor)) for label in labels):
-                target = torch.as_tensor([int(label) for label in labels]) if chosen.dim() == 1 else None
-                if target is not None and target.shape == chosen.shape:
-                    accuracy = float((chosen == target).double().mean())
-                    reference_accuracy = float((expected == target).double().mean())
-        return OutputDrift(error, agreement, accuracy, reference_accuracy)
+        error = float(workload.drift_fn(outputs, reference)) if workload.drift_fn is not None else None
+        labels = [_label(item) for item in items]
+        scalar = all(
+            isinstance(label, int) or (isinstance(label, torch.Tensor) and label.numel() == 1) for label in labels
+        )
+        target = np.asarray([int(label) for label in labels]) if labels and scalar else None
+        return compare_outputs(outputs.numpy(), reference.numpy(), target, error)
 
 
 TRIAL_BACKEND = PyTorchServing()
