@@ -154,7 +154,14 @@ def test_a_hugging_face_classifier_built_from_a_config_is_tuned_for_serving(tmp_
     }
     spec["budget"] = {"trials": 3, "remeasure_top": 0}
     spec["profile"] = {"steps": 0}
-    spec["trial"] = {"warmup_steps": 1, "steps": 2, "windows": 2, "min_window_s": 0.05, "timeout": 300}
+    spec["trial"] = {
+        "warmup_steps": 1,
+        "steps": 2,
+        "windows": 2,
+        "min_window_s": 0.05,
+        "prune_after": 0,
+        "timeout": 300,
+    }
     (tmp_path / "bert.yaml").write_text(yaml.safe_dump(spec))
     done = run_cli("search", "--spec", str(tmp_path / "bert.yaml"), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
