@@ -152,7 +152,10 @@ def _trial_main(
     conn.close()
     # The teardown skipped below would unlink the named semaphores that pools made here (a compile
     # pool's); left, the search's resource tracker finds them at its exit and warns on its console.
-    multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
+    try:  # the result is sent: nothing that fails here may change the trial's outcome
+        multiprocessing.util._run_finalizers(0)  # type: ignore[attr-defined]
+    except BaseException:  # the process ends either way, on the next line
+        pass
     # Skip interpreter teardown: data-loader workers and compile pools are killed with the group.
     os._exit(0)
 
