@@ -44,6 +44,20 @@ ENCODER: dict[str, Any] = {
 }
 
 
+JAX_MLP: dict[str, Any] = {
+    "name": "served-jax",
+    "backend": "jax",
+    "task": "inference",
+    "workload": "builtin:mlp",
+    "workload_args": {"features": 32, "hidden": 64, "depth": 2, "classes": 10, "samples": 512},
+    "device": "cpu",
+    "global_batch": 32,
+    "trial": {"warmup_steps": 1, "steps": 2, "windows": 2, "min_window_s": 0.05, "prune_after": 0, "timeout": 120},
+    "profile": {"steps": 0},
+    "sampler": {"name": "tpe", "seed": 0},
+}
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("served")
@@ -120,11 +134,12 @@ def test_a_latency_limit_makes_slower_configs_infeasible(tmp_path: Path) -> None
 
 
 def test_optimizing_latency_ranks_configs_by_the_time_of_one_call(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
     spec = {
-        **ENCODER,
+        **JAX_MLP,
         "name": "latency",
-        "baseline": {"precision": "fp32"},
-        "space": {"precision": ["fp32", "bf16"], "runtime": ["pytorch"], "quantization": ["none"], "threads": [0, 1]},
+        "baseline": {"precision": "fp32", "jit": "off"},
+        "space": {"precision": ["fp32", "bf16"], "jit": ["off", "on"], "workers": [0]},
         "objective": {"max_drift": 0.05, "optimize": "latency"},
         "budget": {"trials": 3, "remeasure_top": 0},
     }
@@ -206,20 +221,11 @@ def test_an_onnx_winner_is_exported_as_its_model_and_session(tmp_path: Path) -> 
 def test_a_jax_model_is_tuned_for_serving_with_the_same_drift_rule(tmp_path: Path) -> None:
     pytest.importorskip("jax")
     spec = {
-        "name": "served-jax",
-        "backend": "jax",
-        "task": "inference",
-        "workload": "builtin:mlp",
-        "workload_args": {"features": 32, "hidden": 64, "depth": 2, "classes": 10, "samples": 512},
-        "device": "cpu",
-        "global_batch": 32,
+        **JAX_MLP,
         "baseline": {"precision": "fp32", "batch_size": 8, "jit": "off"},
         "space": {"precision": ["fp32", "bf16", "tf32"], "batch_size": [8, 32], "jit": ["off", "on"], "workers": [0]},
         "objective": {"max_drift": 0.001},  # bf16's outputs drift by more
         "budget": {"trials": 5, "remeasure_top": 0},
-        "trial": {"warmup_steps": 1, "steps": 2, "windows": 2, "min_window_s": 0.05, "prune_after": 0, "timeout": 120},
-        "profile": {"steps": 0},
-        "sampler": {"name": "tpe", "seed": 0},
     }
     (tmp_path / "jax.yaml").write_text(yaml.safe_dump(spec))
     done = run_cli("search", "--spec", str(tmp_path / "jax.yaml"), cwd=tmp_path)
