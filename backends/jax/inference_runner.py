@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from autotuner.backends.jax.apply import collate
 from autotuner.backends.jax.inference import JAX_INFERENCE
 from autotuner.backends.jax.runner import JaxTrial
 from autotuner.backends.jax.serving import (
@@ -22,24 +23,10 @@ from autotuner.backends.jax.serving import (
     as_inference_workload,
     primary_output,
     split_batch,
-    stack,
 )
 from autotuner.config.knobs import BATCH_SIZE, Config
 from autotuner.trials.inference import ServingBackend, compare_outputs
 from autotuner.trials.trial_output import OutputDrift
-
-
-class Items:
-    """A list of items as a dataset (what `stack` reads)."""
-
-    def __init__(self, items: list[Any]):
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.items[index]
 
 
 class JaxServing(ServingBackend, JaxTrial):
@@ -53,7 +40,7 @@ class JaxServing(ServingBackend, JaxTrial):
 
     def first_batch_problem(self, workload: JaxInferenceWorkload, count: int) -> str | None:  # type: ignore[override]
         try:
-            inputs, _ = split_batch(stack(workload.dataset, 0, count))
+            inputs, _ = split_batch(collate(workload.dataset, np.arange(count)))
         except Exception as exc:
             return f"the dataset's first {count} items cannot be read and stacked: {type(exc).__name__}: {exc}"
         try:
@@ -69,9 +56,12 @@ class JaxServing(ServingBackend, JaxTrial):
         return [workload.dataset[i] for i in range(size - count, size)]
 
     def _outputs(self, serving: TunedInference, items: list[Any]) -> np.ndarray:
-        size, data = serving.batch_size, Items(items)
+        size = serving.batch_size
         outputs = [
-            np.asarray(primary_output(serving(split_batch(stack(data, k, min(k + size, len(items))))[0])), np.float64)
+            np.asarray(
+                primary_output(serving(split_batch(collate(items, np.arange(k, min(k + size, len(items)))))[0])),
+                np.float64,
+            )
             for k in range(0, len(items), size)
         ]
         return np.concatenate(outputs)
@@ -108,7 +98,7 @@ class JaxServing(ServingBackend, JaxTrial):
         self, workload: JaxInferenceWorkload, outputs: np.ndarray, reference: np.ndarray, items: list[Any]
     ) -> OutputDrift:
         error = float(workload.drift_fn(outputs, reference)) if workload.drift_fn is not None else None
-        _, labels = split_batch(stack(Items(items), 0, len(items)))
+        _, labels = split_batch(collate(items, np.arange(len(items))))
         return compare_outputs(outputs, reference, None if labels is None else np.asarray(labels), error)
 
 

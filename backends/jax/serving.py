@@ -36,7 +36,6 @@ import numpy as np
 from autotuner.backends._base import ExportedConfig, TunedLoop
 from autotuner.backends.jax.apply import STRICT_MATMULS, Loader, cast_floats, on_device, resolve_device
 from autotuner.backends.jax.inference import JAX_INFERENCE
-from autotuner.backends.jax.workload import ArrayDataset
 
 COMPUTE_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 """Precisions that serve in another dtype than the fp32 parameters."""
@@ -103,15 +102,6 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
         if len(batch) == 1:
             return batch[0], None
     return batch, None
-
-
-def stack(dataset: Any, start: int, stop: int) -> Any:
-    """The dataset's items `start` to `stop` stacked into one batch."""
-    indices = np.arange(start, stop)
-    if isinstance(dataset, ArrayDataset):
-        return dataset[indices]
-    items = [dataset[int(i)] for i in indices]
-    return jax.tree.map(lambda *leaves: np.stack(leaves), *items)
 
 
 def primary_output(outputs: Any) -> jax.Array:
