@@ -8,13 +8,14 @@ few starve the step, too many compete with it for the cores: from the middle, on
 either end of a small range). While it does not fit in memory (out of memory, or over the memory
 limit) it is tried at the next smaller batch; if its numerics fail (drift over the tolerance,
 NaN), at the strict precision. Then a local search around the best feasible trial so far
-(`LocalSearch`): every untried config one knob away (precision first, then the knobs in the
-space's order, but last the knobs whose one-knob moves so far changed the throughput by less
-than a trial's noise; an integer knob one step up or down its sorted values, then two steps),
-after which the best trial run by then becomes the centre (at once, when a trial comes out
-`LEAP` ahead of it); when a centre's neighbours hold nothing faster, the guided start has
-nothing left. It skips configs the device cannot run, and reads
-everything from the stored trials, so workers sharing the study (while one runs the rule-of-thumb
+(`LocalSearch`): every untried config one knob away (an integer knob one step up or down its
+sorted values, and from two or more below the largest batch, the largest batch first; then two
+steps), in the order of what the same moves did elsewhere in the study: those that gained more
+than a trial's noise first, then the moves not made yet (precision first, then the space's
+order), last those that gained less or lost; after which the best trial run by then becomes
+the centre (at once, when a trial comes out `LEAP` ahead of it); when a centre's neighbours hold
+nothing faster, the guided start has nothing left. It skips configs the device cannot run, and
+reads everything from the stored trials, so workers sharing the study (while one runs the rule-of-thumb
 config, the others take its neighbours) and a resumed study go on with the same search.
 """
 
@@ -46,21 +47,24 @@ centre's ring is used up (`LocalSearch.next_config`): twice a trial's noise
 (`autotuner.measurement.pruning.TRIAL_NOISE`), it is no luck, and the rest of the ring around a
 centre that far behind is unlikely to hold the best."""
 SMALL_EFFECT = math.log(1.05)
-"""A one-knob move that changed the throughput by less than 5% (in log terms): within a trial's
-noise, the knob has not mattered here (`LocalSearch.knob_order`)."""
+"""A one-knob move that gained less than 5% (in log terms): within a trial's noise, it has not
+paid here (`LocalSearch.move_order`)."""
 
 
-def one_knob_effects(done: Sequence[FrozenTrial]) -> dict[str, float]:
-    """Each knob's largest effect in the moves between feasible trials that differ in that knob
-    alone: |log| of their throughputs' ratio. The local search makes such moves, so these pairs
-    accumulate as it goes; a knob no such pair has changed is absent."""
-    effects: dict[str, float] = {}
+def one_knob_moves(done: Sequence[FrozenTrial]) -> dict[tuple[str, Any, Any], float]:
+    """What each one-knob move did where the stored trials made it: (knob, from, to) -> the mean
+    log of the throughput's ratio (to over from), over the pairs of feasible trials that differ
+    in that knob alone, either way round. The local search makes such moves, so these pairs
+    accumulate as it goes; a move no pair has made is absent."""
+    logs: dict[tuple[str, Any, Any], list[float]] = {}
     for a, b in itertools.combinations(done, 2):
         differing = [k for k in a.params if a.params[k] != b.params.get(k)]
         if len(differing) == 1 and a.values[0] > 0 and b.values[0] > 0:
             knob = differing[0]
-            effects[knob] = max(effects.get(knob, 0.0), abs(math.log(a.values[0] / b.values[0])))
-    return effects
+            effect = math.log(b.values[0] / a.values[0])
+            logs.setdefault((knob, a.params[knob], b.params[knob]), []).append(effect)
+            logs.setdefault((knob, b.params[knob], a.params[knob]), []).append(-effect)
+    return {move: sum(effects) / len(effects) for move, effects in logs.items()}
 
 
 Unsupported = Callable[[Params], str | None]
@@ -131,11 +135,10 @@ class LocalSearch:
         centre, leader = best(last), best(None)
         if centre is not None and leader is not None and leader.values[0] > (1 + LEAP) * centre.values[0]:
             centre = leader  # far ahead: move there without finishing the ring of a centre that far behind
-        names = self.knob_order(candidates)
         while centre is not None:
             scanned, moved = centre.number, False
             for ring in RINGS:
-                neighbours = list(self.moves(centre.params, ring, names))
+                neighbours = self.move_order(centre.params, list(self.moves(centre.params, ring)), candidates)
                 for params in neighbours:
                     if tried.fresh(params):
                         return params
@@ -153,22 +156,29 @@ class LocalSearch:
         """The first fresh config the device supports among the neighbours of `params`, ring by ring."""
         return next((p for ring in RINGS for p in self.moves(params, ring) if tried.fresh(p)), None)
 
-    def knob_order(self, done: Sequence[FrozenTrial]) -> list[str]:
-        """The knobs in the order the local search moves them: precision first, then the space's
-        order, but the knobs whose one-knob moves between the stored trials changed the throughput
-        by less than `SMALL_EFFECT` (`one_knob_effects`) last: a knob that has not mattered here is
-        the last place to spend a trial."""
-        effects = one_knob_effects(done)
-        default = [n for n in FIRST if n in self.space] + [n for n in self.space if n not in FIRST]
-        small = [n for n in default if effects.get(n, math.inf) <= SMALL_EFFECT]
-        return [n for n in default if n not in small] + small
+    def move_order(self, centre: Params, moves: list[Params], done: Sequence[FrozenTrial]) -> list[Params]:
+        """`moves` from `centre` in the order the local search tries them: first those whose same
+        move (the knob from the centre's value to the move's) gained more than `SMALL_EFFECT`
+        where the stored trials made it, the largest gain first; then the moves never made; last
+        those that gained less or lost (`one_knob_moves`): what a knob's move did at another
+        centre is the best guess of what it does here."""
+        made = one_knob_moves(done)
 
-    def moves(self, params: Params, ring: int = 1, names: Sequence[str] | None = None) -> Iterator[Params]:
+        def rank(move: Params) -> tuple[int, float]:
+            moved = [k for k in move if move[k] != centre.get(k)]
+            effect = made.get((moved[0], centre[moved[0]], move[moved[0]])) if len(moved) == 1 else None
+            if effect is None:  # never made, or a move that resets other knobs too
+                return (1, 0.0)
+            return (0, -effect) if effect > SMALL_EFFECT else (2, -effect)
+
+        return sorted(moves, key=rank)
+
+    def moves(self, params: Params, ring: int = 1) -> Iterator[Params]:
         """The supported configs one move from `params`: each neighbour (`neighbours`) the device
         can run; one it cannot, with one other knob reset to its reference value where that makes
         it one it can (ONNX Runtime from a bf16 centre, at fp32), else with every other knob at its
         reference value, so that no value of a knob is out of reach because others rule it out."""
-        for neighbour in self.neighbours(params, ring, names):
+        for neighbour in self.neighbours(params, ring):
             if self.supported(neighbour):
                 yield neighbour
                 continue
@@ -180,14 +190,13 @@ class LocalSearch:
             if reset is not None:
                 yield reset
 
-    def neighbours(self, params: Params, ring: int = 1, names: Sequence[str] | None = None) -> Iterator[Params]:
-        """The configs one knob away from `params`, knob by knob in `names`' order (default:
-        precision first, then the space's): `ring` 1, every other value of a categorical knob and
-        an integer knob's next value up and down its sorted values; `ring` 2, an integer knob two
-        values up and down."""
-        if names is None:
-            names = [n for n in FIRST if n in self.space] + [n for n in self.space if n not in FIRST]
-        for name in names:
+    def neighbours(self, params: Params, ring: int = 1) -> Iterator[Params]:
+        """The configs one knob away from `params`, knob by knob (precision first, then the
+        space's order): `ring` 1, every other value of a categorical knob and
+        an integer knob's next value up and down its sorted values (the batch: the largest first,
+        when that is further up; a larger batch at equal knobs is rarely slower, and it is what
+        the batch finders would run); `ring` 2, an integer knob two values up and down."""
+        for name in [n for n in FIRST if n in self.space] + [n for n in self.space if n not in FIRST]:
             values = self.space[name]
             if len(values) < 2 or params.get(name) not in values:
                 continue
@@ -195,6 +204,8 @@ class LocalSearch:
                 ordered = sorted(values)
                 i = ordered.index(params[name])
                 others = [ordered[j] for j in (i - ring, i + ring) if 0 <= j < len(ordered)]
+                if name == BATCH_SIZE.name and ring == 1 and i + 1 < len(ordered) - 1:
+                    others.insert(0, ordered[-1])
             else:
                 others = [v for v in preferred(name, values) if v != params[name]] if ring == 1 else []
             for value in others:

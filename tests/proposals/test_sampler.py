@@ -720,25 +720,35 @@ ORDER_SPACE = {
 CENTRE = {"precision": "bf16", "batch_size": 32, "workers": 1, "optimizer": "as-given", "compile": "none"}
 
 
-def test_the_local_search_moves_last_the_knobs_whose_moves_have_not_mattered() -> None:
-    from autotuner.proposals.guided_start import LocalSearch, one_knob_effects
+def test_the_local_search_tries_first_the_moves_that_paid_elsewhere_and_last_those_that_did_not() -> None:
+    from autotuner.proposals.guided_start import LocalSearch, one_knob_moves
 
+    elsewhere = {**CENTRE, "batch_size": 8}
     done = _stored(
         ORDER_SPACE,
         [
-            (CENTRE, 100.0),
-            ({**CENTRE, "optimizer": "fused"}, 101.0),  # 1%: within a trial's noise
-            ({**CENTRE, "precision": "fp32"}, 50.0),  # 2x
-            ({**CENTRE, "precision": "fp32", "batch_size": 16, "workers": 0}, 10.0),  # two knobs from any other
+            (elsewhere, 100.0),
+            ({**elsewhere, "optimizer": "fused"}, 101.0),  # 1%: within a trial's noise
+            ({**elsewhere, "precision": "fp32"}, 50.0),  # lost half
+            ({**elsewhere, "compile": "default"}, 150.0),  # gained half
+            ({**elsewhere, "workers": 0, "optimizer": "fused", "precision": "fp32"}, 10.0),  # two knobs from any other
+            (CENTRE, 120.0),
         ],
     )
-    effects = one_knob_effects(done)
-    assert set(effects) == {"optimizer", "precision"} and effects["precision"] == pytest.approx(math.log(2.0))
+    made = one_knob_moves(done)
+    assert made[("compile", "none", "default")] == pytest.approx(math.log(1.5))
+    assert made[("compile", "default", "none")] == pytest.approx(-math.log(1.5))
+    assert made[("precision", "bf16", "fp32")] == pytest.approx(math.log(0.5))
+    assert made[("batch_size", 8, 32)] == pytest.approx(math.log(1.2))
+    assert ("workers", 1, 0) not in made
     search = LocalSearch(ORDER_SPACE, lambda params: True)
-    order = search.knob_order(done)
-    assert order == ["precision", "batch_size", "workers", "compile", "optimizer"]
-    moves = list(search.moves(CENTRE, 1, order))
-    assert moves[0] == {**CENTRE, "precision": "fp32"} and moves[-1] == {**CENTRE, "optimizer": "fused"}
+    moved = [
+        next(f"{k}={v}" for k, v in move.items() if v != CENTRE[k])
+        for move in search.move_order(CENTRE, list(search.moves(CENTRE, 1)), done)
+    ]
+    # compile paid elsewhere; then the moves never made, in the space's order; last the
+    # optimizer's (within noise), then the precision's (it lost)
+    assert moved == ["compile=default", "batch_size=16", "workers=0", "workers=2", "optimizer=fused", "precision=fp32"]
 
 
 def test_a_trial_far_ahead_of_the_centre_becomes_the_centre_before_its_ring_is_used_up() -> None:
@@ -752,3 +762,29 @@ def test_a_trial_far_ahead_of_the_centre_becomes_the_centre_before_its_ring_is_u
         following = LocalSearch(ORDER_SPACE, lambda params: True).next_config(done, tried, last=0)
         assert following is not None and one_knob_apart(following, expected), (rate, following)
         assert following not in (CENTRE, far)
+
+
+def test_a_batch_move_tries_the_largest_batch_before_the_next_one() -> None:
+    """A larger batch at equal knobs is rarely slower: from a centre two or more batches below the
+    largest, the batch's first move is to the largest, then one step down and up."""
+    from autotuner.proposals.guided_start import LocalSearch
+
+    search = LocalSearch(CPU_SPACE, lambda params: True)
+
+    def batches(centre: dict[str, Any]) -> list[int]:
+        return [m["batch_size"] for m in search.moves(centre, 1) if m["batch_size"] != centre["batch_size"]]
+
+    assert batches(CPU_BASELINE) == [64, 16]
+    assert batches({**CPU_BASELINE, "batch_size": 16}) == [64, 8, 32]
+    assert batches({**CPU_BASELINE, "batch_size": 32}) == [16, 64]
+
+
+def test_when_the_rule_of_thumb_loses_to_the_baseline_the_baseline_at_the_largest_batch_runs_next() -> None:
+    """What a batch finder would give (the baseline's knobs at the largest batch) is one move from
+    the baseline, and the guided start makes it within two trials of the rule of thumb."""
+    study, sampler = guided_study()
+    study.enqueue_trial(CPU_BASELINE, user_attrs={"role": "baseline"})
+    slow_bf16 = lambda p: speed(p) * (0.1 if p["precision"] == "bf16" else 1.0)  # noqa: E731
+    ran = [run_ok(study, sampler, slow_bf16).params for _ in range(4)]
+    assert ran[1]["precision"] == "bf16", "the rule of thumb"
+    assert {**CPU_BASELINE, "batch_size": 64} in ran[2:]
