@@ -23,7 +23,9 @@ against a recorded grid of real trials (a tabular benchmark).
 
 Target: the project's default sampler gets there within 15% of the grid's size (the configs that
 run) and beats random search, both as a median over the seeds; on a grid of 150 configs or more,
-within 10% of its size and in at most half of random search's trials.
+within 5% of its size and in at most a third of random search's trials. Random search's median is
+taken exact (`random_median_trials`), not from its replays: over 20 seeds its quartiles span a
+factor of five, and a lucky draw of seeds would move the bar.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import random
 import statistics
@@ -85,8 +88,8 @@ BUDGET_SHARE = 0.15
 LARGE_GRID = 150
 """A grid of at least this many configs that run is held to the large space's target: the bar
 within `LARGE_SHARE` of its size, in at most `LARGE_RANDOM_SHARE` of random search's trials."""
-LARGE_SHARE = 0.10
-LARGE_RANDOM_SHARE = 0.5
+LARGE_SHARE = 0.05
+LARGE_RANDOM_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,16 @@ def _in_space(job: Job, config: dict[str, Any]) -> dict[str, Any]:
     return point
 
 
+def random_median_trials(others: int, good: int) -> float:
+    """Random search without repetition after the baseline: the median number of trials until one of
+    `good` configs comes up among the grid's `others` (every config that runs but the baseline),
+    exactly. The first good config's position in a random order is past `k` with probability
+    C(others - k, good) / C(others, good); the median is the least `k` where that is at most one
+    half, plus the baseline's trial."""
+    total = math.comb(others, good)
+    return 1.0 + next(k for k in range(others + 1) if 2 * math.comb(others - k, good) <= total)
+
+
 def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[str, Any]:
     recorded = tabulate(job, grid)
     table = {config_key(e["params"]): e for e in grid["trials"]}
@@ -282,7 +295,9 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
     baseline = recorded[config_key({k: job.baseline[k] for k in job.space})]
     # Random search without repetition, baseline first: 1 + the mean position of the first of
     # `good` among the other configs.
-    random_expected = 1.0 if baseline.feasible and baseline.throughput >= bar else 1 + size / (len(good) + 1)
+    baseline_good = baseline.feasible and baseline.throughput >= bar
+    random_expected = 1.0 if baseline_good else 1 + size / (len(good) + 1)
+    random_median = 1.0 if baseline_good else random_median_trials(size - 1, len(good))
     results: dict[str, Any] = {
         "grid_configs": len(recorded),
         "grid_configs_run": size,
@@ -298,6 +313,7 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
         "close_bar_share": CLOSE_BAR,
         "configs_at_close_bar": sum(r.throughput >= CLOSE_BAR * top.throughput for r in feasible),
         "random_expected_trials": random_expected,
+        "random_median_trials": random_median,
         "budget_share": share,
         "budget_trials": share * size,
         "random_share": LARGE_RANDOM_SHARE if large else None,
@@ -331,13 +347,12 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
         }
         print(f"  {label}: median {stats['median']:g} trials ({stats['median'] / size:.0%} of {size})", flush=True)
     default = next(v for k, v in results["samplers"].items() if k.startswith("default"))
-    random_search = results["samplers"]["random"]
     results["target"] = {
         "within_budget": default["trials_median"] <= share * size,
         "beats_random": (
-            default["trials_median"] <= LARGE_RANDOM_SHARE * random_search["trials_median"]
+            default["trials_median"] <= LARGE_RANDOM_SHARE * random_median
             if large
-            else default["trials_median"] < random_search["trials_median"]
+            else default["trials_median"] < random_median
         ),
     }
     results["target"]["holds"] = all(results["target"].values())
