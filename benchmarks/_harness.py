@@ -182,8 +182,14 @@ def stored(
     reference: Reference,
     environment: Environment | Mapping[str, Any],
 ) -> TrialRecord:
-    """What `autotuner.results.store.record` stores for this trial (in a throwaway in-memory study)."""
-    study = optuna.create_study(directions=list(DIRECTIONS))
+    """What `autotuner.results.store.record` stores for this trial (in a throwaway in-memory study,
+    created without Optuna's line announcing it)."""
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.create_study(directions=list(DIRECTIONS))
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     environment = _environment(environment)
     return record(study, study.ask(), job, config, result, role="search", reference=reference, environment=environment)
 
