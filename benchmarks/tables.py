@@ -83,7 +83,7 @@ def search_efficiency(data: dict[str, Any]) -> list[str]:
             f"{times(grid['best_over_baseline'])} the baseline, drift {percent(best['drift'])}. Configs at "
             f"{data['target']:.0%} of it: {grid['configs_at_bar']}; at {grid['close_bar_share']:.0%}: "
             f"{grid['configs_at_close_bar']}. Random search's trials, exactly: median "
-            f"{grid.get('random_median_trials', float('nan')):g}, mean {grid['random_expected_trials']:.1f}; "
+            f"{grid['random_median_trials']:g}, mean {grid['random_expected_trials']:.1f}; "
             f"the budget: {grid['budget_trials']:.1f} trials.",
             "",
             f"| sampler | trials to {data['target']:.0%}: median (p25-p75) | share of the grid | "
