@@ -135,10 +135,11 @@ class LocalSearch:
         centre, leader = best(last), best(None)
         if centre is not None and leader is not None and leader.values[0] > (1 + LEAP) * centre.values[0]:
             centre = leader  # far ahead: move there without finishing the ring of a centre that far behind
+        made = one_knob_moves(candidates)
         while centre is not None:
             scanned, moved = centre.number, False
             for ring in RINGS:
-                neighbours = self.move_order(centre.params, list(self.moves(centre.params, ring)), candidates)
+                neighbours = self.move_order(centre.params, list(self.moves(centre.params, ring)), made)
                 for params in neighbours:
                     if tried.fresh(params):
                         return params
@@ -156,13 +157,12 @@ class LocalSearch:
         """The first fresh config the device supports among the neighbours of `params`, ring by ring."""
         return next((p for ring in RINGS for p in self.moves(params, ring) if tried.fresh(p)), None)
 
-    def move_order(self, centre: Params, moves: list[Params], done: Sequence[FrozenTrial]) -> list[Params]:
+    def move_order(self, centre: Params, moves: list[Params], made: dict[tuple[str, Any, Any], float]) -> list[Params]:
         """`moves` from `centre` in the order the local search tries them: first those whose same
         move (the knob from the centre's value to the move's) gained more than `SMALL_EFFECT`
-        where the stored trials made it, the largest gain first; then the moves never made; last
-        those that gained less or lost (`one_knob_moves`): what a knob's move did at another
-        centre is the best guess of what it does here."""
-        made = one_knob_moves(done)
+        where the stored trials made it (`made`: `one_knob_moves`), the largest gain first; then
+        the moves never made; last those that gained less or lost: what a knob's move did at
+        another centre is the best guess of what it does here."""
 
         def rank(move: Params) -> tuple[int, float]:
             moved = [k for k in move if move[k] != centre.get(k)]

@@ -744,7 +744,7 @@ def test_the_local_search_tries_first_the_moves_that_paid_elsewhere_and_last_tho
     search = LocalSearch(ORDER_SPACE, lambda params: True)
     moved = [
         next(f"{k}={v}" for k, v in move.items() if v != CENTRE[k])
-        for move in search.move_order(CENTRE, list(search.moves(CENTRE, 1)), done)
+        for move in search.move_order(CENTRE, list(search.moves(CENTRE, 1)), made)
     ]
     # compile paid elsewhere; then the moves never made, in the space's order; last the
     # optimizer's (within noise), then the precision's (it lost)
