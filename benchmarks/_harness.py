@@ -27,6 +27,7 @@ import optuna
 from autotuner.backends import Capabilities
 from autotuner.config.knobs import Config
 from autotuner.measurement.hardware import thread_settings
+from autotuner.measurement.pruning import CALIBRATION, WARM_UP, WINDOW, PruneBound, Pruner, Stopped
 from autotuner.results.evidence import Reference
 from autotuner.results.records import TrialRecord
 from autotuner.results.store import record
@@ -192,6 +193,55 @@ def stored(
         optuna.logging.set_verbosity(verbosity)
     environment = _environment(environment)
     return record(study, study.ask(), job, config, result, role="search", reference=reference, environment=environment)
+
+
+def as_pruned(job: Job, result: TrialResult[TrialOutput], best: float | None) -> TrialResult[TrialOutput]:
+    """`result`, a trial recorded without pruning, as the search's rule
+    (`autotuner.measurement.pruning.Pruner`) would have ended it against `best` (the best feasible
+    throughput before it; None: nothing to prune against): pruned, with the stretches it was judged
+    on, or as it was. The recorded figures are replayed on a clock: the warm-up's steps after the
+    first, at the windows' median pace (the recording keeps only the warm-up's whole time, the
+    first step's compile in it); the calibration as two windows sharing its recorded time and
+    steps; each recorded window over its own time, its steps evenly."""
+    output = result.output
+    throughput = output.throughput if output is not None else None
+    settings = job.spec.trial
+    if throughput is None or result.outcome is not Outcome.OK or best is None or settings.prune_after <= 0:
+        return result
+    bound = PruneBound(best, settings.prune_after, settings.steps, settings.min_window_s)
+    now = [0.0]
+    pruner = Pruner(bound, throughput.samples_per_step, clock=lambda: now[0])
+    step_s = throughput.samples_per_step / throughput.samples_per_s
+
+    def stretch(kind: str, steps: int, seconds: float, window: bool) -> None:
+        pruner.begin(kind, steps)
+        for _ in range(steps):
+            now[0] += seconds / steps
+            pruner.stepped()
+        pruner.ended(seconds if window else None)
+
+    try:
+        if throughput.warmup_steps > 1:
+            stretch(WARM_UP, throughput.warmup_steps - 1, (throughput.warmup_steps - 1) * step_s, False)
+        calibrated = round(throughput.calibration_s / step_s)
+        if calibrated >= 2:
+            for _ in range(2):
+                stretch(CALIBRATION, calibrated // 2, throughput.calibration_s / 2, True)
+        for rate in throughput.window_samples_per_s:
+            stretch(WINDOW, throughput.steps, throughput.steps * throughput.samples_per_step / rate, True)
+    except Stopped as stop:
+        judged = list(pruner.behind)
+        pruned = dataclasses.replace(
+            throughput,
+            samples_per_s=statistics.median(judged),
+            window_samples_per_s=judged,
+            stopped=stop.reason,
+            bound=pruner.bound_rate,
+            floor=pruner.floor,
+            trained_s=now[0],
+        )
+        return dataclasses.replace(result, output=dataclasses.replace(output, throughput=pruned))
+    return result
 
 
 def result_to_json(result: TrialResult[TrialOutput]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ against a recorded grid of real trials (a tabular benchmark).
    `autotuner search` sets one up (baseline enqueued as trial 0, the sampler built by
    `autotuner.proposals.sampler.make_sampler` from the spec's sampler name, the seed, the space and what
    the device cannot run, OOM rule-outs given up, every trial stored by `autotuner.results.store.record`
-   from the table's result), until a feasible trial reaches `--target` (97%) of the grid's best
+   from the table's result, a search trial pruned as the search prunes it, on its recorded windows:
+   `_harness.as_pruned`), until a feasible trial reaches `--target` (97%) of the grid's best
    feasible throughput. Trials are counted as `budget.trials` counts them: unsupported configs
    are free. Replayed: the default sampler (what a spec without `sampler` gets: TPE after the
    guided start), random, NSGA-II and GP as a spec naming them gets them, Optuna's TPE with its
@@ -25,7 +26,8 @@ Target: the project's default sampler gets there within 15% of the grid's size (
 run) and beats random search, both as a median over the seeds; on a grid of 150 configs or more,
 within 5% of its size and in at most a third of random search's trials. Random search's median is
 taken exact (`random_median_trials`), not from its replays: over 20 seeds its quartiles span a
-factor of five, and a lucky draw of seeds would move the bar.
+factor of five, and a lucky draw of seeds would move the bar. And the pruning rule never stops a
+config that reaches the bar (the grid's best among them) in any replay (`pruned_at_bar`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import optuna
 from _harness import (
     RESULTS,
     Trials,
+    as_pruned,
     guide_config,
     machine,
     measured_job,
@@ -67,7 +70,7 @@ from autotuner.proposals.sampler import FreshConfigSampler, make_base_sampler, m
 from autotuner.results.evidence import Reference
 from autotuner.results.records import TrialRecord
 from autotuner.results.store import give_up, record
-from autotuner.results.tried import oom_rules_out
+from autotuner.results.tried import best_feasible, oom_rules_out
 from autotuner.spec.job import Job, load_spec
 from autotuner.spec.keys import SamplerSettings
 from autotuner.study.names import DIRECTIONS
@@ -215,11 +218,15 @@ def replay(
     bar: float,
     start: dict[str, Any] | None = None,
     warm: list[dict[str, Any]] | None = None,
+    pruned: list[dict[str, Any]] | None = None,
 ) -> list[float]:
     """The best feasible throughput after each trial that ran (trials counted as the budget counts
     them), until one reaches `bar`; `start`: the guided start's config instead of the rule of thumb;
     `warm`: configs enqueued after the baseline, as `autotuner search --warm-start` enqueues an
-    earlier study's (`autotuner.search.warm_start`)."""
+    earlier study's (`autotuner.search.warm_start`). Each search trial is pruned as the search
+    would prune it against the best feasible throughput before it (`_harness.as_pruned`, on the
+    grid's recorded windows), and stored pruned with its bound; `pruned` collects the configs that
+    were."""
     configs = list(job.configs())
     unsupported = job.unsupported(job.backend.capabilities(grid["environment"]["capabilities"]))
     sampler = contender.make(seed, job, configs, unsupported)
@@ -241,16 +248,22 @@ def replay(
             continue
         config = job.complete(trial.params)
         entry = table[config_key(trial.params)]
+        role = trial.user_attrs.get("role", "search")
+        result = result_from_json(entry)
+        if role == "search":  # as `autotuner.search.dispatch` prunes a search trial
+            result = as_pruned(job, result, best_feasible(study.get_trials(deepcopy=False)))
         done = record(
             study,
             trial,
             job,
             config,
-            result_from_json(entry),
-            role=trial.user_attrs.get("role", "search"),
+            result,
+            role=role,
             reference=reference,
             environment=Environment.from_dict(grid["environment"]),
         )
+        if done.outcome == Outcome.PRUNED.value and pruned is not None:
+            pruned.append(dict(trial.params))
         if done.ran:
             curve.append(max(curve[-1] if curve else 0.0, done.throughput if done.feasible else 0.0))
             if curve[-1] >= bar:
@@ -289,6 +302,7 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
     top = max(feasible, key=lambda r: r.throughput)
     bar = target * top.throughput
     good = [r for r in feasible if r.throughput >= bar]
+    at_bar = {config_key({k: r.config[k] for k in job.space}) for r in good}
     size = len(runs)
     large = size >= LARGE_GRID
     share = LARGE_SHARE if large else BUDGET_SHARE
@@ -325,12 +339,12 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
     results["rule_of_thumb"] = rule_of_thumb(job.space, job.unsupported(capabilities))
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # GPSampler warns of every single-value knob
     for label, contender in _contenders().items():
-        curves, started = [], time.perf_counter()
+        curves, started, pruned = [], time.perf_counter(), []  # type: ignore[var-annotated]
         start = _in_space(job, guide) if contender.guides_start else None
         for seed in range(seeds):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                curves.append(replay(job, grid, table, contender, seed, bar, start))
+                curves.append(replay(job, grid, table, contender, seed, bar, start, pruned=pruned))
         spent = time.perf_counter() - started
         needed = [len(curve) for curve in curves]
         stats = quartiles([float(n) for n in needed])
@@ -343,11 +357,15 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
             "median_share_of_grid": stats["median"] / size,
             "seeds_within_budget": sum(n <= share * size for n in needed),
             "trials_to_close_bar_median": statistics.median(close),
+            "pruned_per_seed": len(pruned) / seeds,
+            # the rule must never stop the configs that reach the bar (the eventual winner among them)
+            "pruned_at_bar": sum(config_key(p) in at_bar for p in pruned),
             "replay_s_per_seed": spent / seeds,
         }
         print(f"  {label}: median {stats['median']:g} trials ({stats['median'] / size:.0%} of {size})", flush=True)
     default = next(v for k, v in results["samplers"].items() if k.startswith("default"))
     results["target"] = {
+        "never_prunes_the_best": all(v["pruned_at_bar"] == 0 for v in results["samplers"].values()),
         "within_budget": default["trials_median"] <= share * size,
         "beats_random": (
             default["trials_median"] <= LARGE_RANDOM_SHARE * random_median

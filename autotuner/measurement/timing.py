@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from autotuner.measurement.pruning import CALIBRATION, WARM_UP, WINDOW, Pruner, Stopped
 from autotuner.measurement.turns import SetupTurn, Turns, Waiting, WindowsTurn
 
 
@@ -63,8 +64,14 @@ class Throughput:
     """When each window began and ended, by `time.monotonic` (one clock for every process of the
     machine: lockstep processes' windows can be set side by side)."""
     stopped: str | None = None
-    """Why the windows stopped before all were measured (`autotuner.measurement.pruning`: the trial is pruned,
-    its drift phase not run), or None."""
+    """Why the measurement stopped before all its windows were measured (`autotuner.measurement.pruning`:
+    the trial is pruned, its drift phase not run), or None. A pruned trial's `window_samples_per_s`
+    are the rates of the stretches its rule judged behind, wherever they were (the warm-up, a
+    calibration window, a window), and `samples_per_s` their median."""
+    bound: float | None = None
+    """A pruned trial's bound: the fastest of the stretches judged behind (`Pruner.bound_rate`)."""
+    floor: float | None = None
+    """A pruned trial's floor: the throughput it missed (`PruneBound.floor`)."""
     warmup_steps: int = 0
     """Optimizer steps of the warm-up, whose wall time is `warmup_s`."""
     steps_taken: int = 0
@@ -124,9 +131,10 @@ class Measuring:
         return count
 
 
-STEP, SYNCHRONIZE, WARM_UP, WINDOW, DONE = "step", "synchronize", "warm-up", "window", "done"
+STEP, SYNCHRONIZE, DONE = "step", "synchronize", "done"
 """What a measuring timer announces (`WindowTimer`'s `announce`) and a following one takes
-(`WindowTimer.follow`): its public operations, and the end of the measurement."""
+(`WindowTimer.follow`): its public operations (with `WARM_UP` and `WINDOW`, the names of the
+stretches they open), and the end of the measurement."""
 
 
 class WindowTimer:
@@ -139,7 +147,11 @@ class WindowTimer:
     steps, given the step to take any it needs (a backend resets its peak-memory counters there,
     so compiling and autotuning are not counted). With `announce`, each public operation (a step,
     a synchronization, the warm-up, a window) is announced, with its count of steps, before it
-    runs: the other ranks of a trial of several processes take the same steps (`follow`).
+    runs: the other ranks of a trial of several processes take the same steps (`follow`). With
+    `watch` (`autotuner.measurement.pruning.Pruner`), each step and each window is told to the
+    rule that stops a losing trial; it raises `Stopped` from inside them. The warm-up
+    synchronizes after its first step (leader and followers alike), so that the steps after it,
+    which the rule may judge, start from an idle device.
     """
 
     def __init__(
@@ -150,8 +162,10 @@ class WindowTimer:
         after_window: Callable[[], None] | None = None,
         after_warmup: Callable[[Callable[[], None]], None] | None = None,
         announce: Callable[[str, int], None] | None = None,
+        watch: Pruner | None = None,
     ) -> None:
         self._step, self._synchronize = step, synchronize
+        self.watch = watch
         self._after_window, self._after_warmup = after_window, after_warmup
         self._announce = announce or (lambda what, count: None)
         self.taken = 0
@@ -164,6 +178,8 @@ class WindowTimer:
     def _take(self) -> None:
         self._step()
         self.taken += 1
+        if self.watch is not None:
+            self.watch.stepped()
 
     def step(self) -> None:
         """One step, counted."""
@@ -179,19 +195,30 @@ class WindowTimer:
         """Take `steps` steps and synchronize, timed as `warmup_s`; then `after_warmup`."""
         self._announce(WARM_UP, steps)
         self.started = start = time.perf_counter()
-        for _ in range(steps):
-            self._take()
-        self._synchronize()
-        self.warmup_s = time.perf_counter() - start
+        try:
+            for taken in range(steps):
+                self._take()
+                if taken == 0 and steps > 1:  # the first step pays for compiling: the rest may be judged
+                    self._synchronize()
+                    if self.watch is not None:
+                        self.watch.begin(WARM_UP, steps - 1)
+            self._synchronize()
+        finally:  # a watch may stop it: what it took is still the warm-up's
+            self.warmup_s = time.perf_counter() - start
+        if self.watch is not None:
+            self.watch.ended()
         if self._after_warmup is not None:
             self._after_warmup(self._take)  # given the step, so that one it takes is counted
 
-    def window(self, count: int) -> float:
-        """Take `count` steps between two synchronizations; their wall time."""
+    def window(self, count: int, kind: str = WINDOW) -> float:
+        """Take `count` steps between two synchronizations; their wall time. `kind`: a measured
+        window, or one of the calibration's (`CALIBRATION`), as the watch is told."""
         self._announce(WINDOW, count)
         self._synchronize()
         began = time.monotonic()
         start = time.perf_counter()
+        if self.watch is not None:
+            self.watch.begin(kind, count)
         for _ in range(count):
             self._take()
         self._synchronize()
@@ -199,7 +226,13 @@ class WindowTimer:
         self.spans.append((began, time.monotonic()))
         if self._after_window is not None:
             self._after_window()
+        if self.watch is not None:
+            self.watch.ended(elapsed)
         return elapsed
+
+    def calibration_window(self, count: int) -> float:
+        """A window of the calibration (`calibrate`): timed as any, told to the watch as such."""
+        return self.window(count, CALIBRATION)
 
     def follow(self, command: Callable[[], tuple[str, int]]) -> bool:
         """Take the steps another rank's timer announces, as it announces them, until it is done:
@@ -264,7 +297,7 @@ def _set_up(timer: WindowTimer, settings: Measuring, phase: Callable[[str], None
     if settings.min_window_s <= 0:
         return Calibration(steps=settings.steps, step_s=0.0)
     phase("calibration")
-    return calibrate(timer.window, settings.steps, settings.min_window_s)
+    return calibrate(timer.calibration_window, settings.steps, settings.min_window_s)
 
 
 def _throughput(
@@ -274,7 +307,6 @@ def _throughput(
     durations: list[float],
     *,
     trained_s: float,
-    stopped: str | None = None,
     earlier_steps: int = 0,
 ) -> Throughput:
     """The measured windows, of `calibration.steps` steps each: the last `timer.spans` (the
@@ -295,7 +327,6 @@ def _throughput(
         samples_per_step=settings.samples_per_step,
         calibration_s=calibration.seconds,
         window_spans=timer.spans[-len(durations) :],
-        stopped=stopped,
         steps_taken=timer.taken,
         trained_s=trained_s,
         telemetry_samples=sampled_steps * settings.samples_per_step,
@@ -306,20 +337,16 @@ def _solo_windows(
     timer: WindowTimer,
     settings: Measuring,
     calibration: Calibration,
-    stop: Callable[[list[float]], str | None] | None,
+    durations: list[float],
     phase: Callable[[str], None],
-) -> tuple[list[float], str | None]:
-    """The windows' durations, until all are measured or `stop` gives a reason, and the reason."""
+) -> None:
+    """Measure the windows, their durations appended to `durations` as each ends (a watch may
+    stop the measurement inside one: those before it are kept)."""
     steps = calibration.steps
     windows = settings.windows_for(steps, calibration.step_s)
-    durations: list[float] = []
-    stopped = None
-    while len(durations) < windows and stopped is None:
+    while len(durations) < windows:
         phase(f"window {len(durations) + 1} of {windows}")
         durations.append(timer.window(steps))
-        if stop is not None:
-            stopped = stop([steps * settings.samples_per_step / d for d in durations])
-    return durations, stopped
 
 
 def measure_solo(
@@ -327,44 +354,78 @@ def measure_solo(
     settings: Measuring,
     *,
     telemetry: contextlib.AbstractContextManager[Any] | None = None,
-    stop: Callable[[list[float]], str | None] | None = None,
     phase: Callable[[str], None] = _quiet,
 ) -> Throughput:
-    """Measure a process alone: `telemetry` is entered around the windows, and `stop` asked after
-    each window, with the windows' rates so far, whether to stop there.
+    """Measure a process alone: `telemetry` is entered around the windows. A timer with a watch
+    (`autotuner.measurement.pruning.Pruner`) may be stopped anywhere after its warm-up's first
+    step: the `Throughput` is then the pruned trial's (`_pruned`).
 
     Windows measured again (far shorter than the minimum) are measured under `telemetry` as well,
     and it keeps both passes (its samplers add up every span they are entered for): the first pass
     is the same config taking the same steps, so its energy, power and utilisation are as true of
-    the config as the second's, and `stop`'s contention share
-    (`autotuner.measurement.telemetry.CpuSampler.others_share`) goes on over every window
-    measured. What is per sample is over both passes' samples, then:
+    the config as the second's. What is per sample is over both passes' samples, then:
     `Throughput.telemetry_samples` counts them, where `steps * windows` counts the second pass's
     alone (energy per sample over it would hold the first pass's energy too). Keeping the second
     pass's telemetry only would need samplers that forget, for a figure no truer."""
-    calibration = _set_up(timer, settings, phase)
+    durations: list[float] = []
+    calibration, earlier_steps = Calibration(steps=settings.steps, step_s=0.0), 0
     telemetry = telemetry or contextlib.nullcontext()
-    with telemetry:
-        durations, stopped = _solo_windows(timer, settings, calibration, stop, phase)
-    # A calibration that other work slowed (a process starting beside it, say) sizes windows
-    # many times shorter than the minimum once the machine is itself again: too short to time
-    # well or to tell contention in. They are measured again, once, at the length their own
-    # pace asks for.
-    min_window_s, earlier_steps = settings.min_window_s, 0
-    if min_window_s > 0 and stopped is None and statistics.median(durations) < min_window_s / 4:
-        median, steps = statistics.median(durations), calibration.steps
-        earlier_steps = steps * len(durations)  # inside the telemetry's spans too
-        calibration = replace(calibration, steps=math.ceil(steps * min_window_s / median), step_s=median / steps)
+    try:
+        calibration = _set_up(timer, settings, phase)
         with telemetry:
-            durations, stopped = _solo_windows(timer, settings, calibration, stop, phase)
+            _solo_windows(timer, settings, calibration, durations, phase)
+        # A calibration that other work slowed (a process starting beside it, say) sizes windows
+        # many times shorter than the minimum once the machine is itself again: too short to time
+        # well or to tell contention in. They are measured again, once, at the length their own
+        # pace asks for.
+        min_window_s = settings.min_window_s
+        if min_window_s > 0 and statistics.median(durations) < min_window_s / 4:
+            median, steps = statistics.median(durations), calibration.steps
+            earlier_steps = steps * len(durations)  # inside the telemetry's spans too
+            calibration = replace(calibration, steps=math.ceil(steps * min_window_s / median), step_s=median / steps)
+            durations = []
+            with telemetry:
+                _solo_windows(timer, settings, calibration, durations, phase)
+    except Stopped as stop:
+        return _pruned(timer, settings, calibration, durations, stop.reason, earlier_steps)
     return _throughput(
-        timer,
-        settings,
-        calibration,
-        durations,
+        timer, settings, calibration, durations, trained_s=timer.trained_s(), earlier_steps=earlier_steps
+    )
+
+
+def _pruned(
+    timer: WindowTimer,
+    settings: Measuring,
+    calibration: Calibration,
+    durations: list[float],
+    reason: str,
+    earlier_steps: int,
+) -> Throughput:
+    """What a pruned trial measured: the rates of the stretches its rule judged behind (as its
+    windows' rates, their median as its throughput), its bound and floor, and the windows it
+    finished before it was stopped (their time and telemetry)."""
+    watch = timer.watch
+    assert watch is not None  # only a watch stops a measurement
+    rates = list(watch.behind)
+    sampled_steps = earlier_steps + calibration.steps * len(durations)
+    return Throughput(
+        samples_per_s=statistics.median(rates),
+        spread=relative_spread(rates),
+        window_samples_per_s=rates,
+        warmup_s=timer.warmup_s,
+        warmup_steps=settings.warmup_steps,
+        measured_s=sum(durations),
+        steps=calibration.steps,
+        windows=len(durations),
+        samples_per_step=settings.samples_per_step,
+        calibration_s=calibration.seconds,
+        window_spans=timer.spans[-len(durations) :] if durations else [],
+        stopped=reason,
+        bound=watch.bound_rate,
+        floor=watch.floor,
+        steps_taken=timer.taken,
         trained_s=timer.trained_s(),
-        stopped=stopped,
-        earlier_steps=earlier_steps,
+        telemetry_samples=sampled_steps * settings.samples_per_step,
     )
 
 
@@ -417,18 +478,16 @@ def measure_throughput(
     *,
     telemetry: contextlib.AbstractContextManager[Any] | None = None,
     turns: Turns | None = None,
-    stop: Callable[[list[float]], str | None] | None = None,
     phase: Callable[[str], None] = _quiet,
 ) -> Throughput:
     """Time `timer`'s step (one optimizer step of `settings.samples_per_step` samples): alone
     (`measure_solo`), or with `turns` in a lockstep group (`measure_in_lockstep`).
 
     `telemetry` (an `autotuner.measurement.telemetry.Telemetry`) is entered around the timed
-    windows only (in lockstep, around each one). `stop` (not in lockstep) is asked after each
-    window, with the windows' rates so far, whether to stop there; the reason it gives is kept as
-    `stopped`. `phase` is told each phase as it begins, outside the timed spans
+    windows only (in lockstep, around each one). A timer with a watch (not in lockstep) may be
+    stopped by it (`measure_solo`). `phase` is told each phase as it begins, outside the timed spans
     (`autotuner.trials.progress`).
     """
     if turns is None:
-        return measure_solo(timer, settings, telemetry=telemetry, stop=stop, phase=phase)
+        return measure_solo(timer, settings, telemetry=telemetry, phase=phase)
     return measure_in_lockstep(timer, settings, turns, telemetry=telemetry, phase=phase)

@@ -156,6 +156,16 @@ def _milliseconds(value: Any) -> str:
     return "-" if value is None else f"{float(value):.1f} ms"
 
 
+def pruned_status(metrics: dict[str, Any]) -> str:
+    """How a pruned trial's line says what it missed: `after 1.2 s, 190/s at most (needed 6,350/s)`
+    (a trial stored before the bound was kept: after its windows, at most its fastest)."""
+    windows = metrics.get("throughput_windows") or [0.0]
+    bound, floor, trained = metrics.get("prune_bound"), metrics.get("prune_floor"), metrics.get("trained_s")
+    if bound is None or floor is None or trained is None:
+        return f"after {len(windows)} windows, {rate(max(windows))} at most"
+    return f"after {float(trained):.1f} s, {rate(bound)} at most (needed {rate(floor)})"
+
+
 class SearchReporter:
     def __init__(self, console: Console | None = None):
         # A terminal's width, or COLUMNS where it is set; else (a log, a pipe) 120 columns rather
@@ -193,11 +203,15 @@ class SearchReporter:
         return str(self.phase_file) if self.phase_file is not None else None
 
     @contextlib.contextmanager
-    def running(self, what: str) -> Iterator[None]:
+    def running(self, what: str, logged: bool = False) -> Iterator[None]:
         """A status line while `what` runs: with the phase its trial process writes, and during
-        the trials the time they have left."""
+        the trials the time they have left. `logged`: where there is no status line (a log, a
+        pipe), `what` is printed as a line when it begins, so that a log shows the minutes a long
+        phase (a round of re-measurement) takes."""
         if self.left_s is not None:
             what += f" (trials: about {duration(self.left_s)} left)"
+        if logged and not self.console.is_terminal:
+            self.console.print(what)
         with self.console.status(what) as status:
             if self.phase_file is None:
                 yield
@@ -278,8 +292,7 @@ class SearchReporter:
                 status += f" ({skipped} drift steps skipped by fp16 loss scaling)"
             status += "" if done.feasible else f" [yellow]infeasible: {reason}[/]"
         elif done.outcome == "pruned":  # the reason, with the rule's figures, is on the trial
-            windows = done.metrics.get("throughput_windows") or [0.0]
-            status = f"[yellow]pruned[/] after {len(windows)} windows, {rate(max(windows))} at most"
+            status = f"[yellow]pruned[/] {pruned_status(done.metrics)}"
         else:
             status = f"[red]{done.outcome}[/]: {reason}"
         best_text = ""

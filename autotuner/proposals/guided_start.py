@@ -7,16 +7,18 @@ largest batch, `torch.compile` or XLA jit on, and the middle of the space's work
 few starve the step, too many compete with it for the cores: from the middle, one step reaches
 either end of a small range). While it does not fit in memory (out of memory, or over the memory
 limit) it is tried at the next smaller batch; if its numerics fail (drift over the tolerance,
-NaN), at the strict precision. Then a local search around the best feasible trial so far
-(`LocalSearch`): every untried config one knob away (an integer knob one step up or down its
-sorted values, and from two or more below the largest batch, the largest batch first; then two
-steps), in the order of what the same moves did elsewhere in the study: those that gained more
-than a trial's noise first, then the moves not made yet (precision first, then the space's
-order), last those that gained less or lost; after which the best trial run by then becomes
-the centre (at once, when a trial comes out `LEAP` ahead of it); when a centre's neighbours hold
-nothing faster, the guided start has nothing left. It skips configs the device cannot run, and
-reads everything from the stored trials, so workers sharing the study (while one runs the rule-of-thumb
-config, the others take its neighbours) and a resumed study go on with the same search.
+NaN) or it is pruned (bf16 on a CPU without bf16 instructions), at the strict precision. Then a
+local search around the best feasible trial so far (`LocalSearch`): every untried config one
+knob away (an integer knob one step up or down its sorted values, and from two or more below
+the largest batch, the largest batch first; then two steps), in the order of what the same
+moves did elsewhere in the study (a pruned trial by its bound, a loss of at least that size):
+those that gained more than a trial's noise first, then the moves not made yet (precision
+first, then the space's order), last those that gained less or lost, never those that lost more
+than `LOST`; after which the best trial run by then becomes the centre (at once, when a trial
+comes out `LEAP` ahead of it); when a centre's neighbours hold nothing faster, the guided start
+has nothing left. It skips configs the device cannot run, and reads everything from the stored
+trials, so workers sharing the study (while one runs the rule-of-thumb config, the others take
+its neighbours) and a resumed study go on with the same search.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotuner.backends import knob_named
 from autotuner.config.knobs import BATCH_SIZE, PRECISION, Params, config_key
 from autotuner.proposals.wrapped_sampler import is_ordered
-from autotuner.results.tried import TriedConfigs, feasible
+from autotuner.results.tried import TriedConfigs, evidence, feasible
 from autotuner.study.names import CONSTRAINT_NAMES, DRIFT_LIMIT, MEMORY_LIMIT, OUTCOME, TRIAL_CONSTRAINTS
 from autotuner.trials.outcomes import Outcome
 
@@ -49,22 +51,40 @@ centre that far behind is unlikely to hold the best."""
 SMALL_EFFECT = math.log(1.05)
 """A one-knob move that gained less than 5% (in log terms): within a trial's noise, it has not
 paid here (`LocalSearch.move_order`)."""
+LOST = math.log(1 - LEAP)
+"""A one-knob move that lost more than `LEAP` where the study made it (bf16 on a CPU without its
+instructions, ten times slower): the local search does not make it again from another centre
+(`LocalSearch.move_order`); TPE, which sees the loss, still may."""
 
 
-def one_knob_moves(done: Sequence[FrozenTrial]) -> dict[tuple[str, Any, Any], float]:
+def one_knob_moves(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Any, Any], float]:
     """What each one-knob move did where the stored trials made it: (knob, from, to) -> the mean
-    log of the throughput's ratio (to over from), over the pairs of feasible trials that differ
-    in that knob alone, either way round. The local search makes such moves, so these pairs
-    accumulate as it goes; a move no pair has made is absent."""
+    log of the throughput's ratio (to over from), over the pairs of trials that differ in that
+    knob alone, either way round, each a feasible trial's throughput or a pruned trial's bound
+    (`autotuner.results.tried.evidence`: its throughput is below it, so a move to it lost at least
+    that much), one of the two measured (two bounds say nothing of each other). The local search
+    makes such moves, so these pairs accumulate as it goes; a move no pair has made is absent."""
+    known = [(t, value) for t in trials if (value := evidence(t)) is not None]
     logs: dict[tuple[str, Any, Any], list[float]] = {}
-    for a, b in itertools.combinations(done, 2):
+    for (a, (rate_a, bound_a)), (b, (rate_b, bound_b)) in itertools.combinations(known, 2):
         differing = [k for k in a.params if a.params[k] != b.params.get(k)]
-        if len(differing) == 1 and a.values[0] > 0 and b.values[0] > 0:
+        if len(differing) == 1 and rate_a > 0 and rate_b > 0 and not (bound_a and bound_b):
             knob = differing[0]
-            effect = math.log(b.values[0] / a.values[0])
+            effect = math.log(rate_b / rate_a)
             logs.setdefault((knob, a.params[knob], b.params[knob]), []).append(effect)
             logs.setdefault((knob, b.params[knob], a.params[knob]), []).append(-effect)
     return {move: sum(effects) / len(effects) for move, effects in logs.items()}
+
+
+def lost_values(made: dict[tuple[str, Any, Any], float]) -> set[tuple[str, Any]]:
+    """The knob values every move to which lost more than `LOST` where the study made it (`made`:
+    `one_knob_moves`): bf16 on a CPU without its instructions, once it came out ten times behind.
+    The sampler does not propose them again while it has other configs
+    (`autotuner.proposals.sampler.FreshConfigSampler`)."""
+    effects: dict[tuple[str, Any], list[float]] = {}
+    for (knob, _, value), effect in made.items():
+        effects.setdefault((knob, value), []).append(effect)
+    return {item for item, known in effects.items() if max(known) < LOST}
 
 
 Unsupported = Callable[[Params], str | None]
@@ -135,7 +155,7 @@ class LocalSearch:
         centre, leader = best(last), best(None)
         if centre is not None and leader is not None and leader.values[0] > (1 + LEAP) * centre.values[0]:
             centre = leader  # far ahead: move there without finishing the ring of a centre that far behind
-        made = one_knob_moves(candidates)
+        made = one_knob_moves(trials)
         while centre is not None:
             scanned, moved = centre.number, False
             for ring in RINGS:
@@ -161,17 +181,22 @@ class LocalSearch:
         """`moves` from `centre` in the order the local search tries them: first those whose same
         move (the knob from the centre's value to the move's) gained more than `SMALL_EFFECT`
         where the stored trials made it (`made`: `one_knob_moves`), the largest gain first; then
-        the moves never made; last those that gained less or lost: what a knob's move did at
-        another centre is the best guess of what it does here."""
+        the moves never made; last those that gained less or lost, and not at all those that lost
+        more than `LOST`: what a knob's move did at another centre is the best guess of what it
+        does here."""
+
+        def effect(move: Params) -> float | None:
+            moved = [k for k in move if move[k] != centre.get(k)]
+            return made.get((moved[0], centre[moved[0]], move[moved[0]])) if len(moved) == 1 else None
 
         def rank(move: Params) -> tuple[int, float]:
-            moved = [k for k in move if move[k] != centre.get(k)]
-            effect = made.get((moved[0], centre[moved[0]], move[moved[0]])) if len(moved) == 1 else None
-            if effect is None:  # never made, or a move that resets other knobs too
+            known = effect(move)
+            if known is None:  # never made, or a move that resets other knobs too
                 return (1, 0.0)
-            return (0, -effect) if effect > SMALL_EFFECT else (2, -effect)
+            return (0, -known) if known > SMALL_EFFECT else (2, -known)
 
-        return sorted(moves, key=rank)
+        kept = [m for m in moves if (known := effect(m)) is None or known >= LOST]
+        return sorted(kept, key=rank)
 
     def moves(self, params: Params, ring: int = 1) -> Iterator[Params]:
         """The supported configs one move from `params`: each neighbour (`neighbours`) the device
@@ -259,7 +284,9 @@ class GuidedStart:
 
     def step(self, rule: Params, trials: Sequence[FrozenTrial], tried: TriedConfigs) -> StartStep:
         """The rule-of-thumb config; smaller batches of it while it does not fit in memory; at
-        the strict precision when its numerics fail (drift over the tolerance, NaN)."""
+        the strict precision when its numerics fail (drift over the tolerance, NaN) or it is pruned
+        (so far behind that its precision is the likely cause: the pair is then the one-knob move
+        that tells the local search what that precision costs here)."""
         done = {config_key(t.params): t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
         last = None
         for start in self.starts(rule):
@@ -276,9 +303,11 @@ class GuidedStart:
             if outcome == Outcome.OOM.value or violations.get(MEMORY_LIMIT, 0.0) > 0:
                 continue  # did not fit: the next smaller batch
             drifted = outcome == Outcome.OK.value and violations.get(DRIFT_LIMIT, 0.0) > 0
-            numerics_failed = outcome == Outcome.NAN.value or drifted
+            # pruned: far behind the baseline, and its precision is the knob the hardware decides
+            # most (bf16 ten times slower on a CPU without its instructions)
+            failed = outcome in (Outcome.NAN.value, Outcome.PRUNED.value) or drifted
             strict = {**start, NUMERICS: PRECISION.reference}
-            if numerics_failed and strict[NUMERICS] in self.space.get(NUMERICS, []):
+            if failed and strict[NUMERICS] in self.space.get(NUMERICS, []):
                 if tried.fresh(strict):
                     return StartStep(run=strict, last=last)
                 t = done.get(config_key(strict))

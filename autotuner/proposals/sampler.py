@@ -3,10 +3,13 @@
 Optuna proposes (the oracle); `FreshConfigSampler` wraps it and keeps it from proposing a config
 the study already has (finished, running in another worker, or queued) or one an out-of-memory
 trial has ruled out (one that needs at least as much memory, knob by knob, in the order of memory
-the backend's knobs declare: `autotuner.results.tried`). When the wrapped sampler keeps proposing
-such configs (TPE exploiting a front it already knows; it is asked `ATTEMPTS` times), the fresh
-config fewest knobs away from its proposals runs instead, among equals the one whose knob values
-did best in feasible trials, so what the sampler learnt still steers the search.
+the backend's knobs declare: `autotuner.results.tried`), nor, while it has other configs, one
+with a knob value every move to which lost more than 30% where the study made it
+(`autotuner.proposals.guided_start.lost_values`: bf16 ten times behind on a CPU without bf16
+instructions). When the wrapped sampler keeps proposing such configs (TPE exploiting a front it
+already knows; it is asked `ATTEMPTS` times), the fresh config fewest knobs away from its
+proposals runs instead, among equals the one whose knob values did best in feasible trials, so
+what the sampler learnt still steers the search.
 
 The wrapped sampler sees the study as the search means it, the throughput as the one objective
 and integer knobs as indices (`autotuner.proposals.wrapped_sampler`). The default sampler
@@ -28,7 +31,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.config.knobs import COMMON_TABLE, Knob, Params
-from autotuner.proposals.guided_start import GuidedStart, Unsupported, rule_of_thumb
+from autotuner.proposals.guided_start import GuidedStart, Unsupported, lost_values, one_knob_moves, rule_of_thumb
 from autotuner.proposals.wrapped_sampler import WrappedSampler
 from autotuner.results.tried import TriedConfigs, feasible
 from autotuner.study.names import FIXED_PARAMS
@@ -157,15 +160,21 @@ class FreshConfigSampler(BaseSampler):
             guided = self.guided_start.next_config(self.rule, trials, tried)
             if guided is not None:
                 return guided
+        lost = lost_values(one_knob_moves(trials))
+
+        def worth(params: Params) -> bool:
+            return tried.fresh(params) and not any(item in lost for item in params.items())
+
         proposals = []
         for _ in range(ATTEMPTS):
             params = self.wrapped.propose(study, trial)
-            if tried.fresh(params):
+            if worth(params):
                 return params
             proposals.append(params)
         fresh = [c for c in self.configs() if tried.fresh(c)]
         if not fresh:
             return proposals[-1]
+        fresh = [c for c in fresh if worth(c)] or fresh
         return self.rng.choice(nearest_fresh(fresh, proposals, value_evidence(trials)))
 
     # ---------------------------------------------------------------- the rest is the wrapped sampler's

@@ -6,8 +6,9 @@ constraints, like out-of-memory and failed trials), and an integer knob (`batch_
 `workers`) is the index of its value in the sorted space, an `IntDistribution`, so TPE and GP
 can tell a neighbouring value from a distant one; a knob with a single value is not sampled.
 Infeasible trials reach it as COMPLETE trials whose constraints are violated, which Optuna's
-samplers rank below every feasible trial, so they learn from them; FAIL trials, which they would
-ignore, are used only for interrupted runs. The study is shown to it through
+samplers rank below every feasible trial, so they learn from them; a pruned trial as a COMPLETE
+one whose throughput is its bound (`autotuner.results.tried.pruned_bound`); FAIL trials, which
+they would ignore, are used only for interrupted runs. The study is shown to it through
 `autotuner.study.optuna_adapter.StudyView`.
 """
 
@@ -22,6 +23,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.config.knobs import Params
+from autotuner.results.tried import pruned_bound
 from autotuner.study.optuna_adapter import StudyView, study_id, study_storage, trial_id
 
 
@@ -64,13 +66,18 @@ class SpaceEncoding:
 
 
 def encoded_trial(trial: FrozenTrial, encoding: SpaceEncoding) -> FrozenTrial:
-    """`trial` as the wrapped sampler sees it: its first objective value, its params encoded."""
+    """`trial` as the wrapped sampler sees it: its first objective value, its params encoded; a
+    pruned trial with a bound as a complete one of that throughput (its own is below it: TPE ranks
+    it by what it lost, not below every measured trial by its stretches' count)."""
     params, distributions = encoding.encode(trial.params)
+    state, values = trial.state, list(trial.values[:1]) if trial.values else None
+    if (bound := pruned_bound(trial)) is not None:
+        state, values = TrialState.COMPLETE, [bound]
     return FrozenTrial(
         number=trial.number,
-        state=trial.state,
+        state=state,
         value=None,
-        values=list(trial.values[:1]) if trial.values else None,
+        values=values,
         datetime_start=trial.datetime_start,
         datetime_complete=trial.datetime_complete,
         params=params,
@@ -91,8 +98,8 @@ class WrappedSampler:
         self.base = base
         self.values = space
         self.encoding = SpaceEncoding(space)
-        self.finished: dict[int, FrozenTrial] = {}
-        """Encoded finished trials of the study shown last, by trial id."""
+        self.finished: dict[int, tuple[TrialState, FrozenTrial]] = {}
+        """Encoded finished trials of the study shown last (with their stored state), by trial id."""
         self.finished_of: tuple[int, int] | None = None
         """That study: its storage's `id()` and its id in the storage."""
 
@@ -105,12 +112,12 @@ class WrappedSampler:
         encoding = self.encoding
 
         def show(trial: FrozenTrial) -> FrozenTrial:
-            cached = finished.get(trial_id(trial))
-            if cached is not None and cached.state is trial.state:
+            state, cached = finished.get(trial_id(trial), (None, None))
+            if cached is not None and state is trial.state:
                 return cached
             encoded = encoded_trial(trial, encoding)
             if trial.state.is_finished():
-                finished[trial_id(trial)] = encoded
+                finished[trial_id(trial)] = (trial.state, encoded)
             return encoded
 
         return StudyView(study, show)  # type: ignore[return-value]

@@ -62,6 +62,28 @@ def best_feasible(trials: Sequence[FrozenTrial]) -> float | None:
     return max(rates, default=None)
 
 
+def pruned_bound(trial: FrozenTrial) -> float | None:
+    """A pruned trial's bound: the fastest rate of the stretches its rule judged behind
+    (`prune_bound`; for a trial stored before it was kept, its fastest window), which the config's
+    throughput is below; None for any other trial, or a pruned one with nothing measured."""
+    if trial.state is not TrialState.PRUNED:
+        return None
+    bound = trial.user_attrs.get("prune_bound")
+    if bound is None:
+        bound = max(trial.user_attrs.get("throughput_windows") or [0.0])
+    return float(bound) if bound and bound > 0 else None
+
+
+def evidence(trial: FrozenTrial) -> tuple[float, bool] | None:
+    """What a trial says of its config's throughput, for the search's ranking of its moves: a
+    feasible trial's throughput (False: measured), a pruned one's bound (True: at most that);
+    None for any other trial."""
+    if feasible(trial):
+        return float(trial.values[0]), False
+    bound = pruned_bound(trial)
+    return (bound, True) if bound is not None else None
+
+
 class TriedConfigs:
     """The study's configs as one ask sees them, built once: the live ones (`exclude`, the trial
     being asked for, left out) and the out-of-memory trials, whose configs rule out others by the

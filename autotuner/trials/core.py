@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 from autotuner.config.knobs import Config
 from autotuner.measurement.contention import CONTENDED_SHARE
-from autotuner.measurement.pruning import behind
-from autotuner.measurement.telemetry import Telemetry
+from autotuner.measurement.pruning import PruneBound, Pruner
+from autotuner.measurement.telemetry import CpuSampler, Telemetry
 from autotuner.measurement.timing import DONE, WindowTimer, measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
@@ -168,6 +168,13 @@ class TrialBackend(ABC):
         """After the measured phase: `warm`, `cold` or `partial` by the cache lookups since
         `before`; None when nothing was compiled or the framework has no such cache."""
         return None
+
+    def compilations(self) -> Callable[[], int]:
+        """Before the measured phase: a count of the framework's compilations in this process so
+        far (a graph compiled, a CUDA graph recorded, an executable built), read after each step:
+        a step that moved it is no evidence of the config's pace
+        (`autotuner.measurement.pruning`). A backend that compiles nothing counts none."""
+        return lambda: 0
 
     # ------------------------------------------------------------ the steps
 
@@ -487,28 +494,31 @@ def _measure(
     others = [*backend.more_gpu_uuids(device), *(uuid for uuid in ranks if uuid is not None)]
     telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device), more_gpus=others)
 
-    stop = pruning(request, telemetry, output)
     leading = group is None or group.rank == 0
+    watch = pruner(request, backend) if leading else None
     timer = WindowTimer(
         step,
         lambda: backend.synchronize(training, running),
         after_window=after_window,
         after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
         announce=group.announce if group is not None and group.size > 1 and leading else None,
+        watch=watch,
     )
     if not leading:
         assert group is not None
         stopped = timer.follow(group.next_command)
         group.gather("peak_memory_mb", backend.peak_memory_mb(device))
         return stopped
-    throughput = measure_throughput(
-        timer, request.measuring(), telemetry=telemetry, turns=turns, stop=stop, phase=phase
-    )
+    with contention_watched(watch):
+        throughput = measure_throughput(timer, request.measuring(), telemetry=telemetry, turns=turns, phase=phase)
+    if watch is not None:
+        output.prune_held_off = list(watch.held_off_shares)
     measured = telemetry.summary(throughput.telemetry_samples)  # every span's samples, not the last windows'
     output.throughput = throughput
     peaks = [backend.peak_memory_mb(device)]
-    if group is not None and group.size > 1:
-        group.announce(DONE, int(throughput.stopped is not None))
+    # pruned, the other ranks may be inside a step: they end with the trial (`RankGroup`)
+    if group is not None and group.size > 1 and throughput.stopped is None:
+        group.announce(DONE, 0)
         peaks = group.gather("peak_memory_mb", peaks[0])
     # NVML's figure holds the CUDA context and what the driver allocated outside the framework's allocator
     output.peak_memory_mb = max(*peaks, measured.get("gpu_process_memory_mb_max", 0.0))
@@ -516,20 +526,32 @@ def _measure(
     return throughput.stopped is not None
 
 
-def pruning(request: TrialRequest, telemetry: Telemetry, output: TrialOutput) -> Callable[[list[float]], str | None]:
-    """The rule the measured phase asks after each window whether to stop there: behind the best
-    so far (`autotuner.measurement.pruning.behind`, a search trial only), unless other work took
-    more than `CONTENDED_SHARE` of the CPU meanwhile (the share is kept in `output`): slowed by it,
-    a trial would look a loser."""
+def pruner(request: TrialRequest, backend: TrialBackend) -> Pruner | None:
+    """The rule that stops a search trial that cannot reach the best so far
+    (`autotuner.measurement.pruning.Pruner`), told the framework's compilations; None for a trial
+    that is never pruned (the baseline, a re-measurement, the reference)."""
+    if request.prune_best is None or request.prune_after <= 0:
+        return None
+    bound = PruneBound(request.prune_best, request.prune_after, request.steps, request.min_window_s)
+    return Pruner(bound, request.global_batch, compilations=backend.compilations())
 
-    def stop(rates: list[float]) -> str | None:
-        reason = behind(rates, request.prune_best, request.prune_after) if request.prune_best is not None else None
-        if reason is not None and (share := telemetry.cpu.others_share()) > CONTENDED_SHARE:
-            output.prune_held_off.append(share)
-            return None
-        return reason
 
-    return stop
+@contextlib.contextmanager
+def contention_watched(watch: Pruner | None) -> Iterator[None]:
+    """Around a measured phase that `watch` may stop: the CPU that other work takes from then on,
+    so that the rule holds off while it is more than `CONTENDED_SHARE` (slowed by it, a trial would
+    look a loser; the shares it held off at are kept in `prune_held_off`)."""
+    if watch is None:
+        yield
+        return
+    with CpuSampler() as cpu:
+
+        def held_off() -> float | None:
+            share = cpu.others_share()
+            return share if share > CONTENDED_SHARE else None
+
+        watch.held_off = held_off
+        yield
 
 
 def _drift_phase(

@@ -40,7 +40,7 @@ from autotuner.measurement.telemetry import Telemetry
 from autotuner.measurement.timing import WindowTimer, measure_throughput
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
-from autotuner.trials.core import TrialBackend, pruning, trial_process
+from autotuner.trials.core import TrialBackend, contention_watched, pruner, trial_process
 from autotuner.trials.outcomes import NonFiniteLoss
 from autotuner.trials.progress import PhaseFile
 from autotuner.trials.request import ProfileRequest, TrialRequest
@@ -272,15 +272,17 @@ def _measure(
             calls.append(Served(began, time.monotonic() - began))
 
     telemetry = Telemetry(gpu_uuid=backend.gpu_uuid(device))
+    watch = pruner(request, backend)
     timer = WindowTimer(
         step,
         lambda: None,  # every call ends synchronised (`serve`)
         after_warmup=lambda counted_step: backend.after_warmup(device, counted_step),
+        watch=watch,
     )
-    stop = pruning(request, telemetry, output)
-    throughput = measure_throughput(
-        timer, request.measuring(), telemetry=telemetry, turns=turns, stop=stop, phase=phase
-    )
+    with contention_watched(watch):
+        throughput = measure_throughput(timer, request.measuring(), telemetry=telemetry, turns=turns, phase=phase)
+    if watch is not None:
+        output.prune_held_off = list(watch.held_off_shares)
     output.throughput = throughput
     output.latency = latency(calls, throughput.window_spans)
     output.telemetry = telemetry.summary(throughput.telemetry_samples)

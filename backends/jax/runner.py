@@ -28,7 +28,7 @@ import resource
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,9 @@ class JaxTrial(TrialBackend):
         function with the same computation), a hit on this process's own work."""
         state = cache_state(_LOOKUPS["hit"] - before["hit"], _LOOKUPS["miss"] - before["miss"])
         return "cold" if state is not None and _LOOKUPS["found"] == 0 else state
+
+    def compilations(self) -> Callable[[], int]:
+        return lambda: _COMPILATIONS[0]
 
     def resolve_device(self, spec: str) -> jax.Device:
         return resolve_device(spec)
@@ -393,6 +396,19 @@ _LOOKUP_EVENTS = {"/jax/compilation_cache/cache_hits": "hit", "/jax/compilation_
 def _count_lookups(event: str, **_: Any) -> None:
     if event in _LOOKUP_EVENTS:
         _LOOKUPS[_LOOKUP_EVENTS[event]] += 1
+
+
+_COMPILATIONS = [0]
+"""Computations JAX has traced and compiled in this process (`JaxTrial.compilations`)."""
+
+
+def _count_compilation(event: str, duration_secs: float, **_: str | int) -> None:
+    if event.startswith("/jax/core/compile/"):
+        _COMPILATIONS[0] += 1
+
+
+# registered as the fork server imports this module: every trial process counts from its start
+jax.monitoring.register_event_duration_secs_listener(_count_compilation)
 
 
 def _use_compile_cache(folder: str) -> None:

@@ -14,7 +14,8 @@ The ranks fail together. A rank that raises sends its classified end (`oom`, `na
 `unsupported`, `error`) to the trial process and exits; one that dies sends nothing. Either way
 the trial process kills every rank at once (the others may be blocked in a collective that will
 never complete) and the trial ends with that rank's outcome, its reason naming the rank
-(`RankFailed`). A rank that hangs keeps the others waiting in a collective: the launcher's
+(`RankFailed`). A pruned trial ends when rank 0 stops, wherever the others are: they are killed
+with it. A rank that hangs keeps the others waiting in a collective: the launcher's
 timeout kills the trial's process group, every rank and loader worker in it. Each rank dies
 with the trial process (PR_SET_PDEATHSIG), and the trial process with the fork server, so kill -9
 of the search leaves no rank behind.
@@ -115,14 +116,16 @@ def run_ranks(backend: TrialBackend, entry: str, request: Any, turns: Any = None
 
 
 def _watch(processes: list[Any], receivers: list[multiprocessing.connection.Connection]) -> Any:
-    """Wait for the ranks: rank 0's output once every rank sent an ok end; `RankFailed` as soon as
-    one raised or exited otherwise (after `GRACE_S` for the ends that failure caused)."""
+    """Wait for the ranks: rank 0's output once every rank sent an ok end, or at once when rank 0's
+    trial was pruned (the others may be inside a step it left: they are killed with the trial);
+    `RankFailed` as soon as one raised or exited otherwise (after `GRACE_S` for the ends that
+    failure caused)."""
     ends: dict[int, dict[str, Any]] = {}
     exited: dict[int, int | None] = {}
     pipes = dict(enumerate(receivers))
     failed_at: float | None = None
     while True:
-        if sum(end.get("status") == "ok" for end in ends.values()) == len(processes):
+        if sum(end.get("status") == "ok" for end in ends.values()) == len(processes) or ends.get(0, {}).get("pruned"):
             return ends[0]["result"]
         failing = any(end.get("status") != "ok" for end in ends.values()) or any(exited.values())
         if failing and failed_at is None:
@@ -213,6 +216,8 @@ def _rank_main(
         else:
             result = run_trial(backend, own, turns if rank == 0 else None, group)
         end: dict[str, Any] = {"status": "ok", "result": result if rank == 0 else None}
+        throughput = getattr(result, "throughput", None) if rank == 0 else None
+        end["pruned"] = throughput is not None and throughput.stopped is not None
     except BaseException as exc:  # everything a rank raises is the trial's outcome
         end = exception_message(exc, lambda e: backend.classify_exception(e) == "oom")
         end["at"] = time.monotonic()  # one clock for the machine: which rank failed first

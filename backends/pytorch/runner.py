@@ -102,6 +102,19 @@ def _cache_lookups() -> dict[str, int]:
     }
 
 
+_COMPILATIONS = [0]
+"""Compilations dynamo has started in this process: a graph traced and compiled, a backward
+compiled lazily, a CUDA graph recorded (`PyTorchTrial.compilations`)."""
+
+
+def _count_compilation(args: Any) -> None:
+    _COMPILATIONS[0] += 1
+
+
+# registered as the fork server imports this module: every trial process counts from its start
+torch._dynamo.callback.callback_handler.register_start_callback(_count_compilation)
+
+
 class PyTorchTrial(TrialBackend):
     """PyTorch's steps of a trial (`autotuner.trials.core.TrialBackend`)."""
 
@@ -145,6 +158,9 @@ class PyTorchTrial(TrialBackend):
     def compile_cache(self, before: dict[str, int]) -> str | None:
         now = _cache_lookups()
         return cache_state(now["hit"] - before["hit"], now["miss"] - before["miss"])
+
+    def compilations(self) -> Callable[[], int]:
+        return lambda: _COMPILATIONS[0]
 
     def training(
         self, workload: TorchWorkload, config: Config, device: torch.device, parallel: str | None = None

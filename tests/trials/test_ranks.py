@@ -154,3 +154,23 @@ def test_a_rank_that_hangs_ends_the_trial_at_its_timeout_with_every_rank(launche
     result = process.end()
     assert result.outcome is Outcome.TIMEOUT, result.reason
     assert ranks and _all_end(ranks)
+
+
+def test_a_pruned_trial_of_two_ranks_ends_at_once_with_every_rank(launcher: TrialLauncher) -> None:
+    """Rank 0's rule stops it inside a window, where rank 1 is in the next step's all-reduce: the
+    trial ends pruned with rank 0's output (not at its timeout), and no rank is left."""
+    trial = replace(_on_two_ranks(request("ok", batch_size=4)), prune_best=1e12, prune_after=2, windows=50)
+    began = time.monotonic()
+    process = launcher.start(RUNNER, "run", trial, 120)
+    ranks: list[int] = []
+    while process.process.is_alive() and len(ranks) < 2 and time.monotonic() - began < 30:
+        ranks = _descendants(process.process.pid or 0)
+        time.sleep(0.05)
+    process.read_until_waiting(time.monotonic() + 120)
+    result = process.end()
+    assert result.outcome is Outcome.OK, result.reason
+    assert result.output is not None and result.output.throughput is not None
+    throughput = result.output.throughput
+    assert throughput.stopped is not None and throughput.windows < 50
+    assert throughput.bound is not None and throughput.floor is not None and throughput.bound < throughput.floor
+    assert ranks and _all_end(ranks)
