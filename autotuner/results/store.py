@@ -82,12 +82,15 @@ def _measured(output: TrialOutput, config: Config, environment: Environment) -> 
             throughput=rate,
             throughput_spread=throughput.spread,
             throughput_windows=throughput.window_samples_per_s,
+            window_steps=throughput.steps,
             warmup_s=throughput.warmup_s,
             warmup_steps=throughput.warmup_steps,
             measured_s=throughput.measured_s,
         )
         if output.setup_s is not None:
             metrics["setup_s"] = output.setup_s
+        if throughput.stopped is not None and throughput.bound is not None:  # pruned: what it missed
+            metrics.update(prune_bound=throughput.bound, prune_floor=throughput.floor, trained_s=throughput.trained_s)
         if output.tokens_per_sample:
             metrics["tokens_per_s"] = rate * output.tokens_per_sample
         if output.flops_per_sample:  # model FLOPs: the same for every config of the model
@@ -184,10 +187,12 @@ def record(
 def record_pruned(
     study: optuna.Study, trial: optuna.Trial, config: Config, reason: str, metrics: Metrics, *, role: str
 ) -> TrialRecord:
-    """Store a trial stopped after its first windows: its windows' rates as Optuna intermediate
-    values (one per window; `Trial.report` refuses a study of two objectives, the storage does
-    not), its metrics, and the state PRUNED, with no objective values and no constraints: no
-    drift was measured. The samplers rank it with their worse group, by its last window."""
+    """Store a trial its rule stopped (`autotuner.measurement.pruning`): the rates of the stretches
+    judged behind as Optuna intermediate values (one per stretch; `Trial.report` refuses a study of
+    two objectives, the storage does not), its metrics (`prune_bound`, the fastest of them, and
+    `prune_floor`, the throughput it missed, among them), and the state PRUNED, with no objective
+    values and no constraints: no drift was measured. The search reads its bound as a loss
+    (`autotuner.results.tried.pruned_bound`)."""
     attrs = {CONFIG: config, ROLE: role, OUTCOME: Outcome.PRUNED.value, REASON: reason, FEASIBLE: False}
     for key, value in {**attrs, **metrics}.items():
         trial.set_user_attr(key, value)

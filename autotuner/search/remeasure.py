@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 
@@ -30,7 +33,7 @@ from autotuner.measurement.telemetry import available_memory_mb
 from autotuner.output.console import SearchReporter
 from autotuner.output.formatting import times
 from autotuner.results.evidence import Remeasurement
-from autotuner.results.records import TrialRecord, baseline, records, to_remeasure
+from autotuner.results.records import TrialRecord, baseline, records, spent_seconds, to_remeasure
 from autotuner.results.run_time import RunPlan
 from autotuner.spec.job import Job
 from autotuner.trials.launcher import TrialLauncher, TrialResult
@@ -42,6 +45,53 @@ from autotuner.workers.coordination import OncePerStudy
 
 MEMORY_SHARE = 0.8
 """The share of the memory available that a re-measurement group's processes may take."""
+FIT_ROUNDS = 3
+"""The rounds the windows a process are sized for, within `budget.remeasure_share` (`windows_that_fit`):
+two give an interval whose t quantile is 6.31, three one of 2.92."""
+FEWEST_WINDOWS = 3
+"""The fewest windows a re-measurement process measures (a median of three), whatever the time."""
+
+
+def process_seconds(t: TrialRecord, windows: int) -> float:
+    """About how long a re-measurement process of `t`'s config takes with `windows` windows, judged
+    from its trial: its start, build and warm-up, the windows, each opened by an untimed step (a
+    tenth of a window, about), and a window more for the turns' settling and its end."""
+    metrics = t.metrics
+    count = len(metrics.get("throughput_windows") or []) or 1
+    window_s = float(metrics.get("measured_s") or 0.0) / count
+    fixed = sum(float(metrics.get(k) or 0.0) for k in ("startup_s", "setup_s", "warmup_s"))
+    return fixed + (1 + 1.1 * windows) * window_s
+
+
+def windows_that_fit(processes: list[TrialRecord], seconds: float | None, most: int) -> int:
+    """The windows each re-measurement process measures: `most` (`budget.remeasure_windows`), or
+    as many as let `FIT_ROUNDS` rounds of `processes` (each config's and the baseline's) fit in
+    `seconds` (None: no bound), `FEWEST_WINDOWS` at least."""
+    if seconds is None:
+        return most
+    fitting = [w for w in range(most, 0, -1) if FIT_ROUNDS * sum(process_seconds(t, w) for t in processes) <= seconds]
+    return max(min(most, FEWEST_WINDOWS), fitting[0] if fitting else 0)
+
+
+def calibrated(t: TrialRecord) -> dict[str, Any]:
+    """A re-measurement process's window as its config's trial calibrated it (its steps a window,
+    no calibration again: half a second a process), where the trial kept it; else nothing (the
+    process calibrates)."""
+    steps = t.metrics.get("window_steps")
+    return {"steps": int(steps), "min_window_s": 0.0} if steps else {}
+
+
+@dataclass
+class TimeBudget:
+    """What re-measurement may spend (`budget.remeasure_share` of the trials' wall time) and has
+    spent, across its batches."""
+
+    seconds: float
+    spent: float = 0.0
+
+    @property
+    def left(self) -> float:
+        return max(0.0, self.seconds - self.spent)
 
 
 @dataclass(frozen=True)
@@ -156,6 +206,10 @@ class Remeasurer:
     reporter: SearchReporter
     plan: RunPlan | None = None
     """The real run, when the spec says it: the configs that can win it are re-measured."""
+    allowance: TimeBudget | None = None
+    """What the re-measurement may still spend (`budget.remeasure_share`); None: no bound."""
+    clock: Callable[[], float] = time.monotonic
+    """What a round's seconds are read on."""
 
     def run(self) -> None:
         """Measure the fastest feasible configs and the baseline again, in rounds of one more trial
@@ -171,6 +225,8 @@ class Remeasurer:
         settings = self.job.spec.budget
         if not settings.remeasure_top:
             return
+        share = settings.remeasure_share
+        self.allowance = TimeBudget(share * spent_seconds(records(self.study))) if share > 0 else None
         attempted: set[int] = set()
         while True:
             trials = records(self.study)
@@ -178,7 +234,12 @@ class Remeasurer:
             fresh = [t for t in candidates if t.remeasured is None and t.number not in attempted]
             if not fresh:
                 return
-            attempted.update(t.number for t in fresh)
+            first = not attempted
+            if not first and self.allowance is not None and not self._time_for(fresh, baseline(trials)):
+                return
+            attempted.update(t.number for t in fresh)  # those left out for time too: not again
+            if first and self.allowance is not None:
+                fresh = self._fitting(fresh, baseline(trials))
             allowed = self.once.remeasure_slots([t.number for t in fresh], 2 * settings.remeasure_top + 1)
             todo = {t.number: t for t in fresh if t.number in allowed}
             if not todo:
@@ -189,6 +250,44 @@ class Remeasurer:
             # each config's runs and the baseline's: a group of processes; its lease, generously
             lease_s = 2 * settings.remeasure_runs * self.job.trial_timeout(*todo_configs) + PROBE_TIMEOUT_S
             self.once.remeasure(list(todo), functools.partial(self._measure, todo, measured_baseline), lease_s)
+
+    def _fitting(self, candidates: list[TrialRecord], base: TrialRecord | None) -> list[TrialRecord]:
+        """Of the first `candidates` (fastest first, the baseline among them), those whose
+        `FIT_ROUNDS` rounds of `FEWEST_WINDOWS` windows fit in the time: the fastest config at
+        least. More configs in fewer rounds would leave each one's interval wide (t is 6.31 at two
+        rounds, 2.92 at three); what is left out is said in one line."""
+        assert self.allowance is not None
+        configs = [t for t in candidates if base is None or t.number != base.number]
+        fixed = [t for t in candidates if base is not None and t.number == base.number]
+        kept = configs[:1]
+        for t in configs[1:]:
+            processes = [*kept, t, *fixed]
+            if FIT_ROUNDS * sum(process_seconds(p, FEWEST_WINDOWS) for p in processes) > self.allowance.left:
+                break
+            kept.append(t)
+        if len(kept) < len(configs):
+            left = configs[len(kept) :]
+            self.reporter.note(
+                f"re-measuring {', '.join(f'#{t.number}' for t in kept)}, not {', '.join(f'#{t.number}' for t in left)}"
+                f" (within the noise of the best in {'their trials' if len(left) > 1 else 'its trial'}): three rounds "
+                f"of more would not fit in the time budget.remeasure_share leaves ({self.allowance.left:.0f} s)"
+            )
+        return [*kept, *fixed]
+
+    def _time_for(self, newcomers: list[TrialRecord], base: TrialRecord | None) -> bool:
+        """Whether the time left holds two rounds of `newcomers` (configs that came within the
+        noise of the leader once it was re-measured) beside the baseline; if not, say which were
+        left at their trials' figures."""
+        assert self.allowance is not None
+        processes = [*newcomers, *([base] if base is not None and base not in newcomers else [])]
+        if 2 * sum(process_seconds(t, FEWEST_WINDOWS) for t in processes) <= self.allowance.left:
+            return True
+        self.reporter.note(
+            f"not re-measured: {', '.join(f'#{t.number}' for t in newcomers)}, within the noise of the best in "
+            f"{'their trials' if len(newcomers) > 1 else 'its trial'}: the re-measurement spent its time "
+            f"({self.allowance.spent:.0f} s, budget.remeasure_share of the trials')"
+        )
+        return False
 
     def _measure(
         self, candidates: dict[int, TrialRecord], baseline: TrialRecord | None, numbers: list[int]
@@ -221,18 +320,33 @@ class Remeasurer:
         cap = f"{most_rounds} round{'s' if most_rounds > 1 else ''} (budget.remeasure_runs" + (
             ", what the configs re-measured before left of it)" if most_rounds < budget.remeasure_runs else ")"
         )
+        windows = windows_that_fit(everyone, self.allowance.left if self.allowance else None, budget.remeasure_windows)
         alive, still = configs, [t.number for t in everyone]
         standings: dict[int, Standing] = {}
+        last: tuple[float, int] | None = None  # the last round's seconds and processes
+        stopped = None
         for round_number in range(1, most_rounds + 1):
             parts = remeasure_groups(alive, baseline, most)
+            processes = sum(len(part) for part in parts)
+            if self.allowance is not None and last is not None and round_number > 2:
+                expected = last[0] * processes / last[1]  # the last round's pace, for this round's processes
+                if expected > self.allowance.left:
+                    stopped = f"{round_number - 1} rounds, in the time budget.remeasure_share leaves"
+                    break
             what = ", ".join(f"#{t.number}" for t in alive) + (" beside the baseline" if alive and baseline else "")
             how = f" in {len(parts)} groups" if len(parts) > 1 else ""
+            left = f", {self.allowance.left:.0f} s left" if self.allowance is not None else ""
+            began = self.clock()
             with self.reporter.running(
                 f"re-measuring {what or 'the baseline'}{how}: round {round_number} of at most "
-                f"{most_rounds}, {budget.remeasure_windows} windows a process"
+                f"{most_rounds}, {windows} windows a process{left}",
+                logged=True,
             ):
                 for part in parts:
-                    self._measure_group(part, baseline, found, beside, groups, lockstep)
+                    self._measure_group(part, baseline, found, beside, groups, lockstep, windows)
+            last = (self.clock() - began, processes)
+            if self.allowance is not None:
+                self.allowance.spent += last[0]
             alive = [t for t in alive if not found[t.number].error]
             standings = dict(earlier)
             standings.update({t.number: standing(found[t.number]) for t in alive})
@@ -242,10 +356,12 @@ class Remeasurer:
             alive = [t for t in alive if t.number in still]
             lead = standings[still[0]].interval if still else None
             narrow = lead is not None and lead.half_width <= budget.remeasure_width
-            if not alive or narrow:
+            if not alive or (narrow and round_number >= 2):  # every config re-measured here gets an interval
                 break
-        if alive:
-            self._note_undecided(still, standings, cap if not narrow else None, round_number)
+        else:
+            stopped = None if narrow else cap
+        if alive and (stopped is not None or len(still) > 1):
+            self._note_undecided(still, standings, stopped, round_number)
         baseline_failed = baseline is None or found[baseline.number].error
         for t in trials:
             found[t.number].group = sorted(groups[t.number])
@@ -256,21 +372,23 @@ class Remeasurer:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
         return {t.number: found[t.number] for t in trials}
 
-    def _note_undecided(self, still: list[int], standings: dict[int, Standing], cap: str | None, ran: int) -> None:
-        """Say what the rounds left undecided: configs still within the noise of the leader (`still`,
-        leader first), and at the cap (`cap`, how it reads; None before it), a leader's speedup
-        less certain than `budget.remeasure_width` asks."""
-        after = cap or f"{ran} round{'s' if ran > 1 else ''}"
+    def _note_undecided(self, still: list[int], standings: dict[int, Standing], stopped: str | None, ran: int) -> None:
+        """Say in one line what the rounds left undecided: the configs still within the noise of
+        the leader (`still`, leader first), and when the rounds stopped short (`stopped`, why, as
+        it reads), the leader's speedup as certain as it got."""
+        after = stopped or f"{ran} round{'s' if ran > 1 else ''}"
+        parts = []
         if len(still) > 1:
-            self.reporter.note(f"after {after} {', '.join(f'#{n}' for n in still)} are within the noise of each other")
-        lead = standings[still[0]].interval
-        width = self.job.spec.budget.remeasure_width
-        if cap is not None:
+            parts.append(f"{', '.join(f'#{n}' for n in still)} are within the noise of each other")
+        if stopped is not None:
+            lead = standings[still[0]].interval
+            width = self.job.spec.budget.remeasure_width
             shown = f"{times(lead.estimate)}, {lead.text()}" if lead else "without an interval"
-            self.reporter.note(
-                f"after {after} #{still[0]}'s {'speedup' if lead else 'figure'} is {shown}: "
+            parts.append(
+                f"#{still[0]}'s {'speedup' if lead else 'figure'} is {shown}: "
                 f"less certain than budget.remeasure_width (+-{width:.0%}) asks"
             )
+        self.reporter.note(f"undecided after {after}: {'; '.join(parts)}")
 
     def _measure_group(
         self,
@@ -280,17 +398,19 @@ class Remeasurer:
         beside: dict[int, list[float]],
         groups: dict[int, set[int]],
         lockstep: bool,
+        windows: int,
     ) -> None:
-        """One process of each of `part`'s configs, measured together; their runs added to `found`,
-        the baseline's windows to `beside` of each config measured with it."""
+        """One process of each of `part`'s configs, `windows` windows each, measured together; their
+        runs added to `found`, the baseline's windows to `beside` of each config measured with it."""
         job, device = self.job, self.device
         requests = [
             dataclasses.replace(
                 job.trial_request(
                     t.config, device, progress=self.reporter.progress, log=job.log_path(f"trial-{t.number}")
                 ),
-                windows=job.spec.budget.remeasure_windows,
+                windows=windows,
                 drift=False,  # its trial measured it: the same config, seed and data
+                **calibrated(t),
             )
             for t in part
         ]

@@ -76,12 +76,19 @@ class Budget(_Strict):
     as narrow as `remeasure_width`. A config's throughput is the median over every window of its
     processes. The rounds are the whole re-measurement's: configs that come in later (a
     re-measurement reordered the top) get the rounds the first ones left, two at least."""
+    remeasure_share: float = Field(0.5, ge=0, le=100)
+    """The most re-measurement may cost, as a share of the wall time the study's trials took (every
+    trial that ran a process, summed): its windows a process are as many as let three rounds fit in
+    it (`remeasure_windows` at most, three at least), and after the second round it stops before a
+    round that would take it past that time, saying what it left undecided. 0: no bound but
+    `remeasure_runs`."""
     remeasure_width: float = Field(0.05, gt=0, le=1)
     """The re-measurement stops once the leader's speedup interval is this narrow: its half-width
     relative to the speedup (0.05: the speedup within about 5% at 90%). On the 2-core VM the
     quickstart's pair needs three rounds for it (`benchmarks/interval_coverage.py`)."""
     remeasure_windows: int = Field(10, gt=0, le=1000)
-    """Measured windows of each re-measurement process (a trial has `trial.windows`). Measured in
+    """The most measured windows of each re-measurement process (a trial has `trial.windows`):
+    fewer when `remeasure_share` leaves time for fewer. Measured in
     lockstep, what is left between two processes is the window-to-window noise, which more windows
     average out (`benchmarks/fidelity.py` compares 5, 15 and 30 windows of the same processes);
     a round that does not settle the leader adds processes, and so windows."""

@@ -172,13 +172,20 @@ class _Paced:
     micro-batch, in order: each process's windows all at its rate. What a real process would
     measure on a busy machine is a script here, so each case is decided the same on any machine."""
 
-    def __init__(self, rates: dict[int, list[float]]):
+    def __init__(self, rates: dict[int, list[float]], process_s: float = 0.0):
         self.rates = {batch: iter(values) for batch, values in rates.items()}
         self.ran: list[int] = []
+        self.windows: list[int] = []
+        self.now, self.process_s = 0.0, process_s
+
+    def clock(self) -> float:
+        return self.now
 
     def call(self, runner: str, function: str, request: TrialRequest, timeout_s: float) -> TrialResult[TrialOutput]:
         batch = request.config["batch_size"]
         self.ran.append(batch)
+        self.windows.append(request.windows)
+        self.now += self.process_s
         rate = next(self.rates[batch])
         throughput = dataclasses.replace(
             measured(rate, 2.0, [2.0]).throughput, window_samples_per_s=[rate] * request.windows
@@ -191,16 +198,19 @@ def _url(job: Job) -> str:
     return f"sqlite:///{Path(job.source).parent}/study.db"
 
 
-def _searched(tmp_path: Path, trials: dict[int, float], **budget: int) -> tuple[Job, optuna.Study]:
+def _searched(
+    tmp_path: Path, trials: dict[int, float], trial_s: float = 0.0, **budget: float
+) -> tuple[Job, optuna.Study]:
     """A study whose baseline (micro-batch 8) and configs (fp32 at other micro-batches) ran their
-    trials at these rates, micro-batch -> samples/s, the baseline first."""
+    trials at these rates, micro-batch -> samples/s, the baseline first, each in `trial_s`."""
     job = load_spec(
         write_spec(
             tmp_path,
             global_batch=64,
             baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
             space={"precision": ["fp32"], "batch_size": sorted(trials), "workers": [0], "compile": ["none"]},
-            budget={"trials": len(trials), "remeasure_windows": 3, **budget},
+            # the rounds' time is the script's: no time bound unless a test sets one
+            budget={"trials": len(trials), "remeasure_windows": 3, "remeasure_share": 0, **budget},
         )
     )
     study = open_study(open_storage(_url(job)), job, CPU)
@@ -209,7 +219,7 @@ def _searched(tmp_path: Path, trials: dict[int, float], **budget: int) -> tuple[
     for number, (batch, rate) in enumerate(trials.items()):
         study.enqueue_trial({**job.baseline, "batch_size": batch})
         trial = study.ask(space)
-        result = TrialResult(Outcome.OK, output=measured(rate, 2.0, [2.0]))
+        result = TrialResult(Outcome.OK, output=measured(rate, 2.0, [2.0]), wall_s=trial_s)
         config = job.complete(trial.params)
         role = BASELINE if number == 0 else SEARCH
         record(study, trial, job, config, result, role=role, reference=reference(2.0, [2.0]), environment=CPU)
@@ -217,12 +227,15 @@ def _searched(tmp_path: Path, trials: dict[int, float], **budget: int) -> tuple[
 
 
 def _remeasure(job: Job, study: optuna.Study, launcher: _Paced) -> str:
-    """Re-measure `_searched`'s study, its processes one after another as on a GPU; what it printed."""
+    """Re-measure `_searched`'s study, its processes one after another as on a GPU; what it printed
+    (as in a log: no status line). Each process takes the launcher's `process_s` on its clock."""
     printed = io.StringIO()
     claims = Claims(open_storage(_url(job)), study_id(study))
     once = OncePerStudy(study, claims, SearchProcess.this())
-    reporter = SearchReporter(Console(file=printed, width=400))
-    Remeasurer(job, study, once, cast(TrialLauncher, launcher), "cuda:0", reporter).run()
+    reporter = SearchReporter(Console(file=printed, width=400, force_terminal=False))
+    remeasurer = Remeasurer(job, study, once, cast(TrialLauncher, launcher), "cuda:0", reporter)
+    remeasurer.clock = launcher.clock
+    remeasurer.run()
     return printed.getvalue()
 
 
@@ -241,7 +254,7 @@ def test_rounds_go_on_while_the_leaders_interval_is_wide(tmp_path: Path) -> None
     interval = ratio_interval([5.0, 4.0, 5.0])
     assert interval is not None and interval.half_width > 0.05
     cap = (
-        rf"after 3 rounds \(budget\.remeasure_runs\) #{leader}'s speedup is 4\.64x, 90% interval "
+        rf"undecided after 3 rounds \(budget\.remeasure_runs\): #{leader}'s speedup is 4\.64x, 90% interval "
         rf"{interval.low:.2f}-{interval.high:.2f}x: less certain than budget\.remeasure_width \(\+-5%\) asks"
     )
     assert re.search(cap, " ".join(printed.split())), printed
@@ -276,3 +289,36 @@ def test_a_newcomer_after_rounds_that_ran_to_the_cap_is_judged_in_two_rounds(tmp
     assert len(stored[newcomer].throughputs) == 2, stored  # not 3 more rounds
     assert stored[newcomer].speedups == [2.5, 25.0]
     assert launcher.ran.count(32) == 2 and launcher.ran.count(8) == 5
+
+
+def test_re_measurement_stops_within_its_share_of_the_trials_time_and_says_so(tmp_path: Path) -> None:
+    # Three trials of 10 s: half of it is 15 s. Each re-measurement process takes 3 s on the script's
+    # clock, a round of the leader and the baseline 6 s: two rounds (12 s) fit, a third would not.
+    job, study = _searched(
+        tmp_path, {8: 1000.0, 32: 2000.0, 64: 4000.0}, trial_s=10.0, remeasure_top=1, remeasure_share=0.5
+    )
+    launcher = _Paced({8: [800.0, 1000.0, 800.0, 1000.0], 64: [4000.0] * 4}, process_s=3.0)
+    printed = " ".join(_remeasure(job, study, launcher).split())
+    stored = remeasurements(study)
+    leader = next(t.number for t in records(study) if t.config["batch_size"] == 64)
+    assert len(stored[leader].throughputs) == 2 and launcher.now == 12.0  # not the third round
+    assert re.search(
+        rf"undecided after 2 rounds, in the time budget\.remeasure_share leaves: #{leader}'s speedup is 4\.47x",
+        printed,
+    ), printed
+    assert printed.count("re-measuring #") == 2  # a line a round, in a log
+    assert "round 1 of at most 5, 3 windows a process, 15 s left" in printed
+    assert "round 2 of at most 5, 3 windows a process, 9 s left" in printed
+
+
+def test_the_windows_a_process_are_as_many_as_let_three_rounds_fit() -> None:
+    from autotuner.search.remeasure import FEWEST_WINDOWS, process_seconds, windows_that_fit
+
+    slow = dataclasses.replace(_trial(1), metrics={"measured_s": 1.0, "throughput_windows": [1.0] * 2})  # 0.5 s
+    base = dataclasses.replace(_trial(0), metrics={"measured_s": 3.0, "throughput_windows": [1.0] * 3})  # 1 s
+    assert process_seconds(slow, 4) == pytest.approx((1 + 4.4) * 0.5)
+    assert windows_that_fit([slow, base], None, 10) == 10
+    assert windows_that_fit([slow, base], 1e6, 10) == 10
+    fits = windows_that_fit([slow, base], 3 * (process_seconds(slow, 6) + process_seconds(base, 6)), 10)
+    assert fits == 6
+    assert windows_that_fit([slow, base], 1.0, 10) == FEWEST_WINDOWS  # no time: the fewest, not none
