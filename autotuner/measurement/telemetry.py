@@ -52,11 +52,15 @@ def _groups_stats(groups: Collection[int]) -> list[tuple[str, list[str]]]:
 
 
 def _cpu_seconds(stats: list[tuple[str, list[str]]]) -> float:
-    return sum(int(fields[11]) + int(fields[12]) for _, fields in stats) / _TICKS  # utime, stime
+    # utime, stime, and cutime, cstime: what the children each one has reaped used, so that a
+    # process of the group that ended meanwhile (a compile worker the pool quiesced, a loader
+    # worker that was not persistent) still counts as the group's, not as other work
+    return sum(sum(int(fields[i]) for i in (11, 12, 13, 14)) for _, fields in stats) / _TICKS
 
 
 def groups_cpu_seconds(groups: Collection[int]) -> float:
-    """CPU time the live processes of process groups `groups` have used (Linux; 0 elsewhere)."""
+    """CPU time the processes of process groups `groups` have used (Linux; 0 elsewhere): the live
+    ones', and that of the children they reaped."""
     return _cpu_seconds(_groups_stats(groups))
 
 
@@ -159,6 +163,11 @@ class CpuSampler:
         if machine is None or machine_before is None:
             return None
         return max(0.0, machine - machine_before - (group - group_before))
+
+    @property
+    def group_cpu_s(self) -> float:
+        """The CPU time the process group used over the spans so far (its reaped children's too)."""
+        return self._busy
 
     def others_share(self) -> float:
         """The share of the cores that everything outside the group took so far, read while the

@@ -18,13 +18,14 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, DERIVED, Config, Knob, Params
 from autotuner.errors import SpecError, shown
+from autotuner.measurement.telemetry import usable_cpus
 from autotuner.spec.keys import JobSpec, SamplerSettings, parse_yaml, read_text, validate_spec
 from autotuner.trials.factory import is_import_path
 from autotuner.trials.launcher import TrialLauncher
@@ -199,23 +200,40 @@ class Job:
         self, launcher: TrialLauncher, device: str, source: str | None = None, log: str | None = None
     ) -> Environment:
         """`probe_request(device, log)` run by `launcher` (`autotuner.backends.Backend.probe`); a
-        device that does not exist, or too few GPUs for the trial's ranks, is an error of `source`
-        (the spec unless told)."""
-        environment = self.backend.probe(launcher, self.probe_request(device, log), source or self.source)
-        first = int(device.partition(":")[2] or 0)
-        needed = first + self.spec.processes
-        if (
-            self.spec.processes > 1
-            and environment.capabilities.get("accelerator")
-            and environment.device_count < needed
-        ):
+        device that does not exist, or a machine that cannot hold the trial's ranks
+        (`check_ranks`), is an error of `source` (the spec unless told)."""
+        source = source or self.source
+        if device == "cpu":  # told without a probe's seconds
+            self.check_ranks(None, device, source, usable_cpus())
+        environment = self.backend.probe(launcher, self.probe_request(device, log), source)
+        self.check_ranks(environment, device, source, usable_cpus())
+        return environment
+
+    def check_ranks(self, environment: Environment | None, device: str, source: str, cpus: Collection[int]) -> None:
+        """A SpecError naming `processes` when this machine cannot hold the trial's ranks: on GPUs,
+        one each from `device` on among those visible; on the CPU (`environment` None: the spec's
+        `device: cpu`, before any probe), a core each among the `cpus` the search may run on (more
+        would share cores, each rank's step waiting on the others' threads, and a study of them
+        would measure nothing the job could use)."""
+        processes = self.spec.processes
+        if processes == 1:
+            return
+        if environment is not None and environment.accelerator:
+            needed = int(device.partition(":")[2] or 0) + processes
+            if environment.device_count < needed:
+                raise SpecError(
+                    f"{processes} ranks from {device} need GPUs up to cuda:{needed - 1}; "
+                    f"{environment.device_count} are visible",
+                    source=source,
+                    key="processes",
+                )
+        elif processes > len(cpus):
             raise SpecError(
-                f"{self.spec.processes} ranks from {device} need GPUs up to cuda:{needed - 1}; "
-                f"{environment.device_count} are visible",
-                source=source or self.source,
+                f"{processes} ranks on the CPU need a core each; this machine gives the search {len(cpus)} "
+                f"(processes: {len(cpus)} at most)",
+                source=source,
                 key="processes",
             )
-        return environment
 
     def trial_request(
         self,

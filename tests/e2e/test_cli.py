@@ -288,6 +288,28 @@ def test_unusable_workload_or_device_exits_2_before_anything_is_stored(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_more_ranks_than_the_cpu_has_cores_exits_2_before_anything_is_stored(tmp_path: Path, device: str) -> None:
+    """512 ranks on a machine of a few cores: refused in one line, never started (where the
+    search would have started 512 processes and hung). With `device: cpu` before any probe."""
+    if device == "auto" and os.path.exists("/dev/nvidia0"):
+        pytest.skip("this machine has a GPU")
+    spec = write_spec(
+        tmp_path,
+        device=device,
+        processes=512,
+        parallel="ddp",
+        global_batch=512,
+        space={"precision": ["fp32"], "batch_size": [1], "workers": [0], "compile": ["none"]},
+        baseline={"precision": "fp32", "batch_size": 1, "workers": 0, "compile": "none"},
+    )
+    done = run_cli("search", "--spec", str(spec), cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "processes" in done.stderr and "512 ranks on the CPU need a core each" in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize(
     "storage, words",
     [

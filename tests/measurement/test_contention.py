@@ -36,6 +36,15 @@ def test_the_cpu_sampler_counts_the_work_outside_its_process_group() -> None:
     assert wait_until_quiet(0.0, interval_s=0.05) is not None
 
 
+def test_a_process_of_the_group_that_ended_meanwhile_is_the_groups_work_not_other_work() -> None:
+    """A compile worker its pool quiesced, a loader worker that was not persistent: the CPU a child
+    of the group used before it ended and was reaped counts as the group's (its parent's cutime)."""
+    burn = "import time\nwhile time.process_time() < 0.5: pass"
+    with CpuSampler() as sampler:
+        subprocess.run([sys.executable, "-c", burn], check=True)  # in this process group, reaped here
+    assert sampler.group_cpu_s >= 0.45
+
+
 def test_the_share_other_work_took_so_far_is_told_once_the_span_is_long_enough() -> None:
     """As a trial's windows go on (the pruning rule reads it after each): over a tenth of a second
     a tick or two of anything would read as 10% of a core, so nothing is told, not even processes of

@@ -492,3 +492,50 @@ def test_keys_added_later_at_their_defaults_keep_a_studys_identity(tmp_path: Pat
     assert spec(tmp_path, objective={"max_drift": 0.01, "max_latency_ms": None}).identity() == before
     assert spec(tmp_path, objective={"max_drift": 0.01, "optimize": "throughput"}).identity() == before
     assert spec(tmp_path, task="inference", baseline={"batch_size": 8}).identity() != before
+
+
+# ---------------------------------------------------------------- ranks the machine can hold
+
+
+def _environment(accelerator: bool, gpus: int = 0) -> Any:
+    from autotuner.trials.probe import Environment
+
+    return Environment(
+        "pytorch",
+        "cuda:0" if accelerator else "cpu",
+        "test",
+        "test",
+        {},
+        {"accelerator": accelerator},
+        device_count=gpus,
+    )
+
+
+@pytest.mark.parametrize(
+    ("device", "environment", "processes", "cpus", "fragment"),
+    [
+        (
+            "cpu",
+            None,
+            512,
+            2,
+            "512 ranks on the CPU need a core each; this machine gives the search 2 (processes: 2 at most)",
+        ),
+        ("auto", False, 3, 2, "3 ranks on the CPU need a core each"),
+        ("cuda:1", True, 4, 64, "4 ranks from cuda:1 need GPUs up to cuda:4; 2 are visible"),
+    ],
+)
+def test_more_ranks_than_the_machine_holds_is_one_line_naming_processes(
+    tmp_path: Path, device: str, environment: bool | None, processes: int, cpus: int, fragment: str
+) -> None:
+    job = spec(tmp_path, processes=processes, global_batch=processes * 8)
+    probed = None if environment is None else _environment(environment, gpus=2)
+    with pytest.raises(SpecError) as error:
+        job.check_ranks(probed, device, job.source, set(range(cpus)))
+    assert error.value.key == "processes" and fragment in str(error.value)
+
+
+def test_as_many_ranks_as_cores_or_gpus_are_held(tmp_path: Path) -> None:
+    job = spec(tmp_path, processes=2, global_batch=16)
+    job.check_ranks(None, "cpu", job.source, {0, 1})
+    job.check_ranks(_environment(True, gpus=2), "cuda:0", job.source, {0})
