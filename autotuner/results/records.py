@@ -224,15 +224,24 @@ def ranked(trials: list[TrialRecord], plan: RunLength | None = None) -> list[Tri
     """The feasible trials, fastest first: with a `plan` that says how long the real run is, by
     its predicted wall time (`autotuner.results.run_time`); else by `speedup` over the baseline
     (re-measured configs by their re-measurement beside the baseline), by
-    `TrialRecord.throughput` without a baseline. A config whose re-measurement failed is left
-    out: it is not reliable."""
+    `TrialRecord.throughput` without a baseline. The configs re-measured come before those that
+    were not (one left out for time, within the noise of the best in its single trial, is not
+    declared the best over one measured again). A config whose re-measurement failed is left out:
+    it is not reliable."""
     feasible = [t for t in trials if t.feasible and not t.remeasure_error]
     steps = plan.optimizer_steps(trials) if plan is not None and plan.has_length else None
+
+    def not_remeasured(t: TrialRecord) -> bool:
+        return not t.rerun_windows
+
     if plan is not None and steps is not None:
-        return sorted(feasible, key=lambda t: (_or_inf(plan.run_s(t, steps)), t.number))
+        return sorted(feasible, key=lambda t: (not_remeasured(t), _or_inf(plan.run_s(t, steps)), t.number))
     base = baseline(trials)
     by_speedup = base is not None and base.throughput > 0  # else there are no speedups
-    return sorted(feasible, key=lambda t: (-(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number))
+    return sorted(
+        feasible,
+        key=lambda t: (not_remeasured(t), -(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number),
+    )
 
 
 def _or_inf(value: float | None) -> float:

@@ -21,7 +21,14 @@ def split(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A small study whose re-measurement may keep only 2 processes alive at once."""
     workdir = tmp_path_factory.mktemp("split")
     # remeasure_top 3 of 3 trials: both configs and the baseline whatever order a busy machine gives them
-    budget = {"trials": 3, "remeasure_top": 3, "remeasure_runs": 2, "remeasure_windows": 3, "remeasure_group": 2}
+    budget = {
+        "trials": 3,
+        "remeasure_top": 3,
+        "remeasure_runs": 2,
+        "remeasure_windows": 3,
+        "remeasure_group": 2,
+        "remeasure_share": 0,  # every config, whatever a trial's seconds leave
+    }
     done = run_cli("search", "--spec", str(write_spec(workdir, budget=budget)), cwd=workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     return workdir, done.stdout
