@@ -224,24 +224,29 @@ def ranked(trials: list[TrialRecord], plan: RunLength | None = None) -> list[Tri
     """The feasible trials, fastest first: with a `plan` that says how long the real run is, by
     its predicted wall time (`autotuner.results.run_time`); else by `speedup` over the baseline
     (re-measured configs by their re-measurement beside the baseline), by
-    `TrialRecord.throughput` without a baseline. The configs re-measured come before those that
-    were not (one left out for time, within the noise of the best in its single trial, is not
-    declared the best over one measured again). A config whose re-measurement failed is left out:
+    `TrialRecord.throughput` without a baseline. No config that was not measured again ranks above
+    the best one that was (`measured_first`). A config whose re-measurement failed is left out:
     it is not reliable."""
     feasible = [t for t in trials if t.feasible and not t.remeasure_error]
     steps = plan.optimizer_steps(trials) if plan is not None and plan.has_length else None
-
-    def not_remeasured(t: TrialRecord) -> bool:
-        return not t.rerun_windows
-
     if plan is not None and steps is not None:
-        return sorted(feasible, key=lambda t: (not_remeasured(t), _or_inf(plan.run_s(t, steps)), t.number))
+        return measured_first(sorted(feasible, key=lambda t: (_or_inf(plan.run_s(t, steps)), t.number)))
     base = baseline(trials)
     by_speedup = base is not None and base.throughput > 0  # else there are no speedups
-    return sorted(
-        feasible,
-        key=lambda t: (not_remeasured(t), -(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number),
+    return measured_first(
+        sorted(feasible, key=lambda t: (-(speedup(t, base) or 0.0) if by_speedup else -t.throughput, t.number))
     )
+
+
+def measured_first(order: list[TrialRecord]) -> list[TrialRecord]:
+    """`order` with the configs that were not measured again and came before the first one that
+    was (the baseline counts) moved to just after it: one left out of a re-measurement for time,
+    within the noise of the best in its single trial, is not declared the best over one measured
+    again. Unchanged where nothing was re-measured."""
+    lead = next((i for i, t in enumerate(order) if t.rerun_windows), None)
+    if lead is None:
+        return order
+    return [order[lead], *order[:lead], *order[lead + 1 :]]
 
 
 def _or_inf(value: float | None) -> float:

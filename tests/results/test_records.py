@@ -19,7 +19,7 @@ def test_a_config_re_measured_is_declared_best_over_one_left_at_its_single_trial
     base = _trial(0, 1000.0, role="baseline", rerun=[1000.0, 1000.0])
     measured = _trial(1, 3000.0, rerun=[3000.0, 3000.0])
     left_out = _trial(2, 3100.0)
-    assert [t.number for t in ranked([base, measured, left_out])] == [1, 0, 2]
+    assert [t.number for t in ranked([base, measured, left_out])] == [1, 2, 0]
     assert best([base, measured, left_out]) is measured
 
 
