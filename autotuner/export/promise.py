@@ -16,6 +16,7 @@ import math
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING
@@ -24,6 +25,7 @@ from autotuner.config.knobs import BATCH_SIZE, Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
 from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval, ratio_of
+from autotuner.measurement.rounds import ProcessCost, TimeBudget, windows_that_fit
 from autotuner.measurement.timing import Throughput
 from autotuner.output.formatting import percent, speedup_with_interval, times
 from autotuner.results.run_time import predicted_run_s
@@ -46,9 +48,10 @@ PROMISE = 0.05
 `autotuner apply` delivers is within this of the export's (relative), or it warns."""
 MIN_APPLY_STEPS = 50
 BASELINE_MOST_S = 180.0
-"""The baseline's windows in `autotuner apply` last at most this long: matching the optimizer steps
-of a config many times faster would take many times the config's run (the JAX quickstart's
-winner, jit, against its op-by-op baseline at 0.45 s a step: an apply of over 9 minutes)."""
+"""The baseline's windows in `autotuner apply` last at most this long, and at most as long as the
+config's are expected to (`baseline_most_s`): matching the optimizer steps of a config many times
+faster would take many times the config's run (the JAX quickstart's winner, jit, against its
+op-by-op baseline at 0.45 s a step: an apply of over 9 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class AppliedRun:
     wall_s: float
     baseline: Throughput | None = None
     """The export's baseline config, run here over as many optimizer steps (or as many as its
-    windows cover in `BASELINE_MOST_S`) and measured the same way, in windows of its own length,
+    windows cover in `baseline_most_s`) and measured the same way, in windows of its own length,
     so that the speedup delivered is a ratio taken on this machine now."""
     lockstep: bool = False
     """The baseline was measured in lockstep with the config (else after it)."""
@@ -188,9 +191,20 @@ class AppliedRun:
 
 
 def default_steps(job: Job) -> int:
-    """10x the optimizer steps a trial of the study measures (`trial.steps` x `trial.windows`),
-    at least 50. Like the trial's, each window is lengthened to last `trial.min_window_s`."""
-    return max(MIN_APPLY_STEPS, 10 * job.spec.trial.steps * job.spec.trial.windows)
+    """4x the optimizer steps a trial of the study measures (`trial.steps` x `trial.windows`), at
+    least 50: windows enough for a median and for `slowdown` (12 at least). Like the trial's, each
+    window is lengthened to last `trial.min_window_s`."""
+    return max(MIN_APPLY_STEPS, 4 * job.spec.trial.steps * job.spec.trial.windows)
+
+
+def baseline_most_s(tuned: TunedConfig, job: Job, steps: int, windows: int) -> float:
+    """How long the baseline's windows may last beside the config's: as long as the config's
+    `windows` of `steps` steps are expected to (at the export's throughput, each `trial.min_window_s`
+    at least), `BASELINE_MOST_S` at most, so the run takes about twice the config's."""
+    if tuned.throughput <= 0:
+        return BASELINE_MOST_S
+    window_s = max(job.spec.trial.min_window_s, steps * job.spec.global_batch / tuned.throughput)
+    return min(BASELINE_MOST_S, windows * window_s)
 
 
 def apply_config(
@@ -208,12 +222,13 @@ def apply_config(
     measured as a trial is: warm-up, then windows as long as the study's (each lengthened to
     `trial.min_window_s` by the same calibration), their median and spread: as many windows as
     cover `steps` optimizer steps, or by default as many as `default_steps` fill at `trial.steps`
-    a window (so at least 10x a trial's windows, enough for the median and for `slowdown`). With
-    `baseline`, the export's baseline config runs over as many optimizer steps (its windows for
-    `BASELINE_MOST_S` at most), so the speedup delivered can be set beside the export's: on a CPU
-    in lockstep with the config (turn by turn, `autotuner.trials.lockstep.measure_together`), elsewhere
-    after it; then the promise check's rounds (`promise_rounds`), each round's progress told to
-    `note`. A config tuned for another job or other hardware is refused unless `force`."""
+    a window (so at least 4x a trial's windows, enough for the median and for `slowdown`). With
+    `baseline`, the export's baseline config runs over as many optimizer steps (its windows for as
+    long as the config's at most, `baseline_most_s`), so the speedup delivered can be set beside
+    the export's: on a CPU in lockstep with the config (turn by turn,
+    `autotuner.trials.lockstep.measure_together`), elsewhere after it; then the promise check's
+    rounds (`promise_rounds`) within as long again, each round's progress told to `note`. A config
+    tuned for another job or other hardware is refused unless `force`."""
     from autotuner.trials.lockstep import in_lockstep, measure_together
     from autotuner.trials.outcomes import Outcome
 
@@ -230,7 +245,16 @@ def apply_config(
             if result.outcome is not Outcome.OK:
                 raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
         rounds, rounds_error = (
-            promise_rounds(job, launcher, [r.config for r in requests], environment.device, cold_cache, note)
+            promise_rounds(
+                job,
+                launcher,
+                [r.config for r in requests],
+                environment.device,
+                cold_cache,
+                note,
+                measured=[r.output.throughput for r in results if r.output and r.output.throughput],
+                seconds=max(r.wall_s for r in results),
+            )
             if len(requests) > 1
             else ([], None)
         )
@@ -268,37 +292,60 @@ def promise_rounds(
     device: str,
     compile_cache: str,
     note: Callable[[str], None],
+    *,
+    measured: list[Throughput] | None = None,
+    seconds: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[list[float], str | None]:
     """The speedup of `configs[0]` over `configs[1]` (the export's baseline), measured the way the
     study's re-measurement measures a round (`autotuner.search.remeasure`): a fresh trial process
-    of each, `budget.remeasure_windows` windows, together (in lockstep on a CPU), the round's
-    speedup the config's median window over the baseline's. Rounds until the interval is as narrow
-    as `budget.remeasure_width`, at most `budget.remeasure_runs` (two at least: one gives no
-    interval). Each round's speedup, and why a round failed (None: none did)."""
+    of each, together (in lockstep on a CPU), the round's speedup the config's median window over
+    the baseline's. Rounds until the interval is as narrow as `budget.remeasure_width`, at most
+    `budget.remeasure_runs` (two at least: one gives no interval), and, with `seconds`, from the
+    third on only while the next round fits in them (`autotuner.measurement.rounds`: as many
+    windows a process as let three rounds fit, `budget.remeasure_windows` at most). `measured`:
+    the configs' throughputs as the run before measured them, whose windows (their steps) and
+    costs the rounds take. Each round's speedup, and why a round failed (None: none did)."""
     from autotuner.trials.lockstep import measure_together
     from autotuner.trials.outcomes import Outcome
 
     budget = job.spec.budget
-    requests = [
-        dataclasses.replace(
+    allowance = TimeBudget(seconds) if seconds is not None else None
+    costs = [ProcessCost(t.warmup_s, t.measured_s / max(1, t.windows)) for t in measured or []]
+    windows = windows_that_fit(costs, seconds, budget.remeasure_windows) if costs else budget.remeasure_windows
+    requests = []
+    for index, config in enumerate(configs):
+        request = dataclasses.replace(
             job.trial_request(config, device, log=job.log_path("apply")),
-            windows=budget.remeasure_windows,
+            windows=windows,
             drift=False,
             compile_cache=compile_cache,
         )
-        for config in configs
-    ]
+        if measured and index < len(measured):  # the window the run calibrated: no calibration again
+            request = dataclasses.replace(request, steps=measured[index].steps, min_window_s=0.0)
+        requests.append(request)
     timeout = job.trial_timeout(*configs)
     most = max(2, budget.remeasure_runs)
     speedups: list[float] = []
+    last_s = None
     for number in range(1, most + 1):
-        note(f"checking the promise: round {number} of at most {most}, the config beside the baseline")
+        if allowance is not None and last_s is not None and number > 2 and not allowance.holds(last_s):
+            break
+        left = f", {allowance.left:.0f} s left" if allowance is not None else ""
+        note(
+            f"checking the promise: round {number} of at most {most}, the config beside the baseline, "
+            f"{windows} windows a process{left}"
+        )
+        began = clock()
         results = measure_together(launcher, job.backend.runner, requests, device, timeout)
+        last_s = clock() - began
+        if allowance is not None:
+            allowance.spent += last_s
         failed = next((r for r in results if r.outcome is not Outcome.OK), None)
         if failed is not None:
             return speedups, f"round {number}: {failed.outcome.value}: {failed.reason}"
-        config, base = (r.output.throughput.samples_per_s for r in results if r.output and r.output.throughput)
-        speedups.append(config / base)  # both ended ok, so both measured
+        ours, base = (r.output.throughput.samples_per_s for r in results if r.output and r.output.throughput)
+        speedups.append(ours / base)  # both ended ok, so both measured
         interval = ratio_interval(speedups)
         if interval is not None and interval.half_width <= budget.remeasure_width:
             break
@@ -372,9 +419,8 @@ def _requests(
         # Intel CPUs), so both runs cover the same stretch of training. In windows of its own
         # calibrated length, as the study measured it: a median over windows of another length
         # is another estimate (longer windows keep more of a busy machine's stalls in them).
-        requests.append(
-            dataclasses.replace(request, config=dict(job.complete(base_params)), match_most_s=BASELINE_MOST_S)
-        )
+        most_s = baseline_most_s(tuned, job, per_window, windows)
+        requests.append(dataclasses.replace(request, config=dict(job.complete(base_params)), match_most_s=most_s))
     timeout = job.trial_timeout(*(r.config for r in requests)) * max(
         1.0, per_window * windows / (settings.steps * settings.windows)
     )
@@ -416,7 +462,7 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         print(
             f"speedup: {times(run.speedup)} here (over the baseline {format_config(tuned.baseline['params'])}, "
             f"{run.baseline.samples_per_s:,.0f} samples/s, run here for {base_steps} optimizer steps"
-            + (f" (the first of {steps}: its windows capped at {BASELINE_MOST_S:g} s)" if base_steps < steps else "")
+            + (f" (the first of {steps}: its windows capped at the config's time)" if base_steps < steps else "")
             + f" in {run.baseline.windows} windows of {run.baseline.steps}, "
             f"{'in lockstep with' if run.lockstep else 'after'} it), "
             f"{times(tuned.speedup)} in the export: ratio {run.promise_ratio:.2f}",

@@ -29,6 +29,14 @@ from typing import Any
 import optuna
 
 from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval
+from autotuner.measurement.rounds import (
+    FEWEST_WINDOWS,
+    FIT_ROUNDS,
+    ProcessCost,
+    TimeBudget,
+    round_seconds,
+    windows_that_fit,
+)
 from autotuner.measurement.telemetry import available_memory_mb
 from autotuner.output.console import SearchReporter
 from autotuner.output.formatting import times
@@ -45,32 +53,14 @@ from autotuner.workers.coordination import OncePerStudy
 
 MEMORY_SHARE = 0.8
 """The share of the memory available that a re-measurement group's processes may take."""
-FIT_ROUNDS = 3
-"""The rounds the windows a process are sized for, within `budget.remeasure_share` (`windows_that_fit`):
-two give an interval whose t quantile is 6.31, three one of 2.92."""
-FEWEST_WINDOWS = 3
-"""The fewest windows a re-measurement process measures (a median of three), whatever the time."""
-
-
-def process_seconds(t: TrialRecord, windows: int) -> float:
-    """About how long a re-measurement process of `t`'s config takes with `windows` windows, judged
-    from its trial: its start, build and warm-up, the windows, each opened by an untimed step (a
-    tenth of a window, about), and a window more for the turns' settling and its end."""
+def process_cost(t: TrialRecord) -> ProcessCost:
+    """What a re-measurement process of `t`'s config costs, judged from its trial: its start, build
+    and warm-up, and its window's length."""
     metrics = t.metrics
     count = len(metrics.get("throughput_windows") or []) or 1
     window_s = float(metrics.get("measured_s") or 0.0) / count
-    fixed = sum(float(metrics.get(k) or 0.0) for k in ("startup_s", "setup_s", "warmup_s"))
-    return fixed + (1 + 1.1 * windows) * window_s
-
-
-def windows_that_fit(processes: list[TrialRecord], seconds: float | None, most: int) -> int:
-    """The windows each re-measurement process measures: `most` (`budget.remeasure_windows`), or
-    as many as let `FIT_ROUNDS` rounds of `processes` (each config's and the baseline's) fit in
-    `seconds` (None: no bound), `FEWEST_WINDOWS` at least."""
-    if seconds is None:
-        return most
-    fitting = [w for w in range(most, 0, -1) if FIT_ROUNDS * sum(process_seconds(t, w) for t in processes) <= seconds]
-    return max(min(most, FEWEST_WINDOWS), fitting[0] if fitting else 0)
+    fixed_s = sum(float(metrics.get(k) or 0.0) for k in ("startup_s", "setup_s", "warmup_s"))
+    return ProcessCost(fixed_s, window_s)
 
 
 def calibrated(t: TrialRecord) -> dict[str, Any]:
@@ -79,19 +69,6 @@ def calibrated(t: TrialRecord) -> dict[str, Any]:
     process calibrates)."""
     steps = t.metrics.get("window_steps")
     return {"steps": int(steps), "min_window_s": 0.0} if steps else {}
-
-
-@dataclass
-class TimeBudget:
-    """What re-measurement may spend (`budget.remeasure_share` of the trials' wall time) and has
-    spent, across its batches."""
-
-    seconds: float
-    spent: float = 0.0
-
-    @property
-    def left(self) -> float:
-        return max(0.0, self.seconds - self.spent)
 
 
 @dataclass(frozen=True)
@@ -261,8 +238,8 @@ class Remeasurer:
         fixed = [t for t in candidates if base is not None and t.number == base.number]
         kept = configs[:1]
         for t in configs[1:]:
-            processes = [*kept, t, *fixed]
-            if FIT_ROUNDS * sum(process_seconds(p, FEWEST_WINDOWS) for p in processes) > self.allowance.left:
+            processes = [process_cost(p) for p in (*kept, t, *fixed)]
+            if not self.allowance.holds(FIT_ROUNDS * round_seconds(processes, FEWEST_WINDOWS)):
                 break
             kept.append(t)
         if len(kept) < len(configs):
@@ -280,7 +257,7 @@ class Remeasurer:
         left at their trials' figures."""
         assert self.allowance is not None
         processes = [*newcomers, *([base] if base is not None and base not in newcomers else [])]
-        if 2 * sum(process_seconds(t, FEWEST_WINDOWS) for t in processes) <= self.allowance.left:
+        if self.allowance.holds(2 * round_seconds([process_cost(t) for t in processes], FEWEST_WINDOWS)):
             return True
         self.reporter.note(
             f"not re-measured: {', '.join(f'#{t.number}' for t in newcomers)}, within the noise of the best in "
@@ -320,7 +297,8 @@ class Remeasurer:
         cap = f"{most_rounds} round{'s' if most_rounds > 1 else ''} (budget.remeasure_runs" + (
             ", what the configs re-measured before left of it)" if most_rounds < budget.remeasure_runs else ")"
         )
-        windows = windows_that_fit(everyone, self.allowance.left if self.allowance else None, budget.remeasure_windows)
+        costs = [process_cost(t) for t in everyone]
+        windows = windows_that_fit(costs, self.allowance.left if self.allowance else None, budget.remeasure_windows)
         alive, still = configs, [t.number for t in everyone]
         standings: dict[int, Standing] = {}
         last: tuple[float, int] | None = None  # the last round's seconds and processes
@@ -330,7 +308,7 @@ class Remeasurer:
             processes = sum(len(part) for part in parts)
             if self.allowance is not None and last is not None and round_number > 2:
                 expected = last[0] * processes / last[1]  # the last round's pace, for this round's processes
-                if expected > self.allowance.left:
+                if not self.allowance.holds(expected):
                     stopped = f"{round_number - 1} rounds, in the time budget.remeasure_share leaves"
                     break
             what = ", ".join(f"#{t.number}" for t in alive) + (" beside the baseline" if alive and baseline else "")

@@ -8,7 +8,7 @@ import dataclasses
 import io
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -376,14 +376,19 @@ class _Rounds:
     """A launcher whose processes measure the rates given for their config's micro-batch, in
     order (the config's, then the baseline's); a rate of 0 fails the process."""
 
-    def __init__(self, rates: dict[int, list[float]]):
+    def __init__(self, rates: dict[int, list[float]], windows: int = 4):
         self.rates = {batch: iter(values) for batch, values in rates.items()}
+        self.windows = windows
+        self.steps: dict[int, int] = {}
+        self.tick: Callable[[], None] = lambda: None
 
     def call(self, runner: str, function: str, request: TrialRequest, timeout_s: float) -> TrialResult[TrialOutput]:
         rate = next(self.rates[request.config["batch_size"]])
+        self.tick()
+        self.steps[request.config["batch_size"]] = request.steps
         if not rate:
             return TrialResult(Outcome.CRASH, "signal 9")
-        assert request.windows == 4 and not request.drift and request.compile_cache == "cache"
+        assert request.windows == self.windows and not request.drift and request.compile_cache == "cache"
         throughput = Throughput(rate, 0.01, [rate] * 4, 0.1, 1.0, 10, 4, 16)
         return TrialResult(Outcome.OK, output=TrialOutput(Losses(math.nan, []), throughput=throughput))
 
@@ -406,7 +411,42 @@ def test_the_promise_check_runs_rounds_until_its_interval_is_narrow(
     speedups, failed = promise_rounds(job, cast(TrialLauncher, launcher), configs, "cuda:0", "cache", notes.append)
     assert len(speedups) == expected and failed == error
     assert speedups == [c / b for c, b in zip(config, baseline, strict=False)][:expected]
-    assert notes[0] == "checking the promise: round 1 of at most 4, the config beside the baseline"
+    assert notes[0] == "checking the promise: round 1 of at most 4, the config beside the baseline, 4 windows a process"
+
+
+def test_the_promise_check_stops_within_the_time_of_the_run_before_it(tmp_path: Path) -> None:
+    """Given the run's seconds, the rounds measure as many windows as let three fit (three at
+    least), in the windows the run calibrated, and from the third on stop before one that would
+    not fit: here each round takes 4 s on the script's clock, and the run took 10 s."""
+    job = load_spec(write_spec(tmp_path, budget={"trials": 2, "remeasure_runs": 5, "remeasure_windows": 10}))
+    configs = [job.complete({**job.baseline, "batch_size": 8}), job.complete(job.baseline)]
+    launcher = _Rounds({8: [2000.0] * 5, job.baseline["batch_size"]: [800.0, 1000.0] * 3}, windows=3)
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0  # each read a second later: a round, read twice, is 1 s plus its processes' 3 s
+        return now[0]
+
+    launcher.tick = lambda: now.__setitem__(0, now[0] + 1.5)
+    measured = [
+        Throughput(2000.0, 0.01, [2000.0] * 4, 0.1, 2.0, 12, 4, 16),
+        Throughput(900.0, 0.01, [900.0] * 4, 0.1, 2.0, 5, 4, 16),
+    ]
+    notes: list[str] = []
+    speedups, failed = promise_rounds(
+        job,
+        cast(TrialLauncher, launcher),
+        configs,
+        "cuda:0",
+        "cache",
+        notes.append,
+        measured=measured,
+        seconds=10.0,
+        clock=clock,
+    )
+    assert failed is None and len(speedups) == 2, notes  # a third round (4 s) would not fit in the 2 s left
+    assert launcher.steps == {8: 12, job.baseline["batch_size"]: 5}  # the run's calibrated windows
+    assert "3 windows a process, 10 s left" in notes[0] and "6 s left" in notes[1]
 
 
 def test_apply_compares_its_run_time_with_the_studys_prediction_for_as_many_steps() -> None:

@@ -312,13 +312,15 @@ def test_re_measurement_stops_within_its_share_of_the_trials_time_and_says_so(tm
 
 
 def test_the_windows_a_process_are_as_many_as_let_three_rounds_fit() -> None:
-    from autotuner.search.remeasure import FEWEST_WINDOWS, process_seconds, windows_that_fit
+    from autotuner.measurement.rounds import FEWEST_WINDOWS, ProcessCost, round_seconds, windows_that_fit
+    from autotuner.search.remeasure import process_cost
 
-    slow = dataclasses.replace(_trial(1), metrics={"measured_s": 1.0, "throughput_windows": [1.0] * 2})  # 0.5 s
-    base = dataclasses.replace(_trial(0), metrics={"measured_s": 3.0, "throughput_windows": [1.0] * 3})  # 1 s
-    assert process_seconds(slow, 4) == pytest.approx((1 + 4.4) * 0.5)
-    assert windows_that_fit([slow, base], None, 10) == 10
-    assert windows_that_fit([slow, base], 1e6, 10) == 10
-    fits = windows_that_fit([slow, base], 3 * (process_seconds(slow, 6) + process_seconds(base, 6)), 10)
-    assert fits == 6
-    assert windows_that_fit([slow, base], 1.0, 10) == FEWEST_WINDOWS  # no time: the fewest, not none
+    slow = dataclasses.replace(_trial(1), metrics={"measured_s": 1.0, "throughput_windows": [1.0] * 2, "setup_s": 0.2})
+    assert process_cost(slow) == ProcessCost(fixed_s=0.2, window_s=0.5)
+    costs = [ProcessCost(0.2, 0.5), ProcessCost(0.0, 1.0)]
+    assert costs[0].seconds(4) == pytest.approx(0.2 + (1 + 4.4) * 0.5)
+    assert windows_that_fit(costs, None, 10) == 10
+    assert windows_that_fit(costs, 1e6, 10) == 10
+    assert windows_that_fit(costs, 3 * round_seconds(costs, 6), 10) == 6
+    assert windows_that_fit(costs, 1.0, 10) == FEWEST_WINDOWS  # no time: the fewest, not none
+    assert windows_that_fit(costs, 1.0, 2) == 2  # never more than the most
