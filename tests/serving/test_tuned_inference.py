@@ -43,7 +43,8 @@ def test_the_reference_config_is_the_model_itself() -> None:
     model, x = _model(), _inputs()
     expected = model(x)
     served = TunedInference(_config(), _model(), device="cpu")(x)
-    assert torch.equal(served, expected.detach())
+    # the same fp32 model through the serving path: equal up to float reassociation, not in bits
+    assert _relative(served, expected.detach()) < 1e-6
 
 
 @pytest.mark.parametrize(
