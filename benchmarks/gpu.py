@@ -440,15 +440,19 @@ def part_jax(ctx: Context, result: dict[str, Any]) -> None:
     spec, data, changes = ctx.spec("jax")
     result.update(spec=SPECS["jax"], spec_used=data, changes=changes)
     extra = {}
+    arguments = list(ctx.extra_args.get("jax", []))
     if ctx.tiny:  # op-by-op (jit off) compiles every primitive in every process: pay it once
         extra = {
-            "JAX_COMPILATION_CACHE_DIR": str(ctx.work / "jax-cache"),
+            "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(ctx.work / "jax-cache"),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
         }
-        changes.append("--tiny: JAX's persistent compilation cache on (<work>/jax-cache)")
+        changes.append("--tiny: JAX's persistent compilation cache on (<work>/jax-cache, or the caller's)")
+        if "--no-profile" not in arguments:  # the op-by-op baseline's profile alone took 14 s on a CPU
+            arguments.append("--no-profile")
+            changes.append("--tiny: no profile")
     fresh_study(ctx.work, data["name"])
-    command = ctx.run(ctx.search(spec) + ctx.extra_args.get("jax", []), "jax.log", _env(extra))
+    command = ctx.run(ctx.search(spec) + arguments, "jax.log", _env(extra))
     result["commands"].append(command)
     result.update(study_summary(ctx.work, data["name"], False))
 

@@ -257,3 +257,30 @@ def test_the_jax_reference_runs_jitted_and_trains_as_op_by_op(
     jitted, op_by_op = losses["on"], losses["off"]
     assert jitted.heldout == pytest.approx(op_by_op.heldout, rel=1e-5)
     assert jitted.trajectory == pytest.approx(op_by_op.trajectory, rel=1e-5)
+
+
+def test_the_probe_traces_the_first_batchs_loss_and_runs_one_that_reads_its_values() -> None:
+    """The probe's check traces the loss abstractly (no primitive compiled): a shape error is
+    told as running it tells it; a loss whose Python reads a value (not traceable so) is run."""
+    from autotuner.backends.jax.workload import first_batch_problem
+
+    data = ArrayDataset(np.ones((8, 4), np.float32), np.zeros(8, np.int32))
+    params = {"w": jax.numpy.ones((4, 3))}
+
+    def loss(p: dict, batch: tuple) -> jax.Array:
+        return jax.numpy.mean(batch[0] @ p["w"])
+
+    def reads_its_value(p: dict, batch: tuple) -> jax.Array:
+        value = loss(p, batch)
+        return value if float(value) > 0 else -value  # Python on a value: not traceable abstractly
+
+    def wrong(p: dict, batch: tuple) -> jax.Array:
+        return jax.numpy.mean(batch[0] @ p["w"].T)
+
+    def workload(loss_fn: object) -> JaxWorkload:
+        return JaxWorkload(params=params, loss_fn=loss_fn, optimizer=optax.sgd(0.1), dataset=data)  # type: ignore[arg-type]
+
+    assert first_batch_problem(workload(loss), 2) is None
+    assert first_batch_problem(workload(reads_its_value), 2) is None
+    problem = first_batch_problem(workload(wrong), 2)
+    assert problem is not None and problem.startswith("loss_fn fails on the first batch: TypeError: dot_general")

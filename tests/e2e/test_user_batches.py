@@ -89,7 +89,7 @@ def test_a_bad_shape_is_refused_by_the_probe_before_any_storage(
     ("workload", "cause"),
     [
         ("wrong_features", "loss_fn fails on the first batch: TypeError: dot_general requires contracting dimensions"),
-        ("per_sample_loss", "loss_fn returned ArrayImpl of shape (2,), not a scalar loss"),
+        ("per_sample_loss", "loss_fn returned an array of shape (2,), not a scalar loss"),
     ],
 )
 def test_a_jax_job_whose_loss_fails_is_refused_by_the_probe(tmp_path: Path, workload: str, cause: str) -> None:
