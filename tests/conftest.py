@@ -1,6 +1,8 @@
 """What every test may use: one JAX compilation cache for the session, a trial launcher, the
 storages a study can live in, and the markers (`e2e` for the end-to-end tests under `tests/e2e/`,
-`gpu` for those that need an NVIDIA GPU). Helpers the tests import are in `tests/support/`."""
+`gpu` for those that need an NVIDIA GPU, `slow` for the others that take 3 s or more on a 2-core
+VM: `pytest -m "not e2e and not slow"` is the quick subset). Helpers the tests import are in
+`tests/support/`."""
 
 from __future__ import annotations
 

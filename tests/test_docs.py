@@ -54,6 +54,7 @@ def spec_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
+@pytest.mark.slow
 def test_the_spec_reference_lists_every_key_with_its_description(site: Path) -> None:
     html = page(site, "reference/spec")
     keys = spec_keys(JobSpec)

@@ -13,9 +13,12 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.support.helpers import ROOT
 
 
+@pytest.mark.slow
 def test_outside_the_checkout_only_autotuner_imports(tmp_path: Path) -> None:
     script = """
 import importlib, importlib.util
@@ -57,6 +60,7 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     assert "autotuner/backends/pytorch/runner.py" in names and "autotuner/search_spaces/pytorch.yaml" in names
 
 
+@pytest.mark.slow
 def test_a_training_loop_that_applies_a_config_does_not_load_the_study_loop(tmp_path: Path) -> None:
     """A user's loop imports `load_config` and a backend's `TunedTraining`; a trial process imports
     the backend's runner. Neither needs Optuna, SQLAlchemy or the study loop, and the package's

@@ -18,6 +18,7 @@ STEPS = 1_000
 size into subnormal floats once that gradient is zero."""
 
 
+@pytest.mark.slow
 def test_the_mlp_keeps_every_gradient_and_moment_out_of_zero_and_subnormal_floats() -> None:
     # With ReLU this built-in (the quickstart's job, at its full size) had 2.0 million weights
     # with a zero gradient after 1,000 steps of 8 samples, and 1.5 million subnormal moments: on

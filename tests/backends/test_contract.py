@@ -430,6 +430,7 @@ class TestBackendContract:
 
     # ------------------------------------------------------------ TunedTraining honours every knob
 
+    @pytest.mark.slow
     def test_precision_sets_the_compute_dtype(self, harness: Harness) -> None:
         assert harness.compute_dtype(harness.training(harness.reference(precision="fp32"))) == "float32"
         if "bf16" in _precisions(harness):
@@ -440,6 +441,7 @@ class TestBackendContract:
             expected = "tf32" if precision == "tf32" else "strict"
             assert harness.matmul_precision(harness.training(harness.reference(precision=precision))) == expected
 
+    @pytest.mark.slow
     def test_accumulated_micro_batches_step_as_the_whole_batch(self, harness: Harness) -> None:
         for variant in harness.step_variants:
             whole = harness.training(harness.reference(batch_size=SAMPLES, accumulation=1, **variant))
@@ -513,6 +515,7 @@ class TestBackendContract:
 
     # ------------------------------------------------------------ the runner, in trial processes
 
+    @pytest.mark.slow
     def test_the_probe_reports_the_environment(self, harness: Harness, launcher: TrialLauncher) -> None:
         request = ProbeRequest("cpu", _mlp(harness), SMALL_MLP)
         probed = launcher.call(harness.backend.runner, "probe", request, TIMEOUT_S)
@@ -533,6 +536,7 @@ class TestBackendContract:
         )
         assert bad.outcome is Outcome.OK and "does not build a workload" in bad.output.workload_error
 
+    @pytest.mark.slow
     def test_the_probe_refuses_a_dataset_smaller_than_the_global_batch(
         self, harness: Harness, launcher: TrialLauncher
     ) -> None:
@@ -564,6 +568,7 @@ class TestBackendContract:
         assert len(losses.trajectory) == 2
         assert all(isinstance(v, float) and np.isfinite(v) for v in [losses.heldout, *losses.trajectory])
 
+    @pytest.mark.slow
     def test_the_reference_is_deterministic_and_a_measured_run_of_it_does_not_drift(
         self, harness: Harness, launcher: TrialLauncher, reference_runs: list[TrialResult]
     ) -> None:

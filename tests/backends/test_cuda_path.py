@@ -242,6 +242,7 @@ def test_oom_classification_works_on_a_torch_without_torch_out_of_memory_error(
 # ---------------------------------------------------------------- 8. the fork server never starts CUDA
 
 
+@pytest.mark.slow
 def test_preloading_the_runners_touches_no_cuda_entry_point() -> None:
     """In a fresh interpreter whose CUDA entry points raise, the fork server's preloads import
     and leave CUDA availability to NVML."""
@@ -392,6 +393,7 @@ def test_each_precision_compiles_into_a_folder_of_its_own_in_the_studys_cache() 
     assert torch_runner.inductor_cache("/study/compile-cache", None) == "/study/compile-cache"
 
 
+@pytest.mark.slow
 def test_a_trials_compile_is_recorded_cold_then_warm_in_its_studys_cache(
     launcher: TrialLauncher, tmp_path: Path
 ) -> None:

@@ -198,6 +198,7 @@ def test_step_before_backward_is_refused() -> None:
         tuned.step()
 
 
+@pytest.mark.slow
 def test_a_jax_configs_later_processes_load_its_executables_from_the_studys_cache(tmp_path: Path) -> None:
     """Two trial processes of one config with the study's compile cache: the first compiles every
     executable (op by op: each primitive), the second loads them all; the same numerics."""
@@ -222,6 +223,7 @@ def test_a_jax_configs_later_processes_load_its_executables_from_the_studys_cach
 TINY_GPT = {"vocab": 64, "length": 16, "dim": 32, "layers": 2, "heads": 4, "samples": 128}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("workload", "arguments"),
     [("builtin:mlp", JAX_SPEC["workload_args"]), ("builtin:gpt", TINY_GPT)],

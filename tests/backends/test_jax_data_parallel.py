@@ -84,6 +84,7 @@ def _assert_same_training(one: tuple[float, list[float]], two: tuple[float, list
 # ---------------------------------------------------------------- the same training as one device
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("workload", "jit", "sharding", "accumulation"),
     [
@@ -104,6 +105,7 @@ def test_two_devices_train_as_one_at_the_same_global_batch(
     _assert_same_training(one, two)
 
 
+@pytest.mark.slow
 def test_a_two_device_trial_is_measured_as_one(launcher: TrialLauncher) -> None:
     """One process, two devices: global samples per second over its windows, its peak memory, and
     the drift phase after them; prefetch threads put the split micro-batches ahead of the step."""
@@ -129,6 +131,7 @@ def devices_of_a_trial(request: TrialRequest) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_a_forked_trial_process_starts_jax_with_its_own_count_of_devices(launcher: TrialLauncher) -> None:
     """The fork server imports the runner without starting JAX's backend, so each trial process
     still chooses how many host devices its CPU client starts with."""
@@ -139,6 +142,7 @@ def test_a_forked_trial_process_starts_jax_with_its_own_count_of_devices(launche
     assert one.output == {"trained_on": [0], "started_with": [0]}
 
 
+@pytest.mark.slow
 def test_importing_the_runners_as_the_fork_server_does_starts_no_jax_backend() -> None:
     got = _python(
         """
@@ -251,6 +255,7 @@ PLACEMENTS = """
 """
 
 
+@pytest.mark.slow
 def test_the_batch_is_split_and_the_parameters_placed_as_the_knob_says() -> None:
     got = _python(PLACEMENTS)
     for placed in got.values():  # a micro-batch of 2 a device, split along its first axis
@@ -319,6 +324,7 @@ def test_too_few_host_devices_say_how_to_start_more() -> None:
         local_devices(first, count)
 
 
+@pytest.mark.slow
 def test_a_data_parallel_probe_says_so_in_its_capabilities(launcher: TrialLauncher) -> None:
     probed = launcher.call(RUNNER, "probe", ProbeRequest("cpu", MLP, SMALL_MLP, 16, "data_parallel"), 120)
     assert probed.outcome is Outcome.OK, probed.reason

@@ -86,6 +86,7 @@ def test_a_cpu_trial_process_starts_the_cpu_platform_only_and_no_preallocation()
     }
 
 
+@pytest.mark.slow
 def test_a_users_own_allocator_settings_are_kept() -> None:
     preallocating = _python(CONFIGURE.format(spec="cpu"), XLA_PYTHON_CLIENT_PREALLOCATE="true")
     # preallocating, a fraction of 1.0 would take the whole card up front: none is added
@@ -190,6 +191,7 @@ TUNED_ON_THE_SECOND_DEVICE = """
 """
 
 
+@pytest.mark.slow
 def test_tuned_training_keeps_everything_on_its_device() -> None:
     """On the second of two host devices (a `cuda:1` trial's case), the parameters, the optimizer
     state (its step count too, from the start), the batches, the losses, the gradients and what
@@ -241,6 +243,7 @@ TRIAL_ON_THE_SECOND_DEVICE = """
 """
 
 
+@pytest.mark.slow
 def test_a_trial_keeps_everything_on_its_device() -> None:
     """`run` on the second host device: the workload's parameters are made there, what its loss
     makes op by op too, and its steps (measured, drift, held-out) never move an array between devices."""
@@ -323,6 +326,7 @@ def process_setup(arg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_probe_and_trials_run_through_the_trial_launcher(launcher: TrialLauncher) -> None:
     mlp = "autotuner.backends.jax.builtin:mlp"
     probed = launcher.call(RUNNER, "probe", ProbeRequest("cpu", mlp, SMALL_MLP), 120)

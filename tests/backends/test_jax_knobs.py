@@ -143,6 +143,7 @@ def test_every_reference_value_and_every_bundle_of_the_device_is_supported() -> 
 # ---------------------------------------------------------------- remat
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit", ["on", "off"])
 @pytest.mark.parametrize("name", ["gpt", "mlp"])
 def test_remat_gives_the_loss_and_gradients_of_none(name: str, jit: str) -> None:
@@ -182,6 +183,7 @@ def test_remat_checkpoints_each_marked_block_or_else_the_whole_loss(name: str, c
         assert tuned.remat == remat
 
 
+@pytest.mark.slow
 def test_remat_recomputes_what_its_policy_does_not_keep() -> None:
     """XLA's cost analysis of the jitted gradient: every policy adds FLOPs (the recomputation),
     saving nothing adds the most."""
@@ -266,6 +268,7 @@ def _train(tuned: TunedTraining, dataset: Any, steps: int) -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 def test_donate_keeps_the_loop_and_the_callers_arrays_working() -> None:
     """Over several accumulated steps and a restart: the same losses as without donation, the
     caller's parameters (device arrays, which `device_put` would hand back as they are) intact,
@@ -298,6 +301,7 @@ def jax_array_params(samples: int = 64) -> JaxWorkload:
     return workload
 
 
+@pytest.mark.slow
 def test_a_donating_trial_restores_the_initial_weights_for_its_drift_phase(launcher: TrialLauncher) -> None:
     """The measured phase donates the parameters step after step; the drift phase then restarts
     from the workload's own (device) arrays, which must still be there, and ends where a trial
@@ -324,6 +328,7 @@ def recording_xla_flags(record: str) -> JaxWorkload:
     return mlp(**TINY_MLP)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bundle", ["default", CPU_BUNDLE])
 def test_a_flag_bundle_reaches_the_xla_flags_of_a_trial_process(
     launcher: TrialLauncher, tmp_path: Path, bundle: str
@@ -369,6 +374,7 @@ def test_use_xla_flags_before_jax_starts_adds_the_bundle_after_the_users_own_fla
     assert seen == {"flags": f"--xla_cpu_enable_fast_math=false {XLA_FLAG_BUNDLES[CPU_BUNDLE].flags[0]}", "sum": 3.0}
 
 
+@pytest.mark.slow
 def test_the_flag_check_knows_the_bundles_flags_and_catches_an_unknown_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe's check runs XLA on the flags: an unknown one makes XLA abort that Python, not a trial."""
     assert _flags_known(_start_flag_check("cpu")) and _flags_known(_start_flag_check("gpu"))
@@ -377,6 +383,7 @@ def test_the_flag_check_knows_the_bundles_flags_and_catches_an_unknown_one(monke
     assert _flags_known(_start_flag_check("gpu"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("workload", "arguments", "marks"), [("gpt", TINY_GPT, True), ("mlp", TINY_MLP, False)])
 def test_the_probe_finds_donation_the_cpu_bundles_flags_and_the_blocks_a_loss_marks(
     launcher: TrialLauncher, workload: str, arguments: dict[str, Any], marks: bool

@@ -119,6 +119,7 @@ def _trace(figure: Any, name: str) -> Any:
     return next(t for t in figure.data if t.name == name)
 
 
+@pytest.mark.slow
 def test_stored_trials_are_what_the_charts_expect(stored: tuple[str, list[TrialRecord]]) -> None:
     _, trials = stored
     assert [t.feasible for t in trials] == [True, True, False, False, True, True, False]

@@ -251,6 +251,7 @@ def examples(count: int) -> settings:
     )
 
 
+@pytest.mark.slow
 @examples(200)
 @given(case=broken_specs())
 def test_a_spec_with_one_thing_broken_is_refused(tmp_path_factory: pytest.TempPathFactory, case: tuple) -> None:
@@ -407,6 +408,7 @@ def test_bad_arguments_are_refused(tmp_path: Path, argv: list[str]) -> None:
 # ---------------------------------------------------------------- past the spec: workload and storage
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("changes", "fragments"),
     [

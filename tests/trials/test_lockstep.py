@@ -94,6 +94,7 @@ def test_a_turn_waits_until_the_group_has_stopped_using_the_cpu(monkeypatch: pyt
     assert clock.now - started == pytest.approx(SETTLE_MOST_S, abs=0.01)  # never resting: waited for at most
 
 
+@pytest.mark.slow
 def test_matching_the_first_the_others_measure_their_own_windows_over_its_steps(launcher: TrialLauncher) -> None:
     config, base = _measured(min_window_s=0.2), _measured(min_window_s=0.05)
     first, second = run_in_lockstep(launcher, RUNNER, "run", [config, base], 60, match_first=True)
@@ -138,6 +139,7 @@ def test_matching_the_first_nothing_runs_on_once_it_has_failed(
     assert other.outcome is Outcome.ERROR and other.reason == STOPPED and other.output is None
 
 
+@pytest.mark.slow
 def test_a_process_that_crashes_or_hangs_is_left_out_and_the_others_go_on(launcher: TrialLauncher) -> None:
     group = [_measured(), request("segfault"), request("hang"), _measured()]
     ok, crashed, hung, other = run_in_lockstep(launcher, RUNNER, "run", group, 8)

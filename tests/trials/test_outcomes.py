@@ -147,6 +147,7 @@ def _live(pgid: int) -> dict[int, str]:
     return {pid: state for pid, state in _group_members(pgid).items() if state not in ("Z", "X")}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("where", ["forward", "loader"])
 def test_hang_is_a_timeout_and_the_whole_process_group_is_gone(
@@ -200,6 +201,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_a_trial_with_loader_workers_leaks_nothing(tmp_path: Path) -> None:
     """A trial ends with os._exit and its loader workers are SIGKILLed with its group: nothing they
     held may be left for the search process's resource tracker to warn about at exit."""
@@ -221,6 +223,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_the_fork_server_has_the_runner_torch_and_the_first_steps_imports_preloaded(tmp_path: Path) -> None:
     """Trials start fast because the fork server of a search's launcher imported the backend's
     runner (torch, and what the first optimizer step imports) once. multiprocessing ignores an
@@ -235,6 +238,7 @@ def test_the_fork_server_has_the_runner_torch_and_the_first_steps_imports_preloa
     assert preloaded == {"autotuner.backends.pytorch.runner": True, "torch": True, "torch._dynamo": True}
 
 
+@pytest.mark.slow
 def test_backends_imports_first_in_a_fresh_interpreter() -> None:
     """The fork server imports `autotuner.backends.pytorch.runner` before anything else of the project."""
     for module in (

@@ -140,6 +140,7 @@ def test_a_fault_on_one_rank_ends_the_whole_trial_with_its_outcome(
     assert _all_end(ranks)
 
 
+@pytest.mark.slow
 def test_a_rank_that_hangs_ends_the_trial_at_its_timeout_with_every_rank(launcher: TrialLauncher) -> None:
     """Rank 1 sleeps in its forward, rank 0 waits in its all-reduce for ever: the trial's timeout
     kills the trial's process group, both ranks with it."""
