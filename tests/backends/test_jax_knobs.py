@@ -48,7 +48,7 @@ BASE = {
     "donate": "off",
     "xla_flags": "default",
 }
-TINY_GPT = {"vocab": 64, "length": 16, "dim": 32, "layers": 3, "heads": 4, "samples": 64}
+TINY_GPT = {"vocab": 64, "length": 16, "dim": 32, "layers": 2, "heads": 4, "samples": 64}
 GPU_BUNDLE = "gpu-cublas-gemm"
 
 

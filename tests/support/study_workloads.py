@@ -277,6 +277,20 @@ def slow_bf16(**mlp_args: Any) -> TorchWorkload:
     return workload
 
 
+def _paced(module: nn.Module, args: Any) -> None:
+    """A forward pre-hook that takes 4 ms more per forward pass: a step's time is mostly its
+    micro-batches' count, whatever the load of the machine."""
+    time.sleep(0.004)
+
+
+def paced_mlp(**mlp_args: Any) -> TorchWorkload:
+    """The built-in MLP whose every forward pass takes 4 ms more: its configs are ranked by their
+    accumulation (16x4 four times 64x1's time at least), on a busy machine as on a quiet one."""
+    workload = mlp(**mlp_args)
+    workload.model.register_forward_pre_hook(_paced)
+    return workload
+
+
 class _AttentionBlock(nn.Module):
     """Self-attention with dropout while training, through scaled_dot_product_attention."""
 
