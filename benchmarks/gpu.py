@@ -127,7 +127,15 @@ TINY_SPACE: dict[str, dict[str, Any]] = {
         "jit": ["off", "on"],
     },
 }
-TINY_TRIAL = {"warmup_steps": 1, "steps": 2, "windows": 2, "min_window_s": 0.0, "drift_steps": 2, "timeout": 120}
+TINY_TRIAL = {
+    "warmup_steps": 1,
+    "steps": 2,
+    "windows": 2,
+    "min_window_s": 0.0,
+    "drift_steps": 2,
+    "timeout": 120,
+    "quiet_wait": 0,  # a dry run's figures are not evidence: a contended trial is run again at once
+}
 TINY_BUDGET = {"trials": 3, "remeasure_top": 0}
 TINY_GLOBAL_BATCH, TINY_BASELINE_BATCH = 16, 4
 
@@ -451,6 +459,9 @@ def part_jax(ctx: Context, result: dict[str, Any]) -> None:
         if "--no-profile" not in arguments:  # the op-by-op baseline's profile alone took 14 s on a CPU
             arguments.append("--no-profile")
             changes.append("--tiny: no profile")
+        if "--trials" not in arguments:  # the op-by-op baseline and the rule of thumb beside it
+            arguments += ["--trials", "2"]
+            changes.append("--tiny: 2 trials")
     fresh_study(ctx.work, data["name"])
     command = ctx.run(ctx.search(spec) + arguments, "jax.log", _env(extra))
     result["commands"].append(command)

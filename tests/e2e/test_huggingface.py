@@ -26,7 +26,15 @@ def test_the_example_spec_tunes_a_transformers_model_on_dict_batches(tmp_path: P
     spec["space"] = {"precision": ["fp32", "bf16"], "batch_size": [2, 8], "workers": [0], "compile": ["none"]}
     spec["budget"] = {"trials": 3, "remeasure_top": 0}
     spec["profile"] = {"steps": 0}  # profiling is tested on its own (test_profile)
-    spec["trial"] = {"warmup_steps": 1, "steps": 2, "windows": 2, "drift_steps": 2, "min_window_s": 0, "timeout": 300}
+    spec["trial"] = {
+        "warmup_steps": 1,
+        "steps": 2,
+        "windows": 2,
+        "drift_steps": 2,
+        "min_window_s": 0,
+        "timeout": 300,
+        "quiet_wait": 0,
+    }
     path = tmp_path / "hf.yaml"
     path.write_text(yaml.safe_dump(spec))
     done = run_cli("search", "--spec", str(path), cwd=tmp_path)

@@ -33,7 +33,15 @@ def test_a_cpu_study_searches_remat_donate_and_a_flag_bundle(tmp_path: Path) -> 
             "xla_flags": ["default", CPU_BUNDLE],
         },
         "budget": {"trials": 4, "remeasure_top": 0},
-        "trial": {"warmup_steps": 1, "steps": 2, "windows": 2, "min_window_s": 0.05, "drift_steps": 2, "timeout": 120},
+        "trial": {
+            "warmup_steps": 1,
+            "steps": 2,
+            "windows": 2,
+            "min_window_s": 0.05,
+            "drift_steps": 2,
+            "timeout": 120,
+            "quiet_wait": 0,
+        },
         "sampler": {"name": "tpe", "seed": 0},
     }
     path = tmp_path / "jax-knobs.yaml"
