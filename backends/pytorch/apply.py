@@ -212,9 +212,9 @@ def without_checkpointing(model: torch.nn.Module) -> Iterator[None]:
         for m in model.modules()
         if isinstance(m.forward, functools.partial) and m.forward.func is _checkpointed
     ]
-    hugging_face = is_hugging_face(model) and bool(
-        getattr(model, "is_activation_checkpointing", False) or getattr(model, "is_gradient_checkpointing", False)
-    )
+    # transformers 5 renamed it activation checkpointing; reading the old name warns
+    flag = "is_activation_checkpointing" if hasattr(model, "activation_checkpointing_enable") else "is_gradient_checkpointing"
+    hugging_face = is_hugging_face(model) and bool(getattr(model, flag, False))
     try:
         for module, checkpointed in blocks:
             module.forward = checkpointed.args[0]  # type: ignore[method-assign]
@@ -301,6 +301,13 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     from torch._dynamo.eval_frame import OptimizedModule
 
     return model._orig_mod if isinstance(model, OptimizedModule) else model  # type: ignore[return-value]
+
+
+def _users_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module DistributedDataParallel wraps, or `model` itself (FSDP2 shards a module in place)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def distributed_data_parallel(model: torch.nn.Module, config: Mapping[str, Any], device: torch.device) -> Any:
@@ -444,18 +451,17 @@ class TunedTraining(TunedLoop):
         model = model.to(self.device)
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        wrapped = _unwrapped(model)  # DDP's wrapper where the model was tuned before (the runner's drift phase)
+        self.module = _users_module(wrapped)
+        """The user's model, under its parallel wrapper (DDP) and its compiled wrapper."""
         if self.config["checkpointing"] == "blocks":
-            enable_checkpointing(model, checkpoint_blocks)
-        self._attention = choose_attention(model, self.config["attention"])
-        self.module = _unwrapped(model)
-        """The model's module, under its parallel wrapper (DDP) and its compiled wrapper."""
+            enable_checkpointing(self.module, checkpoint_blocks)
+        self._attention = choose_attention(self.module, self.config["attention"])
         self._ddp: Any = None
         self._fsdp: Any = None
         if self.parallel == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
-            if isinstance(self.module, DistributedDataParallel):  # already wrapped (the runner's drift phase)
-                self._ddp = self.module
+            if wrapped is not self.module:  # already wrapped
+                self._ddp = wrapped
             else:
                 self._ddp = model = distributed_data_parallel(model, self.config, self.device)
         elif self.parallel == "fsdp":
@@ -571,10 +577,7 @@ class TunedTraining(TunedLoop):
             settled.wait()
             _SETTLED.append(settled)
         if self._ddp is not None:
-            wrapped = self._ddp.module
-            if self.module is self._ddp:  # it came wrapped (the runner's drift phase)
-                self.module = _unwrapped(wrapped)
-            self.model = wrapped
+            self.model = self._ddp.module
             self._ddp = None
 
     def to_device(self, value: Any) -> Any:

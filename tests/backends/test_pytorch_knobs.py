@@ -336,3 +336,29 @@ def test_peak_memory_is_reported_as_a_share_of_the_devices_memory() -> None:
     assert peak_memory(1024, 8192) == "1,024 MiB (12% of 8,192)"
     assert peak_memory(5, None) == "5 MiB" and peak_memory(None, 8192) == "-"
     assert (environment(torch.device("cpu")).memory_mb or 0) > 0  # a CPU trial's peak is the host's
+
+
+@pytest.fixture
+def one_rank(tmp_path: Any) -> Any:
+    """This process as the only rank of a gloo group, as a trial's rank is one of its group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_hugging_face_model_under_ddp_is_tuned_again_on_its_wrapper_as_it_was_at_first(one_rank: None) -> None:
+    """The drift phase tunes the trial's model again, DDP's and compile's wrappers around it: its
+    attention and checkpointing are still the Hugging Face model's own, applied once."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=64)
+    model = transformers.GPT2LMHeadModel(config)
+    knobs = {**FP32, "checkpointing": "blocks", "attention": "eager"}
+    first = TunedTraining(knobs, model, torch.optim.AdamW(model.parameters()), parallel="ddp")
+    again = TunedTraining(knobs, first.model, torch.optim.AdamW(model.parameters()), parallel="ddp")
+    assert again.module is model and again._ddp is first._ddp  # wrapped once
+    assert model.config._attn_implementation == "eager" and model.is_activation_checkpointing
+    assert not any(isinstance(m.forward, functools.partial) for m in model.modules())  # not checkpointed twice

@@ -175,3 +175,19 @@ def test_a_pruned_trial_of_two_ranks_ends_at_once_with_every_rank(launcher: Tria
     assert throughput.stopped is not None and throughput.windows < 50
     assert throughput.bound is not None and throughput.floor is not None and throughput.bound < throughput.floor
     assert ranks and _all_end(ranks)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_model_keeps_its_own_attention_and_checkpointing_through_a_ddp_trial(
+    launcher: TrialLauncher,
+) -> None:
+    """Measured, then tuned again for the drift phase with DDP's wrapper around it: the model's
+    own eager attention and gradient checkpointing hold in both, and the trial is recorded ok."""
+    pytest.importorskip("transformers")
+    config = {"precision": "fp32", "batch_size": 4, "workers": 0, "compile": "none"}
+    gpt2 = {"layers": 2, "width": 32, "heads": 2, "vocab": 64, "length": 16, "samples": 64}
+    trial = small_request("examples.huggingface.gpt2:make_workload", config, gpt2)
+    trial = _on_two_ranks(replace(trial, config={**trial.config, "attention": "eager", "checkpointing": "blocks"}))
+    result = launcher.call(RUNNER, "run", trial, 120)
+    assert result.outcome is Outcome.OK, result.reason
+    assert result.output is not None and result.output.losses.heldout > 0
