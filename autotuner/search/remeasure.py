@@ -53,6 +53,8 @@ from autotuner.workers.coordination import OncePerStudy
 
 MEMORY_SHARE = 0.8
 """The share of the memory available that a re-measurement group's processes may take."""
+
+
 def process_cost(t: TrialRecord) -> ProcessCost:
     """What a re-measurement process of `t`'s config costs, judged from its trial: its start, build
     and warm-up, and its window's length."""
