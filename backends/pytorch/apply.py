@@ -213,7 +213,8 @@ def without_checkpointing(model: torch.nn.Module) -> Iterator[None]:
         if isinstance(m.forward, functools.partial) and m.forward.func is _checkpointed
     ]
     # transformers 5 renamed it activation checkpointing; reading the old name warns
-    flag = "is_activation_checkpointing" if hasattr(model, "activation_checkpointing_enable") else "is_gradient_checkpointing"
+    renamed = hasattr(model, "activation_checkpointing_enable")
+    flag = "is_activation_checkpointing" if renamed else "is_gradient_checkpointing"
     hugging_face = is_hugging_face(model) and bool(getattr(model, flag, False))
     try:
         for module, checkpointed in blocks:
@@ -301,6 +302,19 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     from torch._dynamo.eval_frame import OptimizedModule
 
     return model._orig_mod if isinstance(model, OptimizedModule) else model  # type: ignore[return-value]
+
+
+def loader_workers(workers: int) -> dict[str, Any]:
+    """DataLoader arguments for `workers` worker processes that live as long as the loader (a
+    timed window that spans the end of the dataset does not start them again), forked where the
+    platform can (they start in milliseconds; a trial process comes from a fork server, whose
+    default would start a second fork server and import torch again)."""
+    fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
+    return {
+        "num_workers": workers,
+        "persistent_workers": workers > 0,
+        "multiprocessing_context": "fork" if fork else None,
+    }
 
 
 def _users_module(model: torch.nn.Module) -> torch.nn.Module:
@@ -601,7 +615,6 @@ class TunedTraining(TunedLoop):
         streamed dataset (no length) is read in its order, not shuffled, the rank's share split
         between the workers without duplicates (`autotuner.backends.pytorch.workload.StreamShard`)."""
         workers = self.workers
-        fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
         sampler: torch.utils.data.DistributedSampler[Any] | None = None
         if is_stream(dataset):
             from autotuner.backends.pytorch.workload import Stream
@@ -619,13 +632,9 @@ class TunedTraining(TunedLoop):
             sampler=sampler,
             collate_fn=self.collate_fn,
             drop_last=True,
-            num_workers=workers,
             pin_memory=self._pin_memory,
-            persistent_workers=workers > 0,
             prefetch_factor=int(self.config[PREFETCH_FACTOR.name]) if workers > 0 else None,
-            # Linux's usual fork: workers start in milliseconds. (A trial process comes from a fork
-            # server, whose default would start a second fork server and re-import torch.)
-            multiprocessing_context="fork" if fork else None,
+            **loader_workers(workers),
             generator=torch.Generator().manual_seed(seed) if seed is not None and sampler is None else None,
         )
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from autotuner.backends.pytorch.apply import loader_workers
 from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
 from autotuner.backends.pytorch.probe import environment
 from autotuner.backends.pytorch.runner import PyTorchTrial
@@ -107,7 +108,7 @@ class PyTorchServing(ServingBackend, PyTorchTrial):
             generator=generator,
             drop_last=True,
             collate_fn=workload.collate,
-            num_workers=serving.workers,
+            **loader_workers(serving.workers),
         )
         while True:
             yielded = False

@@ -255,3 +255,26 @@ def test_2_4_sparsity_is_offered_on_a_gpu_that_has_the_kernels_only(
 ) -> None:
     found = PYTORCH_INFERENCE.unsupported_reason(_config(**changes), caps)
     assert found is None if reason is None else reason in (found or ""), found
+
+
+class _LoaderPids(torch.utils.data.Dataset[torch.Tensor]):
+    """Each item says which process loaded it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import os
+
+        return torch.tensor([os.getpid()])
+
+
+def test_the_served_batches_come_from_loader_workers_that_live_through_every_pass() -> None:
+    """A window may span the end of the dataset: its loader workers go on serving the next pass
+    rather than starting again inside the timed window, as training's do."""
+    workload = InferenceWorkload(model=_model(), dataset=_LoaderPids())
+    serving = TunedInference(_config(batch_size=4, workers=1), workload.model, device="cpu")
+    batches = PyTorchServing().batches(workload, serving, seed=0)
+    pids = {int(pid) for _ in range(6) for pid in next(batches)}  # three passes of two batches
+    batches.close()
+    assert len(pids) == 1
