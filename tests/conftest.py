@@ -132,3 +132,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
         for item in gpu_tests:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[None]:
+    """This process as the only rank of a gloo group, as a trial's rank is one of its group."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

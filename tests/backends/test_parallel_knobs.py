@@ -9,8 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from autotuner.backends.pytorch import DDP_KNOBS, FSDP_KNOBS, PYTORCH, TorchCapabilities
+from autotuner.backends.pytorch.apply import TunedTraining
 from autotuner.errors import SpecError
 from autotuner.spec.job import parse_spec
 from autotuner.trials.launcher import TrialLauncher
@@ -141,3 +143,54 @@ def test_the_presets_of_a_parallel_job_fit_the_sampler_on_a_gpu(tmp_path: Path, 
     offered = {**device, **kernels, "fused_optimizer": True, parallel: True, **WORKLOADS[workload]}
     job.narrow(TorchCapabilities(**offered))
     assert len(job.space["batch_size"]) == 8
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+ONE = {"precision": "fp32", "batch_size": 4, "accumulation": 1, "workers": 0, "compile": "none"}
+
+
+@pytest.mark.parametrize(
+    ("knobs", "hook"),
+    [
+        ({"bucket_cap_mb": 5, "bucket_view": True, "static_graph": True, "comm_hook": "fp16"}, "fp16_compress_hook"),
+        ({"bucket_cap_mb": 100, "bucket_view": False, "static_graph": False, "comm_hook": "powersgd"}, "powerSGD_hook"),
+        ({"bucket_cap_mb": 25, "bucket_view": False, "static_graph": False, "comm_hook": "none"}, None),
+    ],
+)
+def test_each_ddp_knob_reaches_distributed_data_parallel(
+    one_rank: None, knobs: dict[str, object], hook: str | None
+) -> None:
+    """What the wrapper was given, not only that training is unchanged: a knob never passed on
+    would train the same too."""
+    model = _mlp()
+    tuned = TunedTraining({**ONE, **knobs}, model, torch.optim.SGD(model.parameters(), lr=0.1), parallel="ddp")
+    ddp = tuned._ddp
+    assert ddp.bucket_bytes_cap == int(knobs["bucket_cap_mb"]) * 1024 * 1024  # type: ignore[call-overload]
+    assert ddp.gradient_as_bucket_view is knobs["bucket_view"]
+    assert ddp.static_graph is knobs["static_graph"]
+    assert [h.__name__ for h, _ in ddp._comm_hooks] == ([hook] if hook else [])
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"reshard_after_forward": True, "param_dtype": "bf16", "reduce_dtype": "fp32", "offload": "none"},
+        {"reshard_after_forward": False, "param_dtype": "fp32", "reduce_dtype": "bf16", "offload": "none"},
+    ],
+)
+def test_each_fsdp_knob_reaches_fully_shard(one_rank: None, knobs: dict[str, object]) -> None:
+    """As DDP's: what FSDP2 was given. (`offload: cpu` moves a GPU's parameters: not on a CPU.)"""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    model = _mlp()
+    tuned = TunedTraining({**ONE, **knobs}, model, torch.optim.SGD(model.parameters(), lr=0.1), parallel="fsdp")
+    group = tuned.module._get_fsdp_state()._fsdp_param_group  # FSDP2's own record of its arguments
+    dtypes = {"bf16": torch.bfloat16, "fp32": None}  # None: the parameters' own dtype
+    assert (group.post_forward_mesh_info is not None) is knobs["reshard_after_forward"]
+    assert group.mp_policy.param_dtype == dtypes[knobs["param_dtype"]]  # type: ignore[index]
+    assert group.mp_policy.reduce_dtype == dtypes[knobs["reduce_dtype"]]  # type: ignore[index]
+    assert isinstance(group.offload_policy, CPUOffloadPolicy) is (knobs["offload"] == "cpu")

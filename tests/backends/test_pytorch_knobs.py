@@ -338,18 +338,6 @@ def test_peak_memory_is_reported_as_a_share_of_the_devices_memory() -> None:
     assert (environment(torch.device("cpu")).memory_mb or 0) > 0  # a CPU trial's peak is the host's
 
 
-@pytest.fixture
-def one_rank(tmp_path: Any) -> Any:
-    """This process as the only rank of a gloo group, as a trial's rank is one of its group."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_a_hugging_face_model_under_ddp_is_tuned_again_on_its_wrapper_as_it_was_at_first(one_rank: None) -> None:
     """The drift phase tunes the trial's model again, DDP's and compile's wrappers around it: its
     attention and checkpointing are still the Hugging Face model's own, applied once."""
