@@ -153,7 +153,7 @@ class Search:
             recovery.recover()  # first: a cut-off baseline is retried, not enqueued afresh
             enqueue_baseline(study, self.job.baseline)
             if earlier is not None and not study.user_attrs.get(WARM_START):
-                self._warm_start(study, *earlier, job.unsupported(capabilities))
+                self._warm_start(study, claims, *earlier, job.unsupported(capabilities))
             reference = once.reference(
                 lambda: self._run_reference(launcher, environment.device),
                 REFERENCE_LEASE_TRIALS * job.trial_timeout() + PROBE_TIMEOUT_S,
@@ -184,12 +184,18 @@ class Search:
         return self._finish(study, interrupted)
 
     def _warm_start(
-        self, study: optuna.Study, earlier: optuna.Study, source: str, unsupported: Callable[[Params], str | None]
+        self,
+        study: optuna.Study,
+        claims: Claims,
+        earlier: optuna.Study,
+        source: str,
+        unsupported: Callable[[Params], str | None],
     ) -> None:
         """Enqueue the earlier study's best configs after the baseline, and say what was taken."""
         tried = {config_key(t.params) for t in study.get_trials(deepcopy=False)}
         warm = warm_configs(records(earlier), source, self.job, unsupported, self.max_trials, tried)
-        enqueue_warm_start(study, warm)
+        if not enqueue_warm_start(study, warm, claims):
+            return  # another worker started together with this one enqueued them
         dropped = "; ".join(f"{count} dropped: {why}" for why, count in warm.dropped.items())
         self.reporter.note(
             f"warm start from {warm.source}: {len(warm.configs)} of its best configs are tried first"

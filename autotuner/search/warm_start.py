@@ -25,7 +25,8 @@ from autotuner.config.knobs import DERIVED, Params, config_key
 from autotuner.errors import SpecError
 from autotuner.results.records import TrialRecord, baseline, ranked, speedup
 from autotuner.spec.job import Job
-from autotuner.study.names import ROLE
+from autotuner.study.claims import Claims
+from autotuner.study.names import ROLE, WARM_START_CLAIM
 from autotuner.study.storage import open_storage, shown_url, study_settings
 
 WITHIN = 0.85
@@ -132,10 +133,13 @@ def warm_configs(
     return found
 
 
-def enqueue_warm_start(study: optuna.Study, warm: WarmStart) -> None:
-    """Enqueue `warm`'s configs (after the baseline), once per study."""
-    if study.user_attrs.get(WARM_START):
-        return
+def enqueue_warm_start(study: optuna.Study, warm: WarmStart, claims: Claims) -> bool:
+    """Enqueue `warm`'s configs (after the baseline), once per study: by the worker that wins the
+    study's warm-start claim (two workers started together may both have read no `WARM_START`).
+    False where another worker did it."""
+    if claims.claim(WARM_START_CLAIM, {"source": warm.source}) is not None:
+        return False
     study.set_user_attr(WARM_START, warm.source)
     for number, params in warm.configs:
         study.enqueue_trial(params, user_attrs={ROLE: "search", ORIGIN: f"{warm.source} #{number}"})
+    return True

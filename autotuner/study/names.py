@@ -109,6 +109,8 @@ REMEASURE_SLOT_CLAIM = "remeasure-slot:"
 """`remeasure-slot:<k>`: the k-th config re-measured."""
 RETRY_CLAIM = "retry:"
 """`retry:<trial number>`: the worker that runs a cut-off trial again."""
+WARM_START_CLAIM = "warm-start"
+"""The worker that enqueues a warm start's configs (`autotuner.search.warm_start`)."""
 PROFILE_PREFIX = "profile:"
 """`profile:<trial number>`: that trial's profile (`autotuner.results.profiles.Profile`)."""
 

@@ -259,3 +259,29 @@ def test_workers_get_disjoint_shares_of_the_cores() -> None:
     assert core_shares({3, 1, 2}, 2) == [{1}, {2, 3}]
     assert core_shares(range(16), 3) == [set(range(0, 5)), set(range(5, 10)), set(range(10, 16))]
     assert core_shares({0}, 2) == [{0}, {0}]  # fewer cores than workers: they share them
+
+
+def _warm_start(url: str, study_name: str, barrier: Any, results: Any) -> None:
+    from autotuner.search.warm_start import WarmStart, enqueue_warm_start
+
+    storage = open_storage(url)
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    warm = WarmStart("earlier", [(3, {"x": 1}), (5, {"x": 2})])
+    barrier.wait()
+    results.put(enqueue_warm_start(study, warm, _claims(storage, study)))
+
+
+def test_workers_started_together_enqueue_an_earlier_studys_configs_once(storage_url: tuple[str, str]) -> None:
+    url, name = storage_url
+    study = optuna.create_study(study_name=name, storage=open_storage(url))
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(4), context.Queue()
+    racers = [context.Process(target=_warm_start, args=(url, name, barrier, results)) for _ in range(4)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(120)
+    assert sorted(results.get(timeout=5) for _ in racers) == [False, False, False, True]
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert [t.system_attrs["fixed_params"] for t in waiting] == [{"x": 1}, {"x": 2}]
+    assert study.user_attrs["warm_start"] == "earlier"
