@@ -39,6 +39,7 @@ from autotuner.backends.pytorch.apply import (
     to_device,
 )
 from autotuner.backends.pytorch.inference import ORT_PROVIDERS, PYTORCH_INFERENCE, SPARSE_COLUMNS, SPARSE_ROWS
+from autotuner.trials.outcomes import Unsupported
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -235,7 +236,18 @@ class TunedInference(TunedLoop):
         )
         if settings["intra_op_num_threads"]:
             options.intra_op_num_threads = settings["intra_op_num_threads"]
-        session = onnxruntime.InferenceSession(str(path), options, providers=settings["providers"])
+        providers = settings["providers"]
+        if self.device.type == "cuda":  # the trial's GPU, not ONNX Runtime's first
+            providers = [p if p == CPU_PROVIDER else (p, {"device_id": self.device.index or 0}) for p in providers]
+        session = onnxruntime.InferenceSession(str(path), options, providers=providers)
+        # a provider that cannot start (a library missing, another CUDA) is passed over for the
+        # next one, with a warning only: the config would be timed on what it does not name
+        started, wanted = session.get_providers(), settings["providers"][0]
+        if started[0] != wanted:
+            raise Unsupported(
+                f"runtime={self.runtime}: ONNX Runtime could not start its {wanted} here "
+                f"(the session would run on {started[0]})"
+            )
         return session, [i.name for i in session.get_inputs()]
 
 
@@ -260,12 +272,17 @@ def export_onnx(model: torch.nn.Module, example: Any, path: Path) -> list[str]:
     return names
 
 
+CPU_PROVIDER = "CPUExecutionProvider"
+ORT_FALLBACKS = {"TensorrtExecutionProvider": ("CUDAExecutionProvider",)}
+"""Where ONNX Runtime sends the operators a provider lacks, before the CPU: TensorRT's go to CUDA."""
+
+
 def session_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The ONNX Runtime session an ONNX config runs in: its providers (the config's, then the CPU's
-    as the fallback ONNX Runtime takes for what a GPU provider lacks), intra-op threads (0: ONNX
-    Runtime's default) and graph optimisation level."""
+    """The ONNX Runtime session an ONNX config runs in: its providers (the config's, then the
+    fallbacks ONNX Runtime takes for what a GPU provider lacks: CUDA for TensorRT, then the CPU),
+    intra-op threads (0: ONNX Runtime's default) and graph optimisation level."""
     provider = ORT_PROVIDERS[config["runtime"]]
-    providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
+    providers = list(dict.fromkeys([provider, *ORT_FALLBACKS.get(provider, ()), CPU_PROVIDER]))
     return {
         "providers": providers,
         "intra_op_num_threads": int(config["threads"]),

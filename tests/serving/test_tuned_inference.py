@@ -14,9 +14,10 @@ from torch import nn
 
 from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE, InferenceCapabilities
 from autotuner.backends.pytorch.inference_runner import PyTorchServing
-from autotuner.backends.pytorch.serving import TunedInference, primary_output
+from autotuner.backends.pytorch.serving import TunedInference, primary_output, session_settings
 from autotuner.backends.pytorch.workload import InferenceWorkload, TorchWorkload, as_inference_workload
 from autotuner.trials.inference import Served, heldout_count, latency, percentile
+from autotuner.trials.outcomes import Unsupported
 from autotuner.trials.request import TrialRequest
 
 REFERENCE = {name: knob.reference for name, knob in PYTORCH_INFERENCE.knobs.items()}
@@ -66,6 +67,30 @@ def test_each_knob_computes_the_same_outputs_within_its_numerics(
     assert _relative(outputs, expected[:8]) <= most
     if changes.get("runtime"):
         assert (tmp_path / "m.onnx").exists() and tuned.session is not None
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime-cuda", "onnxruntime-tensorrt"])
+def test_an_onnx_provider_that_does_not_start_is_unsupported_not_a_silent_cpu_session(
+    runtime: str, tmp_path: Path
+) -> None:
+    """ONNX Runtime falls back to the next provider it was given when one cannot start (here: a
+    build without CUDA); a trial would then time the CPU under the GPU runtime's name."""
+    pytest.importorskip("onnxruntime")
+    with pytest.raises(Unsupported, match=rf"runtime={runtime}: ONNX Runtime could not start"):
+        TunedInference(_config(runtime=runtime), _model(), device="cpu", example=_inputs(8), onnx_file=tmp_path / "m")
+
+
+def test_tensorrt_falls_back_to_cuda_then_the_cpu() -> None:
+    """What TensorRT cannot run goes to CUDA, as ONNX Runtime's own guide sets the providers."""
+    assert session_settings(_config(runtime="onnxruntime-tensorrt"))["providers"] == [
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+    assert session_settings(_config(runtime="onnxruntime-cuda"))["providers"] == [
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
 
 
 def test_an_onnx_runtime_needs_an_example_and_reuses_its_export(tmp_path: Path) -> None:
