@@ -2,8 +2,9 @@
 
 With `processes: N` the trial process (`autotuner.trials.launcher`) does not train: it starts N
 ranks with `torch.multiprocessing.start_processes` (forked, so nothing is imported again and no
-device has been touched before the fork), hosts their rendezvous (a `torch.distributed.TCPStore`
-on 127.0.0.1), and waits for them. Each rank joins the trial's process group (NCCL on GPUs, gloo
+device has been touched before the fork), then hosts their rendezvous (a `torch.distributed.TCPStore`
+on 127.0.0.1, started after the fork: its server thread is not copied into the ranks; they learn
+its port through a pipe), and waits for them. Each rank joins the trial's process group (NCCL on GPUs, gloo
 on the CPU) on its own device (`cuda:K+rank` from the request's `cuda:K`; on the CPU its own
 share of the cores, as many threads), then runs the one trial algorithm
 (`autotuner.trials.core.run_trial`) as a rank of `StoreGroup`: rank 0 measures and reports, the
@@ -94,19 +95,25 @@ def run_ranks(backend: TrialBackend, entry: str, request: Any, turns: Any = None
     output; `RankFailed` with the first rank's end when one fails."""
     trial: TrialRequest = request.trial if isinstance(request, ProfileRequest) else request
     size = trial.processes
-    store = dist.TCPStore(HOST, 0, size, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
     receivers, senders = zip(*(multiprocessing.Pipe(duplex=False) for _ in range(size)), strict=True)
+    port_readers, port_writers = zip(*(multiprocessing.Pipe(duplex=False) for _ in range(size)), strict=True)
     shares = core_shares(usable_cpus(), size)
     context = torch.multiprocessing.start_processes(
         _rank_main,
-        args=(backend, entry, request, turns, store.port, list(senders), shares),
+        args=(backend, entry, request, turns, list(port_readers), list(senders), shares),
         nprocs=size,
         join=False,
         start_method="fork",
     )
-    for sender in senders:
-        sender.close()
+    for end in (*senders, *port_readers):
+        end.close()
     try:
+        # The store's server thread starts after the fork (a fork copies no thread, and a lock a
+        # thread held stays held in the child): the ranks learn its port through their pipes.
+        store = dist.TCPStore(HOST, 0, size, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
+        for writer in port_writers:
+            writer.send(store.port)
+            writer.close()
         return _watch(context.processes, list(receivers))
     finally:
         for process in context.processes:
@@ -181,17 +188,20 @@ def _rank_main(
     entry: str,
     request: Any,
     turns: Any,
-    port: int,
+    ports: list[multiprocessing.connection.Connection],
     senders: list[multiprocessing.connection.Connection],
     shares: list[set[int]],
 ) -> None:
-    """One rank: join the process group, run `entry` as rank `rank`, send its end, exit."""
+    """One rank: join the process group (the store's port comes through `ports[rank]`), run
+    `entry` as rank `rank`, send its end, exit."""
     die_with_parent()
     sender = senders[rank]
-    for other in senders:
-        if other is not sender:
+    for other in (*senders, *ports):
+        if other is not sender and other is not ports[rank]:
             other.close()
     try:
+        port = ports[rank].recv()  # EOFError if the trial process could not start the store
+        ports[rank].close()
         trial: TrialRequest = request.trial if isinstance(request, ProfileRequest) else request
         size = trial.processes
         device = rank_device(trial.device, rank)

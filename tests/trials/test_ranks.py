@@ -191,3 +191,33 @@ def test_a_hugging_face_model_keeps_its_own_attention_and_checkpointing_through_
     result = launcher.call(RUNNER, "run", trial, 120)
     assert result.outcome is Outcome.OK, result.reason
     assert result.output is not None and result.output.losses.heldout > 0
+
+
+def _threads() -> int:
+    """The OS threads of this process (native ones included: a TCPStore's server, a thread pool's)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_the_ranks_are_forked_before_the_trial_process_starts_their_stores_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork copies one thread and every lock: the ranks are forked from a process that runs no
+    thread of the trial's own (the store's server starts after them), and still train."""
+    import torch.multiprocessing
+
+    from autotuner.backends.pytorch.ranks import run_ranks
+    from autotuner.backends.pytorch.runner import TRIAL_BACKEND
+
+    forked_with: list[int] = []
+    start = torch.multiprocessing.start_processes
+
+    def counted(*args: object, **kwargs: object) -> object:
+        forked_with.append(_threads())
+        return start(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", counted)
+    before = _threads()
+    output = run_ranks(TRIAL_BACKEND, "trial", _drift_request("ddp", 2))
+    assert forked_with == [before]
+    assert output.losses.heldout > 0
