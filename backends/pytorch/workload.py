@@ -166,7 +166,9 @@ class StreamShard(torch.utils.data.IterableDataset[Any]):
     in order), and worker k of W of that share's micro-batches the k-th, (k+W)-th, ...: a
     DataLoader hands the workers' batches out in turn, so the loader yields the share's
     micro-batches in the stream's order, each item once. Every worker reads the whole stream and
-    skips what is not its own."""
+    skips what is not its own; it reads it as the main process would (`_whole`), so a stream
+    that shards itself between a loader's workers (a `datasets` streaming dataset, a torch
+    `IterableDataset` that reads `get_worker_info()`) gives each worker the whole of it too."""
 
     def __init__(self, items: Iterable[Any], rank: int, ranks: int, micro_batch: int):
         self.items, self.rank, self.ranks, self.micro_batch = items, rank, ranks, micro_batch
@@ -174,10 +176,30 @@ class StreamShard(torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        share = itertools.islice(iter(self.items), self.rank, None, self.ranks)
+        share = itertools.islice(_whole(self.items), self.rank, None, self.ranks)
         for index, item in enumerate(share):
             if (index // self.micro_batch) % workers == worker:
                 yield item
+
+
+def _whole(items: Iterable[Any]) -> Iterator[Any]:
+    """`items` read as outside any loader worker: torch's worker info hidden while the stream's own
+    code runs (it asks `get_worker_info()` when its iterator starts, or at any item)."""
+    from torch.utils.data._utils import worker  # get_worker_info() reads this module's global
+
+    def hidden(step: Callable[[], Any]) -> Any:
+        info, worker._worker_info = worker._worker_info, None
+        try:
+            return step()
+        finally:
+            worker._worker_info = info
+
+    iterator = hidden(lambda: iter(items))
+    while True:
+        try:
+            yield hidden(lambda: next(iterator))
+        except StopIteration:
+            return
 
 
 def first_batch_problem(

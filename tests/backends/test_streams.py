@@ -37,3 +37,26 @@ def test_a_streamed_workload_is_accepted_and_a_non_iterable_refused() -> None:
     bad.dataset = object()  # type: ignore[assignment]
     with pytest.raises(TypeError, match="map-style .* or a stream"):
         as_workload(bad, "x:y")
+
+
+class WorkerShardedStream(torch.utils.data.IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A stream that shards itself between a DataLoader's workers, as torch's documentation writes
+    one and as a Hugging Face `datasets` streaming dataset does: worker k of W yields items k, k+W, ..."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start, self.count, step):
+            yield torch.tensor([i]), torch.tensor(i)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stream_that_shards_itself_between_workers_is_still_read_once_and_in_its_order(workers: int) -> None:
+    config = {"precision": "fp32", "batch_size": 4, "accumulation": 1, "workers": workers, "compile": "none"}
+    tuned = TunedTraining(config, torch.nn.Linear(1, 1), torch.optim.SGD, device="cpu")
+    loader = tuned.make_loader(WorkerShardedStream(40), seed=0)
+    read = torch.cat([inputs for inputs, _ in loader]).flatten()
+    assert read.tolist() == list(range(40))
