@@ -403,7 +403,7 @@ def _run(
             return output
         if workload.flops_per_sample is None:
             phase("counting FLOPs")
-            output.flops_per_sample = _count_flops(backend, workload, training)
+            output.flops_per_sample = _count_flops(backend, workload, training, group)
         training = backend.restart(workload, training, initial)
     seed_trial(backend, request.seed)
     output.losses = _drift_phase(backend, workload, training, request, phase, group)
@@ -458,8 +458,13 @@ def run_profile(backend: TrialBackend, profile: ProfileRequest, group: RankGroup
     return ProfileOutput(trace=written[0], where=where, total_ms=total_ms, operators=operators)
 
 
-def _count_flops(backend: TrialBackend, workload: Any, training: Any) -> float | None:
-    """MFU is a figure about a trial, and its absence never fails one."""
+def _count_flops(backend: TrialBackend, workload: Any, training: Any, group: RankGroup | None) -> float | None:
+    """MFU is a figure about a trial, and its absence never fails a trial of one process. A rank of
+    several counts through the model as it is spread over the ranks (FSDP's collectives): one rank
+    whose count fails would leave the others inside a collective, or send them on with the model
+    half gathered, so its error ends the trial at once, said as it is."""
+    if group is not None and group.size > 1:
+        return backend.flops_per_sample(workload, training)
     try:
         return backend.flops_per_sample(workload, training)
     except Exception:

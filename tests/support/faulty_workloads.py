@@ -307,11 +307,13 @@ def records_forwards(folder: str, oom_at: int = 0, samples: int = 64) -> TorchWo
 def on_rank(fault: str, rank: int = 1, samples: int = 64) -> TorchWorkload:
     """Healthy on every rank of a trial of several processes but `rank`, where the forward does
     `fault`: `crash` (SIGKILL, no word), `raise` (a ValueError), `hang` (sleeps for an hour, its
-    peers waiting in their all-reduce), `oom` (torch's out-of-memory error) or `nan` (NaN inputs,
-    so a NaN loss and NaN gradients)."""
+    peers waiting in their all-reduce), `oom` (torch's out-of-memory error), `nan` (NaN inputs,
+    so a NaN loss and NaN gradients) or `count` (a ValueError while the trial counts the model's
+    FLOPs only, after its windows were measured)."""
     faults: dict[str, Callable[[torch.Tensor], torch.Tensor | None]] = {
         "crash": lambda x: _raise(None),
         "raise": lambda x: _raise(ValueError("this rank's forward fails")),
+        "count": lambda x: _raise(ValueError("this rank cannot be counted")) if _counting_flops() else None,
         "hang": lambda x: _raise(None, sleep_s=3600),
         "oom": lambda x: _raise(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")),
         "nan": _poison,
@@ -322,6 +324,14 @@ def on_rank(fault: str, rank: int = 1, samples: int = 64) -> TorchWorkload:
         return act(x) if torch.distributed.is_initialized() and torch.distributed.get_rank() == rank else None
 
     return _workload(_Misbehaving(on_this_rank), samples)
+
+
+def _counting_flops() -> bool:
+    """Whether torch's FLOP counter is counting this forward."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    from torch.utils.flop_counter import _FlopCounterMode
+
+    return any(isinstance(mode, _FlopCounterMode) for mode in _get_current_dispatch_mode_stack())
 
 
 def _raise(exc: BaseException | None, sleep_s: float = 0) -> None:

@@ -221,3 +221,14 @@ def test_the_ranks_are_forked_before_the_trial_process_starts_their_stores_threa
     output = run_ranks(TRIAL_BACKEND, "trial", _drift_request("ddp", 2))
     assert forked_with == [before]
     assert output.losses.heldout > 0
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_to_count_the_models_flops_ends_an_fsdp_trial_at_once(launcher: TrialLauncher) -> None:
+    """FSDP's ranks count the model's FLOPs through its collectives: a rank whose count raises ends
+    the trial with its error at once, where swallowing it left the other rank waiting in a
+    reduce-scatter until the trial's timeout."""
+    trial = replace(_on_two_ranks(request("on_rank", {"fault": "count"}, batch_size=4)), parallel="fsdp")
+    result = launcher.call(RUNNER, "run", trial, 60)
+    assert result.outcome is Outcome.ERROR, result.reason
+    assert "rank 1 of 2: ValueError: this rank cannot be counted" in result.reason
