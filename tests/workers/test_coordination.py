@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,28 +130,28 @@ def _spend(url: str, study_name: str, budget: int, barrier: Any, results: Any) -
     results.put((trial.number, slots.claim(trial)))
 
 
+def _race(racer: Callable[..., None], *args: object, racers: int = 4) -> list[Any]:
+    """What `racers` forked processes each put on the queue after `racer(*args, barrier, queue)`
+    made them wait for one another at the barrier: workers that start at the same moment."""
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(racers), context.Queue()
+    processes = [context.Process(target=racer, args=(*args, barrier, results)) for _ in range(racers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    return [results.get(timeout=5) for _ in processes]
+
+
 def test_one_claim_and_the_budget_are_won_by_exactly_as_many_workers_as_allowed(
     storage_url: tuple[str, str],
 ) -> None:
     url, name = storage_url
     storage = open_storage(url)
     study = optuna.create_study(study_name=name, storage=storage)
-    context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(4), context.Queue()
-    racers = [context.Process(target=_claim, args=(url, name, barrier, results)) for _ in range(4)]
-    for racer in racers:
-        racer.start()
-    for racer in racers:
-        racer.join(120)
-    assert sorted(results.get(timeout=5) for _ in racers) == [False, False, False, True]
+    assert sorted(_race(_claim, url, name)) == [False, False, False, True]
 
-    barrier = context.Barrier(4)
-    spenders = [context.Process(target=_spend, args=(url, name, 2, barrier, results)) for _ in range(4)]
-    for spender in spenders:
-        spender.start()
-    for spender in spenders:
-        spender.join(120)
-    spent = dict(results.get(timeout=5) for _ in spenders)
+    spent = dict(_race(_spend, url, name, 2))
     assert sorted(slot for slot in spent.values() if slot is not None) == [0, 1]
     # A trial that held a slot and was cut off frees it, for one later trial only.
     holder = next(number for number, slot in spent.items() if slot == 0)
@@ -274,14 +275,7 @@ def _warm_start(url: str, study_name: str, barrier: Any, results: Any) -> None:
 def test_workers_started_together_enqueue_an_earlier_studys_configs_once(storage_url: tuple[str, str]) -> None:
     url, name = storage_url
     study = optuna.create_study(study_name=name, storage=open_storage(url))
-    context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(4), context.Queue()
-    racers = [context.Process(target=_warm_start, args=(url, name, barrier, results)) for _ in range(4)]
-    for racer in racers:
-        racer.start()
-    for racer in racers:
-        racer.join(120)
-    assert sorted(results.get(timeout=5) for _ in racers) == [False, False, False, True]
+    assert sorted(_race(_warm_start, url, name)) == [False, False, False, True]
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert [t.system_attrs["fixed_params"] for t in waiting] == [{"x": 1}, {"x": 2}]
     assert study.user_attrs["warm_start"] == "earlier"
