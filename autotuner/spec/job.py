@@ -271,6 +271,7 @@ class Job:
             processes=self.spec.processes,
             parallel=self.parallel,
             log=log,
+            time_calls=self.spec.task == "inference" and self.spec.objective.optimize == "latency",
         )
 
     def complete(self, params: Params) -> Config:

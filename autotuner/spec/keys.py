@@ -48,7 +48,8 @@ class Objective(_Strict):
     `global_batch` samples in calls of its own `batch_size`. `latency` (`task: inference` only):
     the time one call takes on a request of `global_batch` samples, which every config serves in
     one call (`batch_size` is `global_batch`), so the configs are ranked by the time of a call (the
-    median window of calls, measured and re-measured as throughput is); the speedup is the
+    median window of calls, measured and re-measured as throughput is, each window timed by the
+    calls it served alone: loading the next batch is not the config's); the speedup is the
     baseline's call time over the config's, and the export and report give each config's p50 and
     p99."""
     max_latency_ms: float | None = Field(None, gt=0, le=86_400_000)

@@ -22,6 +22,7 @@ the framework's part.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -37,7 +38,7 @@ import numpy as np
 
 from autotuner.config.knobs import BATCH_SIZE
 from autotuner.measurement.telemetry import Telemetry
-from autotuner.measurement.timing import WindowTimer, measure_throughput
+from autotuner.measurement.timing import Throughput, WindowTimer, measure_throughput, relative_spread
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.core import TrialBackend, contention_watched, pruner, trial_process
@@ -179,6 +180,26 @@ def latency(calls: list[Served], spans: list[tuple[float, float]]) -> Latency | 
     )
 
 
+def by_calls(throughput: Throughput, calls: list[Served]) -> Throughput:
+    """`throughput` with each window timed by its served calls alone (`TrialRequest.time_calls`):
+    a window's samples over the seconds of the calls that began in it, so loading the next batch
+    is not the config's. A pruned measurement is left as its rule judged it."""
+    if throughput.stopped is not None or not throughput.window_spans:
+        return throughput
+    samples = throughput.steps * throughput.samples_per_step
+    seconds = [sum(c.seconds for c in calls if start <= c.began <= end) for start, end in throughput.window_spans]
+    if not all(seconds):
+        return throughput
+    rates = [samples / s for s in seconds]
+    return dataclasses.replace(
+        throughput,
+        samples_per_s=statistics.median(rates),
+        spread=relative_spread(rates),
+        window_samples_per_s=rates,
+        measured_s=sum(seconds),
+    )
+
+
 def run_inference(backend: ServingBackend, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
     """One inference trial of `request`, as the module says; with `turns`, its measured phase takes
     its turns in a lockstep group."""
@@ -283,7 +304,7 @@ def _measure(
         throughput = measure_throughput(timer, request.measuring(), telemetry=telemetry, turns=turns, phase=phase)
     if watch is not None:
         output.prune_held_off = list(watch.held_off_shares)
-    output.throughput = throughput
+    output.throughput = by_calls(throughput, calls) if request.time_calls else throughput
     output.latency = latency(calls, throughput.window_spans)
     output.telemetry = telemetry.summary(throughput.telemetry_samples)
     output.peak_memory_mb = max(backend.peak_memory_mb(device), output.telemetry.get("gpu_process_memory_mb_max", 0.0))

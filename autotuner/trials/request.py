@@ -64,6 +64,10 @@ class TrialRequest:
     """Where the process's stdout and stderr go, its own and its children's: a file of its own,
     `<log>.<pid>.log` (`autotuner.trials.launcher.log_file`), so the libraries' warnings and prints
     stay off the search's console. None: the console."""
+    time_calls: bool = False
+    """An inference trial's windows timed by their served calls alone (`objective.optimize:
+    latency`): each window's time is the sum of its calls', not its wall time, which holds the
+    loading of each next batch too."""
 
     def measuring(self) -> Measuring:
         """How its measured phase times it (`autotuner.measurement.timing.measure_throughput`): a

@@ -16,7 +16,8 @@ from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE, InferenceCap
 from autotuner.backends.pytorch.inference_runner import PyTorchServing
 from autotuner.backends.pytorch.serving import TunedInference, primary_output, session_settings
 from autotuner.backends.pytorch.workload import InferenceWorkload, TorchWorkload, as_inference_workload
-from autotuner.trials.inference import Served, heldout_count, latency, percentile
+from autotuner.measurement.timing import Throughput
+from autotuner.trials.inference import Served, by_calls, heldout_count, latency, percentile
 from autotuner.trials.outcomes import Unsupported
 from autotuner.trials.request import TrialRequest
 
@@ -169,6 +170,26 @@ def test_latency_is_read_from_the_calls_inside_the_measured_windows() -> None:
     assert found is not None and found.calls == 100
     assert found.p50_ms == pytest.approx(50.5) and found.p99_ms == pytest.approx(99.0)
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0 and latency(calls, []) is None
+
+
+def _windows(spans: list[tuple[float, float]], **changes: object) -> Throughput:
+    """Two measured windows of 2 steps of 8 samples, each over 1 s of wall time."""
+    return Throughput(
+        samples_per_s=16.0, spread=0.0, window_samples_per_s=[16.0, 16.0], warmup_s=0.1, measured_s=2.0,
+        steps=2, windows=2, samples_per_step=8, window_spans=spans, **changes,
+    )  # fmt: skip
+
+
+def test_optimizing_latency_times_a_window_by_its_served_calls_alone() -> None:
+    """Each window's wall time holds the loading of the next batch as well: ranking by latency, a
+    window is timed by the calls it served (two of 0.1 s, then two of 0.2 s), not the 1 s it lasted."""
+    calls = [Served(0.05, 5.0), Served(1.1, 0.1), Served(1.6, 0.1), Served(3.1, 0.2), Served(3.6, 0.2)]
+    timed = by_calls(_windows([(1.0, 2.0), (3.0, 4.0)]), calls)
+    assert timed.window_samples_per_s == pytest.approx([80.0, 40.0])
+    assert timed.samples_per_s == pytest.approx(60.0) and timed.measured_s == pytest.approx(0.6)
+    assert timed.spread == pytest.approx(40.0 / 60.0)
+    pruned = _windows([(1.0, 2.0), (3.0, 4.0)], stopped="behind")
+    assert by_calls(pruned, calls) is pruned  # its rule's stretches, as judged
 
 
 def _classifier_items(count: int) -> list[tuple[torch.Tensor, int]]:

@@ -483,6 +483,9 @@ def test_optimizing_latency_serves_every_request_in_one_call(tmp_path: Path) -> 
     assert job.space["batch_size"] == [whole] and job.baseline["batch_size"] == whole
     assert job.complete(job.baseline)["accumulation"] == 1
     assert job.identity() != spec(tmp_path, task="inference").identity()
+    # its trials time a window by the calls it served, not by the loading between them
+    assert job.trial_request(job.baseline, "cpu").time_calls
+    assert not spec(tmp_path, task="inference").trial_request(job.baseline, "cpu").time_calls
 
 
 def test_keys_added_later_at_their_defaults_keep_a_studys_identity(tmp_path: Path) -> None:
