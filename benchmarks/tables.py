@@ -410,6 +410,35 @@ def inference(data: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def parallel_knobs(data: dict[str, Any], source: str) -> list[str]:
+    """Each DDP and FSDP2 knob's trial of two ranks against its mode's base config."""
+    lines = [
+        "### The distributed knobs: `python benchmarks/parallel_knobs.py`",
+        "",
+        f"On {data['device']}, torch {data['versions'].get('torch', '?')} (`results/{source}`): each knob value "
+        f"changed alone from its mode's base config (fp32, the global batch split between 2 ranks, no compile, "
+        f"no loader workers), each a real trial of 2 ranks (gloo on a CPU, NCCL on GPUs), "
+        f"{data['rounds']} rounds in shuffled order, medians. The held-out loss is after the trial's drift steps: "
+        "a knob that only changes how the gradients travel keeps it.",
+        "",
+        "| workload | parallel | knob | samples/s | over the base | held-out loss |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload, modes in data["workloads"].items():
+        for mode, found in modes.items():
+            for name, row in found["variants"].items():
+                if row["samples_per_s"] is None:
+                    lines.append(f"| {workload} | {mode} | {name} | failed: {row['failed']} | | |")
+                    continue
+                lines.append(
+                    f"| {workload} | {mode} | {name} | {row['samples_per_s']:,.0f} | {row['ratio']:.2f}x | "
+                    f"{row['heldout_loss']:.6f} |"
+                )
+            for name, reason in found["not_run"].items():
+                lines.append(f"| {workload} | {mode} | {name} | not run: {reason} | | |")
+    return [*lines, ""]
+
+
 def warm_start(data: dict[str, Any]) -> list[str]:
     """Trials to the bar from a related study's best configs, against a cold start."""
     lines = [
@@ -759,6 +788,9 @@ def main(argv: list[str] | None = None) -> None:
         sections += promise(coverage, quickstarts)
     if data := _load("inference.json", folder):
         sections += inference(data)
+    for source in ("parallel_knobs-cpu.json", "parallel_knobs-gpu.json"):
+        if data := _load(source, folder):
+            sections += parallel_knobs(data, source)
     if data := _load("search_efficiency.json", folder):
         sections += search_efficiency(data)
     if data := _load("warm_start.json", folder):
