@@ -11,6 +11,7 @@ exactly what a user gets.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import resource
 import sys
@@ -115,6 +116,17 @@ def _count_compilation(args: Any) -> None:
 torch._dynamo.callback.callback_handler.register_start_callback(_count_compilation)
 
 
+class CudaKernelsOfACpuBuild(logging.Filter):
+    """Drops torchao's "Failed to load .../torchao/_C...so" under a CPU build of torch: its compiled
+    extensions are CUDA kernels (MX formats, Hopper's CUTLASS) that need torch's CUDA libraries, so
+    they never load there and nothing a CPU runs uses them; said at every import, in every trial's
+    log, it read as a quantization path that failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (torch.version.cuda is None and message.startswith("Failed to load ") and "torchao/_C" in message)
+
+
 class PyTorchTrial(TrialBackend):
     """PyTorch's steps of a trial (`autotuner.trials.core.TrialBackend`)."""
 
@@ -123,6 +135,9 @@ class PyTorchTrial(TrialBackend):
     def configure_process(self, device_spec: str, compile_cache: str | None, config: Config | None = None) -> None:
         if compile_cache:  # the study's own: warm-up must not depend on other studies' compiles
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache(compile_cache, config)
+        torchao = logging.getLogger("torchao")
+        if not any(isinstance(f, CudaKernelsOfACpuBuild) for f in torchao.filters):
+            torchao.addFilter(CudaKernelsOfACpuBuild())
 
     def resolve_device(self, spec: str) -> torch.device:
         return resolve_device(spec)

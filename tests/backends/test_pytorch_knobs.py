@@ -350,3 +350,23 @@ def test_a_hugging_face_model_under_ddp_is_tuned_again_on_its_wrapper_as_it_was_
     assert again.module is model and again._ddp is first._ddp  # wrapped once
     assert model.config._attn_implementation == "eager" and model.is_activation_checkpointing
     assert not any(isinstance(m.forward, functools.partial) for m in model.modules())  # not checkpointed twice
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch loads torchao's CUDA kernels")
+def test_torchaos_cuda_kernels_a_cpu_build_cannot_load_are_no_warning_in_a_trial(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A trial process on a CPU build of torch: torchao's "Failed to load" of its CUDA extensions
+    is not a warning of the trial's (its log's `warned:` line); torchao's other warnings are."""
+    import logging
+
+    from autotuner.backends.pytorch.runner import TRIAL_BACKEND
+
+    TRIAL_BACKEND.configure_process("cpu", None)
+    TRIAL_BACKEND.configure_process("cpu", None)  # once per process is enough, twice does no harm
+    torchao = logging.getLogger("torchao")
+    with caplog.at_level(logging.WARNING, logger="torchao"):
+        torchao.warning("Failed to load /venv/lib/torchao/_C_mxfp8.cpython-310-x86_64-linux-gnu.so: Could not load")
+        torchao.warning("Warning: Detected no triton, on systems without Triton certain kernels will not work")
+    assert [r.getMessage()[:26] for r in caplog.records] == ["Warning: Detected no trito"]
+    assert len(torchao.filters) == 1
