@@ -2,12 +2,12 @@
 
     python benchmarks/parallel_knobs.py [--device cpu] [--rounds 3] [--tiny] [--out FILE]
 
-For each workload (the built-in mlp, the quickstart's job, and the built-in gpt) and each way of
+For each workload (the built-in mlp, which is the quickstart's job, and the built-in gpt) and each way of
 training together (`parallel: ddp`, `parallel: fsdp`): the base config (fp32, the global batch
 split between the two ranks in one micro-batch each, no compile, no loader workers, every
 parallel knob at its reference value) and the same config with one parallel knob changed, for
 each of its values this device can use (`PyTorchBackend.unsupported_reason` with the probe's
-capabilities: FSDP's CPU offload needs a GPU; the others are listed with the reason). Each
+capabilities; the others, such as FSDP's CPU offload on a CPU, are listed with the reason). Each
 variant runs as a real trial of two ranks (gloo on the CPU, NCCL on GPUs) through the search's
 trial launcher and the job's trial settings, so it is measured exactly as a search measures it;
 in each of `--rounds` rounds every variant runs once, in an order shuffled per round, so a

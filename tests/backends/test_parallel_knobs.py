@@ -17,7 +17,7 @@ from autotuner.errors import SpecError
 from autotuner.spec.job import parse_spec
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome
-from tests.support.helpers import RUNNER
+from tests.support.helpers import FP32, RUNNER
 from tests.trials.test_ranks import _drift_request
 
 DDP = {knob.name for knob in DDP_KNOBS}
@@ -150,7 +150,7 @@ def _mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
-ONE = {"precision": "fp32", "batch_size": 4, "accumulation": 1, "workers": 0, "compile": "none"}
+ONE = {**FP32, "batch_size": 4}
 
 
 @pytest.mark.parametrize(
