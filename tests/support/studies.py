@@ -49,28 +49,35 @@ def write_spec(folder: Path, **changes: Any) -> Path:
     processes that trained are the search's. A space of knobs without a `preset` holds every knob
     it does not name at the baseline's value, so that a test's space is the knobs it names (a
     preset would search the rest)."""
-    spec = {**SMALL_SPEC, **changes}
-    space = spec.get("space")
-    if isinstance(space, dict) and "preset" not in space:
-        from autotuner.backends import BACKENDS, INFERENCE
-        from autotuner.config.knobs import DERIVED
-
-        backend = (INFERENCE if spec.get("task") == "inference" else BACKENDS).get(spec["backend"])
-        parallel = spec.get("parallel") or ((backend.parallel or (None,))[0] if spec.get("processes", 1) > 1 else None)
-        knobs = backend.job_knobs(parallel) if backend is not None else {}
-        baseline = spec.get("baseline") or {}
-        held = {
-            name: [baseline.get(name, knob.reference)]
-            for name, knob in knobs.items()
-            if name not in space and name not in DERIVED and knob.reference is not None
-        }
-        spec["space"] = {**space, **held}
+    spec = held_space({**SMALL_SPEC, **changes})
     spec["budget"] = {"remeasure_top": 0, **spec["budget"]}
     spec["trial"] = {"prune_after": 0, "quiet_wait": 0, **spec["trial"]}
     spec.setdefault("profile", {"steps": 0})
     path = folder / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
+
+
+def held_space(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` with a space of knobs without a `preset` completed: every knob of its backend (and
+    `parallel`) it does not name held at the baseline's value, or the knob's reference, so that
+    the space searched is the knobs it names (a preset would search the rest)."""
+    space = spec.get("space")
+    if not isinstance(space, dict) or "preset" in space:
+        return spec
+    from autotuner.backends import BACKENDS, INFERENCE
+    from autotuner.config.knobs import DERIVED
+
+    backend = (INFERENCE if spec.get("task") == "inference" else BACKENDS).get(spec["backend"])
+    parallel = spec.get("parallel") or ((backend.parallel or (None,))[0] if spec.get("processes", 1) > 1 else None)
+    knobs = backend.job_knobs(parallel) if backend is not None else {}
+    baseline = spec.get("baseline") or {}
+    held = {
+        name: [baseline.get(name, knob.reference)]
+        for name, knob in knobs.items()
+        if name not in space and name not in DERIVED and knob.reference is not None
+    }
+    return {**spec, "space": {**space, **held}}
 
 
 def write_hang_spec(folder: Path, name: str, *, hang_at: int, workers: int, trials: int) -> Path:
@@ -152,9 +159,16 @@ def _run_main(args: list[str], cwd: Path, timeout: float) -> subprocess.Complete
 
 
 def _stream_handlers() -> list[logging.StreamHandler[Any]]:
-    """The stream handlers of the root logger and of every logger below it (Optuna's among them)."""
+    """The stream handlers of the root logger and of every logger below it (Optuna's among them)
+    that hold a stream of their own: logging's last-resort handler, which some libraries attach,
+    writes to whatever `sys.stderr` is, which `redirect_stderr` replaces."""
     loggers = [logging.getLogger(), *(logging.getLogger(name) for name in logging.root.manager.loggerDict)]
-    return [h for logger in loggers for h in getattr(logger, "handlers", []) if isinstance(h, logging.StreamHandler)]
+    return [
+        h
+        for logger in loggers
+        for h in getattr(logger, "handlers", [])
+        if isinstance(h, logging.StreamHandler) and not isinstance(getattr(type(h), "stream", None), property)
+    ]
 
 
 @contextlib.contextmanager
