@@ -116,15 +116,33 @@ def _count_compilation(args: Any) -> None:
 torch._dynamo.callback.callback_handler.register_start_callback(_count_compilation)
 
 
-class CudaKernelsOfACpuBuild(logging.Filter):
-    """Drops torchao's "Failed to load .../torchao/_C...so" under a CPU build of torch: its compiled
-    extensions are CUDA kernels (MX formats, Hopper's CUTLASS) that need torch's CUDA libraries, so
-    they never load there and nothing a CPU runs uses them; said at every import, in every trial's
-    log, it read as a quantization path that failed."""
+class TorchaoImportNoise(logging.Filter):
+    """Drops what importing torchao logs that is no fault of the job and nothing it can change, said
+    at every import in every trial's log (where it read as a warning about the config):
+
+    - "Failed to load .../torchao/_C...so" under a CPU build of torch: its compiled extensions are
+      CUDA kernels (MX formats, Hopper's CUTLASS) that need torch's CUDA libraries, so they never
+      load there and nothing a CPU runs uses them; it read as a quantization path that failed;
+    - torch's deprecation of `register_constant()` on the Enum subclasses torchao registers (the
+      enums' module says whose they are: a job's own enums keep the warning)."""
+
+    LOGGERS = ("torchao", "torch.utils._pytree")
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "torch.utils._pytree":
+            registered = record.args[0] if isinstance(record.args, tuple) and record.args else None
+            return not (
+                isinstance(registered, type) and getattr(registered, "__module__", "").split(".")[0] == "torchao"
+            )
         message = record.getMessage()
         return not (torch.version.cuda is None and message.startswith("Failed to load ") and "torchao/_C" in message)
+
+    @classmethod
+    def install(cls) -> None:
+        for name in cls.LOGGERS:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, cls) for f in logger.filters):
+                logger.addFilter(cls())
 
 
 class PyTorchTrial(TrialBackend):
@@ -135,9 +153,7 @@ class PyTorchTrial(TrialBackend):
     def configure_process(self, device_spec: str, compile_cache: str | None, config: Config | None = None) -> None:
         if compile_cache:  # the study's own: warm-up must not depend on other studies' compiles
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache(compile_cache, config)
-        torchao = logging.getLogger("torchao")
-        if not any(isinstance(f, CudaKernelsOfACpuBuild) for f in torchao.filters):
-            torchao.addFilter(CudaKernelsOfACpuBuild())
+        TorchaoImportNoise.install()
 
     def resolve_device(self, spec: str) -> torch.device:
         return resolve_device(spec)

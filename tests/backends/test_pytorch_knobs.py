@@ -370,3 +370,27 @@ def test_torchaos_cuda_kernels_a_cpu_build_cannot_load_are_no_warning_in_a_trial
         torchao.warning("Warning: Detected no triton, on systems without Triton certain kernels will not work")
     assert [r.getMessage()[:26] for r in caplog.records] == ["Warning: Detected no trito"]
     assert len(torchao.filters) == 1
+
+
+def test_torchs_deprecation_of_the_enums_torchao_registers_is_no_warning_in_a_trial(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """torch's warning that `register_constant()` on an Enum is deprecated, which importing torchao
+    logs in every trial process, is not the trial's; the same warning of a job's own enum is."""
+    import enum
+    import logging
+
+    from autotuner.backends.pytorch.runner import TRIAL_BACKEND
+
+    class Torchaos(str, enum.Enum):  # as torchao's are: an Enum with an __eq__ of its own
+        A = "a"
+
+    class Jobs(str, enum.Enum):
+        A = "a"
+
+    Torchaos.__module__ = "torchao.quantization.quantize_.common"
+    TRIAL_BACKEND.configure_process("cpu", None)
+    with caplog.at_level(logging.WARNING, logger="torch.utils._pytree"):
+        torch.utils._pytree.register_constant(Torchaos)
+        torch.utils._pytree.register_constant(Jobs)
+    assert [r.args[0] for r in caplog.records if r.name == "torch.utils._pytree"] == [Jobs]
