@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 TOP = 5
 
 
-def processes(t: TrialRecord) -> str:
-    """How many processes measured a config, and how far apart they were: `3, 1.2% apart`."""
+def runs_text(t: TrialRecord) -> str:
+    """How many runs (processes) measured a config, and how far apart they were: `3, 1.2% apart`."""
     if t.run_spread is None:
         return "1"
     failed = " [red]a re-run failed[/]" if t.remeasure_error else ""
@@ -342,7 +342,7 @@ class SearchReporter:
                 else []
             ),
             Column("spread", [percent(t.metrics.get("throughput_spread"), 1) for t in shown]),
-            Column("processes", [processes(t) for t in shown]),
+            Column("runs", [runs_text(t) for t in shown]),
             Column("warm-up", [f"{t.metrics.get('warmup_s', 0):.2f}s" for t in shown]),
             *(Column(c, [_run_column(c, estimates.get(t.number, {})) for t in shown]) for c in extra),
         ]

@@ -203,7 +203,7 @@ def top_table(report: Report, top: int = TOP) -> Table:
             f"#{t.number}",
             format_config(t.config),
             rate(t.throughput),
-            _processes(t),
+            _runs_text(t),
             report.speedup(t),
             charts.trial_drift_text(t),
             *([_latency_text(t)] if served else []),
@@ -211,7 +211,7 @@ def top_table(report: Report, top: int = TOP) -> Table:
         ]
         for rank, (t, estimate) in enumerate(zip(leaders, estimates, strict=True), start=1)
     ]
-    headers = ["rank", "trial", "config", "throughput", "processes", "speedup", "drift"]
+    headers = ["rank", "trial", "config", "throughput", "runs", "speedup", "drift"]
     headers += ["latency p50 / p99"] if served else []
     return [*headers, *(column for column, _ in shown)], rows
 
@@ -228,8 +228,8 @@ def _estimate_text(key: str, estimate: dict[str, Any]) -> str:
     return duration(estimate[key]) if key == "run_s" else money(estimate[key], estimate["currency"])
 
 
-def _processes(t: TrialRecord) -> str:
-    """The processes that measured a config: `1`, or each one's throughput and how far apart."""
+def _runs_text(t: TrialRecord) -> str:
+    """The runs (processes) that measured a config: `1`, or each one's throughput and how far apart."""
     if t.remeasured is None:
         return "1"
     error = t.remeasure_error
@@ -277,7 +277,7 @@ def trial_table(report: Report) -> Table:
             t.reason,
             rate(t.throughput),
             percent(t.metrics.get("throughput_spread"), 1),
-            _processes(t),
+            _runs_text(t),
             charts.trial_drift_text(t),
             metric(t, "warmup_s", "{:.2f} s"),
             peak_memory(t.metrics.get("peak_memory_mb"), report.environment.memory_mb),
@@ -285,7 +285,7 @@ def trial_table(report: Report) -> Table:
         ]
         for t in sorted(report.trials, key=lambda t: t.number)
     ]
-    headers = ["trial", "role", "config", "outcome", "feasible", "reason", "throughput", "spread", "processes", "drift"]
+    headers = ["trial", "role", "config", "outcome", "feasible", "reason", "throughput", "spread", "runs", "drift"]
     return [*headers, "warm-up", "peak memory", "output"], rows
 
 
