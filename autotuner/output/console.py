@@ -79,17 +79,20 @@ def knob_setting(config: Config, name: str) -> str:
 
 @dataclass
 class Column:
-    """One column of the final table: its header and its cells (rich markup), one per row."""
+    """One column of the final table: its header and its cells (rich markup), one per row; a
+    `whole` column's cells are never wrapped between their words either."""
 
     header: str
     cells: list[str]
+    whole: bool = False
 
     def widths(self) -> tuple[int, int]:
-        """The narrowest width that breaks no word of the column and the width that breaks no line."""
+        """The narrowest width that breaks no word of the column (no line of a `whole` one) and
+        the width that breaks no line."""
         texts = [Text.from_markup(markup) for markup in (escape(self.header), *self.cells)]
         words = [cell_len(word) for text in texts for word in text.plain.split()]
         lines = [cell_len(line) for text in texts for line in text.plain.splitlines()]
-        return max(words, default=1), max(lines, default=1)
+        return max(lines if self.whole else words, default=1), max(lines, default=1)
 
 
 def _table(columns: list[Column], widths: list[int]) -> Table:
@@ -342,7 +345,7 @@ class SearchReporter:
                 else []
             ),
             Column("spread", [percent(t.metrics.get("throughput_spread"), 1) for t in shown]),
-            Column("runs", [runs_text(t) for t in shown]),
+            Column("runs", [runs_text(t) for t in shown], whole=True),  # "3, 1.2% apart" is one figure
             Column("warm-up", [f"{t.metrics.get('warmup_s', 0):.2f}s" for t in shown]),
             *(Column(c, [_run_column(c, estimates.get(t.number, {})) for t in shown]) for c in extra),
         ]
