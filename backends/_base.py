@@ -85,6 +85,7 @@ from typing import Any, Protocol
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob
 from autotuner.errors import BackendError, SpecError
 from autotuner.search_spaces import available, load_preset
+from autotuner.trials.factory import preloadable_imports
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import PROBE_TIMEOUT_S, Environment, ProbeResult
@@ -158,10 +159,13 @@ class Backend(ABC):
         """The probe's `capabilities` report as this backend's `capabilities_type`."""
         return self.capabilities_type.from_dict(data)
 
-    def launcher(self, memory_limit_mb: float | None = None) -> TrialLauncher:
-        """A launcher of this backend's trial processes (its fork server preloads the runner); with
-        `memory_limit_mb`, each process may allocate that much (`trial.max_memory_mb`)."""
-        return TrialLauncher([self.runner], memory_limit_mb=memory_limit_mb)
+    def launcher(self, memory_limit_mb: float | None = None, workload: str | None = None) -> TrialLauncher:
+        """A launcher of this backend's trial processes: its fork server preloads the runner, and
+        the libraries the `workload` factory's module imports that it may import once for all
+        trials (`autotuner.trials.factory.preloadable_imports`); with `memory_limit_mb`, each
+        process may allocate that much (`trial.max_memory_mb`)."""
+        libraries = preloadable_imports(workload) if workload else []
+        return TrialLauncher([self.runner, *libraries], memory_limit_mb=memory_limit_mb)
 
     def probe(self, launcher: TrialLauncher, request: ProbeRequest, source: str | None = None) -> Environment:
         """The environment `request`'s probe finds, from a trial process of `launcher`. A device

@@ -232,7 +232,7 @@ def apply_config(
     from autotuner.trials.lockstep import in_lockstep, measure_together
     from autotuner.trials.outcomes import Outcome
 
-    launcher = job.backend.launcher(job.spec.trial.max_memory_mb)
+    launcher = job.backend.launcher(job.spec.trial.max_memory_mb, job.workload_path())
     environment, config = _checked(tuned, job, launcher, device or job.spec.device, force, warn)
     requests, timeout = _requests(tuned, job, config, environment.device, steps, baseline)
     # A compile cache of their own, empty: the warm-up is a real run's, whatever the study compiled.

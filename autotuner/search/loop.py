@@ -121,7 +121,7 @@ class Search:
         job = self.job
         check_storage_url(self.storage_url, default=self.is_default_storage)  # not after a probe's seconds
         earlier = load_earlier(self.warm_start, self.warm_start_study, job) if self.warm_start else None
-        launcher = job.backend.launcher(job.spec.trial.max_memory_mb)
+        launcher = job.backend.launcher(job.spec.trial.max_memory_mb, job.workload_path())
         with tempfile.TemporaryDirectory(prefix="autotuner-probe-") as folder:  # nothing written if it refuses
             environment = job.probe(launcher, self.device, self.device_source, log=os.path.join(folder, "probe"))
             for log in Path(folder).glob("*.log"):  # what it printed, kept with the trials' logs
