@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -254,22 +255,51 @@ class TunedInference(TunedLoop):
 def export_onnx(model: torch.nn.Module, example: Any, path: Path) -> list[str]:
     """Export `model` (fp32, eval) through `torch.onnx` with `example` (a batch as the model is
     called with) to `path`, written whole (a reader never sees half a file); the input names, in
-    the order the batch gives them (`input_<k>` for positional inputs, the keywords' own names)."""
+    the order the batch gives them (`input_<k>` for positional inputs, the keywords' own names).
+
+    The graph computes the model's primary output alone (`primary_output`: what drift compares
+    and the runtime serves), so that a model whose output holds what the exporter cannot take (a
+    Hugging Face causal LM's cache) exports all the same. Every axis of every input is dynamic: a
+    collate function that pads each batch to its own length gives each batch its own shape."""
     args, kwargs = model_inputs(example)
     names = [f"input_{k}" for k in range(len(args))] + list(kwargs)
+    dynamic = {
+        name: {axis: f"{name}_{axis}" for axis in range(value.dim())}
+        for name, value in zip(names, [*args, *kwargs.values()], strict=True)
+        if isinstance(value, torch.Tensor)
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with torch.no_grad():
+    # The tracer warns wherever the model turns a tensor into a Python value (a Hugging Face model
+    # does, checking its mask): the graph may not hold for other shapes. Drift, measured on the
+    # held-out batches at their own shapes, is what tells; the warning would be on every trial.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(
-            model,
-            args,
+            PrimaryOutput(model, list(kwargs)),
+            (*args, *kwargs.values()),
             str(partial),
-            kwargs=kwargs,
             input_names=names,
+            output_names=["output"],
+            dynamic_axes=dynamic,
             dynamo=False,  # the TorchScript exporter, which needs no onnxscript
         )
     partial.replace(path)
     return names
+
+
+class PrimaryOutput(torch.nn.Module):
+    """`model` computing its primary output alone (`primary_output`), for the ONNX exporter, which
+    traces positional inputs only: the last `len(keywords)` of them are passed by those names."""
+
+    def __init__(self, model: torch.nn.Module, keywords: list[str]):
+        super().__init__()
+        self.model, self.keywords = model, keywords
+
+    def forward(self, *inputs: Any) -> torch.Tensor:
+        positional = len(inputs) - len(self.keywords)
+        kwargs = dict(zip(self.keywords, inputs[positional:], strict=True))
+        return primary_output(self.model(*inputs[:positional], **kwargs))
 
 
 CPU_PROVIDER = "CPUExecutionProvider"

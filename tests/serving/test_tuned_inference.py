@@ -104,6 +104,42 @@ def test_an_onnx_runtime_needs_an_example_and_reuses_its_export(tmp_path: Path) 
     assert onnx.stat().st_mtime_ns == written  # exported once
 
 
+class _Tagger(nn.Module):
+    """A token model as Hugging Face writes them: keyword inputs, an output mapping that holds a
+    cache object beside its logits (which the ONNX exporter cannot take), any sequence length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(50, 16), nn.Linear(16, 5)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, object]:
+        hidden = self.embed(input_ids) * attention_mask.unsqueeze(-1)
+        return {"logits": self.head(hidden), "past_key_values": object(), "hidden": hidden}
+
+
+def test_onnx_runtime_serves_a_keyword_model_with_a_cache_at_each_batchs_own_length(tmp_path: Path) -> None:
+    """A collate function that pads each batch to its own length gives every batch its own
+    shape: the exported graph takes them all, and computes the output drift compares."""
+    pytest.importorskip("onnxruntime")
+
+    def batch(length: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(1, 50, (4, length), generator=torch.Generator().manual_seed(length))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.zeros(4)}
+
+    tuned = TunedInference(
+        _config(runtime="onnxruntime-cpu", batch_size=4),
+        _Tagger(),
+        device="cpu",
+        example=batch(7),
+        onnx_file=tmp_path / "m",
+    )
+    for length in (7, 3, 12):
+        expected = _Tagger()(batch(length)["input_ids"], batch(length)["attention_mask"])["logits"].detach()
+        served = tuned(batch(length))
+        assert served.shape == (4, length, 5) and _relative(served, expected) < 1e-6
+
+
 def test_a_mapping_batch_is_passed_as_keywords_without_its_labels() -> None:
     class Keyword(nn.Module):
         def __init__(self) -> None:
