@@ -538,8 +538,11 @@ class TunedTraining(TunedLoop):
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate this micro-batch's gradients: the loss divided by `accumulation` (so the sum over
-        the micro-batches is the mean over the global batch), scaled by the GradScaler for fp16."""
-        self.scaler.scale(loss / self.accumulation).backward()
+        the micro-batches is the mean over the global batch), scaled by the GradScaler for fp16.
+        Under the `attention` backend too: a checkpointed block's forward, recomputed here, must
+        choose the kernel its first run chose (torch's checkpoint restores autocast, not this)."""
+        with self._attention():
+            self.scaler.scale(loss / self.accumulation).backward()
 
     def step(self) -> bool:
         """Call after every `backward`. Every `accumulation`-th call steps the optimizer (through the

@@ -197,6 +197,16 @@ def test_an_attention_backend_computes_the_models_attention_and_one_that_cannot_
             tuned.model(torch.randn(2, 8))
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_checkpointed_block_is_recomputed_with_the_attention_backend_it_ran_with(precision: str) -> None:
+    """The backward pass recomputes a checkpointed block's forward: with the default kernel choice
+    there, not the config's, the recomputed block saves other tensors than the forward did, which
+    torch refuses (CheckpointError), and the gradients would be another kernel's."""
+    _, default = train(small_gpt(), {"precision": precision})
+    _, losses = train(small_gpt(), {"precision": precision, "attention": "math", "checkpointing": "blocks"})
+    assert losses == pytest.approx(default, rel=1e-2 if precision == "bf16" else 1e-4)
+
+
 def test_channels_last_converts_the_convolutions_and_the_image_batches_only() -> None:
     workload = cnn(samples=32, width=4)
     tuned, _ = train(workload, {"memory_format": "channels_last"}, steps=1)
