@@ -242,6 +242,11 @@ class PyTorchBackend(Backend):
             return reason
         if knob == "optimizer" and not getattr(caps, f"{value}_optimizer"):
             return f"optimizer={value}: the workload's optimizer takes no {value}=True on this device"
+        if knob == MEMORY_FORMAT.name and caps.fsdp:
+            return (
+                "memory_format=channels_last: FSDP2 shards contiguous parameters only, and channels_last "
+                "lays the convolutions' weights out otherwise"
+            )
         if knob == "checkpointing" and not caps.checkpoint_blocks:
             return "checkpointing=blocks: the model has no repeated blocks (name them: TorchWorkload.checkpoint_blocks)"
         for parallel, knobs in PARALLEL_KNOBS.items():

@@ -270,6 +270,8 @@ def test_what_a_device_or_a_workload_cannot_use_is_refused_with_the_reason() -> 
     assert reason({"pin_memory": True}, CPU) == "pin_memory=True: pinned host memory only speeds copies to a GPU"
     assert "there is no GPU with cuDNN" in reason({"cudnn_benchmark": True}, conv)
     assert reason({"memory_format": "channels_last"}, conv) is None
+    sharded = TorchCapabilities(**{**conv.__dict__, "fsdp": True})  # a ViT's patch embedding under FSDP2
+    assert "FSDP2 shards contiguous parameters only" in reason({"memory_format": "channels_last"}, sharded)
     assert "no 2-D convolutions" in reason({"memory_format": "channels_last"}, attention)
     assert reason({"attention": "flash"}, attention) is None and reason({"attention": "math"}, attention) is None
     assert "no efficient attention kernel" in reason({"attention": "efficient"}, attention)
