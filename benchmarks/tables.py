@@ -11,6 +11,7 @@ appear once `python benchmarks/gpu.py` has written `gpu-*.json` there).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from collections.abc import Callable
@@ -376,6 +377,36 @@ def promise(coverage: dict[str, Any] | None, quickstarts: dict[str, dict[str, An
         if data.get("apply") and data["apply"].get("intervals"):
             lines += [*promise_table(data, f"results/{name}.json"), ""]
     return lines
+
+
+def interval_procedure(data: dict[str, Any]) -> list[str]:
+    """The winner's interval under the whole re-measurement procedure, simulated: coverage and
+    median half-width for each variant, number of configs and log sd."""
+    rows = data["rows"]
+    sigmas = sorted({row["sigma"] for row in rows})
+    lines = [
+        "### The winner's interval under the re-measurement procedure: `python benchmarks/interval_procedure.py`",
+        "",
+        f"Simulated (`results/interval_procedure.json`): {data['draws_per_row']:,} re-measurements a row, each "
+        f"through the real standings, contenders and stopping rule, up to {data['remeasure_runs']} rounds and a "
+        f"width of {data['remeasure_width']:.0%}, of K configs tied at {data['true_speedup']:g}x (K = 1, or 3: "
+        "the choice of the winner at its most biased) with log-normal round noise of the log sd in each column. "
+        f"Coverage of the winner's stated {data['level']:.0%} interval (its 95% margin about +-1%), then the "
+        "median half-width; only the first row is what the tool does.",
+        "",
+        "| stopping rule and level | K | " + " | ".join(f"sd {sigma:g}" for sigma in sigmas) + " |",
+        "|---|---|" + "---|" * len(sigmas),
+    ]
+    for (variant, configs), group in itertools.groupby(rows, key=lambda row: (row["variant"], row["configs"])):
+        by_sigma = {row["sigma"]: row for row in group}
+        cells = [
+            f"{by_sigma[sigma]['coverage']:.1%}, {by_sigma[sigma]['median_half_width']:.1%}"
+            if sigma in by_sigma
+            else "-"
+            for sigma in sigmas
+        ]
+        lines.append(f"| {variant} | {configs} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def inference(data: dict[str, Any]) -> list[str]:
@@ -786,6 +817,8 @@ def main(argv: list[str] | None = None) -> None:
     coverage = _load("interval_coverage.json", folder)
     if coverage or any(q.get("apply", {}).get("intervals") for q in quickstarts.values()):
         sections += promise(coverage, quickstarts)
+    if data := _load("interval_procedure.json", folder):
+        sections += interval_procedure(data)
     if data := _load("inference.json", folder):
         sections += inference(data)
     for source in ("parallel_knobs-cpu.json", "parallel_knobs-gpu.json"):

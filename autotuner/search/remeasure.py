@@ -107,6 +107,13 @@ def contenders(standings: dict[int, Standing]) -> list[int]:
     return kept
 
 
+def settled(alive: bool, lead: Interval | None, round_number: int, width: float) -> bool:
+    """Whether the rounds stop after round `round_number`: no config is left to measure (`alive`
+    false), or, from the second round on (every config re-measured gets an interval), the leader's
+    interval `lead` is within `width` (`budget.remeasure_width`)."""
+    return not alive or (lead is not None and round_number >= 2 and lead.half_width <= width)
+
+
 def earlier_standings(trials: list[TrialRecord], batch: list[int], baseline_number: int | None) -> dict[int, Standing]:
     """The `standing` of every config re-measured before this batch (trial numbers `batch`), the
     baseline and failed re-measurements aside: a newcomer is judged against them too, so one that
@@ -336,7 +343,7 @@ class Remeasurer:
             alive = [t for t in alive if t.number in still]
             lead = standings[still[0]].interval if still else None
             narrow = lead is not None and lead.half_width <= budget.remeasure_width
-            if not alive or (narrow and round_number >= 2):  # every config re-measured here gets an interval
+            if settled(bool(alive), lead, round_number, budget.remeasure_width):
                 break
         else:
             stopped = None if narrow else cap

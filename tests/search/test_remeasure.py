@@ -16,7 +16,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from rich.console import Console
 
-from autotuner.measurement.interval import ratio_interval
+from autotuner.measurement.interval import Interval, ratio_interval
 from autotuner.measurement.telemetry import available_memory_mb
 from autotuner.output.console import SearchReporter
 from autotuner.results.evidence import Remeasurement
@@ -32,6 +32,7 @@ from autotuner.search.remeasure import (
     processes_that_fit,
     remeasure_groups,
     rounds_left,
+    settled,
 )
 from autotuner.spec.job import Job, load_spec
 from autotuner.study.claims import Claims
@@ -324,3 +325,11 @@ def test_the_windows_a_process_are_as_many_as_let_three_rounds_fit() -> None:
     assert windows_that_fit(costs, 3 * round_seconds(costs, 6), 10) == 6
     assert windows_that_fit(costs, 1.0, 10) == FEWEST_WINDOWS  # no time: the fewest, not none
     assert windows_that_fit(costs, 1.0, 2) == 2  # never more than the most
+
+
+def test_the_rounds_stop_when_no_config_is_left_or_the_leader_is_narrow_from_the_second_round() -> None:
+    narrow, wide = Interval(2.0, 1.95, 2.05, 2), Interval(2.0, 1.5, 2.5, 2)
+    assert settled(False, None, 1, 0.05)  # nothing left to measure
+    assert not settled(True, None, 1, 0.05)  # one round: no interval yet
+    assert settled(True, narrow, 2, 0.05) and not settled(True, wide, 2, 0.05)
+    assert not settled(True, narrow, 1, 0.05)  # every config re-measured gets two rounds
