@@ -96,7 +96,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from autotuner.export.promise import apply_config, print_applied
+    from autotuner.export.promise import EXIT_CODES, apply_config, print_applied
     from autotuner.export.reader import load_config
     from autotuner.spec.job import load_spec
 
@@ -109,10 +109,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
         device=args.device,
         force=args.force,
         baseline=not args.no_baseline,
+        tolerance=args.tolerance,
+        rounds=args.rounds,
         note=lambda text: print(f"autotuner: {text}", file=sys.stderr),
     )
     print_applied(applied)
-    return 0
+    return EXIT_CODES[applied.verdict] if applied.verdict is not None else 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -332,6 +334,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not run the baseline (by default it runs the same steps beside it, then rounds of both as the study "
         "re-measured them, to check the export's speedup and its interval)",
+    )
+    apply.add_argument(
+        "--tolerance",
+        type=_positive_float,
+        default=0.10,
+        help="how far the speedup here may be from the export's, as a factor either way, for the promise to be kept "
+        "(default 0.10: within 1.10x). Exit code 0: kept; 1: not kept; 3: undecided after the rounds",
+    )
+    apply.add_argument(
+        "--rounds",
+        type=_positive_int,
+        help="the most rounds the promise check runs while it cannot decide (default: the spec's "
+        "budget.remeasure_runs)",
     )
     apply.set_defaults(handler=cmd_apply)
 

@@ -479,8 +479,8 @@ APPLY_LINES = {
         rf"steps .*\), ([\d.]+)x in the export: ratio ([\d.]+)$"
     ),
     "promise": re.compile(
-        r"^promise: ([\d.]+)x(?:, 90% interval ([\d.]+)-([\d.]+)x)? here \((\d+) rounds? .*"
-        r"(they agree|they do not agree|holds it|does not hold it)"
+        r"^promise: ([\d.]+)x(?:, 90% interval ([\d.]+)-([\d.]+)x)? here \((\d+) rounds? .*?"
+        r": (kept|not kept|undecided) \(here over the export"
     ),
 }
 
@@ -511,7 +511,8 @@ def parse_apply(output: str) -> dict[str, Any]:
                 speedup_checked=float(m[1]),
                 interval_checked=[float(m[2]), float(m[3])] if m[2] else None,
                 rounds_checked=int(m[4]),
-                promise_agrees=m[5] in ("they agree", "holds it"),
+                promise_verdict=m[5],
+                promise_agrees=m[5] == "kept",
             )
     return found
 

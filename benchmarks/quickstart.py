@@ -9,8 +9,8 @@ then reads the study back from its storage, then runs the exported best config `
 times as `autotuner apply` does (default steps: 10x a trial's; each time the baseline beside it,
 for as many steps: in lockstep on a CPU; then the promise check's rounds, the two configs
 measured as the study's re-measurement measured them, which give apply's own speedup and its 90%
-interval). Each apply agrees with the export when the interval of their ratio holds 1
-(`autotuner.export.promise.AppliedRun.keeps_promise`). Last, the run-time check (`--run-s`,
+interval). Each apply's verdict on the export's promise: kept, not kept or undecided
+(`autotuner.export.promise.AppliedRun.verdict`; "agrees" when kept). Last, the run-time check (`--run-s`,
 default 60): `autotuner apply --steps N --no-baseline` of the winner in a fresh interpreter, N the
 steps the study's throughput says take that long; its "run time:" line (the steps it took, set-up
 and warm-up included, against the study's `run_s` for as many) and its whole process's wall time.
@@ -134,7 +134,7 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     """`autotuner apply` of the export, `runs` times: its throughput over the study's, and its
     promise check's speedup and interval against the export's."""
     from autotuner.apply import load_config
-    from autotuner.export.promise import apply_config, default_steps
+    from autotuner.export.promise import Verdict, apply_config, default_steps
     from autotuner.spec.job import load_spec
 
     tuned, job = load_config(export), load_spec(spec)
@@ -142,10 +142,11 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     for number in range(1, runs + 1):
         run = apply_config(tuned, job, note=print)
         applied.append(run)
-        print(f"apply {number}/{runs}: {run.checked_speedup}x, interval {run.interval}, agrees {run.keeps_promise}")
+        verdict = run.verdict.value if run.verdict else None
+        print(f"apply {number}/{runs}: {run.checked_speedup}x, interval {run.interval}, promise {verdict}")
     ratios = [run.ratio for run in applied]
     promise = [run.promise_ratio for run in applied if run.promise_ratio is not None]
-    agree = [run.keeps_promise for run in applied]
+    agree = [run.verdict is Verdict.KEPT for run in applied]
     return {
         "steps": default_steps(job),
         # what each run really took: the requested steps in windows lengthened to min_window_s

@@ -17,14 +17,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import IO, TYPE_CHECKING
 
 from autotuner.config.knobs import BATCH_SIZE, Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
-from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval, ratio_of
+from autotuner.measurement.interval import LEVEL, Interval, geometric_mean, ratio_interval, ratio_of, t_quantile
 from autotuner.measurement.rounds import ProcessCost, TimeBudget, windows_that_fit
 from autotuner.measurement.timing import Throughput
 from autotuner.output.formatting import percent, speedup_with_interval, times
@@ -46,6 +47,74 @@ the first (medians): beyond the window-to-window noise of a busy machine."""
 PROMISE = 0.05
 """Without intervals to compare (an export whose re-measurement ran one round), the speedup
 `autotuner apply` delivers is within this of the export's (relative), or it warns."""
+TOLERANCE = 0.10
+"""`autotuner apply --tolerance`'s default: the promise is kept when the speedup here is within a
+factor of 1.10 of the export's, either way, at the interval's level (`judge`)."""
+
+
+class Verdict(str, Enum):
+    """What `autotuner apply` says of the export's promise, and its exit code (`EXIT_CODES`)."""
+
+    KEPT = "kept"
+    NOT_KEPT = "not kept"
+    UNDECIDED = "undecided"
+
+
+EXIT_CODES = {Verdict.KEPT: 0, Verdict.NOT_KEPT: 1, Verdict.UNDECIDED: 3}
+"""`autotuner apply`'s exit code for each verdict (2 is a bad input's); 0 where nothing was checked."""
+
+
+def judge(ratio: Interval, tolerance: float) -> Verdict:
+    """The promise's verdict from `ratio`, the interval of the speedup here over the export's: kept
+    when it lies within 1/(1 + tolerance) to 1 + tolerance, not kept when it lies wholly outside,
+    undecided otherwise (the rounds cannot yet tell)."""
+    low, high = 1 / (1 + tolerance), 1 + tolerance
+    if low <= ratio.low and ratio.high <= high:
+        return Verdict.KEPT
+    if ratio.high < low or ratio.low > high:
+        return Verdict.NOT_KEPT
+    return Verdict.UNDECIDED
+
+
+def promise_interval(rounds: Sequence[float], export: Interval | None, export_speedup: float | None) -> Interval | None:
+    """The speedup of `rounds` (the promise check's) over the export's, with its interval: their
+    ratio's (`ratio_of`) where the export has an interval; with an export of one round, the
+    interval here over its `export_speedup`. None with fewer than two rounds, or nothing to compare."""
+    here = ratio_interval(rounds)
+    if here is None:
+        return None
+    if export is not None:
+        return ratio_of(here, export)
+    if not export_speedup:
+        return None
+    return Interval(here.estimate / export_speedup, here.low / export_speedup, here.high / export_speedup, here.rounds)
+
+
+def rounds_to_decide(
+    rounds: Sequence[float], export: Interval | None, export_speedup: float | None, tolerance: float, most: int = 100
+) -> int | None:
+    """About how many rounds would decide the promise, were they to go on as `rounds` went (their
+    geometric mean and log spread, the export's interval as it is): the fewest, up to `most`, whose
+    interval of here over the export `judge` would call kept or not kept; None if none would (the
+    export's own interval too wide, or the speedup here at the tolerance's edge)."""
+    if len(rounds) < 2:
+        return None
+    logs = [math.log(r) for r in rounds]
+    mean, spread = statistics.fmean(logs), statistics.stdev(logs)
+    for n in range(len(rounds) + 1, most + 1):
+        half = t_quantile((1 + LEVEL) / 2, n - 1) * spread / math.sqrt(n)
+        here = Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
+        if export is not None:
+            ratio = ratio_of(here, export)
+        elif export_speedup:
+            ratio = Interval(here.estimate / export_speedup, here.low / export_speedup, here.high / export_speedup, n)
+        else:
+            return None
+        if judge(ratio, tolerance) is not Verdict.UNDECIDED:
+            return n
+    return None
+
+
 MIN_APPLY_STEPS = 50
 BASELINE_MOST_S = 180.0
 """The baseline's windows in `autotuner apply` last at most this long, and at most as long as the
@@ -94,6 +163,9 @@ class AppliedRun:
     warned: str | None = None
     """What the run's processes wrote (`autotuner.trials.launcher.warning_summary`), in `log`."""
     log: str | None = None
+    tolerance: float = TOLERANCE
+    """How far the speedup here may be from the export's, as a factor either way, for the promise
+    to be kept (`judge`)."""
 
     @property
     def within_latency_limit(self) -> bool | None:
@@ -178,6 +250,23 @@ class AppliedRun:
         return ratio_of(here, there) if here is not None and there is not None else None
 
     @property
+    def promise(self) -> Interval | None:
+        """The speedup here over the export's, with its interval (`promise_interval`)."""
+        return promise_interval(self.rounds, self.tuned.speedup_interval, self.tuned.speedup)
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """Whether the promise check kept the export's promise (`judge`); None where it did not run
+        (no baseline here, fewer than two rounds, or an export without a speedup)."""
+        promise = self.promise
+        return None if promise is None else judge(promise, self.tolerance)
+
+    @property
+    def rounds_to_decide(self) -> int | None:
+        """About how many rounds an undecided check would need (`rounds_to_decide`)."""
+        return rounds_to_decide(self.rounds, self.tuned.speedup_interval, self.tuned.speedup, self.tolerance)
+
+    @property
     def keeps_promise(self) -> bool | None:
         """Whether the speedup here agrees with the export's: the interval of their ratio holds 1;
         with an interval here only, it holds the export's speedup; with neither, the whole run's
@@ -215,6 +304,8 @@ def apply_config(
     device: str | None = None,
     force: bool = False,
     baseline: bool = True,
+    tolerance: float = TOLERANCE,
+    rounds: int | None = None,
     warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
     note: Callable[[str], None] = lambda text: None,
 ) -> AppliedRun:
@@ -227,8 +318,9 @@ def apply_config(
     long as the config's at most, `baseline_most_s`), so the speedup delivered can be set beside
     the export's: on a CPU in lockstep with the config (turn by turn,
     `autotuner.trials.lockstep.measure_together`), elsewhere after it; then the promise check's
-    rounds (`promise_rounds`) within as long again, each round's progress told to `note`. A config
-    tuned for another job or other hardware is refused unless `force`."""
+    rounds (`promise_rounds`) until they decide the promise within `tolerance` (`judge`), at most
+    `rounds` of them (default `budget.remeasure_runs`), each round's progress told to `note`. A
+    config tuned for another job or other hardware is refused unless `force`."""
     from autotuner.trials.lockstep import in_lockstep, measure_together
     from autotuner.trials.outcomes import Outcome
 
@@ -244,7 +336,12 @@ def apply_config(
         for what, result in zip(("config", "baseline config"), results, strict=False):
             if result.outcome is not Outcome.OK:
                 raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
-        rounds, rounds_error = (
+
+        def decided(speedups: list[float]) -> bool:
+            promise = promise_interval(speedups, tuned.speedup_interval, tuned.speedup)
+            return promise is not None and judge(promise, tolerance) is not Verdict.UNDECIDED
+
+        checked, rounds_error = (
             promise_rounds(
                 job,
                 launcher,
@@ -254,6 +351,8 @@ def apply_config(
                 note,
                 measured=[r.output.throughput for r in results if r.output and r.output.throughput],
                 seconds=max(r.wall_s for r in results),
+                decided=decided,
+                most=rounds,
             )
             if len(requests) > 1
             else ([], None)
@@ -280,8 +379,9 @@ def apply_config(
         latency_limit_ms=job.spec.objective.max_latency_ms,
         warned=result.warned,
         log=result.log,
-        rounds=tuple(rounds),
+        rounds=tuple(checked),
         rounds_error=rounds_error,
+        tolerance=tolerance,
     )
 
 
@@ -295,17 +395,21 @@ def promise_rounds(
     *,
     measured: list[Throughput] | None = None,
     seconds: float | None = None,
+    decided: Callable[[list[float]], bool] | None = None,
+    most: int | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> tuple[list[float], str | None]:
     """The speedup of `configs[0]` over `configs[1]` (the export's baseline), measured the way the
     study's re-measurement measures a round (`autotuner.search.remeasure`): a fresh trial process
     of each, together (in lockstep on a CPU), the round's speedup the config's median window over
-    the baseline's. Rounds until the interval is as narrow as `budget.remeasure_width`, at most
-    `budget.remeasure_runs` (two at least: one gives no interval), and, with `seconds`, from the
-    third on only while the next round fits in them (`autotuner.measurement.rounds`: as many
-    windows a process as let three rounds fit, `budget.remeasure_windows` at most). `measured`:
-    the configs' throughputs as the run before measured them, whose windows (their steps) and
-    costs the rounds take. Each round's speedup, and why a round failed (None: none did)."""
+    the baseline's. From the second round on, the rounds stop once `decided` says the rounds so far
+    decide the promise (`judge`); without it, once their interval is as narrow as
+    `budget.remeasure_width`, and, with `seconds`, from the third on only while the next round fits
+    in them. At most `most` rounds (default `budget.remeasure_runs`; two at least: one gives no
+    interval). With `seconds`, each process measures as many windows as let three rounds fit in
+    them (`autotuner.measurement.rounds`, `budget.remeasure_windows` at most). `measured`: the
+    configs' throughputs as the run before measured them, whose windows (their steps) and costs
+    the rounds take. Each round's speedup, and why a round failed (None: none did)."""
     from autotuner.trials.lockstep import measure_together
     from autotuner.trials.outcomes import Outcome
 
@@ -325,11 +429,12 @@ def promise_rounds(
             request = dataclasses.replace(request, steps=measured[index].steps, min_window_s=0.0)
         requests.append(request)
     timeout = job.trial_timeout(*configs)
-    most = max(2, budget.remeasure_runs)
+    most = max(2, most or budget.remeasure_runs)
     speedups: list[float] = []
     last_s = None
     for number in range(1, most + 1):
-        if allowance is not None and last_s is not None and number > 2 and not allowance.holds(last_s):
+        timed_out = allowance is not None and last_s is not None and number > 2 and not allowance.holds(last_s)
+        if decided is None and timed_out:
             break
         left = f", {allowance.left:.0f} s left" if allowance is not None else ""
         note(
@@ -346,8 +451,10 @@ def promise_rounds(
             return speedups, f"round {number}: {failed.outcome.value}: {failed.reason}"
         ours, base = (r.output.throughput.samples_per_s for r in results if r.output and r.output.throughput)
         speedups.append(ours / base)  # both ended ok, so both measured
-        interval = ratio_interval(speedups)
-        if interval is not None and interval.half_width <= budget.remeasure_width:
+        if decided is not None:
+            if len(speedups) >= 2 and decided(speedups):
+                break
+        elif (interval := ratio_interval(speedups)) is not None and interval.half_width <= budget.remeasure_width:
             break
     return speedups, None
 
@@ -472,12 +579,22 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         here, there = run.interval, tuned.speedup_interval
         text = f"promise: {speedup_with_interval(run.checked_speedup, here)} here ({_rounds_text(run)})"
         text += f", {speedup_with_interval(tuned.speedup, there)} in the export"
-        if (agreement := run.agreement) is not None:
-            verb = "they agree" if agreement.contains(1.0) else "they do not agree"
-            text += f": {verb} (here over the export {speedup_with_interval(agreement.estimate, agreement)})"
-        elif here is not None and tuned.speedup:
-            verb = "holds" if here.contains(tuned.speedup) else "does not hold"
-            text += f" (no interval in the export): the interval here {verb} it"
+        if there is None:
+            text += " (no interval in the export)"
+        if (verdict := run.verdict) is not None and (checked := run.promise) is not None:
+            where = {Verdict.KEPT: "within", Verdict.NOT_KEPT: "outside"}.get(verdict, "not yet within or outside")
+            text += (
+                f": {verdict.value} (here over the export {speedup_with_interval(checked.estimate, checked)}, "
+                f"{where} +-{run.tolerance:.0%})"
+            )
+            if verdict is Verdict.UNDECIDED:
+                needed = run.rounds_to_decide
+                text += (
+                    f"; about {needed} rounds would decide it (--rounds {needed})"
+                    if needed is not None
+                    else "; no number of rounds here would decide it: the export's own interval is too wide "
+                    f"for +-{run.tolerance:.0%} (re-measure the study, or a wider --tolerance)"
+                )
         print(text, file=out)
     if run.warned:
         print(f"the run's output (warned: {run.warned}) is in {run.log}", file=out)
@@ -523,14 +640,14 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
             file=out,
         )
     promise = run.promise_ratio
-    if run.keeps_promise is False and run.interval is not None:
+    if run.verdict is Verdict.NOT_KEPT and run.interval is not None:
         print(
-            f"autotuner: warning: the speedup here ({times(run.interval.estimate)}, {run.interval.text()}) does not "
-            f"agree with the export's ({times(tuned.speedup)}): the machine may be busier or different now, or the "
-            "job has changed",
+            f"autotuner: warning: the speedup here ({times(run.interval.estimate)}, {run.interval.text()}) is not "
+            f"the export's ({times(tuned.speedup)}) within +-{run.tolerance:.0%}: the machine may be busier or "
+            "different now, or the job has changed",
             file=err,
         )
-    elif promise is not None and run.keeps_promise is False:
+    elif promise is not None and run.verdict is None and run.keeps_promise is False:
         print(
             f"autotuner: warning: the speedup here is {abs(promise - 1):.1%} "
             f"{'below' if promise < 1 else 'above'} the export's "

@@ -41,6 +41,9 @@ ran 120 optimizer steps of 64 samples (24 windows of 5, after 31.20 s of warm-up
 throughput: 612 samples/s here (spread 0.4%), 608 samples/s in the study (spread 0.3%): ratio 1.01
 speedup: 10.21x here (over the baseline precision=fp32 batch=8x8 workers=0 compile=none, 60 samples/s, \
 run here for 120 optimizer steps in 40 windows of 3, after it), 10.02x in the export: ratio 1.02
+promise: 10.10x, 90% interval 9.80-10.40x here (3 rounds of the config beside the baseline, \
+each a fresh process of both, measured as the study re-measured them), 10.02x, 90% interval \
+9.70-10.35x in the export: kept (here over the export 1.01x, 90% interval 0.97-1.05x, within +-10%)
 held-out loss after 3 steps: 4.1 here, 4.1 in the study (identical)"""
     assert gpu.parse_apply(output) == {
         "steps_run": 120,
@@ -55,6 +58,11 @@ held-out loss after 3 steps: 4.1 here, 4.1 in the study (identical)"""
         "baseline_steps_run": 120,
         "export_speedup_printed": 10.02,
         "promise_ratio_printed": 1.02,
+        "speedup_checked": 10.10,
+        "interval_checked": [9.80, 10.40],
+        "rounds_checked": 3,
+        "promise_verdict": "kept",
+        "promise_agrees": True,
     }
 
 

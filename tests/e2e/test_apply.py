@@ -18,7 +18,7 @@ from autotuner.backends.pytorch.apply import TunedTraining
 from autotuner.export.promise import apply_config, print_applied
 from autotuner.export.reader import load_config
 from autotuner.spec.job import load_spec
-from tests.support.studies import ROOT, run_cli, write_spec
+from tests.support.studies import ROOT, assert_applied, run_cli, write_spec
 
 # ------------------------------------------------------------------ a real study, its export, the CLI
 
@@ -69,7 +69,7 @@ def test_the_guides_apply_example_runs_against_an_exported_config(
 def test_apply_runs_the_config_and_prints_both_throughputs(study: tuple[Path, Path, dict[str, Any]]) -> None:
     workdir, spec, export = study
     done = run_cli("apply", "runs/applied/best.yaml", "--spec", str(spec), cwd=workdir)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_applied(done)
     out = done.stdout
     assert f"{export['metrics']['throughput']:,.0f} samples/s in the study" in out
     assert re.search(r"[\d,]+ samples/s here \(spread", out)
@@ -146,7 +146,7 @@ def test_apply_refuses_a_config_from_other_hardware_unless_forced(study: tuple[P
     assert "fingerprint 0123456789abcdef" in refused.stderr and "--force" in refused.stderr
     assert "samples/s" not in refused.stdout
     forced = run_cli("apply", "other-hardware.best.yaml", "--spec", str(spec), "--steps", "6", "--force", cwd=workdir)
-    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert_applied(forced)
     assert "samples/s in the study" in forced.stdout
     assert "warning" in forced.stderr and "0123456789abcdef" in forced.stderr
 

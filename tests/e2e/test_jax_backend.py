@@ -16,7 +16,7 @@ import yaml
 from autotuner.backends.jax import JAX
 from autotuner.backends.jax.apply import TunedTraining
 from autotuner.backends.jax.workload import JaxWorkload, as_workload
-from tests.support.studies import JAX_SPEC, ROOT, _write, load_study, run_cli
+from tests.support.studies import JAX_SPEC, ROOT, _write, assert_applied, load_study, run_cli
 
 # ---------------------------------------------------------------- a JAX study from the command line
 
@@ -52,7 +52,7 @@ def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
 def test_autotuner_apply_runs_a_jax_export(jax_study: tuple[Path, Path, dict[str, Any]]) -> None:
     workdir, spec, export = jax_study
     done = run_cli("apply", "runs/small-jax/best.yaml", "--spec", str(spec), "--steps", "6", cwd=workdir)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_applied(done)
     assert f"{export['metrics']['throughput']:,.0f} samples/s in the study" in done.stdout
     assert "held-out loss after 2 steps" in done.stdout and "(identical)" in done.stdout  # CPU runs repeat bitwise
     assert "Traceback" not in done.stderr

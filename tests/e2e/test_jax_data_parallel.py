@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.studies import JAX_SPEC, TINY_TRIAL, _write, load_study, ran, run_cli
+from tests.support.studies import JAX_SPEC, TINY_TRIAL, _write, assert_applied, load_study, ran, run_cli
 
 DP_SPEC: dict[str, Any] = {
     **JAX_SPEC,
@@ -64,5 +64,5 @@ def test_a_data_parallel_jax_study_searches_param_sharding_and_exports_its_devic
 def test_apply_runs_the_winner_over_the_same_two_devices(study: tuple[Path, Path, str]) -> None:
     workdir, spec, _ = study
     done = run_cli("apply", "runs/jax-dp/best.yaml", "--spec", str(spec), "--steps", "4", cwd=workdir)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_applied(done)
     assert "samples/s here" in done.stdout and "held-out loss after 2 steps" in done.stdout

@@ -14,7 +14,7 @@ import yaml
 
 from tests.e2e.test_coordination import _children, _descendants, _running, start_cli
 from tests.support.helpers import _stat
-from tests.support.studies import SMALL_SPEC, TINY_TRIAL, load_study, ran, run_cli, write_spec
+from tests.support.studies import SMALL_SPEC, TINY_TRIAL, assert_applied, load_study, ran, run_cli, write_spec
 
 DDP_SPEC: dict[str, Any] = {
     "name": "ddp",
@@ -63,7 +63,7 @@ def test_a_ddp_study_searches_its_knobs_and_exports_its_ranks(study: tuple[Path,
 def test_apply_runs_the_winner_on_the_same_two_ranks_and_checks_the_promise(study: tuple[Path, Path, str]) -> None:
     workdir, spec, _ = study
     done = run_cli("apply", "runs/ddp/best.yaml", "--spec", str(spec), "--steps", "4", cwd=workdir)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_applied(done)
     assert "samples/s here" in done.stdout and "ratio" in done.stdout
     assert "held-out loss after 2 steps" in done.stdout
 

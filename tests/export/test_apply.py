@@ -21,7 +21,16 @@ from torch._dynamo.eval_frame import OptimizedModule
 
 from autotuner.backends.pytorch.apply import TunedTraining, set_matmul_precision
 from autotuner.errors import SpecError
-from autotuner.export.promise import AppliedRun, print_applied, promise_rounds
+from autotuner.export.promise import (
+    EXIT_CODES,
+    AppliedRun,
+    Verdict,
+    judge,
+    print_applied,
+    promise_interval,
+    promise_rounds,
+    rounds_to_decide,
+)
 from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.export.writer import EXPORT_VERSION
 from autotuner.measurement.interval import Interval, ratio_interval
@@ -341,35 +350,60 @@ def _with_intervals(export: list[float] | None, rounds: list[float]) -> AppliedR
 
 
 @pytest.mark.parametrize(
-    ("export", "rounds", "agree"),
+    ("export", "rounds", "verdict", "code"),
     [
-        ([2.5, 2.4, 2.45], [2.45, 2.5, 2.42], True),
-        ([2.5, 2.4, 2.45], [2.1, 2.15, 2.12], False),  # 13% below, the rounds close together
-        ([2.5, 2.4, 2.45], [2.1, 2.9], True),  # two rounds far apart: too uncertain to say they differ
-        (None, [2.45, 2.5, 2.42], True),  # an export of one round: its speedup inside the interval here
-        (None, [2.1, 2.15, 2.12], False),
+        ([2.5, 2.4, 2.45], [2.45, 2.5, 2.42], "kept", 0),  # here over the export 0.97-1.04x
+        ([2.5, 2.4, 2.45], [1.9, 1.95, 1.92], "not kept", 1),  # 0.76-0.81x: 22% below
+        ([2.5, 2.4, 2.45], [2.35, 2.5, 2.3], "undecided", 3),  # 0.90-1.05x: reaches past 1/1.1
+        ([2.5, 2.4, 2.45], [2.3, 2.6], "undecided", 3),  # two rounds far apart: 0.67-1.48x
+        (None, [2.45, 2.5, 2.42], "kept", 0),  # an export of one round: the interval here over its speedup
+        (None, [1.9, 1.95, 1.92], "not kept", 1),
     ],
 )
-def test_apply_says_whether_its_interval_agrees_with_the_exports(
-    export: list[float] | None, rounds: list[float], agree: bool
+def test_apply_says_whether_the_promise_is_kept_not_kept_or_undecided(
+    export: list[float] | None, rounds: list[float], verdict: str, code: int
 ) -> None:
     run = _with_intervals(export, rounds)
     out, err = io.StringIO(), io.StringIO()
     print_applied(run, out, err)
-    here = ratio_interval(rounds)
-    assert here is not None and run.interval == here and run.keeps_promise is agree
+    here, promise = ratio_interval(rounds), run.promise
+    assert here is not None and run.interval == here and promise is not None
+    assert run.verdict is not None and run.verdict.value == verdict and EXIT_CODES[run.verdict] == code
     line = next(line for line in out.getvalue().splitlines() if line.startswith("promise:"))
     assert line.startswith(f"promise: {here.estimate:.2f}x, 90% interval {here.low:.2f}-{here.high:.2f}x here")
     assert f"{len(rounds)} rounds of the config beside the baseline" in line
+    shown = f"here over the export {promise.estimate:.2f}x, 90% interval {promise.low:.2f}-{promise.high:.2f}x"
+    assert f": {verdict} ({shown}, " in line and "+-10%" in line
     if export:
         study = ratio_interval(export)
-        assert study is not None and run.agreement is not None
-        assert f"{study.estimate:.2f}x, 90% interval {study.low:.2f}-{study.high:.2f}x in the export" in line
-        assert ("they agree" if agree else "they do not agree") in line
-        assert run.agreement.contains(1.0) is agree
+        assert (
+            study is not None
+            and f"{study.estimate:.2f}x, 90% interval {study.low:.2f}-{study.high:.2f}x in the export" in line
+        )
     else:
-        assert ("the interval here holds it" if agree else "does not hold it") in line
-    assert ("does not agree with the export's" in err.getvalue()) is (not agree), err.getvalue()
+        assert "(no interval in the export)" in line
+    assert ("is not the export's" in err.getvalue()) is (verdict == "not kept"), err.getvalue()
+    if verdict == "undecided":
+        needed = run.rounds_to_decide
+        assert needed is not None and needed > len(rounds) and f"about {needed} rounds would decide it" in line
+
+
+def test_the_tolerance_decides_what_kept_means() -> None:
+    ratio = Interval(0.95, 0.90, 1.0, 3)
+    assert judge(ratio, 0.10) is Verdict.UNDECIDED  # 0.90 is below 1/1.1
+    assert judge(ratio, 0.12) is Verdict.KEPT
+    assert judge(Interval(1.3, 1.2, 1.4, 3), 0.10) is Verdict.NOT_KEPT  # faster than promised is not the promise
+    assert judge(Interval(1.3, 1.2, 1.4, 3), 0.5) is Verdict.KEPT
+
+
+def test_the_rounds_a_decision_needs_are_none_when_the_exports_own_interval_is_too_wide() -> None:
+    wide = ratio_interval([2.0, 3.0])
+    assert wide is not None and rounds_to_decide([2.4, 2.5], wide, wide.estimate, 0.10) is None
+    close = ratio_interval([2.5, 2.4, 2.45])
+    assert close is not None and rounds_to_decide([2.3, 2.6], close, close.estimate, 0.10) == 5
+    # the rounds it says would do, measured as they went, decide it
+    logs_like = [2.3, 2.6, 2.3, 2.6, 2.445]
+    assert judge(promise_interval(logs_like, close, close.estimate), 0.10) is not Verdict.UNDECIDED
 
 
 class _Rounds:
@@ -447,6 +481,28 @@ def test_the_promise_check_stops_within_the_time_of_the_run_before_it(tmp_path: 
     assert failed is None and len(speedups) == 2, notes  # a third round (4 s) would not fit in the 2 s left
     assert launcher.steps == {8: 12, job.baseline["batch_size"]: 5}  # the run's calibrated windows
     assert "3 windows a process, 10 s left" in notes[0] and "6 s left" in notes[1]
+
+
+def test_an_undecided_promise_check_runs_more_rounds_up_to_its_cap(tmp_path: Path) -> None:
+    """Given what decides the promise, the rounds go on past a narrow interval and past the run's
+    time while it cannot decide, to the cap, and stop at the first round that decides."""
+    job = load_spec(write_spec(tmp_path, budget={"trials": 2, "remeasure_runs": 3, "remeasure_windows": 4}))
+    configs = [job.complete({**job.baseline, "batch_size": 8}), job.complete(job.baseline)]
+    rates = {8: [2000.0] * 8, job.baseline["batch_size"]: [1000.0] * 8}
+    for decide_at, cap, expected in ((None, 6, 6), (4, 6, 4), (None, None, 3)):
+        launcher = _Rounds({batch: list(values) for batch, values in rates.items()})
+        speedups, failed = promise_rounds(
+            job,
+            cast(TrialLauncher, launcher),
+            configs,
+            "cuda:0",
+            "cache",
+            lambda text: None,
+            seconds=0.001,  # a run too short for a third round: it does not stop an undecided check
+            decided=lambda done, at=decide_at: at is not None and len(done) >= at,
+            most=cap,
+        )
+        assert failed is None and len(speedups) == expected
 
 
 def test_apply_compares_its_run_time_with_the_studys_prediction_for_as_many_steps() -> None:

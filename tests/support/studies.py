@@ -8,6 +8,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,6 +115,16 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600, fresh: bool = False) ->
         command = [sys.executable, "-m", "autotuner", *args]
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return _run_main(list(args), cwd, timeout)
+
+
+def assert_applied(done: subprocess.CompletedProcess[str]) -> None:
+    """`autotuner apply` ran to its end, its exit code the verdict its promise line states (0 kept,
+    or no promise checked; 1 not kept; 3 undecided): which verdict a busy test machine gives is
+    the machine's, not the test's."""
+    codes = {"kept": 0, "not kept": 1, "undecided": 3}
+    found = re.search(r"^promise: .*?: (kept|not kept|undecided) \(here over the export", done.stdout, re.MULTILINE)
+    expected = codes[found.group(1)] if found else 0
+    assert done.returncode == expected, f"exit {done.returncode}, expected {expected}\n{done.stdout}{done.stderr}"
 
 
 class CommandTimeout(Exception):
