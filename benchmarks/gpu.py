@@ -541,12 +541,15 @@ def part_apply(ctx: Context, result: dict[str, Any]) -> None:
         command += ["--steps", str(ctx.args.apply_steps)]
     command += ctx.extra_args.get("apply", [])
     run = ctx.run(command, "apply.log")
-    result["commands"].append(run)
     output = (ctx.work / "logs" / "apply.log").read_text()
     applied = parse_apply(output)
+    verdicts = {"kept": 0, "not kept": 1, "undecided": 3}  # apply's exit code is its promise's verdict
+    verdict_code = verdicts.get(applied.get("promise_verdict", "kept"))
+    run["accepted_exit_codes"] = [verdict_code]  # a promise not kept is a measurement, not a failure
+    result["commands"].append(run)
     result["apply"] = applied
     result["device"] = applied.get("device")
-    if run["exit_code"] != 0:
+    if run["exit_code"] != verdict_code:
         raise PartError(f"autotuner apply exited {run['exit_code']}: {run['output_tail'][-600:]}")
     delivered, promised = applied.get("speedup_delivered"), _number(export.get("speedup"))
     if delivered is None or not promised:
@@ -561,6 +564,7 @@ def part_apply(ctx: Context, result: dict[str, Any]) -> None:
         "speedup_checked": applied.get("speedup_checked"),
         "interval_checked": applied.get("interval_checked"),
         "rounds_checked": applied.get("rounds_checked"),
+        "verdict": applied.get("promise_verdict"),
         "agrees": applied.get("promise_agrees"),
     }
 

@@ -692,8 +692,8 @@ def _gpu_apply(data: dict[str, Any]) -> list[str]:
         ),
         (
             "the promise check: speedup here, 90% interval (rounds), against the export's interval",
-            _checked_text(promise),
-            "they agree",
+            _checked_text(promise) + (f": {promise['verdict']}" if promise.get("verdict") else ""),
+            "kept (older results: they agree)",
             "**not measured**" if promise.get("agrees") is None else "met" if promise["agrees"] else "**not met**",
         ),
         (

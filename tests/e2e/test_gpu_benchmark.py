@@ -76,8 +76,11 @@ def test_the_study_part_reads_the_study_from_its_storage(dry_run: tuple[Path, An
 def test_the_apply_part_measures_the_promise(dry_run: tuple[Path, Any]) -> None:
     data = _load(dry_run[0], "apply")
     command = data["commands"][0]
-    assert command["command"].startswith("python -m autotuner apply ") and command["exit_code"] == 0
     applied, promise = data["apply"], data["promise"]
+    assert command["command"].startswith("python -m autotuner apply ")
+    # its exit code is the verdict it printed, whichever a dry run on a busy CPU gives
+    assert command["exit_code"] == {"kept": 0, "not kept": 1, "undecided": 3}[promise["verdict"]]
+    assert data["status"] == "ok" and promise["verdict"] == applied["promise_verdict"]
     assert applied["steps_run"] >= 50 and applied["throughput_here"] > 0 and applied["baseline_throughput_here"] > 0
     assert promise["export_speedup"] == pytest.approx(_load(dry_run[0], "study")["export"]["speedup"])
     assert promise["ratio"] == pytest.approx(promise["speedup_delivered"] / promise["export_speedup"])

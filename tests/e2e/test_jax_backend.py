@@ -51,7 +51,9 @@ def test_a_jax_study_records_the_jax_environment_and_refuses_tf32_on_the_cpu(
 
 def test_autotuner_apply_runs_a_jax_export(jax_study: tuple[Path, Path, dict[str, Any]]) -> None:
     workdir, spec, export = jax_study
-    done = run_cli("apply", "runs/small-jax/best.yaml", "--spec", str(spec), "--steps", "6", cwd=workdir)
+    done = run_cli(
+        "apply", "runs/small-jax/best.yaml", "--rounds", "2", "--spec", str(spec), "--steps", "6", cwd=workdir
+    )
     assert_applied(done)
     assert f"{export['metrics']['throughput']:,.0f} samples/s in the study" in done.stdout
     assert "held-out loss after 2 steps" in done.stdout and "(identical)" in done.stdout  # CPU runs repeat bitwise

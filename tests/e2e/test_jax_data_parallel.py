@@ -63,6 +63,6 @@ def test_a_data_parallel_jax_study_searches_param_sharding_and_exports_its_devic
 
 def test_apply_runs_the_winner_over_the_same_two_devices(study: tuple[Path, Path, str]) -> None:
     workdir, spec, _ = study
-    done = run_cli("apply", "runs/jax-dp/best.yaml", "--spec", str(spec), "--steps", "4", cwd=workdir)
+    done = run_cli("apply", "runs/jax-dp/best.yaml", "--rounds", "2", "--spec", str(spec), "--steps", "4", cwd=workdir)
     assert_applied(done)
     assert "samples/s here" in done.stdout and "held-out loss after 2 steps" in done.stdout

@@ -62,7 +62,7 @@ def test_a_ddp_study_searches_its_knobs_and_exports_its_ranks(study: tuple[Path,
 
 def test_apply_runs_the_winner_on_the_same_two_ranks_and_checks_the_promise(study: tuple[Path, Path, str]) -> None:
     workdir, spec, _ = study
-    done = run_cli("apply", "runs/ddp/best.yaml", "--spec", str(spec), "--steps", "4", cwd=workdir)
+    done = run_cli("apply", "runs/ddp/best.yaml", "--rounds", "2", "--spec", str(spec), "--steps", "4", cwd=workdir)
     assert_applied(done)
     assert "samples/s here" in done.stdout and "ratio" in done.stdout
     assert "held-out loss after 2 steps" in done.stdout
