@@ -5,7 +5,6 @@ notes. Its parts run dry end to end in tests/e2e/test_gpu_benchmark*.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -15,27 +14,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.benchmarks import GPU_PY, RESULTS, digests
+from tests.support.benchmarks import GPU_PY, RESULTS, digests, import_benchmark
 from tests.support.studies import ROOT
-
-
-def _import_gpu_py() -> ModuleType:
-    """benchmarks/gpu.py as a module (its folder on the path while it imports its harness)."""
-    path = list(sys.path)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("benchmarks_gpu", GPU_PY)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path[:] = path
 
 
 def test_apply_figures_are_read_as_a_gpu_prints_them() -> None:
     """On a GPU the baseline runs after the config, not in lockstep: the same lines, read alike."""
-    gpu = _import_gpu_py()
+    gpu = import_benchmark("gpu")
     output = """runs/gpu-gpt/best.yaml: precision=bf16 batch=64x1 workers=2 compile=default (trial #5 of gpu-gpt)
 ran 120 optimizer steps of 64 samples (24 windows of 5, after 31.20 s of warm-up) on cuda:0 (NVIDIA H100 80GB HBM3)
 throughput: 612 samples/s here (spread 0.4%), 608 samples/s in the study (spread 0.3%): ratio 1.01
@@ -67,7 +52,7 @@ held-out loss after 3 steps: 4.1 here, 4.1 in the study (identical)"""
 
 
 def test_a_command_past_the_parts_time_limit_is_interrupted(tmp_path: Path) -> None:
-    gpu = _import_gpu_py()
+    gpu = import_benchmark("gpu")
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     ran = gpu.run_command(sleeper, tmp_path, gpu.time.monotonic() + 1, tmp_path / "log")
     assert ran["stopped_at_time_limit"] is True and ran["killed"] is False
@@ -94,7 +79,7 @@ H100 = {"part": "study", "tiny": False, "device_requested": "the spec's (auto)",
 def test_a_result_is_replaced_only_by_a_run_on_its_device(
     existing: dict[str, Any] | None, new: dict[str, Any], dry: bool, force: bool, refused: bool
 ) -> None:
-    gpu = _import_gpu_py()
+    gpu = import_benchmark("gpu")
     reason = gpu.replacement_refused(existing, new, dry=dry, force=force)
     assert bool(reason) == refused, reason
     if refused:
@@ -112,7 +97,7 @@ def test_the_committed_gpu_results_are_gpu_runs() -> None:
 
 @pytest.mark.parametrize("args", [("--tiny",), ("--device", "cpu", "--tiny"), ("--device", "cpu")])
 def test_a_dry_run_refuses_the_committed_results_before_it_runs(args: tuple[str, ...], tmp_path: Path) -> None:
-    gpu = _import_gpu_py()
+    gpu = import_benchmark("gpu")
     before = digests()
     for out in (RESULTS, RESULTS / "sub"):
         with pytest.raises(SystemExit) as stopped:
@@ -126,7 +111,7 @@ def test_a_dry_run_refuses_the_committed_results_before_it_runs(args: tuple[str,
 
 
 def test_a_dry_run_refuses_a_folder_holding_a_gpu_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    gpu = _import_gpu_py()
+    gpu = import_benchmark("gpu")
     out = tmp_path / "results"
     shutil.copytree(RESULTS, out)
     before = digests(out)
@@ -156,7 +141,7 @@ def test_a_gpu_run_keeps_another_devices_result(
 ) -> None:
     """The part's file stays beside its logs; the results folder gets it only where it may replace
     what is there, and the script exits 1 where it may not."""
-    gpu = _import_gpu_py()
+    gpu = import_benchmark("gpu")
     (tmp_path / "out").mkdir()
     committed = tmp_path / "out" / "gpu-study.json"
     committed.write_text(json.dumps(H100))
@@ -182,7 +167,7 @@ def test_a_gpu_run_keeps_another_devices_result(
 def test_the_jax_install_notes_name_the_cuda_13_plugin() -> None:
     """The GPU machines carry jax 0.11.2 with the CUDA 13 plugin: every note that says which JAX
     to install names it (CUDA 12 only beside it, for a machine whose driver is CUDA 12)."""
-    gpu = _import_gpu_py()
+    gpu = import_benchmark("gpu")
     assert "jax[cuda13]" in gpu.JAX_CUDA_INSTALL
     readme = (ROOT / "benchmarks" / "README.md").read_text()
     notes = readme[readme.index("#### Installing on a GPU machine") : readme.index("## Results")]

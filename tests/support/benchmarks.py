@@ -1,14 +1,16 @@
-"""The GPU benchmark (`benchmarks/gpu.py`) as its tests run it: its command, and what every part's
-result file holds."""
+"""The benchmark scripts as their tests use them: one imported as a module (`import_benchmark`), and
+the GPU benchmark (`benchmarks/gpu.py`) with its command and what every part's result file holds."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from tests.support.helpers import ROOT
 
@@ -32,6 +34,23 @@ COMMON = {
     "conditions",
 }
 STUDY_KEYS = {"environment", "best", "baseline", "speedup", "mfu", "tokens_per_s", "energy", "export", "trials"}
+
+
+def import_benchmark(script: str) -> ModuleType:
+    """`benchmarks/<script>.py` as a module named `benchmarks_<script>` (registered in
+    `sys.modules`, where its dataclasses look their module up), its folder on the path while it
+    imports its harness."""
+    path = list(sys.path)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(f"benchmarks_{script}", ROOT / "benchmarks" / f"{script}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path[:] = path
 
 
 def digests(folder: Path = RESULTS) -> dict[str, str]:
