@@ -2,7 +2,7 @@
 simulation of the rounds, the stopping rule and the choice of the winner, with log-normal round
 noise of known size.
 
-    python benchmarks/interval_procedure.py [--draws 4000] [--seed 0]
+    python benchmarks/interval_procedure.py [--draws 4000] [--seed 0] [--replay [RESULT]]
 
 `benchmarks/interval_coverage.py` checks the interval on recorded rounds cut into blocks of a
 fixed size: it applies neither the stopping rule nor the choice of the winner. Here each draw is
@@ -25,16 +25,24 @@ cap), and that with the level corrected for the choice among the K configs (Bonf
 config's interval at 1 - 0.10 / K). Log sds from 0.01 to 0.1 cover what this project measured:
 0.028 between rounds of the quickstart's pair on a 2-core VM (`interval_coverage.json`), up to
 0.05-0.1 on a noisy one. Writes benchmarks/results/interval_procedure.json.
+
+`--replay` draws each config's round from the rounds `benchmarks/interval_coverage.py` recorded
+(their log-ratio residuals, resampled; one column at their standard deviation), so the noise has
+a real machine's shape, tails included; the residuals are whole rounds' (the config's and its
+baseline's noise together), so configs of one round do not share a baseline draw there. Writes
+benchmarks/results/interval_procedure-replay.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from _harness import write_results
@@ -66,9 +74,17 @@ VARIANTS = (
 )
 
 
-def draw(rng: random.Random, sigma: float, configs: int, variant: Variant) -> tuple[bool, float, int] | None:
+def draw(
+    rng: random.Random,
+    sigma: float,
+    configs: int,
+    variant: Variant,
+    residuals: list[float] | None = None,
+) -> tuple[bool, float, int] | None:
     """One re-measurement: whether the winner's interval holds its speedup, its half-width, and
-    the rounds it ran; None when the winner has no interval (the baseline led, or one round)."""
+    the rounds it ran; None when the winner has no interval (the baseline led, or one round).
+    With `residuals`, each config's round is a recorded round's log-ratio residual drawn at
+    random (`sigma` unused), so the noise has the recorded rounds' shape, tails included."""
     level = 1 - (1 - LEVEL) / configs if variant.selection else LEVEL
     interval: Callable[[list[float]], Interval | None] = lambda ratios: ratio_interval(ratios, level)  # noqa: E731
     ratios: dict[int, list[float]] = {k: [] for k in range(configs)}
@@ -78,7 +94,8 @@ def draw(rng: random.Random, sigma: float, configs: int, variant: Variant) -> tu
     for round_number in range(1, RUNS + 1):
         base = rng.gauss(0.0, spread)
         for k in alive:
-            ratios[k].append(math.exp(math.log(TRUE) + rng.gauss(0.0, spread) - base))
+            noise = rng.choice(residuals) if residuals else rng.gauss(0.0, spread) - base
+            ratios[k].append(math.exp(math.log(TRUE) + noise))
         standings = {k: Standing(geometric_mean(ratios[k]), interval(ratios[k])) for k in alive}
         standings[BASE] = baseline_standing(round_number)
         still = contenders(standings)
@@ -94,13 +111,26 @@ def draw(rng: random.Random, sigma: float, configs: int, variant: Variant) -> tu
     return stated.contains(TRUE), stated.half_width, stated.rounds
 
 
-def run(draws: int, seed: int) -> list[dict[str, Any]]:
+def recorded_residuals(path: Path) -> list[float]:
+    """The log-ratio residuals (each round's log-ratio less their mean) of the rounds
+    `benchmarks/interval_coverage.py` recorded (its result file at `path`)."""
+    logs = [math.log(r) for r in json.loads(path.read_text())["ratios"]]
+    mean = statistics.fmean(logs)
+    return [value - mean for value in logs]
+
+
+def run(draws: int, seed: int, residuals: list[float] | None = None) -> list[dict[str, Any]]:
+    """Every variant, number of configs and log sd; with `residuals`, one column of replayed
+    rounds instead (its sigma the residuals' standard deviation)."""
     rows = []
+    sigmas = (statistics.stdev(residuals),) if residuals else SIGMAS
     for variant in VARIANTS:
         for configs in CONFIGS:
-            for sigma in SIGMAS:
+            for sigma in sigmas:
                 rng = random.Random(f"{seed}-{sigma}-{configs}")  # the same draws for every variant
-                results = [r for r in (draw(rng, sigma, configs, variant) for _ in range(draws)) if r is not None]
+                results = [
+                    r for r in (draw(rng, sigma, configs, variant, residuals) for _ in range(draws)) if r is not None
+                ]
                 held = sum(covered for covered, _, _ in results)
                 rows.append(
                     {
@@ -126,11 +156,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--draws", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--replay",
+        nargs="?",
+        const="results/interval_coverage.json",
+        help="draw each round from the rounds benchmarks/interval_coverage.py recorded (its result file; "
+        "default results/interval_coverage.json) instead of normal noise",
+    )
     args = parser.parse_args()
-    rows = run(args.draws, args.seed)
+    residuals = recorded_residuals(Path(__file__).parent / args.replay) if args.replay else None
+    rows = run(args.draws, args.seed, residuals)
     write_results(
-        "interval_procedure.json",
+        "interval_procedure-replay.json" if residuals else "interval_procedure.json",
         {
+            "replayed": args.replay,
+            "replayed_rounds": len(residuals) if residuals else None,
             "level": LEVEL,
             "true_speedup": TRUE,
             "remeasure_runs": RUNS,

@@ -379,22 +379,30 @@ def promise(coverage: dict[str, Any] | None, quickstarts: dict[str, dict[str, An
     return lines
 
 
-def interval_procedure(data: dict[str, Any]) -> list[str]:
-    """The winner's interval under the whole re-measurement procedure, simulated: coverage and
-    median half-width for each variant, number of configs and log sd."""
+def interval_procedure(data: dict[str, Any], source: str) -> list[str]:
+    """The winner's interval under the whole re-measurement procedure, simulated (or replayed from
+    recorded rounds): coverage and median half-width for each variant, number of configs and log sd."""
     rows = data["rows"]
     sigmas = sorted({row["sigma"] for row in rows})
+    replayed = data.get("replayed")
+    command = "python benchmarks/interval_procedure.py" + (" --replay" if replayed else "")
+    noise = (
+        f"each config's round drawn from the {data['replayed_rounds']} rounds `{replayed}` recorded (their "
+        "log-ratio residuals, resampled: a real machine's noise, its tails included; log sd in the column)"
+        if replayed
+        else "log-normal round noise of the log sd in each column"
+    )
     lines = [
-        "### The winner's interval under the re-measurement procedure: `python benchmarks/interval_procedure.py`",
+        f"### The winner's interval under the re-measurement procedure: `{command}`",
         "",
-        f"Simulated (`results/interval_procedure.json`): {data['draws_per_row']:,} re-measurements a row, each "
+        f"`results/{source}`: {data['draws_per_row']:,} re-measurements a row, each "
         f"through the real standings, contenders and stopping rule, up to {data['remeasure_runs']} rounds and a "
         f"width of {data['remeasure_width']:.0%}, of K configs tied at {data['true_speedup']:g}x (K = 1, or 3: "
-        "the choice of the winner at its most biased) with log-normal round noise of the log sd in each column. "
+        f"the choice of the winner at its most biased), {noise}. "
         f"Coverage of the winner's stated {data['level']:.0%} interval (its 95% margin about +-1%), then the "
         "median half-width; only the first row is what the tool does.",
         "",
-        "| stopping rule and level | K | " + " | ".join(f"sd {sigma:g}" for sigma in sigmas) + " |",
+        "| stopping rule and level | K | " + " | ".join(f"sd {sigma:.3g}" for sigma in sigmas) + " |",
         "|---|---|" + "---|" * len(sigmas),
     ]
     for (variant, configs), group in itertools.groupby(rows, key=lambda row: (row["variant"], row["configs"])):
@@ -817,8 +825,9 @@ def main(argv: list[str] | None = None) -> None:
     coverage = _load("interval_coverage.json", folder)
     if coverage or any(q.get("apply", {}).get("intervals") for q in quickstarts.values()):
         sections += promise(coverage, quickstarts)
-    if data := _load("interval_procedure.json", folder):
-        sections += interval_procedure(data)
+    for source in ("interval_procedure.json", "interval_procedure-replay.json"):
+        if data := _load(source, folder):
+            sections += interval_procedure(data, source)
     if data := _load("inference.json", folder):
         sections += inference(data)
     for source in ("parallel_knobs-cpu.json", "parallel_knobs-gpu.json"):
