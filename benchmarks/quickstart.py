@@ -165,7 +165,8 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
         "rounds": [list(run.rounds) for run in applied],
         "speedups_checked": [run.checked_speedup for run in applied],
         "intervals": [run.interval.as_dict() if run.interval else None for run in applied],
-        "agreements": [run.agreement.as_dict() if run.agreement else None for run in applied],
+        # here over the export (the export's own interval, or its speedup alone where it has none)
+        "agreements": [run.promise.as_dict() if run.promise else None for run in applied],
         "agree": agree,
         "agreed": sum(bool(a) for a in agree),
         "rounds_errors": [run.rounds_error for run in applied if run.rounds_error],

@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 from autotuner.config.knobs import BATCH_SIZE, Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
-from autotuner.measurement.interval import LEVEL, Interval, geometric_mean, ratio_interval, ratio_of, t_quantile
+from autotuner.measurement.interval import Interval, geometric_mean, log_interval, ratio_interval, ratio_of
 from autotuner.measurement.rounds import ProcessCost, TimeBudget, windows_that_fit
 from autotuner.measurement.timing import Throughput
 from autotuner.output.formatting import percent, speedup_with_interval, times
@@ -77,12 +77,16 @@ def judge(ratio: Interval, tolerance: float) -> Verdict:
 
 
 def promise_interval(rounds: Sequence[float], export: Interval | None, export_speedup: float | None) -> Interval | None:
-    """The speedup of `rounds` (the promise check's) over the export's, with its interval: their
-    ratio's (`ratio_of`) where the export has an interval; with an export of one round, the
-    interval here over its `export_speedup`. None with fewer than two rounds, or nothing to compare."""
+    """The speedup of `rounds` (the promise check's) over the export's, with its interval (`over_export`);
+    None with fewer than two rounds."""
     here = ratio_interval(rounds)
-    if here is None:
-        return None
+    return over_export(here, export, export_speedup) if here is not None else None
+
+
+def over_export(here: Interval, export: Interval | None, export_speedup: float | None) -> Interval | None:
+    """The interval of the speedup `here` over the export's: their ratio's (`ratio_of`) where the
+    export has an interval; with an export of one round, `here` over its `export_speedup`; None
+    with nothing to compare."""
     if export is not None:
         return ratio_of(here, export)
     if not export_speedup:
@@ -102,13 +106,8 @@ def rounds_to_decide(
     logs = [math.log(r) for r in rounds]
     mean, spread = statistics.fmean(logs), statistics.stdev(logs)
     for n in range(len(rounds) + 1, most + 1):
-        half = t_quantile((1 + LEVEL) / 2, n - 1) * spread / math.sqrt(n)
-        here = Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
-        if export is not None:
-            ratio = ratio_of(here, export)
-        elif export_speedup:
-            ratio = Interval(here.estimate / export_speedup, here.low / export_speedup, here.high / export_speedup, n)
-        else:
+        ratio = over_export(log_interval(mean, spread, n), export, export_speedup)
+        if ratio is None:
             return None
         if judge(ratio, tolerance) is not Verdict.UNDECIDED:
             return n
@@ -243,13 +242,6 @@ class AppliedRun:
         return geometric_mean(self.rounds) if self.rounds else None
 
     @property
-    def agreement(self) -> Interval | None:
-        """The speedup here over the export's, with the interval of that ratio (`ratio_of`), where
-        both have an interval."""
-        here, there = self.interval, self.tuned.speedup_interval
-        return ratio_of(here, there) if here is not None and there is not None else None
-
-    @property
     def promise(self) -> Interval | None:
         """The speedup here over the export's, with its interval (`promise_interval`)."""
         return promise_interval(self.rounds, self.tuned.speedup_interval, self.tuned.speedup)
@@ -268,13 +260,8 @@ class AppliedRun:
 
     @property
     def keeps_promise(self) -> bool | None:
-        """Whether the speedup here agrees with the export's: the interval of their ratio holds 1;
-        with an interval here only, it holds the export's speedup; with neither, the whole run's
-        speedup is within `PROMISE` of it. None where nothing can tell (no baseline run)."""
-        if (agreement := self.agreement) is not None:
-            return agreement.contains(1.0)
-        if (here := self.interval) is not None and self.tuned.speedup:
-            return here.contains(self.tuned.speedup)
+        """Without a `verdict` (no promise check's rounds to judge): whether the whole run's speedup
+        is within `PROMISE` of the export's; None where nothing can tell (no baseline run)."""
         ratio = self.promise_ratio
         return None if ratio is None else abs(ratio - 1.0) <= PROMISE
 

@@ -113,9 +113,14 @@ def ratio_interval(ratios: Sequence[float], level: float = LEVEL) -> Interval | 
     if len(ratios) < 2 or any(not r > 0 for r in ratios):
         return None
     logs = [math.log(r) for r in ratios]
-    mean, error = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
-    half = t_quantile((1 + level) / 2, len(logs) - 1) * error
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs), level)
+    return log_interval(statistics.fmean(logs), statistics.stdev(logs), len(logs), level)
+
+
+def log_interval(mean: float, spread: float, rounds: int, level: float = LEVEL) -> Interval:
+    """The interval `ratio_interval` gives `rounds` (two or more) rounds whose log-ratios have this
+    `mean` and standard deviation `spread`."""
+    half = t_quantile((1 + level) / 2, rounds - 1) * spread / math.sqrt(rounds)
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), rounds, level)
 
 
 def ratio_of(a: Interval, b: Interval, level: float = LEVEL) -> Interval:

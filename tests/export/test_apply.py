@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import math
+import statistics
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -401,9 +402,16 @@ def test_the_rounds_a_decision_needs_are_none_when_the_exports_own_interval_is_t
     assert wide is not None and rounds_to_decide([2.4, 2.5], wide, wide.estimate, 0.10) is None
     close = ratio_interval([2.5, 2.4, 2.45])
     assert close is not None and rounds_to_decide([2.3, 2.6], close, close.estimate, 0.10) == 5
-    # the rounds it says would do, measured as they went, decide it
-    logs_like = [2.3, 2.6, 2.3, 2.6, 2.445]
-    assert judge(promise_interval(logs_like, close, close.estimate), 0.10) is not Verdict.UNDECIDED
+    # rounds that go on as those went (the same log mean and standard deviation) decide it at 5, not at 4
+    mean, spread = (math.log(2.3) + math.log(2.6)) / 2, abs(math.log(2.6 / 2.3)) / math.sqrt(2)
+    as_they_went = {
+        4: [mean - spread * math.sqrt(3 / 4), mean + spread * math.sqrt(3 / 4)] * 2,  # log sd exactly `spread`
+        5: [mean - spread, mean + spread] * 2 + [mean],
+    }
+    for n, logs in as_they_went.items():
+        assert statistics.stdev(logs) == pytest.approx(spread) and statistics.fmean(logs) == pytest.approx(mean)
+        promise = promise_interval([math.exp(x) for x in logs], close, close.estimate)
+        assert promise is not None and (judge(promise, 0.10) is Verdict.UNDECIDED) is (n == 4)
 
 
 class _Rounds:
