@@ -94,13 +94,16 @@ class StudyRef(_Section):
 
 class SpeedupInterval(_Section):
     """The speedup's interval (`autotuner.measurement.interval`): its ends at `level` from `rounds`
-    paired rounds of re-measurement; `estimate` is the speedup itself."""
+    paired rounds of re-measurement, stated jointly with the intervals of the configs the winner
+    was chosen among (`among`, its own included; 1 in exports made before it was recorded);
+    `estimate` is the speedup itself."""
 
     estimate: float = Field(gt=0)
     low: float = Field(gt=0)
     high: float = Field(gt=0)
     rounds: int = Field(ge=2)
     level: float = Field(gt=0, lt=1)
+    among: int = Field(1, ge=1)
 
 
 class Ranked(_Section):

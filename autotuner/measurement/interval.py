@@ -19,8 +19,16 @@ rounds at least: one gives no interval. Whether two speedups measured that way a
 and `autotuner apply`'s) is the interval of their ratio (`ratio_of`): their log-standard errors
 combined, Welch's degrees of freedom.
 
+The winner of a re-measurement is the best of the configs within the noise of each other, and the
+best of several estimates is biased upwards: its interval is stated jointly with theirs
+(`among`), each at Sidak's level LEVEL^(1/among), so that all of them hold at once, and so the
+winner's whichever it is, with probability LEVEL at least (Sidak's inequality holds for
+two-sided intervals of correlated normal estimates, as configs measured beside one baseline are).
+
 How often the interval holds the speedup on a given machine is measured by
-`benchmarks/interval_coverage.py` (many rounds of one pair, cut into studies of n rounds).
+`benchmarks/interval_coverage.py` (many rounds of one pair, cut into studies of n rounds), and
+under the whole re-measurement (its stopping, its choice of the winner) by
+`benchmarks/interval_procedure.py`.
 
 This module imports no framework and no Optuna.
 """
@@ -39,14 +47,16 @@ LEVEL = 0.90
 
 def t_quantile(p: float, df: float) -> float:
     """The `p` quantile (p in [0.5, 1)) of Student's t with `df` degrees of freedom: exact for
-    1 and 2, else the Cornish-Fisher expansion (Abramowitz and Stegun 26.7.5) to 1/df^4, within
-    0.004 of the exact value at df 3 and within 1e-4 from df 5 on. A fractional df below 3 is
-    rounded down (a wider interval, never a narrower one)."""
+    1 and 2; else the Cornish-Fisher expansion (Abramowitz and Stegun 26.7.5) to 1/df^4, refined
+    by Newton's method on the exact distribution (`_t_central`), to 1e-9 of it. A fractional
+    df is rounded down (a wider interval, never a narrower one); from df 30 on the expansion
+    alone is within 1e-6."""
     if not 0.5 <= p < 1.0 or df < 1:
         raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
-    if df < 2:
+    whole = math.floor(df)
+    if whole < 2:
         return math.tan(math.pi * (p - 0.5))
-    if df < 3:
+    if whole < 3:
         return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
     z = statistics.NormalDist().inv_cdf(p)
     terms = (
@@ -55,7 +65,35 @@ def t_quantile(p: float, df: float) -> float:
         (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
         (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
     )
-    return z + sum(term / df ** (k + 1) for k, term in enumerate(terms))
+    t = z + sum(term / whole ** (k + 1) for k, term in enumerate(terms))
+    if whole >= 30:
+        return t
+    density = math.exp(math.lgamma((whole + 1) / 2) - math.lgamma(whole / 2)) / math.sqrt(whole * math.pi)
+    for _ in range(20):
+        step = (_t_central(t, whole) - (2 * p - 1)) / (2 * density * (1 + t * t / whole) ** (-(whole + 1) / 2))
+        t -= step
+        if abs(step) < 1e-9:
+            break
+    return t
+
+
+def _t_central(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with a whole `df` (1 or more): the finite series of Abramowitz
+    and Stegun 26.7.3 and 26.7.4, in theta = atan(t / sqrt(df))."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    term, total = 1.0, 0.0
+    if df % 2:  # odd: 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ...)), df - 3 terms after 1
+        if df == 1:
+            return 2 * theta / math.pi
+        for k in range(1, (df - 1) // 2 + 1):
+            total += term
+            term *= (2 * k) / (2 * k + 1) * c2
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    for k in range(1, df // 2 + 1):  # even: sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ...)
+        total += term
+        term *= (2 * k - 1) / (2 * k) * c2
+    return math.sin(theta) * total
 
 
 @dataclass(frozen=True)
@@ -67,6 +105,9 @@ class Interval:
     high: float
     rounds: int
     level: float = LEVEL
+    among: int = 1
+    """How many intervals it is stated jointly with, its own included (`joint_level`): the
+    configs a winner was chosen among. 1: on its own."""
 
     @property
     def half_width(self) -> float:
@@ -75,7 +116,10 @@ class Interval:
 
     @property
     def log_error(self) -> float:
-        """The standard error of the log estimate the interval was made of."""
+        """The standard error of the log estimate that a `level` t interval as wide as this one has:
+        the rounds' own for an interval on its own; for one stated jointly (`among` > 1), larger
+        by the joint quantile's excess, so that what is compared with it (`ratio_of`) carries the
+        allowance for the choice of the winner too."""
         return math.log(self.high / self.estimate) / t_quantile((1 + self.level) / 2, self.rounds - 1)
 
     def contains(self, value: float) -> bool:
@@ -100,6 +144,7 @@ class Interval:
             high=float(data["high"]),
             rounds=int(data["rounds"]),
             level=float(data.get("level", LEVEL)),
+            among=int(data.get("among", 1)),
         )
 
 
@@ -107,20 +152,27 @@ def geometric_mean(ratios: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(r) for r in ratios))
 
 
-def ratio_interval(ratios: Sequence[float], level: float = LEVEL) -> Interval | None:
+def joint_level(level: float, among: int) -> float:
+    """The level each of `among` intervals is made at so that all hold at once with probability
+    `level` at least (Sidak): level^(1/among)."""
+    return level ** (1 / among)
+
+
+def ratio_interval(ratios: Sequence[float], level: float = LEVEL, among: int = 1) -> Interval | None:
     """The speedup the rounds' `ratios` give (their geometric mean) and its `level` t interval,
-    as the module says; None with fewer than two rounds or a ratio that is not positive."""
+    stated jointly with `among` intervals in all, as the module says; None with fewer than two
+    rounds or a ratio that is not positive."""
     if len(ratios) < 2 or any(not r > 0 for r in ratios):
         return None
     logs = [math.log(r) for r in ratios]
-    return log_interval(statistics.fmean(logs), statistics.stdev(logs), len(logs), level)
+    return log_interval(statistics.fmean(logs), statistics.stdev(logs), len(logs), level, among)
 
 
-def log_interval(mean: float, spread: float, rounds: int, level: float = LEVEL) -> Interval:
+def log_interval(mean: float, spread: float, rounds: int, level: float = LEVEL, among: int = 1) -> Interval:
     """The interval `ratio_interval` gives `rounds` (two or more) rounds whose log-ratios have this
     `mean` and standard deviation `spread`."""
-    half = t_quantile((1 + level) / 2, rounds - 1) * spread / math.sqrt(rounds)
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), rounds, level)
+    half = t_quantile((1 + joint_level(level, among)) / 2, rounds - 1) * spread / math.sqrt(rounds)
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), rounds, level, among)
 
 
 def ratio_of(a: Interval, b: Interval, level: float = LEVEL) -> Interval:

@@ -75,6 +75,10 @@ class Remeasurement:
     """Whether the group was measured in lockstep (else one process after another)."""
     error: str | None = None
     """Why one of its runs failed (the config is then not declared best), or None."""
+    among: int = 1
+    """How many configs its speedup interval is stated jointly with, its own included
+    (`autotuner.results.standings.joint_among`): set when the study's re-measurements are read, so
+    that a later re-measurement that brings in a rival counts too."""
 
     @property
     def rerun_windows(self) -> list[float]:

@@ -23,6 +23,7 @@ from autotuner.config.knobs import Config, Params
 from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval
 from autotuner.measurement.pruning import TRIAL_NOISE
 from autotuner.results.evidence import Reference, Remeasurement
+from autotuner.results.standings import joint_among
 from autotuner.study.names import (
     BASELINE,
     CLAIM_PREFIX,
@@ -176,11 +177,14 @@ def with_cold_warmups(trials: list[TrialRecord]) -> list[TrialRecord]:
 
 
 def remeasurements(study: optuna.Study) -> dict[int, Remeasurement]:
-    """The finished re-measurements of the study, by trial number (claims `remeasure:<number>`)."""
+    """The finished re-measurements of the study, by trial number (claims `remeasure:<number>`),
+    each with the configs its interval is stated jointly with (`joint_among`)."""
     found: dict[int, Remeasurement] = {}
     for key, value in study_storage(study).get_study_system_attrs(study_id(study)).items():
         if key.startswith(REMEASURE_PREFIX) and isinstance(value, dict) and value.get("status") == "done":
             found[int(key.removeprefix(REMEASURE_PREFIX))] = Remeasurement.from_dict(value)
+    for number, among in joint_among(found).items():
+        found[number].among = among
     return found
 
 
@@ -205,8 +209,10 @@ def speedup(trial: TrialRecord, base: TrialRecord | None) -> float | None:
 
 def speedup_interval(trial: TrialRecord) -> Interval | None:
     """The interval of the config's `speedup` from its re-measurement's rounds
-    (`autotuner.measurement.interval.ratio_interval`); None before two rounds."""
-    return ratio_interval(trial.remeasured.speedups) if trial.remeasured is not None else None
+    (`autotuner.measurement.interval.ratio_interval`), stated jointly with the configs it was in
+    contention with (`Remeasurement.among`); None before two rounds."""
+    r = trial.remeasured
+    return ratio_interval(r.speedups, among=r.among) if r is not None else None
 
 
 class RunLength(Protocol):

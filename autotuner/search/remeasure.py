@@ -8,11 +8,13 @@ config still in contention and the baseline run one fresh trial process each, me
 and `processes_that_fit`, the baseline in each). A round gives each config a speedup: its median
 window over the baseline's beside it; its rounds give its speedup and, from two rounds on, its 90%
 interval (`autotuner.measurement.interval`). From the second round on, a config whose interval the
-leader's clears is out (`contenders`); the rounds stop once the leader's interval is narrower than
-`budget.remeasure_width` (the leader's promise is then as certain as asked, whoever is left), when no config is left, or
-after `budget.remeasure_runs` rounds. Configs that come in later (a re-measurement reordered the
-top) are judged against those re-measured before them too (`earlier_standings`), and get the
-rounds the first ones left of `budget.remeasure_runs` (`rounds_left`), two at least. Each config's
+leader's clears is out (`autotuner.results.standings.contenders`); the rounds run to
+`budget.remeasure_runs`, or as many as `budget.remeasure_share`'s time holds, or until no config
+is left, never stopping on the leader's interval (`settled`); the configs still in contention at
+the end are stated jointly (`autotuner.results.standings.joint_among`). Configs that come in
+later (a re-measurement reordered the top) are judged against those re-measured before them too
+(`earlier_standings`), and get the rounds the first ones left of `budget.remeasure_runs`
+(`rounds_left`), two at least. Each config's
 `autotuner.results.evidence.Remeasurement` is stored in its claim
 (`autotuner.workers.coordination.OncePerStudy.remeasure`), where `autotuner.results.records.records` reads it back.
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 import optuna
 
-from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval
+from autotuner.measurement.interval import Interval, ratio_interval
 from autotuner.measurement.rounds import (
     FEWEST_WINDOWS,
     FIT_ROUNDS,
@@ -38,11 +40,13 @@ from autotuner.measurement.rounds import (
     windows_that_fit,
 )
 from autotuner.measurement.telemetry import available_memory_mb
+from autotuner.measurement.timing import relative_spread as spread
 from autotuner.output.console import SearchReporter
-from autotuner.output.formatting import times
+from autotuner.output.formatting import rate, times
 from autotuner.results.evidence import Remeasurement
 from autotuner.results.records import TrialRecord, baseline, records, spent_seconds, to_remeasure
 from autotuner.results.run_time import RunPlan
+from autotuner.results.standings import Standing, baseline_standing, contenders, joint_among, standing
 from autotuner.spec.job import Job
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.lockstep import in_lockstep, measure_together
@@ -53,6 +57,9 @@ from autotuner.workers.coordination import OncePerStudy
 
 MEMORY_SHARE = 0.8
 """The share of the memory available that a re-measurement group's processes may take."""
+MACHINE_MOVED = 0.10
+"""The baseline's processes this far apart ((max - min) / median) in a re-measurement: the
+machine's speed moved between them, and the search says so, beside how far the speedups moved."""
 
 
 def process_cost(t: TrialRecord) -> ProcessCost:
@@ -73,45 +80,31 @@ def calibrated(t: TrialRecord) -> dict[str, Any]:
     return {"steps": int(steps), "min_window_s": 0.0} if steps else {}
 
 
-@dataclass(frozen=True)
-class Standing:
-    """A config's speedup so far in a re-measurement: the geometric mean of its rounds' speedups
-    (of its processes' throughputs, without a baseline), and its interval once it has two rounds."""
-
-    speedup: float
-    interval: Interval | None
-
-
-def standing(remeasurement: Remeasurement) -> Standing:
-    """Where a config's `remeasurement` puts it (`Standing`): by its rounds' speedups; without a
-    baseline beside it, by its processes' throughputs the same way."""
-    rounds = remeasurement.speedups or remeasurement.throughputs
-    return Standing(geometric_mean(rounds), ratio_interval(rounds))
+def settled(alive: bool) -> bool:
+    """Whether the rounds stop before the cap: only once no config is left to measure (`alive`
+    false). Never on the leader's interval: stopping on the first narrow interval keeps the
+    rounds whose spread happened to be small, and the interval then holds less often than its
+    level says (`benchmarks/interval_procedure.py`)."""
+    return not alive
 
 
-def contenders(standings: dict[int, Standing]) -> list[int]:
-    """The configs that can still win, leader first: `standings` maps a trial number to its
-    `Standing`. A config is out once the leader's interval clears its own
-    (`Interval.clears`: the leader's lower end above its upper end); one without an interval yet
-    (one round) is never out, since one round says nothing of how far the next one can land."""
-    if not standings:
-        return []
-    leader = max(standings, key=lambda n: (standings[n].speedup, -n))
-    lead = standings[leader].interval
-    kept = [leader]
-    for number, other in sorted(standings.items(), key=lambda item: -item[1].speedup):
-        if number == leader:
-            continue
-        if lead is None or other.interval is None or not lead.clears(other.interval):
-            kept.append(number)
-    return kept
-
-
-def settled(alive: bool, lead: Interval | None, round_number: int, width: float) -> bool:
-    """Whether the rounds stop after round `round_number`: no config is left to measure (`alive`
-    false), or, from the second round on (every config re-measured gets an interval), the leader's
-    interval `lead` is within `width` (`budget.remeasure_width`)."""
-    return not alive or (lead is not None and round_number >= 2 and lead.half_width <= width)
+def machine_moved(base: Remeasurement, leader: int, lead: Remeasurement) -> str | None:
+    """One line saying how far the machine's speed moved during a re-measurement, where it moved
+    more than `MACHINE_MOVED`: the spread of the baseline's processes (its rounds run at different
+    times, so whatever changes the machine's speed between them is in it), beside the spread of
+    the leader's speedups (each over the baseline's process measured with it: what lockstep
+    leaves of it). None where it moved less, or there is nothing to compare."""
+    if len(base.throughputs) < 2 or len(lead.speedups) < 2 or base.error:
+        return None
+    moved = spread(base.throughputs)
+    if moved <= MACHINE_MOVED:
+        return None
+    return (
+        f"the machine's speed moved during the re-measurement: the baseline's processes came out "
+        f"{rate(min(base.throughputs))}-{rate(max(base.throughputs))} ({moved:.0%} apart); measured beside them, "
+        f"#{leader}'s speedups {times(min(lead.speedups))}-{times(max(lead.speedups))} "
+        f"({spread(lead.speedups):.0%} apart)"
+    )
 
 
 def earlier_standings(trials: list[TrialRecord], batch: list[int], baseline_number: int | None) -> dict[int, Standing]:
@@ -127,12 +120,6 @@ def earlier_standings(trials: list[TrialRecord], batch: list[int], baseline_numb
         and t.number not in batch
         and t.number != baseline_number
     }
-
-
-def baseline_standing(runs: int) -> Standing:
-    """The baseline's `Standing` after `runs` rounds: a speedup of 1 by definition, exactly (its
-    interval a point, from two rounds on), so a config whose interval lies below 1 is out."""
-    return Standing(1.0, Interval(1.0, 1.0, 1.0, runs) if runs >= 2 else None)
 
 
 def rounds_left(trials: list[TrialRecord], batch: list[int], runs: int) -> int:
@@ -199,9 +186,9 @@ class Remeasurer:
 
     def run(self) -> None:
         """Measure the fastest feasible configs and the baseline again, in rounds of one more trial
-        process each, measured together (`measure_together`), until the leader's interval is as
-        narrow as `budget.remeasure_width` or after `budget.remeasure_runs` rounds in all, the
-        configs the leader's interval clears dropped on the way (`contenders`). A config's
+        process each, measured together (`measure_together`), for `budget.remeasure_runs` rounds
+        in all (or as many as the time holds), the configs the leader's interval clears dropped on
+        the way (`contenders`). A config's
         throughput is then the median over every window of its processes, and its speedup the
         geometric mean of its rounds' speedups over the baseline measured beside it, with its
         interval; when that reorders the top, the newcomers are re-measured too,
@@ -280,8 +267,9 @@ class Remeasurer:
     ) -> dict[int, Remeasurement]:
         """Re-measure the configs of trials `numbers` in rounds: in each, a process of every config
         still in `contenders` and one of the baseline, measured together (in groups the memory
-        holds, `remeasure_groups`), until the leader's interval is as narrow as
-        `budget.remeasure_width`, or no config is left, or after the rounds left (`rounds_left`)."""
+        holds, `remeasure_groups`), for the rounds left (`rounds_left`) or as many as the time
+        holds, or until no config is left; the intervals are then stated jointly among the
+        contenders (`joint_among`), and what is left undecided said in one line."""
         budget = self.job.spec.budget
         trials = [candidates[n] for n in numbers]
         configs = [t for t in trials if baseline is None or t.number != baseline.number]
@@ -309,7 +297,6 @@ class Remeasurer:
         costs = [process_cost(t) for t in everyone]
         windows = windows_that_fit(costs, self.allowance.left if self.allowance else None, budget.remeasure_windows)
         alive, still = configs, [t.number for t in everyone]
-        standings: dict[int, Standing] = {}
         last: tuple[float, int] | None = None  # the last round's seconds and processes
         stopped = None
         for round_number in range(1, most_rounds + 1):
@@ -341,14 +328,20 @@ class Remeasurer:
                 standings[baseline.number] = baseline_standing(len(found[baseline.number].throughputs))
             still = contenders(standings)
             alive = [t for t in alive if t.number in still]
-            lead = standings[still[0]].interval if still else None
-            narrow = lead is not None and lead.half_width <= budget.remeasure_width
-            if settled(bool(alive), lead, round_number, budget.remeasure_width):
+            if settled(bool(alive)):
                 break
         else:
-            stopped = None if narrow else cap
-        if alive and (stopped is not None or len(still) > 1):
-            self._note_undecided(still, standings, stopped, round_number)
+            stopped = cap
+        # the intervals as the records will state them: the contenders' jointly (`joint_among`)
+        before = {t.number: t.remeasured for t in known if t.remeasured is not None and t.number not in numbers}
+        for number, among in joint_among({**before, **found}).items():
+            if number in found:
+                found[number].among = among
+        if alive:
+            lead = before[still[0]] if still[0] in before else found[still[0]]
+            self._note_undecided(still, ratio_interval(lead.speedups, among=lead.among), stopped, round_number)
+            if baseline is not None and (moved := machine_moved(found[baseline.number], still[0], lead)):
+                self.reporter.note(moved)
         baseline_failed = baseline is None or found[baseline.number].error
         for t in trials:
             found[t.number].group = sorted(groups[t.number])
@@ -359,17 +352,20 @@ class Remeasurer:
             self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
         return {t.number: found[t.number] for t in trials}
 
-    def _note_undecided(self, still: list[int], standings: dict[int, Standing], stopped: str | None, ran: int) -> None:
-        """Say in one line what the rounds left undecided: the configs still within the noise of
-        the leader (`still`, leader first), and when the rounds stopped short (`stopped`, why, as
-        it reads), the leader's speedup as certain as it got."""
+    def _note_undecided(self, still: list[int], lead: Interval | None, stopped: str | None, ran: int) -> None:
+        """Say in one line what the rounds left undecided, if anything: the configs still within
+        the noise of the leader (`still`, leader first), and the leader's speedup where its stated
+        interval `lead` is wider than `budget.remeasure_width` asks, after `ran` rounds or where
+        the rounds `stopped` (the cap or the time, as it reads)."""
+        width = self.job.spec.budget.remeasure_width
+        wide = lead is None or lead.half_width > width
+        if len(still) < 2 and not wide:
+            return
         after = stopped or f"{ran} round{'s' if ran > 1 else ''}"
         parts = []
         if len(still) > 1:
             parts.append(f"{', '.join(f'#{n}' for n in still)} are within the noise of each other")
-        if stopped is not None:
-            lead = standings[still[0]].interval
-            width = self.job.spec.budget.remeasure_width
+        if wide:
             shown = f"{times(lead.estimate)}, {lead.text()}" if lead else "without an interval"
             parts.append(
                 f"#{still[0]}'s {'speedup' if lead else 'figure'} is {shown}: "

@@ -73,9 +73,10 @@ class Budget(_Strict):
     baseline run one more trial process, measured together. Each round gives each config a
     speedup over the baseline beside it; from two rounds on, its speedup has a 90% interval
     (`autotuner.measurement.interval`). A config whose interval the leader's clears is out
-    (`autotuner.search.remeasure.contenders`), and the rounds stop once the leader's interval is
-    as narrow as `remeasure_width`. A config's throughput is the median over every window of its
-    processes. The rounds are the whole re-measurement's: configs that come in later (a
+    (`autotuner.results.standings.contenders`); the rounds never stop on the leader's interval
+    (stopping on a narrow one would make it hold less often than it says), only at this cap, in
+    the time (`remeasure_share`), or when no config is left. A config's throughput is the median
+    over every window of its processes. The rounds are the whole re-measurement's: configs that come in later (a
     re-measurement reordered the top) get the rounds the first ones left, two at least."""
     remeasure_share: float = Field(0.5, ge=0, le=100)
     """The most re-measurement may cost, as a share of the wall time the study's trials took (every
@@ -84,9 +85,11 @@ class Budget(_Strict):
     round that would take it past that time, saying what it left undecided. 0: no bound but
     `remeasure_runs`."""
     remeasure_width: float = Field(0.05, gt=0, le=1)
-    """The re-measurement stops once the leader's speedup interval is this narrow: its half-width
-    relative to the speedup (0.05: the speedup within about 5% at 90%). On the 2-core VM the
-    quickstart's pair needs three rounds for it (`benchmarks/interval_coverage.py`)."""
+    """How certain the winner's speedup is asked to be: its interval's half-width relative to the
+    speedup (0.05: within about 5% at 90%). Where the rounds end with the winner's interval wider,
+    the search says so in one line, with the interval it has (more `remeasure_runs` or a larger
+    `remeasure_share` narrow it). On the 2-core VM the quickstart's pair needs three rounds for
+    it (`benchmarks/interval_coverage.py`)."""
     remeasure_windows: int = Field(10, gt=0, le=1000)
     """The most measured windows of each re-measurement process (a trial has `trial.windows`):
     fewer when `remeasure_share` leaves time for fewer. Measured in

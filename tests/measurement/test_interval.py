@@ -8,22 +8,38 @@ import statistics
 
 import pytest
 
-from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval, ratio_of, t_quantile
+from autotuner.measurement.interval import (
+    Interval,
+    geometric_mean,
+    joint_level,
+    ratio_interval,
+    ratio_of,
+    t_quantile,
+)
 
 T_TABLE_95 = {1: 6.3138, 2: 2.9200, 3: 2.3534, 4: 2.1318, 5: 2.0150, 9: 1.8331, 29: 1.6991}
 """Student's t, 0.95 quantile (the two-sided 90% critical value), from the published table."""
+T_TABLE_995 = {3: 5.8409, 4: 4.6041, 5: 4.0321, 9: 3.2498, 29: 2.7564}
+"""Student's t, 0.995 quantile (the two-sided 99% critical value): the far tail a joint interval
+or an early look of `autotuner apply` reaches, where an expansion alone is off by a percent."""
 
 
 @pytest.mark.parametrize("df", sorted(T_TABLE_95))
 def test_the_t_quantile_matches_the_table(df: int) -> None:
-    assert t_quantile(0.95, df) == pytest.approx(T_TABLE_95[df], abs=1.5e-3)
+    assert t_quantile(0.95, df) == pytest.approx(T_TABLE_95[df], abs=1e-4)
+
+
+@pytest.mark.parametrize("df", sorted(T_TABLE_995))
+def test_the_t_quantile_matches_the_table_in_the_far_tail(df: int) -> None:
+    assert t_quantile(0.995, df) == pytest.approx(T_TABLE_995[df], abs=1e-4)
 
 
 def test_the_t_quantile_tends_to_the_normal_and_rounds_a_small_df_down() -> None:
     assert t_quantile(0.95, 10_000) == pytest.approx(1.645006, abs=1e-5)  # the normal's 1.644854, nearly
     assert t_quantile(0.95, 1e9) == pytest.approx(statistics.NormalDist().inv_cdf(0.95), abs=1e-8)
-    assert t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-3)
+    assert t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-4)
     assert t_quantile(0.95, 1.7) == t_quantile(0.95, 1)  # a wider interval, never a narrower one
+    assert t_quantile(0.95, 4.6) == t_quantile(0.95, 4)
     assert t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(ValueError):
         t_quantile(0.95, 0.5)
@@ -75,3 +91,25 @@ def test_two_speedups_agree_when_the_interval_of_their_ratio_holds_one() -> None
 def test_an_interval_is_stored_and_read_back() -> None:
     interval = ratio_interval([5.0, 4.8, 5.3])
     assert interval is not None and Interval.from_dict(interval.as_dict()) == interval
+    joint = ratio_interval([5.0, 4.8, 5.3], among=3)
+    assert joint is not None and Interval.from_dict(joint.as_dict()) == joint
+    older = {k: v for k, v in interval.as_dict().items() if k != "among"}  # stored before `among` was
+    assert Interval.from_dict(older) == interval
+
+
+def test_an_interval_stated_jointly_among_k_is_each_at_sidaks_level() -> None:
+    """The winner is the best of the configs within the noise of each other; stated jointly with
+    theirs at 0.9^(1/k) each, all k hold at once with probability 0.9 at least, the winner's too."""
+    ratios = [5.0, 4.8, 5.3, 5.1, 4.9]
+    logs = [math.log(r) for r in ratios]
+    se = statistics.stdev(logs) / math.sqrt(5)
+    assert joint_level(0.9, 1) == 0.9 and joint_level(0.9, 2) == pytest.approx(0.948683, abs=1e-6)
+    assert joint_level(0.9, 3) ** 3 == pytest.approx(0.9)
+    for among, t in ((1, 2.1318), (2, 2.7511), (3, 3.1501)):  # t(4) at (1 + 0.9^(1/k)) / 2 (scipy.stats.t)
+        interval = ratio_interval(ratios, among=among)
+        assert interval is not None and interval.among == among and interval.level == 0.9
+        assert interval.estimate == pytest.approx(geometric_mean(ratios))
+        assert interval.high == pytest.approx(math.exp(statistics.fmean(logs) + t * se), rel=1e-4)
+        assert interval.low == pytest.approx(math.exp(statistics.fmean(logs) - t * se), rel=1e-4)
+        # the standard error a plain 90% interval as wide would have: what `ratio_of` compares
+        assert interval.log_error == pytest.approx(se * t / 2.1318, rel=1e-4)
