@@ -25,7 +25,14 @@ from typing import IO, TYPE_CHECKING
 from autotuner.config.knobs import BATCH_SIZE, Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
-from autotuner.measurement.interval import Interval, geometric_mean, log_interval, ratio_interval, ratio_of
+from autotuner.measurement.interval import (
+    LEVEL,
+    Interval,
+    geometric_mean,
+    log_interval,
+    ratio_interval,
+    ratio_of,
+)
 from autotuner.measurement.rounds import ProcessCost, TimeBudget, windows_that_fit
 from autotuner.measurement.timing import Throughput
 from autotuner.output.formatting import percent, speedup_with_interval, times
@@ -62,6 +69,25 @@ class Verdict(str, Enum):
 
 EXIT_CODES = {Verdict.KEPT: 0, Verdict.NOT_KEPT: 1, Verdict.UNDECIDED: 3}
 """`autotuner apply`'s exit code for each verdict (2 is a bad input's); 0 where nothing was checked."""
+EARLY_SHARE = 0.2
+"""The share of the promise check's error (1 - LEVEL) spent on its looks before the last
+(`look_level`)."""
+
+
+def look_level(rounds: int, most: int, level: float = LEVEL) -> float:
+    """The level the promise check judges at after `rounds` rounds of at most `most`. It looks
+    after every round from the second and stops at the first that decides; each look can decide
+    wrongly, and a wrong verdict needs that look's interval to miss, so the error 1 - `level` is
+    spread over the looks (Bonferroni), whichever one the check stops at: `EARLY_SHARE` of it in
+    equal parts over the looks before the last (rounds 2 to most - 1), the rest on the last. A
+    check of two rounds at most looks once, at `level`. With five rounds: 99.3% at rounds 2 to 4,
+    92% at the fifth: an early look decides only what is plain (a config twice as slow as
+    promised), the last one is nearly as narrow as a single look's."""
+    error = 1 - level
+    early = most - 2
+    if early <= 0:
+        return level
+    return 1 - (EARLY_SHARE * error / early if rounds < most else (1 - EARLY_SHARE) * error)
 
 
 def judge(ratio: Interval, tolerance: float) -> Verdict:
@@ -76,22 +102,27 @@ def judge(ratio: Interval, tolerance: float) -> Verdict:
     return Verdict.UNDECIDED
 
 
-def promise_interval(rounds: Sequence[float], export: Interval | None, export_speedup: float | None) -> Interval | None:
-    """The speedup of `rounds` (the promise check's) over the export's, with its interval (`over_export`);
-    None with fewer than two rounds."""
+def promise_interval(
+    rounds: Sequence[float], export: Interval | None, export_speedup: float | None, level: float = LEVEL
+) -> Interval | None:
+    """The speedup of `rounds` (the promise check's) over the export's, with its `level` interval
+    (`over_export`); None with fewer than two rounds."""
     here = ratio_interval(rounds)
-    return over_export(here, export, export_speedup) if here is not None else None
+    return over_export(here, export, export_speedup, level) if here is not None else None
 
 
-def over_export(here: Interval, export: Interval | None, export_speedup: float | None) -> Interval | None:
-    """The interval of the speedup `here` over the export's: their ratio's (`ratio_of`) where the
-    export has an interval; with an export of one round, `here` over its `export_speedup`; None
-    with nothing to compare."""
+def over_export(
+    here: Interval, export: Interval | None, export_speedup: float | None, level: float = LEVEL
+) -> Interval | None:
+    """The `level` interval of the speedup `here` (a `LEVEL` interval on its own) over the
+    export's: their ratio's (`ratio_of`) where the export has an interval; with an export of one
+    round, `here`'s own at `level` over its `export_speedup`; None with nothing to compare."""
     if export is not None:
-        return ratio_of(here, export)
+        return ratio_of(here, export, level)
     if not export_speedup:
         return None
-    return Interval(here.estimate / export_speedup, here.low / export_speedup, here.high / export_speedup, here.rounds)
+    spread = here.log_error * math.sqrt(here.rounds)
+    return log_interval(math.log(here.estimate / export_speedup), spread, here.rounds, level)
 
 
 def rounds_to_decide(
@@ -105,8 +136,8 @@ def rounds_to_decide(
         return None
     logs = [math.log(r) for r in rounds]
     mean, spread = statistics.fmean(logs), statistics.stdev(logs)
-    for n in range(len(rounds) + 1, most + 1):
-        ratio = over_export(log_interval(mean, spread, n), export, export_speedup)
+    for n in range(len(rounds) + 1, most + 1):  # a check of n rounds at most, judged at its last look
+        ratio = over_export(log_interval(mean, spread, n), export, export_speedup, look_level(n, n))
         if ratio is None:
             return None
         if judge(ratio, tolerance) is not Verdict.UNDECIDED:
@@ -165,6 +196,9 @@ class AppliedRun:
     tolerance: float = TOLERANCE
     """How far the speedup here may be from the export's, as a factor either way, for the promise
     to be kept (`judge`)."""
+    most_rounds: int = 2
+    """The most rounds the promise check could run (`promise_rounds`'s `most`): where its looks'
+    levels come from (`look_level`)."""
 
     @property
     def within_latency_limit(self) -> bool | None:
@@ -243,8 +277,10 @@ class AppliedRun:
 
     @property
     def promise(self) -> Interval | None:
-        """The speedup here over the export's, with its interval (`promise_interval`)."""
-        return promise_interval(self.rounds, self.tuned.speedup_interval, self.tuned.speedup)
+        """The speedup here over the export's, with its interval (`promise_interval`) at the level of
+        the look the check stopped at (`look_level`)."""
+        level = look_level(len(self.rounds), self.most_rounds)
+        return promise_interval(self.rounds, self.tuned.speedup_interval, self.tuned.speedup, level)
 
     @property
     def verdict(self) -> Verdict | None:
@@ -305,8 +341,8 @@ def apply_config(
     long as the config's at most, `baseline_most_s`), so the speedup delivered can be set beside
     the export's: on a CPU in lockstep with the config (turn by turn,
     `autotuner.trials.lockstep.measure_together`), elsewhere after it; then the promise check's
-    rounds (`promise_rounds`) until they decide the promise within `tolerance` (`judge`), at most
-    `rounds` of them (default `budget.remeasure_runs`), each round's progress told to `note`. A
+    rounds (`promise_rounds`) until they decide the promise within `tolerance` (`judge`, each look
+    at its `look_level`), at most `rounds` of them (`check_rounds`), each round's progress told to `note`. A
     config tuned for another job or other hardware is refused unless `force`."""
     from autotuner.trials.lockstep import in_lockstep, measure_together
     from autotuner.trials.outcomes import Outcome
@@ -324,8 +360,11 @@ def apply_config(
             if result.outcome is not Outcome.OK:
                 raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
 
+        most = check_rounds(job, rounds)
+
         def decided(speedups: list[float]) -> bool:
-            promise = promise_interval(speedups, tuned.speedup_interval, tuned.speedup)
+            level = look_level(len(speedups), most)
+            promise = promise_interval(speedups, tuned.speedup_interval, tuned.speedup, level)
             return promise is not None and judge(promise, tolerance) is not Verdict.UNDECIDED
 
         checked, rounds_error = (
@@ -339,7 +378,7 @@ def apply_config(
                 measured=[r.output.throughput for r in results if r.output and r.output.throughput],
                 seconds=max(r.wall_s for r in results),
                 decided=decided,
-                most=rounds,
+                most=most,
             )
             if len(requests) > 1
             else ([], None)
@@ -369,7 +408,14 @@ def apply_config(
         rounds=tuple(checked),
         rounds_error=rounds_error,
         tolerance=tolerance,
+        most_rounds=most,
     )
+
+
+def check_rounds(job: Job, most: int | None) -> int:
+    """The most rounds the promise check runs: `most` (`autotuner apply --rounds`), by default
+    `budget.remeasure_runs`; two at least (one gives no interval)."""
+    return max(2, most or job.spec.budget.remeasure_runs)
 
 
 def promise_rounds(
@@ -390,10 +436,9 @@ def promise_rounds(
     study's re-measurement measures a round (`autotuner.search.remeasure`): a fresh trial process
     of each, together (in lockstep on a CPU), the round's speedup the config's median window over
     the baseline's. From the second round on, the rounds stop once `decided` says the rounds so far
-    decide the promise (`judge`); without it, once their interval is as narrow as
-    `budget.remeasure_width`, and, with `seconds`, from the third on only while the next round fits
-    in them. At most `most` rounds (default `budget.remeasure_runs`; two at least: one gives no
-    interval). With `seconds`, each process measures as many windows as let three rounds fit in
+    decide the promise (`judge`, at the look's level, `look_level`); without it, with `seconds`,
+    from the third on only while the next round fits in them. At most `check_rounds(job, most)`
+    rounds. With `seconds`, each process measures as many windows as let three rounds fit in
     them (`autotuner.measurement.rounds`, `budget.remeasure_windows` at most). `measured`: the
     configs' throughputs as the run before measured them, whose windows (their steps) and costs
     the rounds take. Each round's speedup, and why a round failed (None: none did)."""
@@ -416,7 +461,7 @@ def promise_rounds(
             request = dataclasses.replace(request, steps=measured[index].steps, min_window_s=0.0)
         requests.append(request)
     timeout = job.trial_timeout(*configs)
-    most = max(2, most or budget.remeasure_runs)
+    most = check_rounds(job, most)
     speedups: list[float] = []
     last_s = None
     for number in range(1, most + 1):
@@ -438,10 +483,7 @@ def promise_rounds(
             return speedups, f"round {number}: {failed.outcome.value}: {failed.reason}"
         ours, base = (r.output.throughput.samples_per_s for r in results if r.output and r.output.throughput)
         speedups.append(ours / base)  # both ended ok, so both measured
-        if decided is not None:
-            if len(speedups) >= 2 and decided(speedups):
-                break
-        elif (interval := ratio_interval(speedups)) is not None and interval.half_width <= budget.remeasure_width:
+        if decided is not None and len(speedups) >= 2 and decided(speedups):
             break
     return speedups, None
 

@@ -27,6 +27,7 @@ from autotuner.export.promise import (
     AppliedRun,
     Verdict,
     judge,
+    look_level,
     print_applied,
     promise_interval,
     promise_rounds,
@@ -34,7 +35,7 @@ from autotuner.export.promise import (
 )
 from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.export.writer import EXPORT_VERSION
-from autotuner.measurement.interval import Interval, ratio_interval
+from autotuner.measurement.interval import LEVEL, Interval, ratio_interval
 from autotuner.measurement.timing import Throughput
 from autotuner.spec.job import load_spec
 from autotuner.trials.launcher import TrialLauncher, TrialResult
@@ -401,17 +402,31 @@ def test_the_rounds_a_decision_needs_are_none_when_the_exports_own_interval_is_t
     wide = ratio_interval([2.0, 3.0])
     assert wide is not None and rounds_to_decide([2.4, 2.5], wide, wide.estimate, 0.10) is None
     close = ratio_interval([2.5, 2.4, 2.45])
-    assert close is not None and rounds_to_decide([2.3, 2.6], close, close.estimate, 0.10) == 5
-    # rounds that go on as those went (the same log mean and standard deviation) decide it at 5, not at 4
+    assert close is not None and rounds_to_decide([2.3, 2.6], close, close.estimate, 0.10) == 6
+    # rounds that go on as those went (the same log mean and standard deviation), in a check of
+    # n rounds at most judged at its last look (`look_level`), decide it at 6, not at 5
     mean, spread = (math.log(2.3) + math.log(2.6)) / 2, abs(math.log(2.6 / 2.3)) / math.sqrt(2)
     as_they_went = {
-        4: [mean - spread * math.sqrt(3 / 4), mean + spread * math.sqrt(3 / 4)] * 2,  # log sd exactly `spread`
-        5: [mean - spread, mean + spread] * 2 + [mean],
+        5: [mean - spread, mean + spread] * 2 + [mean],  # log sd exactly `spread`
+        6: [mean - spread * math.sqrt(5 / 6), mean + spread * math.sqrt(5 / 6)] * 3,
     }
     for n, logs in as_they_went.items():
         assert statistics.stdev(logs) == pytest.approx(spread) and statistics.fmean(logs) == pytest.approx(mean)
-        promise = promise_interval([math.exp(x) for x in logs], close, close.estimate)
-        assert promise is not None and (judge(promise, 0.10) is Verdict.UNDECIDED) is (n == 4)
+        promise = promise_interval([math.exp(x) for x in logs], close, close.estimate, look_level(n, n))
+        assert promise is not None and (judge(promise, 0.10) is Verdict.UNDECIDED) is (n == 5)
+
+
+def test_the_promise_checks_looks_share_its_error_so_a_verdict_is_wrong_at_most_one_time_in_ten() -> None:
+    """The check looks after rounds 2 to `most` and stops at the first that decides: the looks'
+    errors (1 - level) add up to 1 - LEVEL at most, a fifth of it on the looks before the last."""
+    assert look_level(2, 2) == pytest.approx(LEVEL)  # one look
+    assert look_level(2, 3) == pytest.approx(1 - 0.2 * (1 - LEVEL)) and look_level(3, 3) == pytest.approx(0.92)
+    for most in range(3, 12):
+        errors = [1 - look_level(rounds, most) for rounds in range(2, most + 1)]
+        assert sum(errors) == pytest.approx(1 - LEVEL)
+        assert errors[-1] == pytest.approx(0.8 * (1 - LEVEL))
+        assert all(e == pytest.approx(errors[0]) for e in errors[:-1])  # the early looks in equal parts
+    assert look_level(2, 5) == pytest.approx(1 - 0.02 / 3)
 
 
 class _Rounds:
@@ -438,12 +453,12 @@ class _Rounds:
 @pytest.mark.parametrize(
     ("config", "baseline", "expected", "error"),
     [
-        ([2000.0] * 5, [1000.0, 1010.0, 990.0, 1000.0, 1000.0], 2, None),  # narrow after two rounds
+        ([2000.0] * 5, [1000.0, 1010.0, 990.0, 1000.0, 1000.0], 4, None),  # narrow after two rounds: on to the cap
         ([2000.0] * 5, [800.0, 1000.0, 800.0, 1000.0, 800.0], 4, None),  # wide: every round of the cap
         ([2000.0, 2000.0, 0.0], [800.0, 1000.0, 800.0], 2, "round 3: crash: signal 9"),  # kept what it had
     ],
 )
-def test_the_promise_check_runs_rounds_until_its_interval_is_narrow(
+def test_the_promise_check_runs_every_round_of_its_cap_without_a_decision_to_stop_at(
     tmp_path: Path, config: list[float], baseline: list[float], expected: int, error: str | None
 ) -> None:
     job = load_spec(write_spec(tmp_path, budget={"trials": 2, "remeasure_runs": 4, "remeasure_windows": 4}))
