@@ -2,9 +2,12 @@
 configs, cut into studies of a few rounds each.
 
     python benchmarks/interval_coverage.py [--spec studies/quickstart.yaml] [--rounds 40]
+        [--winner precision=fp32,batch_size=256,optimizer=fused] [--out interval_coverage-amd.json]
 
-Measures `--rounds` rounds of the spec's baseline and the quickstart's usual winner (bf16, the
-largest micro-batch, no loader workers) exactly as the study's re-measurement measures a round:
+Measures `--rounds` rounds of the spec's baseline and the quickstart's winner (by default the
+usual one where bf16 is fast: bf16, the largest micro-batch, no loader workers; `--winner` sets
+the knobs that differ from the baseline, as the winner on this machine has them) exactly as the
+study's re-measurement measures a round:
 one fresh trial process of each, `budget.remeasure_windows` windows a process, together
 (`autotuner.trials.lockstep.measure_together`: in lockstep on a CPU). A round's ratio is the
 winner's median window over the baseline's. Then, for n = 2 to 6 rounds, the rounds are cut into
@@ -14,7 +17,7 @@ other rounds (their geometric mean: the speedup on this machine during the run, 
 rounds left out so that they do not pull it towards themselves). Coverage is the share of
 blocks whose interval holds it; the nominal level is 90%. Also the median half-width at each n
 (what `budget.remeasure_width` can ask for), the rounds' ratios and how far they spread.
-Writes benchmarks/results/interval_coverage.json.
+Writes benchmarks/results/interval_coverage.json (or `--out`).
 """
 
 from __future__ import annotations
@@ -57,11 +60,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="studies/quickstart.yaml")
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--winner", help="the winner's knobs that differ from the baseline: knob=value,...")
+    parser.add_argument("--out", default="interval_coverage.json")
     args = parser.parse_args()
     job = load_spec(Path(args.spec))
     trials = Trials(job)
     base = job.complete(job.baseline)
-    winner = job.complete({**job.baseline, "precision": "bf16", "batch_size": job.spec.global_batch})
+    knobs: dict[str, Any] = {"precision": "bf16", "batch_size": job.spec.global_batch}
+    if args.winner:
+        knobs = {k: int(v) if v.isdigit() else v for k, v in (pair.split("=", 1) for pair in args.winner.split(","))}
+    winner = job.complete({**job.baseline, **knobs})
     windows = job.spec.budget.remeasure_windows
     ratios: list[float] = []
     started = time.perf_counter()
@@ -98,7 +106,7 @@ def main() -> None:
     print(
         f"speedup {results['speedup']:.3f}x over {len(ratios)} rounds; one round's log sd {results['round_log_sd']:.3f}"
     )
-    print(f"wrote {write_results('interval_coverage.json', results)}")
+    print(f"wrote {write_results(args.out, results)}")
 
 
 if __name__ == "__main__":

@@ -2,35 +2,45 @@
 simulation of the rounds, the stopping rule and the choice of the winner, with log-normal round
 noise of known size.
 
-    python benchmarks/interval_procedure.py [--draws 4000] [--seed 0] [--replay [RESULT]]
+    python benchmarks/interval_procedure.py [--draws 4000] [--seed 0] [--replay [RESULT ...]]
 
 `benchmarks/interval_coverage.py` checks the interval on recorded rounds cut into blocks of a
 fixed size: it applies neither the stopping rule nor the choice of the winner. Here each draw is
-one re-measurement as `autotuner.search.remeasure` runs it, on simulated rounds: K configs of the
-same true speedup (2x: a tie, where choosing the best estimate biases it most) or one config, and
-the baseline; in each round every config still in contention gets a ratio over the baseline
-process beside it, ln(ratio) = ln(2) + e_config - e_baseline, each e normal with sd
-sigma / sqrt(2) (so one config's ratios have log sd sigma, and configs of one round share their
-baseline's draw, as in lockstep). After each round the real functions decide: the standings and
-intervals (`standing`, `autotuner.measurement.interval.ratio_interval`), who is still in contention
-(`contenders`, the baseline's point `baseline_standing` among them), and whether the rounds stop
-(`settled`: no config left, or the leader's interval within `budget.remeasure_width` from the
-second round on), up to `budget.remeasure_runs` rounds. The winner is the leader at the end; the
-draw covers when the winner's stated interval holds its true speedup.
+one re-measurement as `autotuner.search.remeasure` runs it, on simulated rounds: the configs of a
+scenario (one config at 2x; three tied at 2x, where choosing the best estimate biases it most;
+three close, 2x, 1.94x and 1.88x, where some are dropped on the way) and the baseline; in each
+round every config still in contention gets a ratio over the baseline process beside it,
+ln(ratio) = ln(true) + e_config - e_baseline, each e normal with sd sigma / sqrt(2) (so one
+config's ratios have log sd sigma, and configs of one round share their baseline's draw, as in
+lockstep). After each round the real functions decide: the standings and intervals
+(`autotuner.results.standings.standing`), who is still in contention (`contenders`, the
+baseline's point `baseline_standing` among them), and whether the rounds stop
+(`autotuner.search.remeasure.settled`), up to `budget.remeasure_runs` rounds; the winner's
+interval is then stated as the records state it (`joint_among`,
+`autotuner.measurement.interval.ratio_interval`). The draw covers when the winner's stated
+interval holds the winner's true speedup.
 
-Today's procedure is compared with variants of the stopping rule and the level, each named in
-the table (they are candidates, not what the tool does): no stop on the leader's width before
-round 3, no stop on the width at all (the rounds stop when no config is left to beat or at the
-cap), and that with the level corrected for the choice among the K configs (Bonferroni: each
-config's interval at 1 - 0.10 / K). Log sds from 0.01 to 0.1 cover what this project measured:
-0.028 between rounds of the quickstart's pair on a 2-core VM (`interval_coverage.json`), up to
-0.05-0.1 on a noisy one. Writes benchmarks/results/interval_procedure.json.
+It also simulates `autotuner apply`'s promise check (`check`): an export of one config
+re-measured 5 rounds, checked here where the true speedup is the export's, 5% above it, or 25%
+above it, with each look judged at 90% (what a check that stops at its first decision would
+claim) or at its `look_level` (the tool's); the share of each verdict, and of wrong ones.
 
-`--replay` draws each config's round from the rounds `benchmarks/interval_coverage.py` recorded
-(their log-ratio residuals, resampled; one column at their standard deviation), so the noise has
-a real machine's shape, tails included; the residuals are whole rounds' (the config's and its
-baseline's noise together), so configs of one round do not share a baseline draw there. Writes
-benchmarks/results/interval_procedure-replay.json.
+The tool's method is compared with what it replaced and with two alternatives, each named in the
+table: stopping once the leader's interval is within `budget.remeasure_width` (5%) from the
+second round on, every interval on its own (the rule before); no stop on the width, every
+interval on its own; and no stop on the width with every config's interval at Sidak's level
+over all K configs re-measured (valid whatever is chosen, but wide). Log sds from 0.01 to 0.1
+cover what this project measured: 0.028 between rounds of the quickstart's pair on a 2-core VM
+(`interval_coverage.json`), up to 0.05-0.1 on a noisy one. Writes
+benchmarks/results/interval_procedure.json.
+
+`--replay` draws each config's rounds from rounds `benchmarks/interval_coverage.py` recorded
+(their log-ratio residuals, each file's own), so the noise has real machines' shape, tails
+included, in two columns: resampled from them all (independent rounds), and consecutive rounds
+of one file from a random start (a machine's phases kept: on a VM whose speed changes over
+minutes, rounds next to each other are not independent). The residuals are whole rounds' (the
+config's and its baseline's noise together), so configs of one round do not share a baseline
+draw there. Writes benchmarks/results/interval_procedure-replay.json.
 """
 
 from __future__ import annotations
@@ -40,19 +50,21 @@ import json
 import math
 import random
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from _harness import write_results
 
-from autotuner.measurement.interval import LEVEL, Interval, geometric_mean, ratio_interval
-from autotuner.search.remeasure import Standing, baseline_standing, contenders, settled
+from autotuner.export.promise import TOLERANCE, Verdict, judge, look_level, promise_interval
+from autotuner.measurement.interval import LEVEL, ratio_interval
+from autotuner.results.evidence import Remeasurement
+from autotuner.results.standings import Standing, baseline_standing, contenders, joint_among, standing
+from autotuner.search.remeasure import settled
 
 SIGMAS = (0.01, 0.02, 0.028, 0.05, 0.075, 0.1)
-CONFIGS = (1, 3)
-TRUE = 2.0
+SCENARIOS = {"one": (2.0,), "three tied": (2.0, 2.0, 2.0), "three close": (2.0, 1.94, 1.88)}
+"""The configs re-measured, by their true speedups."""
 BASE = -1
 RUNS, WIDTH = 5, 0.05  # budget.remeasure_runs and budget.remeasure_width's defaults
 
@@ -60,83 +72,108 @@ RUNS, WIDTH = 5, 0.05  # budget.remeasure_runs and budget.remeasure_width's defa
 @dataclass(frozen=True)
 class Variant:
     name: str
-    first_width_stop: int | None
-    """The first round after which the leader's width may stop the rounds; None: never."""
-    selection: bool = False
-    """Each config's interval at 1 - (1 - LEVEL) / K, K the configs re-measured."""
+    width_stop: bool = False
+    """The rounds stop once the leader's interval is within WIDTH, from the second round on."""
+    stated: str = "alone"
+    """How the winner's interval is stated: `alone` (its own 90%), `joint` (the tool's: jointly
+    among the contenders at the end, `joint_among`), `all` (jointly among every config re-measured)."""
 
 
+TOOL = Variant("the tool's: to the cap, jointly among the contenders", stated="joint")
 VARIANTS = (
-    Variant("today: stop once the leader is within the width, from round 2", 2),
-    Variant("width stop from round 3 on", 3),
-    Variant("no width stop", None),
-    Variant("no width stop, level corrected for the choice among K", None, selection=True),
+    Variant("before: stop once within the width, alone", width_stop=True),
+    Variant("to the cap, alone"),
+    TOOL,
+    Variant("to the cap, jointly among all K", stated="all"),
 )
 
 
 def draw(
     rng: random.Random,
     sigma: float,
-    configs: int,
+    trues: tuple[float, ...],
     variant: Variant,
-    residuals: list[float] | None = None,
+    recorded: list[list[float]] | None = None,
+    in_order: bool = False,
 ) -> tuple[bool, float, int] | None:
-    """One re-measurement: whether the winner's interval holds its speedup, its half-width, and
-    the rounds it ran; None when the winner has no interval (the baseline led, or one round).
-    With `residuals`, each config's round is a recorded round's log-ratio residual drawn at
-    random (`sigma` unused), so the noise has the recorded rounds' shape, tails included."""
-    level = 1 - (1 - LEVEL) / configs if variant.selection else LEVEL
-    interval: Callable[[list[float]], Interval | None] = lambda ratios: ratio_interval(ratios, level)  # noqa: E731
-    ratios: dict[int, list[float]] = {k: [] for k in range(configs)}
-    alive, still = list(range(configs)), list(range(configs))
-    standings: dict[int, Standing] = {}
+    """One re-measurement of configs of these `trues` speedups: whether the winner's stated
+    interval holds its true speedup, its half-width, and the rounds it ran; None when the winner
+    has no interval (the baseline led, or one round). With `recorded` (each file's log-ratio
+    residuals, in the order measured), each config's rounds are recorded ones (`sigma` unused):
+    drawn at random from them all, or with `in_order` consecutive ones of one file from a random
+    start, so that a machine's phases (rounds that are not independent) carry into them."""
+    found = {k: Remeasurement() for k in range(len(trues))}
+    alive, still = list(found), list(found)
     spread = sigma / math.sqrt(2)
+    pooled = [value for rounds in recorded or [] for value in rounds]
+    runs = {}
+    if recorded and in_order:
+        for k in found:
+            rounds = rng.choices(recorded, weights=[len(r) for r in recorded])[0]
+            start = rng.randrange(len(rounds) - RUNS + 1)
+            runs[k] = rounds[start : start + RUNS]
     for round_number in range(1, RUNS + 1):
         base = rng.gauss(0.0, spread)
         for k in alive:
-            noise = rng.choice(residuals) if residuals else rng.gauss(0.0, spread) - base
-            ratios[k].append(math.exp(math.log(TRUE) + noise))
-        standings = {k: Standing(geometric_mean(ratios[k]), interval(ratios[k])) for k in alive}
+            if runs:
+                noise = runs[k][round_number - 1]
+            else:
+                noise = rng.choice(pooled) if pooled else rng.gauss(0.0, spread) - base
+            found[k].speedups.append(math.exp(math.log(trues[k]) + noise))
+        standings: dict[int, Standing] = {k: standing(found[k]) for k in alive}
         standings[BASE] = baseline_standing(round_number)
         still = contenders(standings)
         alive = [k for k in alive if k in still]
         lead = standings[still[0]].interval
-        width = WIDTH if variant.first_width_stop is not None and round_number >= variant.first_width_stop else 0.0
-        if settled(bool(alive), lead, round_number, width):
+        if settled(bool(alive)) or (
+            variant.width_stop and round_number >= 2 and lead is not None and lead.half_width <= WIDTH
+        ):
             break
     winner = still[0]
-    stated = standings[winner].interval if winner != BASE else None
+    if winner == BASE:
+        return None
+    among = {"alone": 1, "joint": joint_among(found)[winner], "all": len(trues)}[variant.stated]
+    stated = ratio_interval(found[winner].speedups, among=among)
     if stated is None:
         return None
-    return stated.contains(TRUE), stated.half_width, stated.rounds
+    return stated.contains(trues[winner]), stated.half_width, stated.rounds
 
 
-def recorded_residuals(path: Path) -> list[float]:
-    """The log-ratio residuals (each round's log-ratio less their mean) of the rounds
-    `benchmarks/interval_coverage.py` recorded (its result file at `path`)."""
-    logs = [math.log(r) for r in json.loads(path.read_text())["ratios"]]
-    mean = statistics.fmean(logs)
-    return [value - mean for value in logs]
+def recorded_residuals(paths: list[Path]) -> list[list[float]]:
+    """The log-ratio residuals (each round's log-ratio less the mean of its file's), in the order
+    measured, of the rounds `benchmarks/interval_coverage.py` recorded in each result file of
+    `paths`."""
+    found = []
+    for path in paths:
+        logs = [math.log(r) for r in json.loads(path.read_text())["ratios"]]
+        mean = statistics.fmean(logs)
+        found.append([value - mean for value in logs])
+    return found
 
 
-def run(draws: int, seed: int, residuals: list[float] | None = None) -> list[dict[str, Any]]:
-    """Every variant, number of configs and log sd; with `residuals`, one column of replayed
-    rounds instead (its sigma the residuals' standard deviation)."""
+def run(draws: int, seed: int, recorded: list[list[float]] | None = None) -> list[dict[str, Any]]:
+    """Every variant, scenario and log sd; with `recorded`, two columns of replayed rounds instead
+    (resampled, and in the order measured), their sigma the residuals' standard deviation."""
     rows = []
-    sigmas = (statistics.stdev(residuals),) if residuals else SIGMAS
+    pooled = [value for rounds in recorded or [] for value in rounds]
+    columns = (
+        [(statistics.stdev(pooled), False), (statistics.stdev(pooled), True)]
+        if recorded
+        else [(sigma, False) for sigma in SIGMAS]
+    )
     for variant in VARIANTS:
-        for configs in CONFIGS:
-            for sigma in sigmas:
-                rng = random.Random(f"{seed}-{sigma}-{configs}")  # the same draws for every variant
-                results = [
-                    r for r in (draw(rng, sigma, configs, variant, residuals) for _ in range(draws)) if r is not None
-                ]
+        for scenario, trues in SCENARIOS.items():
+            for sigma, in_order in columns:
+                rng = random.Random(f"{seed}-{sigma}-{scenario}-{in_order}")  # the same draws for every variant
+                results = [r for r in (draw(rng, sigma, trues, variant, recorded, in_order) for _ in range(draws)) if r]
                 held = sum(covered for covered, _, _ in results)
                 rows.append(
                     {
                         "variant": variant.name,
-                        "configs": configs,
+                        "scenario": scenario,
+                        "trues": list(trues),
                         "sigma": sigma,
+                        "replay": ("in order" if in_order else "resampled") if recorded else None,
                         "draws": len(results),
                         "coverage": held / len(results),
                         "coverage_95": 1.96 * math.sqrt(held / len(results) * (1 - held / len(results)) / len(results)),
@@ -145,9 +182,65 @@ def run(draws: int, seed: int, residuals: list[float] | None = None) -> list[dic
                     }
                 )
                 print(
-                    f"{variant.name[:44]:44s} K={configs} sigma={sigma:<5} coverage {rows[-1]['coverage']:.1%} "
-                    f"+-{rows[-1]['coverage_95']:.1%}  half-width {rows[-1]['median_half_width']:.1%}  "
-                    f"rounds {rows[-1]['mean_rounds']:.1f}"
+                    f"{variant.name[:40]:40s} {scenario:11s} sigma={sigma:<6.4f} {rows[-1]['replay'] or ''} "
+                    f"coverage {rows[-1]['coverage']:.1%} +-{rows[-1]['coverage_95']:.1%}  "
+                    f"half-width {rows[-1]['median_half_width']:.1%}  rounds {rows[-1]['mean_rounds']:.1f}"
+                )
+    return rows
+
+
+APPLY_RATIOS = (1.0, 1.05, 1.25)
+"""The true speedup here over the export's, in the promise check's simulation: the same (kept is
+right), within the tolerance (kept is right), beyond it (not kept is right)."""
+
+
+def check(rng: random.Random, sigma: float, ratio: float, per_look: bool) -> Verdict:
+    """One `autotuner apply` promise check of an export of one config re-measured `RUNS` rounds
+    at 2x, here at 2x `ratio`: a round at a time, judged from the second on (`promise_interval`,
+    `judge` at the default tolerance), stopping at the first decision, `RUNS` rounds at most;
+    each look at its `look_level` (`per_look`, the tool's) or every look at LEVEL."""
+    export = ratio_interval([math.exp(math.log(2.0) + rng.gauss(0.0, sigma)) for _ in range(RUNS)])
+    assert export is not None
+    here: list[float] = []
+    verdict = Verdict.UNDECIDED
+    for rounds in range(1, RUNS + 1):
+        here.append(math.exp(math.log(2.0 * ratio) + rng.gauss(0.0, sigma)))
+        if rounds < 2:
+            continue
+        level = look_level(rounds, RUNS) if per_look else LEVEL
+        promise = promise_interval(here, export, export.estimate, level)
+        assert promise is not None
+        verdict = judge(promise, TOLERANCE)
+        if verdict is not Verdict.UNDECIDED:
+            break
+    return verdict
+
+
+def run_checks(draws: int, seed: int) -> list[dict[str, Any]]:
+    """The promise check's verdicts, each look at LEVEL and at its `look_level`, for every ratio
+    and log sd: the share of each verdict, and the share that is wrong."""
+    rows = []
+    for per_look in (False, True):
+        for ratio in APPLY_RATIOS:
+            for sigma in SIGMAS:
+                rng = random.Random(f"{seed}-check-{sigma}-{ratio}")
+                verdicts = [check(rng, sigma, ratio, per_look) for _ in range(draws)]
+                share = {v.value: verdicts.count(v) / draws for v in Verdict}
+                within = 1 / (1 + TOLERANCE) <= ratio <= 1 + TOLERANCE
+                wrong = share[Verdict.NOT_KEPT.value] if within else share[Verdict.KEPT.value]
+                rows.append(
+                    {
+                        "looks": "each at its look_level" if per_look else f"each at {LEVEL:.0%}",
+                        "ratio": ratio,
+                        "sigma": sigma,
+                        "draws": draws,
+                        **share,
+                        "wrong": wrong,
+                    }
+                )
+                print(
+                    f"apply, {rows[-1]['looks']:22s} ratio {ratio:<4} sigma={sigma:<5} kept {share['kept']:.1%} "
+                    f"not kept {share['not kept']:.1%} undecided {share['undecided']:.1%}  wrong {wrong:.1%}"
                 )
     return rows
 
@@ -158,26 +251,31 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--replay",
-        nargs="?",
-        const="results/interval_coverage.json",
-        help="draw each round from the rounds benchmarks/interval_coverage.py recorded (its result file; "
-        "default results/interval_coverage.json) instead of normal noise",
+        nargs="*",
+        help="draw each round from the rounds benchmarks/interval_coverage.py recorded (its result files; "
+        "default every results/interval_coverage*.json) instead of normal noise",
     )
     args = parser.parse_args()
-    residuals = recorded_residuals(Path(__file__).parent / args.replay) if args.replay else None
+    here = Path(__file__).parent
+    if args.replay is not None:
+        files = [here / f for f in args.replay] or sorted((here / "results").glob("interval_coverage*.json"))
+        args.replay = [str(f.relative_to(here)) for f in files]
+    residuals = recorded_residuals([here / f for f in args.replay]) if args.replay is not None else None
     rows = run(args.draws, args.seed, residuals)
+    checks = run_checks(args.draws, args.seed) if residuals is None else None
     write_results(
         "interval_procedure-replay.json" if residuals else "interval_procedure.json",
         {
             "replayed": args.replay,
-            "replayed_rounds": len(residuals) if residuals else None,
+            "replayed_rounds": sum(map(len, residuals)) if residuals else None,
             "level": LEVEL,
-            "true_speedup": TRUE,
+            "scenarios": {name: list(trues) for name, trues in SCENARIOS.items()},
             "remeasure_runs": RUNS,
             "remeasure_width": WIDTH,
             "draws_per_row": args.draws,
             "seed": args.seed,
             "rows": rows,
+            "apply_checks": checks,
         },
     )
 

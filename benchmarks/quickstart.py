@@ -2,7 +2,7 @@
 export's speedup with its interval, and whether applying the winner keeps it. PyTorch's by
 default; JAX's with `--spec studies/quickstart-jax.yaml`.
 
-    python benchmarks/quickstart.py [--spec studies/quickstart.yaml] [--apply-runs 5]
+    python benchmarks/quickstart.py [--spec studies/quickstart.yaml] [--apply-runs 5] [--out NAME.json]
 
 Runs `autotuner search` on the spec in a fresh temporary folder (so a fresh study), times it,
 then reads the study back from its storage, then runs the exported best config `--apply-runs`
@@ -14,9 +14,9 @@ interval). Each apply's verdict on the export's promise: kept, not kept or undec
 default 60): `autotuner apply --steps N --no-baseline` of the winner in a fresh interpreter, N the
 steps the study's throughput says take that long; its "run time:" line (the steps it took, set-up
 and warm-up included, against the study's `run_s` for as many) and its whole process's wall time.
-Writes benchmarks/results/<name>.json.
+Writes benchmarks/results/<name>.json (or `--out`: one file per kind of machine).
 
-Targets: at least 4 of 5 applies agree with the export; on the PyTorch quickstart the export's
+Targets: at least 4 of 5 applies keep the export's promise, none "not kept"; on the PyTorch quickstart the export's
 interval is at most +-8% (half-width).
 """
 
@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--spec", default="studies/quickstart.yaml")
     parser.add_argument("--apply-runs", type=int, default=5)
     parser.add_argument("--run-s", type=float, default=60.0, help="the run-time check's length (0: none)")
+    parser.add_argument("--out", help="the result file's name in benchmarks/results (default: the spec's name)")
     args = parser.parse_args()
     spec = Path(args.spec).resolve()
     with tempfile.TemporaryDirectory() as folder:
@@ -125,7 +126,7 @@ def main() -> None:
             results["apply"] = _apply(export, spec, args.apply_runs)
         if winner and export.exists() and args.run_s:
             results["run_time"] = _run_time(export, spec, args.run_s)
-    out = Path(__file__).parent / "results" / f"{name}.json"
+    out = Path(__file__).parent / "results" / (args.out or f"{name}.json")
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 
@@ -169,6 +170,8 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
         "agreements": [run.promise.as_dict() if run.promise else None for run in applied],
         "agree": agree,
         "agreed": sum(bool(a) for a in agree),
+        "verdicts": [run.verdict.value if run.verdict else None for run in applied],
+        "tolerance": applied[0].tolerance if applied else None,
         "rounds_errors": [run.rounds_error for run in applied if run.rounds_error],
         # The whole run's speedup: the baseline over as many optimizer steps, in lockstep on a CPU.
         "baseline_throughputs": [run.baseline.samples_per_s for run in applied if run.baseline],

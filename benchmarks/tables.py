@@ -347,15 +347,16 @@ def fidelity(data: dict[str, Any], quickstart: dict[str, Any] | None) -> list[st
     return [*lines, ""]
 
 
-def promise(coverage: dict[str, Any] | None, quickstarts: dict[str, dict[str, Any]]) -> list[str]:
-    """The interval's measured coverage, and each quickstart's promise and its applies."""
+def promise(coverages: dict[str, dict[str, Any]], quickstarts: dict[str, dict[str, Any]]) -> list[str]:
+    """The interval's measured coverage on each machine (`coverages`: result file -> its data), and
+    each quickstart's promise and its applies."""
     lines = [
         "### The promise and its interval: `python benchmarks/interval_coverage.py`, `python benchmarks/quickstart.py`",
         "",
     ]
-    if coverage:
+    for source, coverage in coverages.items():
         lines += [
-            f"On {coverage['machine']} (`results/interval_coverage.json`): {coverage['rounds']} rounds of the "
+            f"On {coverage['machine']} (`results/{source}`): {coverage['rounds']} rounds of the "
             f"quickstart's winner ({coverage['configs']['winner']}) beside its baseline, each a fresh process of "
             f"both with {coverage['windows']} windows, in lockstep, as re-measurement measures a round: "
             f"{times(coverage['speedup'])} over all of them; one round's log-ratio standard deviation "
@@ -381,39 +382,68 @@ def promise(coverage: dict[str, Any] | None, quickstarts: dict[str, dict[str, An
 
 def interval_procedure(data: dict[str, Any], source: str) -> list[str]:
     """The winner's interval under the whole re-measurement procedure, simulated (or replayed from
-    recorded rounds): coverage and median half-width for each variant, number of configs and log sd."""
+    recorded rounds): coverage and median half-width for each variant, scenario and log sd; and
+    the simulated promise checks' verdicts."""
     rows = data["rows"]
-    sigmas = sorted({row["sigma"] for row in rows})
     replayed = data.get("replayed")
+    columns = sorted(
+        {(row["sigma"], row.get("replay") or "") for row in rows}, key=lambda c: (c[0], c[1] == "in order")
+    )
     command = "python benchmarks/interval_procedure.py" + (" --replay" if replayed else "")
     noise = (
-        f"each config's round drawn from the {data['replayed_rounds']} rounds `{replayed}` recorded (their "
-        "log-ratio residuals, resampled: a real machine's noise, its tails included; log sd in the column)"
+        f"each config's round drawn from the {data['replayed_rounds']} rounds "
+        f"{', '.join(f'`{path}`' for path in replayed)} recorded (their log-ratio residuals: real machines' noise, "
+        "its tails included; log sd in the column), resampled from them all (independent rounds) or consecutive "
+        "rounds of one file from a random start (in order: the machine's phases kept)"
         if replayed
         else "log-normal round noise of the log sd in each column"
     )
+    scenarios = "; ".join(f"{name}: {', '.join(f'{t:g}x' for t in trues)}" for name, trues in data["scenarios"].items())
     lines = [
         f"### The winner's interval under the re-measurement procedure: `{command}`",
         "",
         f"`results/{source}`: {data['draws_per_row']:,} re-measurements a row, each "
-        f"through the real standings, contenders and stopping rule, up to {data['remeasure_runs']} rounds and a "
-        f"width of {data['remeasure_width']:.0%}, of K configs tied at {data['true_speedup']:g}x (K = 1, or 3: "
-        f"the choice of the winner at its most biased), {noise}. "
+        f"through the real standings, contenders, stopping rule and statement of the interval, up to "
+        f"{data['remeasure_runs']} rounds, of the configs of each scenario ({scenarios}), {noise}. "
         f"Coverage of the winner's stated {data['level']:.0%} interval (its 95% margin about +-1%), then the "
-        "median half-width; only the first row is what the tool does.",
+        f"median half-width. The tool's method is the row that says so; the first is the rule it replaced "
+        f"(stop once the leader's interval is within {data['remeasure_width']:.0%}).",
         "",
-        "| stopping rule and level | K | " + " | ".join(f"sd {sigma:.3g}" for sigma in sigmas) + " |",
-        "|---|---|" + "---|" * len(sigmas),
+        "| rounds, and how the interval is stated | configs | "
+        + " | ".join(f"sd {sigma:.3g}" + (f", {replay}" if replay else "") for sigma, replay in columns)
+        + " |",
+        "|---|---|" + "---|" * len(columns),
     ]
-    for (variant, configs), group in itertools.groupby(rows, key=lambda row: (row["variant"], row["configs"])):
-        by_sigma = {row["sigma"]: row for row in group}
+    for (variant, scenario), group in itertools.groupby(rows, key=lambda row: (row["variant"], row["scenario"])):
+        by_column = {(row["sigma"], row.get("replay") or ""): row for row in group}
         cells = [
-            f"{by_sigma[sigma]['coverage']:.1%}, {by_sigma[sigma]['median_half_width']:.1%}"
-            if sigma in by_sigma
+            f"{by_column[column]['coverage']:.1%}, {by_column[column]['median_half_width']:.1%}"
+            if column in by_column
             else "-"
-            for sigma in sigmas
+            for column in columns
         ]
-        lines.append(f"| {variant} | {configs} | " + " | ".join(cells) + " |")
+        lines.append(f"| {variant} | {scenario} | " + " | ".join(cells) + " |")
+    checks = data.get("apply_checks")
+    if checks:
+        check_sigmas = sorted({row["sigma"] for row in checks})
+        lines += [
+            "",
+            f"`autotuner apply`'s promise check, simulated ({data['draws_per_row']:,} checks a row): an export of "
+            f"one config re-measured {data['remeasure_runs']} rounds, checked in up to as many rounds, stopping at "
+            "the first that decides (within +-10%); the true speedup here is the export's times the ratio. Each "
+            "cell: kept / not kept / undecided, the wrong verdict's share in bold (not kept where the ratio is "
+            "within the tolerance, kept where it is not).",
+            "",
+            "| looks | ratio | " + " | ".join(f"sd {sigma:.3g}" for sigma in check_sigmas) + " |",
+            "|---|---|" + "---|" * len(check_sigmas),
+        ]
+        for (looks, ratio), group in itertools.groupby(checks, key=lambda row: (row["looks"], row["ratio"])):
+            by_sigma = {row["sigma"]: row for row in group}
+            cells = [
+                f"{r['kept']:.0%} / {r['not kept']:.0%} / {r['undecided']:.0%} **{r['wrong']:.1%}**"
+                for r in (by_sigma[sigma] for sigma in check_sigmas)
+            ]
+            lines.append(f"| {looks} | {ratio:g} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
@@ -523,29 +553,41 @@ def promise_table(quickstart: dict[str, Any], source: str) -> list[str]:
         f"The promise (`{source}`, key `apply`): best.yaml says {times(apply['export_speedup'])}{stated}. "
         f"Each `autotuner apply` ran the config over at least {apply['steps']} steps with the baseline "
         "beside it (the whole run's speedup), then its promise check: rounds of both configs measured as the "
-        "study re-measured them, until its interval was +-5% or at the cap. They agree when the interval of "
-        f"apply's speedup over the export's holds 1: {apply['agreed']} of {len(apply['agree'])} agreed.",
+        "study re-measured them"
+        + (
+            f", until they decided the promise or at the cap: kept when the interval of apply's speedup over the "
+            f"export's lies within +-{apply['tolerance']:.0%}, not kept when wholly outside, else undecided: "
+            + ", ".join(f"{verdicts.count(v)} {v}" for v in ("kept", "not kept", "undecided") if verdicts.count(v))
+            + f" of {len(verdicts)}."
+            if (verdicts := apply.get("verdicts")) is not None
+            else f", until its interval was +-5% or at the cap. They agree when the interval of apply's speedup over "
+            f"the export's holds 1: {apply['agreed']} of {len(apply['agree'])} agreed."
+        ),
         "",
-        "| apply | speedup here, 90% interval (rounds) | here over the export, 90% interval | agrees | "
-        "whole run's speedup | throughput over the study's |",
+        "| apply | speedup here, 90% interval (rounds) | here over the export, its interval | "
+        + ("verdict" if verdicts is not None else "agrees")
+        + " | whole run's speedup | throughput over the study's |",
         "|---|---|---|---|---|---|",
     ]
-    for k, (interval, agreement, agree, whole, ratio) in enumerate(
+    said = verdicts if verdicts is not None else ["yes" if agree else "no" for agree in apply["agree"]]
+    for k, (interval, agreement, verdict, whole, ratio) in enumerate(
         zip(
             apply["intervals"],
             apply["agreements"],
-            apply["agree"],
+            said,
             apply["speedups_delivered"],
             apply["ratios"],
             strict=True,
         ),
         start=1,
     ):
-        versus = f"{agreement['estimate']:.3f} ({agreement['low']:.3f}-{agreement['high']:.3f})" if agreement else "-"
-        lines.append(
-            f"| {k} | {_interval_text(interval)} | {versus} | {'yes' if agree else 'no'} | {times(whole)} | "
-            f"{ratio:.2f} |"
+        versus = (
+            f"{agreement['estimate']:.3f} ({agreement['low']:.3f}-{agreement['high']:.3f}, {agreement['level']:.1%})"
+            if agreement
+            else "-"
         )
+        shown = f"{verdict or '-'} | {times(whole)} | {ratio:.2f}"
+        lines.append(f"| {k} | {_interval_text(interval)} | {versus} | {shown} |")
     return lines
 
 
@@ -821,10 +863,10 @@ def main(argv: list[str] | None = None) -> None:
     sections = []
     if data := _load("fidelity.json", folder):
         sections += fidelity(data, _load("quickstart.json", folder))
-    quickstarts = {name: data for name in ("quickstart", "quickstart-jax") if (data := _load(f"{name}.json", folder))}
-    coverage = _load("interval_coverage.json", folder)
-    if coverage or any(q.get("apply", {}).get("intervals") for q in quickstarts.values()):
-        sections += promise(coverage, quickstarts)
+    quickstarts = {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("quickstart*.json"))}
+    coverages = {path.name: json.loads(path.read_text()) for path in sorted(folder.glob("interval_coverage*.json"))}
+    if coverages or any(q.get("apply", {}).get("intervals") for q in quickstarts.values()):
+        sections += promise(coverages, quickstarts)
     for source in ("interval_procedure.json", "interval_procedure-replay.json"):
         if data := _load(source, folder):
             sections += interval_procedure(data, source)

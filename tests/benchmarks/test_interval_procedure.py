@@ -1,6 +1,6 @@
 """benchmarks/interval_procedure.py's simulation: one re-measurement through the real rule, and
-the one case whose coverage is known exactly (one config, no stop on the width: the t interval
-of normal log-ratios, nominal 90%)."""
+the one case whose coverage is known exactly (one config, to the cap: the t interval of normal
+log-ratios, nominal 90%)."""
 
 from __future__ import annotations
 
@@ -16,25 +16,48 @@ from tests.support.benchmarks import import_benchmark
 
 def test_a_draw_runs_the_rounds_until_the_rule_stops_them() -> None:
     bench = import_benchmark("interval_procedure")
-    today, no_stop = bench.VARIANTS[0], bench.VARIANTS[2]
-    rng = random.Random(0)
-    covered, half_width, rounds = bench.draw(rng, 0.001, 1, today)  # noise far below the width: two rounds
+    before, tool = bench.VARIANTS[0], bench.TOOL
+    one = bench.SCENARIOS["one"]
+    covered, half_width, rounds = bench.draw(random.Random(0), 0.001, one, before)  # far below the width
     assert covered and half_width < bench.WIDTH and rounds == 2
-    assert bench.draw(random.Random(0), 0.001, 1, no_stop)[2] == bench.RUNS
+    assert bench.draw(random.Random(0), 0.001, one, tool)[2] == bench.RUNS  # the tool's: to the cap
+
+
+def test_the_winner_among_tied_configs_is_stated_jointly_and_so_wider() -> None:
+    bench = import_benchmark("interval_procedure")
+    tied = bench.SCENARIOS["three tied"]
+    alone = bench.draw(random.Random(3), 0.05, tied, bench.VARIANTS[1])
+    joint = bench.draw(random.Random(3), 0.05, tied, bench.TOOL)  # the same rounds
+    assert alone is not None and joint is not None and joint[1] > alone[1]
 
 
 def test_with_no_stop_one_configs_interval_covers_at_its_level() -> None:
     bench = import_benchmark("interval_procedure")
     rng = random.Random(1)
-    results = [bench.draw(rng, 0.05, 1, bench.VARIANTS[2]) for _ in range(2000)]
+    results = [bench.draw(rng, 0.05, bench.SCENARIOS["one"], bench.TOOL) for _ in range(2000)]
     coverage = sum(r[0] for r in results) / len(results)
     assert 0.87 <= coverage <= 0.93  # 90% nominal; 2,000 seeded draws, +-3% is 4.5 standard errors
 
 
-def test_replayed_rounds_are_the_recorded_ones_residuals(tmp_path: Path) -> None:
+def test_replayed_rounds_are_each_files_residuals_in_order(tmp_path: Path) -> None:
     bench = import_benchmark("interval_procedure")
-    (tmp_path / "coverage.json").write_text(json.dumps({"ratios": [2.0, 4.0, 8.0]}))
-    residuals = bench.recorded_residuals(tmp_path / "coverage.json")
-    assert residuals == pytest.approx([-math.log(2), 0.0, math.log(2)])
-    drawn = bench.draw(random.Random(0), 0.0, 1, bench.VARIANTS[2], residuals)
+    (tmp_path / "a.json").write_text(json.dumps({"ratios": [2.0, 4.0, 8.0, 4.0, 4.0, 4.0]}))
+    (tmp_path / "b.json").write_text(json.dumps({"ratios": [3.0, 3.0]}))
+    recorded = bench.recorded_residuals([tmp_path / "a.json", tmp_path / "b.json"])
+    assert recorded[0] == pytest.approx([-math.log(2), 0.0, math.log(2), 0.0, 0.0, 0.0])
+    assert recorded[1] == pytest.approx([0.0, 0.0])
+    one = bench.SCENARIOS["one"]
+    drawn = bench.draw(random.Random(0), 0.0, one, bench.TOOL, recorded)
     assert drawn is not None and drawn[2] == bench.RUNS  # every round a recorded one, to the cap
+    # in order: five consecutive rounds of the one file that has five (a starts at 0 or 1)
+    in_order = bench.draw(random.Random(0), 0.0, one, bench.TOOL, recorded[:1], in_order=True)
+    assert in_order is not None and in_order[2] == bench.RUNS
+
+
+def test_a_simulated_promise_check_decides_what_is_plain() -> None:
+    bench = import_benchmark("interval_procedure")
+    verdict = bench.Verdict
+    for per_look in (False, True):
+        assert bench.check(random.Random(0), 0.001, 1.0, per_look) is verdict.KEPT
+        assert bench.check(random.Random(0), 0.001, 1.25, per_look) is verdict.NOT_KEPT
+    assert bench.check(random.Random(0), 0.3, 1.0, True) is verdict.UNDECIDED  # far too noisy to tell
