@@ -68,9 +68,10 @@ def t_quantile(p: float, df: float) -> float:
     t = z + sum(term / whole ** (k + 1) for k, term in enumerate(terms))
     if whole >= 30:
         return t
-    density = math.exp(math.lgamma((whole + 1) / 2) - math.lgamma(whole / 2)) / math.sqrt(whole * math.pi)
-    for _ in range(20):
-        step = (_t_central(t, whole) - (2 * p - 1)) / (2 * density * (1 + t * t / whole) ** (-(whole + 1) / 2))
+    scale = math.exp(math.lgamma((whole + 1) / 2) - math.lgamma(whole / 2)) / math.sqrt(whole * math.pi)
+    for _ in range(20):  # Newton on P(|T| <= t) = 2p - 1; its derivative is twice the density
+        density = scale * (1 + t * t / whole) ** (-(whole + 1) / 2)
+        step = (_t_central(t, whole) - (2 * p - 1)) / (2 * density)
         t -= step
         if abs(step) < 1e-9:
             break
