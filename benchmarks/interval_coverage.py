@@ -17,12 +17,18 @@ other rounds (their geometric mean: the speedup on this machine during the run, 
 rounds left out so that they do not pull it towards themselves). Coverage is the share of
 blocks whose interval holds it; the nominal level is 90%. Also the median half-width at each n
 (what `budget.remeasure_width` can ask for), the rounds' ratios and how far they spread.
-Writes benchmarks/results/interval_coverage.json (or `--out`).
+The blocks are checked twice: with the rounds' interval alone (`ratio_interval`) and as a study
+states it (`stated_interval`: a session's drift `DRIFT` allowed for). And the drift itself: for
+blocks of 5, 10 and 20 consecutive rounds, how far their means stand apart beyond what the rounds'
+spread gives them (the log sd sqrt(var(block means) - s^2 / n)), which is what `DRIFT` must cover
+on this machine. Writes benchmarks/results/interval_coverage.json (or `--out`); `--reread FILE`
+works the figures out again from the rounds FILE recorded, measuring nothing, and rewrites it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -32,18 +38,18 @@ from typing import Any
 from _harness import Trials, machine, measured_job, quartiles, write_results
 
 from autotuner.config.knobs import format_config
-from autotuner.measurement.interval import LEVEL, geometric_mean, ratio_interval
+from autotuner.measurement.interval import DRIFT, LEVEL, geometric_mean, ratio_interval, stated_interval
 from autotuner.spec.job import load_spec
 from autotuner.trials.lockstep import measure_together
 
 
-def coverage(ratios: list[float], n: int) -> dict[str, Any]:
-    """Cut `ratios` into consecutive blocks of `n`; each block's interval against the geometric
-    mean of the other rounds."""
+def coverage(ratios: list[float], n: int, stated: bool = False) -> dict[str, Any]:
+    """Cut `ratios` into consecutive blocks of `n`; each block's interval (the rounds' own, or
+    with `stated` as a study states it) against the geometric mean of the other rounds."""
     blocks = [ratios[k : k + n] for k in range(0, len(ratios) - n + 1, n)]
     held, widths = [], []
     for k, block in enumerate(blocks):
-        interval = ratio_interval(block)
+        interval = stated_interval(block) if stated else ratio_interval(block)
         assert interval is not None  # n >= 2 positive ratios
         others = ratios[: k * n] + ratios[(k + 1) * n :]
         held.append(interval.contains(geometric_mean(others)))
@@ -56,13 +62,64 @@ def coverage(ratios: list[float], n: int) -> dict[str, Any]:
     }
 
 
+def drift(ratios: list[float], n: int) -> float | None:
+    """How far the means of consecutive blocks of `n` rounds stand apart beyond what their rounds'
+    spread gives them: the log sd sqrt(max(0, var(block means) - s^2 / n)), s the rounds' log sd;
+    None with fewer than 3 blocks."""
+    logs = [math.log(r) for r in ratios]
+    means = [statistics.fmean(logs[k : k + n]) for k in range(0, len(logs) - n + 1, n)]
+    if len(means) < 3:
+        return None
+    return math.sqrt(max(0.0, statistics.variance(means) - statistics.variance(logs) / n))
+
+
+def analysed(ratios: list[float]) -> dict[str, Any]:
+    """What the rounds' `ratios` show: their speedup and spread, each block size's coverage (alone
+    and as stated) and the drift between blocks."""
+    return {
+        "speedup": geometric_mean(ratios),
+        # how far one round's ratio strays: the standard deviation of the rounds' log-ratios
+        "round_log_sd": statistics.stdev(math.log(r) for r in ratios),
+        "coverage": {str(n): coverage(ratios, n) for n in range(2, 7) if len(ratios) >= 2 * n},
+        "stated_coverage": {str(n): coverage(ratios, n, stated=True) for n in range(2, 7) if len(ratios) >= 2 * n},
+        "drift_allowed": DRIFT,
+        "drift": {str(n): drift(ratios, n) for n in (5, 10, 20) if len(ratios) >= 3 * n},
+    }
+
+
+def report(results: dict[str, Any]) -> None:
+    for n, found in results["coverage"].items():
+        stated = results["stated_coverage"][n]
+        print(
+            f"{n} rounds: {found['held']} of {found['blocks']} intervals held the speedup "
+            f"({found['coverage']:.0%}, nominal {LEVEL:.0%}), as stated {stated['held']} "
+            f"({stated['coverage']:.0%}); half-width median {found['half_width']['median']:.1%}, "
+            f"as stated {stated['half_width']['median']:.1%}"
+        )
+    drifts = ", ".join(f"{n} rounds {d:.3f}" for n, d in results["drift"].items() if d is not None)
+    print(
+        f"speedup {results['speedup']:.3f}x over {len(results['ratios'])} rounds; one round's log sd "
+        f"{results['round_log_sd']:.3f}; drift between blocks (log sd) {drifts or 'too few rounds'}, "
+        f"allowed for {DRIFT}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="studies/quickstart.yaml")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--winner", help="the winner's knobs that differ from the baseline: knob=value,...")
     parser.add_argument("--out", default="interval_coverage.json")
+    parser.add_argument("--reread", help="a result file: work its figures out again from its rounds, measuring nothing")
     args = parser.parse_args()
+    if args.reread:
+        path = Path(args.reread)
+        recorded = json.loads(path.read_text())
+        recorded.update(analysed(recorded["ratios"]))
+        report(recorded)
+        path.write_text(json.dumps(recorded, indent=2) + "\n")
+        print(f"wrote {path}")
+        return
     job = load_spec(Path(args.spec))
     trials = Trials(job)
     base = job.complete(job.baseline)
@@ -82,7 +139,6 @@ def main() -> None:
         medians = [r.output.throughput.samples_per_s for r in results]
         ratios.append(medians[0] / medians[1])
         print(f"round {round_number}/{args.rounds}: {medians[0]:,.0f}/s over {medians[1]:,.0f}/s: {ratios[-1]:.3f}x")
-    logs = [math.log(r) for r in ratios]
     results: dict[str, Any] = {
         "spec": args.spec,
         "machine": machine(trials.environment),
@@ -93,19 +149,9 @@ def main() -> None:
         "rounds": len(ratios),
         "wall_s": time.perf_counter() - started,
         "ratios": ratios,
-        "speedup": geometric_mean(ratios),
-        # how far one round's ratio strays: the standard deviation of the rounds' log-ratios
-        "round_log_sd": statistics.stdev(logs),
-        "coverage": {str(n): coverage(ratios, n) for n in range(2, 7) if len(ratios) >= 2 * n},
+        **analysed(ratios),
     }
-    for n, found in results["coverage"].items():
-        print(
-            f"{n} rounds: {found['held']} of {found['blocks']} intervals held the speedup "
-            f"({found['coverage']:.0%}, nominal {LEVEL:.0%}); half-width median {found['half_width']['median']:.1%}"
-        )
-    print(
-        f"speedup {results['speedup']:.3f}x over {len(ratios)} rounds; one round's log sd {results['round_log_sd']:.3f}"
-    )
+    report(results)
     print(f"wrote {write_results(args.out, results)}")
 
 

@@ -26,12 +26,13 @@ from autotuner.config.knobs import BATCH_SIZE, Config, format_config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
 from autotuner.measurement.interval import (
+    DRIFT,
     LEVEL,
     Interval,
     geometric_mean,
     log_interval,
-    ratio_interval,
     ratio_of,
+    stated_interval,
 )
 from autotuner.measurement.rounds import ProcessCost, TimeBudget, windows_that_fit
 from autotuner.measurement.timing import Throughput
@@ -106,8 +107,9 @@ def promise_interval(
     rounds: Sequence[float], export: Interval | None, export_speedup: float | None, level: float = LEVEL
 ) -> Interval | None:
     """The speedup of `rounds` (the promise check's) over the export's, with its `level` interval
-    (`over_export`); None with fewer than two rounds."""
-    here = ratio_interval(rounds)
+    (`over_export`); None with fewer than two rounds. Both sides allow for their session's drift
+    (`stated_interval`): the export's was stated so, and the check's rounds are a session too."""
+    here = stated_interval(rounds)
     return over_export(here, export, export_speedup, level) if here is not None else None
 
 
@@ -137,7 +139,7 @@ def rounds_to_decide(
     logs = [math.log(r) for r in rounds]
     mean, spread = statistics.fmean(logs), statistics.stdev(logs)
     for n in range(len(rounds) + 1, most + 1):  # a check of n rounds at most, judged at its last look
-        ratio = over_export(log_interval(mean, spread, n), export, export_speedup, look_level(n, n))
+        ratio = over_export(log_interval(mean, spread, n, drift=DRIFT), export, export_speedup, look_level(n, n))
         if ratio is None:
             return None
         if judge(ratio, tolerance) is not Verdict.UNDECIDED:
@@ -267,8 +269,9 @@ class AppliedRun:
 
     @property
     def interval(self) -> Interval | None:
-        """The speedup here and its interval, from the promise check's rounds (two or more)."""
-        return ratio_interval(self.rounds)
+        """The speedup here and its interval, from the promise check's rounds (two or more), a
+        session's drift allowed for as in the study's (`stated_interval`)."""
+        return stated_interval(self.rounds)
 
     @property
     def checked_speedup(self) -> float | None:

@@ -25,6 +25,22 @@ best of several estimates is biased upwards: its interval is stated jointly with
 winner's whichever it is, with probability LEVEL at least (Sidak's inequality holds for
 two-sided intervals of correlated normal estimates, as configs measured beside one baseline are).
 
+The rounds of one session are not independent of the session, though: a VM's speed moves in
+phases of minutes, and a speedup's rounds in one phase stand apart from another phase's by more
+than their spread says (on a 2-core AMD VM, 200 rounds over an hour: means of 5 to 20 consecutive
+rounds stood apart by a log sd of 0.015 beyond what their rounds' spread gave;
+`benchmarks/interval_coverage.py` measures it for a machine). What a study promises is a speedup
+another session will see (`autotuner apply`'s), so the interval it states (`stated_interval`)
+adds that drift, a known log sd `DRIFT` with the normal quantile, to the rounds' own t term in
+quadrature:
+
+    half = sqrt((t_{q, n-1} * se)^2 + (z_q * DRIFT)^2),  q = (1 + level^(1/among)) / 2
+
+so it is never narrower than the rounds' own interval, and a session's phase cannot make it hold
+less often than its level (`benchmarks/interval_procedure.py --replay`, the rounds in the order
+measured). Comparisons inside one session (which configs are still in contention) share its
+phase and leave the drift out.
+
 How often the interval holds the speedup on a given machine is measured by
 `benchmarks/interval_coverage.py` (many rounds of one pair, cut into studies of n rounds), and
 under the whole re-measurement (its stopping, its choice of the winner) by
@@ -43,6 +59,10 @@ from typing import Any
 
 LEVEL = 0.90
 """The confidence level every interval is stated at."""
+DRIFT = 0.015
+"""The log sd by which a speedup measured in one session stands apart from another session's on
+the same machine, beyond what its rounds' spread says (the module's account): what a stated
+interval allows for (`stated_interval`)."""
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -109,6 +129,9 @@ class Interval:
     among: int = 1
     """How many intervals it is stated jointly with, its own included (`joint_level`): the
     configs a winner was chosen among. 1: on its own."""
+    drift: float = 0.0
+    """The session's drift (a log sd) it allows for beside its rounds' spread (`stated_interval`);
+    0: the rounds' own interval."""
 
     @property
     def half_width(self) -> float:
@@ -118,9 +141,9 @@ class Interval:
     @property
     def log_error(self) -> float:
         """The standard error of the log estimate that a `level` t interval as wide as this one has:
-        the rounds' own for an interval on its own; for one stated jointly (`among` > 1), larger
-        by the joint quantile's excess, so that what is compared with it (`ratio_of`) carries the
-        allowance for the choice of the winner too."""
+        the rounds' own for an interval on its own; for one stated jointly (`among` > 1) or with a
+        session's drift (`stated_interval`), larger by their share, so that what is compared with
+        it (`ratio_of`) carries the allowance for the choice of the winner and the drift too."""
         return math.log(self.high / self.estimate) / t_quantile((1 + self.level) / 2, self.rounds - 1)
 
     def contains(self, value: float) -> bool:
@@ -146,6 +169,7 @@ class Interval:
             rounds=int(data["rounds"]),
             level=float(data.get("level", LEVEL)),
             among=int(data.get("among", 1)),
+            drift=float(data.get("drift", 0.0)),
         )
 
 
@@ -159,21 +183,34 @@ def joint_level(level: float, among: int) -> float:
     return level ** (1 / among)
 
 
-def ratio_interval(ratios: Sequence[float], level: float = LEVEL, among: int = 1) -> Interval | None:
+def ratio_interval(
+    ratios: Sequence[float], level: float = LEVEL, among: int = 1, drift: float = 0.0
+) -> Interval | None:
     """The speedup the rounds' `ratios` give (their geometric mean) and its `level` t interval,
-    stated jointly with `among` intervals in all, as the module says; None with fewer than two
-    rounds or a ratio that is not positive."""
+    stated jointly with `among` intervals in all and allowing a session's `drift` (a log sd), as
+    the module says; None with fewer than two rounds or a ratio that is not positive."""
     if len(ratios) < 2 or any(not r > 0 for r in ratios):
         return None
     logs = [math.log(r) for r in ratios]
-    return log_interval(statistics.fmean(logs), statistics.stdev(logs), len(logs), level, among)
+    return log_interval(statistics.fmean(logs), statistics.stdev(logs), len(logs), level, among, drift)
 
 
-def log_interval(mean: float, spread: float, rounds: int, level: float = LEVEL, among: int = 1) -> Interval:
+def stated_interval(ratios: Sequence[float], level: float = LEVEL, among: int = 1) -> Interval | None:
+    """The interval a study states for a speedup, and `autotuner apply` for what it measured: the
+    rounds' own with the session's `DRIFT` added (`ratio_interval`)."""
+    return ratio_interval(ratios, level, among, DRIFT)
+
+
+def log_interval(
+    mean: float, spread: float, rounds: int, level: float = LEVEL, among: int = 1, drift: float = 0.0
+) -> Interval:
     """The interval `ratio_interval` gives `rounds` (two or more) rounds whose log-ratios have this
-    `mean` and standard deviation `spread`."""
-    half = t_quantile((1 + joint_level(level, among)) / 2, rounds - 1) * spread / math.sqrt(rounds)
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), rounds, level, among)
+    `mean` and standard deviation `spread`, with `drift` added as the module says."""
+    q = (1 + joint_level(level, among)) / 2
+    half = math.hypot(
+        t_quantile(q, rounds - 1) * spread / math.sqrt(rounds), statistics.NormalDist().inv_cdf(q) * drift
+    )
+    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), rounds, level, among, drift)
 
 
 def ratio_of(a: Interval, b: Interval, level: float = LEVEL) -> Interval:

@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotuner.config.knobs import Config, Params
-from autotuner.measurement.interval import Interval, geometric_mean, ratio_interval
+from autotuner.measurement.interval import Interval, geometric_mean, stated_interval
 from autotuner.measurement.pruning import TRIAL_NOISE
 from autotuner.results.evidence import Reference, Remeasurement
 from autotuner.results.standings import joint_among
@@ -209,10 +209,11 @@ def speedup(trial: TrialRecord, base: TrialRecord | None) -> float | None:
 
 def speedup_interval(trial: TrialRecord) -> Interval | None:
     """The interval of the config's `speedup` from its re-measurement's rounds
-    (`autotuner.measurement.interval.ratio_interval`), stated jointly with the configs it was in
-    contention with (`Remeasurement.among`); None before two rounds."""
+    (`autotuner.measurement.interval.stated_interval`: a session's drift allowed for), stated
+    jointly with the configs it was in contention with (`Remeasurement.among`); None before two
+    rounds."""
     r = trial.remeasured
-    return ratio_interval(r.speedups, among=r.among) if r is not None else None
+    return stated_interval(r.speedups, among=r.among) if r is not None else None
 
 
 class RunLength(Protocol):

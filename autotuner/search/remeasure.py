@@ -30,7 +30,7 @@ from typing import Any
 
 import optuna
 
-from autotuner.measurement.interval import Interval, ratio_interval
+from autotuner.measurement.interval import Interval, stated_interval
 from autotuner.measurement.rounds import (
     FEWEST_WINDOWS,
     FIT_ROUNDS,
@@ -339,7 +339,7 @@ class Remeasurer:
                 found[number].among = among
         if alive:
             lead = before[still[0]] if still[0] in before else found[still[0]]
-            self._note_undecided(still, ratio_interval(lead.speedups, among=lead.among), stopped, round_number)
+            self._note_undecided(still, stated_interval(lead.speedups, among=lead.among), stopped, round_number)
             if baseline is not None and (moved := machine_moved(found[baseline.number], still[0], lead)):
                 self.reporter.note(moved)
         baseline_failed = baseline is None or found[baseline.number].error

@@ -35,7 +35,7 @@ from autotuner.export.promise import (
 )
 from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.export.writer import EXPORT_VERSION
-from autotuner.measurement.interval import LEVEL, Interval, ratio_interval
+from autotuner.measurement.interval import LEVEL, Interval, ratio_interval, stated_interval
 from autotuner.measurement.timing import Throughput
 from autotuner.spec.job import load_spec
 from autotuner.trials.launcher import TrialLauncher, TrialResult
@@ -346,7 +346,7 @@ def test_the_export_carries_the_speedups_interval_and_the_reader_reads_it(tmp_pa
 def _with_intervals(export: list[float] | None, rounds: list[float]) -> AppliedRun:
     """An applied run whose promise check measured `rounds`, of an export whose speedup's rounds were `export`."""
     run = _applied(1234.5, 500.0)
-    study = ratio_interval(export) if export else None
+    study = stated_interval(export) if export else None
     tuned = dataclasses.replace(run.tuned, speedup=study.estimate if study else 2.469, speedup_interval=study)
     return dataclasses.replace(run, tuned=tuned, rounds=tuple(rounds))
 
@@ -368,7 +368,7 @@ def test_apply_says_whether_the_promise_is_kept_not_kept_or_undecided(
     run = _with_intervals(export, rounds)
     out, err = io.StringIO(), io.StringIO()
     print_applied(run, out, err)
-    here, promise = ratio_interval(rounds), run.promise
+    here, promise = stated_interval(rounds), run.promise
     assert here is not None and run.interval == here and promise is not None
     assert run.verdict is not None and run.verdict.value == verdict and EXIT_CODES[run.verdict] == code
     line = next(line for line in out.getvalue().splitlines() if line.startswith("promise:"))
@@ -377,7 +377,7 @@ def test_apply_says_whether_the_promise_is_kept_not_kept_or_undecided(
     shown = f"here over the export {promise.estimate:.2f}x, 90% interval {promise.low:.2f}-{promise.high:.2f}x"
     assert f": {verdict} ({shown}, " in line and "+-10%" in line
     if export:
-        study = ratio_interval(export)
+        study = stated_interval(export)
         assert (
             study is not None
             and f"{study.estimate:.2f}x, 90% interval {study.low:.2f}-{study.high:.2f}x in the export" in line

@@ -9,11 +9,13 @@ import statistics
 import pytest
 
 from autotuner.measurement.interval import (
+    DRIFT,
     Interval,
     geometric_mean,
     joint_level,
     ratio_interval,
     ratio_of,
+    stated_interval,
     t_quantile,
 )
 
@@ -93,8 +95,10 @@ def test_an_interval_is_stored_and_read_back() -> None:
     assert interval is not None and Interval.from_dict(interval.as_dict()) == interval
     joint = ratio_interval([5.0, 4.8, 5.3], among=3)
     assert joint is not None and Interval.from_dict(joint.as_dict()) == joint
-    older = {k: v for k, v in interval.as_dict().items() if k != "among"}  # stored before `among` was
+    older = {k: v for k, v in interval.as_dict().items() if k not in ("among", "drift")}  # stored before them
     assert Interval.from_dict(older) == interval
+    stated = stated_interval([5.0, 4.8, 5.3], among=2)
+    assert stated is not None and stated.drift == DRIFT and Interval.from_dict(stated.as_dict()) == stated
 
 
 def test_an_interval_stated_jointly_among_k_is_each_at_sidaks_level() -> None:
@@ -113,3 +117,24 @@ def test_an_interval_stated_jointly_among_k_is_each_at_sidaks_level() -> None:
         assert interval.low == pytest.approx(math.exp(statistics.fmean(logs) - t * se), rel=1e-4)
         # the standard error a plain 90% interval as wide would have: what `ratio_of` compares
         assert interval.log_error == pytest.approx(se * t / 2.1318, rel=1e-4)
+
+
+def test_a_stated_interval_adds_the_sessions_drift_in_quadrature() -> None:
+    """The interval a study states (and `autotuner apply` measures): the rounds' t term and the
+    drift's normal term, each at the (joint) level, combined as sqrt(a^2 + b^2)."""
+    ratios = [5.0, 4.8, 5.3, 5.1, 4.9]
+    logs = [math.log(r) for r in ratios]
+    se = statistics.stdev(logs) / math.sqrt(5)
+    assert DRIFT == 0.015
+    for among, t, z in ((1, 2.1318, 1.6449), (2, 2.7511, 1.9545)):  # t(4) and the normal at (1 + 0.9^(1/k)) / 2
+        stated = stated_interval(ratios, among=among)
+        assert stated is not None and stated.among == among and stated.rounds == 5
+        half = math.sqrt((t * se) ** 2 + (z * DRIFT) ** 2)
+        assert stated.high == pytest.approx(math.exp(statistics.fmean(logs) + half), rel=1e-4)
+        assert stated.low == pytest.approx(math.exp(statistics.fmean(logs) - half), rel=1e-4)
+        assert ratio_interval(ratios, among=among, drift=DRIFT) == stated
+    # never narrower than the rounds' own, and as wide as the drift's alone where the rounds agree
+    assert stated_interval(ratios).half_width > ratio_interval(ratios).half_width  # type: ignore[union-attr]
+    same = stated_interval([2.0, 2.0, 2.0])
+    assert same is not None and math.log(same.high / 2.0) == pytest.approx(1.6449 * DRIFT, rel=1e-4)
+    assert stated_interval([2.0]) is None

@@ -15,7 +15,7 @@ from optuna.distributions import CategoricalDistribution
 
 from autotuner.errors import SpecError
 from autotuner.export.writer import export_data
-from autotuner.measurement.interval import ratio_interval
+from autotuner.measurement.interval import DRIFT, stated_interval
 from autotuner.output import charts
 from autotuner.output.dashboard import study_note
 from autotuner.output.formatting import percent
@@ -293,8 +293,8 @@ def test_the_export_report_and_dashboard_note_state_the_speedup_with_its_interva
     _remeasure(url, study, 0, {"throughputs": [1000.0] * 3, "windows": [[1000.0] * 3] * 3})
     # #1, one round, has no interval, so #4's cannot clear it: both are in contention at the end,
     # and #4's interval is stated jointly with #1's (Sidak: each at 0.9^(1/2))
-    interval = ratio_interval(rounds, among=2)
-    assert interval is not None and interval.half_width > ratio_interval(rounds).half_width  # type: ignore[union-attr]
+    interval = stated_interval(rounds, among=2)
+    assert interval is not None and interval.half_width > stated_interval(rounds).half_width  # type: ignore[union-attr]
     shown = f"{interval.estimate:.2f}x, 90% interval {interval.low:.2f}-{interval.high:.2f}x"
     winner = best(records(study))
     assert winner.number == 4 and speedup(winner, None) == pytest.approx(interval.estimate)
@@ -307,6 +307,7 @@ def test_the_export_report_and_dashboard_note_state_the_speedup_with_its_interva
         "rounds": 3,
         "level": 0.9,
         "among": 2,
+        "drift": DRIFT,
     }
     assert [row["speedup_interval"] for row in export["top"]] == [interval.as_dict(), None]  # #1: one round
     report = render_markdown(load_report(url, "interval"))

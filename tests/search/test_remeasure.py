@@ -16,7 +16,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from rich.console import Console
 
-from autotuner.measurement.interval import ratio_interval
+from autotuner.measurement.interval import ratio_interval, stated_interval
 from autotuner.measurement.telemetry import available_memory_mb
 from autotuner.output.console import SearchReporter
 from autotuner.results.evidence import Remeasurement
@@ -249,7 +249,7 @@ def test_rounds_go_on_while_the_leaders_interval_is_wide(tmp_path: Path) -> None
     assert len(stored[0].throughputs) == len(stored[leader].throughputs) == 3  # every round of the cap
     assert stored[leader].speedups == [5.0, 4.0, 5.0] and stored[0].speedups == []
     assert stored[leader].group == [0, leader] and stored[leader].lockstep is False
-    interval = ratio_interval([5.0, 4.0, 5.0])
+    interval = stated_interval([5.0, 4.0, 5.0])
     assert interval is not None and interval.half_width > 0.05
     cap = (
         rf"undecided after 3 rounds \(budget\.remeasure_runs\): #{leader}'s speedup is 4\.64x, 90% interval "
@@ -288,8 +288,8 @@ def test_configs_within_the_noise_of_each_other_are_stated_jointly(tmp_path: Pat
     stored = remeasurements(study)
     number = {t.config["batch_size"]: t.number for t in records(study)}
     assert stored[number[32]].among == stored[number[64]].among == 2 and stored[0].among == 1
-    joint = ratio_interval(stored[number[64]].speedups, among=2)
-    alone = ratio_interval(stored[number[64]].speedups)
+    joint = stated_interval(stored[number[64]].speedups, among=2)
+    alone = stated_interval(stored[number[64]].speedups)
     assert joint is not None and alone is not None and joint.half_width > alone.half_width
     assert f"90% interval {joint.low:.2f}-{joint.high:.2f}x (3 rounds)" in printed, printed
     assert "are within the noise of each other" in printed
