@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from autotuner.backends.pytorch import PREFETCH_FACTOR
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS
 from autotuner.errors import SpecError
+from autotuner.measurement.allocator import launch_prefix
 from autotuner.output.formatting import times
 
 if TYPE_CHECKING:
@@ -230,18 +231,27 @@ def header(config: TunedConfig, fmt: str, launch: str = "") -> list[str]:
     speedup = f", {times(config.speedup)} the baseline" if config.speedup else ""
     first = f"# autotuner export --format {fmt}: {config}{speedup}"
     if processes == 1:
-        return [
+        lines = [
             first,
             f"# Global batch {batch * accumulation} = {batch} per micro-batch x {accumulation} "
             "accumulation, in one process;",
             "# in N processes (torchrun, accelerate launch) divide the accumulation by N to keep it.",
         ]
-    return [
-        first,
-        f"# Global batch {batch * accumulation * processes} = {batch} per micro-batch x {accumulation} accumulation "
-        f"x {processes} processes (parallel: {config.parallel}), as tuned;",
-        f"# launch: {launch}; on N processes instead, accumulation {accumulation * processes} / N keeps it.",
-    ]
+    else:
+        lines = [
+            first,
+            f"# Global batch {batch * accumulation * processes} = {batch} per micro-batch x {accumulation} "
+            f"accumulation x {processes} processes (parallel: {config.parallel}), as tuned;",
+            f"# launch: {launch}; on N processes instead, accumulation {accumulation * processes} / N keeps it.",
+        ]
+    return [*lines, ALLOCATOR_LINE]
+
+
+ALLOCATOR_LINE = (
+    f"# measured with glibc's allocator keeping freed memory: launch with {launch_prefix().strip()} set "
+    "(autotuner.measurement.allocator)"
+)
+"""The header's last line: the allocator settings the study measured the job with."""
 
 
 def launch_line(config: TunedConfig) -> str:

@@ -9,6 +9,9 @@ Here Linux itself tells the fork server (PR_SET_PDEATHSIG, SIGTERM) when its par
 trial process leads its own process group, and its data-loader workers, compile workers and
 whatever else it started are in that group, so nothing of a trial outlives the search.
 
+It fixes the host allocator's thresholds before it forks anything, so that every trial process,
+and its ranks and loader workers, allocates as the others do (`autotuner.measurement.allocator`).
+
 It also keeps the fork server from initialising CUDA, after which every forked trial would fail
 ("Cannot re-initialize CUDA in forked subprocess"): `torch.cuda.is_available()`, wherever a
 preloaded module calls it, asks NVML instead of the CUDA driver (PYTORCH_NVML_BASED_CUDA_CHECK).
@@ -22,8 +25,11 @@ import os
 import signal
 from types import FrameType
 
+from autotuner.measurement.allocator import steady_allocator
+
 # before the runners are preloaded: torch reads it at every is_available() call
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+steady_allocator()
 
 _SERVER = os.getpid()
 _PR_SET_PDEATHSIG = 1

@@ -504,7 +504,7 @@ def test_a_config_exported_before_the_new_knobs_exports_as_before(config: TunedC
 
 def test_an_old_cpu_configs_snippets_are_unchanged() -> None:
     config = tuned(precision="bf16", compile="default")  # as exported before the new knobs
-    code = {fmt: snippet(fmt, config).split("\n", 3)[3] for fmt in OLD_SNIPPETS}  # after the header
+    code = {fmt: snippet(fmt, config).split("\n", 4)[4] for fmt in OLD_SNIPPETS}  # after the header
     assert code == OLD_SNIPPETS
 
 

@@ -24,7 +24,14 @@ from autotuner.backends.pytorch.apply import DTYPES, POWERSGD_START
 from autotuner.cli import main
 from autotuner.errors import SpecError
 from autotuner.export.reader import TunedConfig, parse_config
-from autotuner.integrations import FORMATS, accumulation_per_process, parallel_knobs, require, snippet
+from autotuner.integrations import (
+    ALLOCATOR_LINE,
+    FORMATS,
+    accumulation_per_process,
+    parallel_knobs,
+    require,
+    snippet,
+)
 from autotuner.integrations import accelerate as accelerate_export
 from autotuner.integrations import lightning as lightning_export
 from autotuner.integrations import torchrun as torchrun_export
@@ -407,9 +414,10 @@ def test_the_torchrun_snippet_launches_the_ranks_and_trains_through_tuned_traini
     compile(text, "best.torchrun.py", "exec")
     lines = text.splitlines()
     assert lines[2].startswith("# launch: torchrun --standalone --nproc-per-node 2 your_training.py;")
-    assert f"{config.parallel}: it" in lines[3]
+    assert lines[3] == ALLOCATOR_LINE  # the allocator the study measured with
+    assert f"{config.parallel}: it" in lines[4]
     for name, value in parallel_knobs(config).items():
-        assert f"{name}={value}" in lines[3]  # the knobs TunedTraining applies, said
+        assert f"{name}={value}" in lines[4]  # the knobs TunedTraining applies, said
     assert backend in text and f"TunedTraining(config, model, optimizer, dataset, {device})" in text
     assert "config = load_config('runs/ranks/best.yaml')" in text  # the file the config came from
     assert "tuned.loader.sampler.set_epoch(epoch)" in text and text.endswith("dist.destroy_process_group()\n")
@@ -501,8 +509,9 @@ def test_export_format_torchrun_writes_the_launch_line_and_the_tuned_training_ca
     assert "comm_hook=fp16" in lines[0] and "bucket_cap_mb=100" in lines[0]  # the winner
     assert lines[1].startswith("# Global batch 64 = 8 per micro-batch x 4 accumulation x 2 processes (parallel: ddp)")
     assert lines[2].startswith("# launch: torchrun --standalone --nproc-per-node 2 your_training.py;")
-    assert "parallel=ddp: it wraps the model in DistributedDataParallel" in lines[3]
-    assert "(bucket_cap_mb=100, bucket_view=True, static_graph=False, comm_hook=fp16)" in lines[3]
+    assert lines[3] == ALLOCATOR_LINE
+    assert "parallel=ddp: it wraps the model in DistributedDataParallel" in lines[4]
+    assert "(bucket_cap_mb=100, bucket_view=True, static_graph=False, comm_hook=fp16)" in lines[4]
     assert "config = load_config('runs/ranks/best.yaml')" in written  # where autotuner search writes it
     assert 'dist.init_process_group("gloo")' in written  # tuned on a CPU
     # The export itself carries the ranks: what the script loads.
