@@ -361,18 +361,34 @@ def promise(coverages: dict[str, dict[str, Any]], quickstarts: dict[str, dict[st
             f"both with {coverage['windows']} windows, in lockstep, as re-measurement measures a round: "
             f"{times(coverage['speedup'])} over all of them; one round's log-ratio standard deviation "
             f"{coverage['round_log_sd']:.3f}. Cut into studies of n rounds, each study's 90% interval checked "
-            "against the speedup of the other rounds:",
+            "against the speedup of the other rounds: the rounds' own interval, and as a study states it (with a "
+            f"session's drift of {coverage.get('drift_allowed', 0):g} allowed for):",
             "",
-            "| rounds a study | studies | intervals that held the speedup | coverage (nominal 90%) | "
-            "half-width, median (quartiles) |",
-            "|---|---|---|---|---|",
+            "| rounds a study | studies | held (rounds' own) | coverage | half-width, median (quartiles) | "
+            "held (as stated) | coverage | half-width, median |",
+            "|---|---|---|---|---|---|---|---|",
         ]
+        stated = coverage.get("stated_coverage") or {}
         for n, found in coverage["coverage"].items():
             width = found["half_width"]
+            also = stated.get(n)
             lines.append(
                 f"| {n} | {found['blocks']} | {found['held']} | {found['coverage']:.0%} | "
-                f"{width['median']:.1%} ({width['p25']:.1%}-{width['p75']:.1%}) |"
+                f"{width['median']:.1%} ({width['p25']:.1%}-{width['p75']:.1%}) | "
+                + (
+                    f"{also['held']} | {also['coverage']:.0%} | {also['half_width']['median']:.1%} |"
+                    if also
+                    else "- | - | - |"
+                )
             )
+        drifts = {n: d for n, d in (coverage.get("drift") or {}).items() if d is not None}
+        if drifts:
+            lines += [
+                "",
+                "The drift: means of consecutive blocks of "
+                + ", ".join(f"{n} rounds stood apart by {d:.3f}" for n, d in drifts.items())
+                + " (log sd) beyond what their rounds' spread gives them.",
+            ]
         lines.append("")
     for name, data in quickstarts.items():
         if data.get("apply") and data["apply"].get("intervals"):

@@ -103,13 +103,20 @@ def judge(ratio: Interval, tolerance: float) -> Verdict:
     return Verdict.UNDECIDED
 
 
+def session_drift(export: Interval | None) -> float:
+    """The session's drift the promise check's own interval allows for: the export's interval's
+    (the study's `budget.remeasure_drift`), or `DRIFT` where the export has no interval."""
+    return export.drift if export is not None else DRIFT
+
+
 def promise_interval(
     rounds: Sequence[float], export: Interval | None, export_speedup: float | None, level: float = LEVEL
 ) -> Interval | None:
     """The speedup of `rounds` (the promise check's) over the export's, with its `level` interval
     (`over_export`); None with fewer than two rounds. Both sides allow for their session's drift
-    (`stated_interval`): the export's was stated so, and the check's rounds are a session too."""
-    here = stated_interval(rounds)
+    (`stated_interval`): the export's was stated so, and the check's rounds are a session too, of
+    the same drift (`session_drift`)."""
+    here = stated_interval(rounds, drift=session_drift(export))
     return over_export(here, export, export_speedup, level) if here is not None else None
 
 
@@ -138,8 +145,9 @@ def rounds_to_decide(
         return None
     logs = [math.log(r) for r in rounds]
     mean, spread = statistics.fmean(logs), statistics.stdev(logs)
+    drift = session_drift(export)
     for n in range(len(rounds) + 1, most + 1):  # a check of n rounds at most, judged at its last look
-        ratio = over_export(log_interval(mean, spread, n, drift=DRIFT), export, export_speedup, look_level(n, n))
+        ratio = over_export(log_interval(mean, spread, n, drift=drift), export, export_speedup, look_level(n, n))
         if ratio is None:
             return None
         if judge(ratio, tolerance) is not Verdict.UNDECIDED:
@@ -270,8 +278,8 @@ class AppliedRun:
     @property
     def interval(self) -> Interval | None:
         """The speedup here and its interval, from the promise check's rounds (two or more), a
-        session's drift allowed for as in the study's (`stated_interval`)."""
-        return stated_interval(self.rounds)
+        session's drift allowed for as in the study's (`stated_interval`, `session_drift`)."""
+        return stated_interval(self.rounds, drift=session_drift(self.tuned.speedup_interval))
 
     @property
     def checked_speedup(self) -> float | None:

@@ -62,7 +62,7 @@ LEVEL = 0.90
 DRIFT = 0.015
 """The log sd by which a speedup measured in one session stands apart from another session's on
 the same machine, beyond what its rounds' spread says (the module's account): what a stated
-interval allows for (`stated_interval`)."""
+interval allows for by default (`stated_interval`; a spec sets its own, `budget.remeasure_drift`)."""
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -195,10 +195,12 @@ def ratio_interval(
     return log_interval(statistics.fmean(logs), statistics.stdev(logs), len(logs), level, among, drift)
 
 
-def stated_interval(ratios: Sequence[float], level: float = LEVEL, among: int = 1) -> Interval | None:
+def stated_interval(
+    ratios: Sequence[float], level: float = LEVEL, among: int = 1, drift: float = DRIFT
+) -> Interval | None:
     """The interval a study states for a speedup, and `autotuner apply` for what it measured: the
-    rounds' own with the session's `DRIFT` added (`ratio_interval`)."""
-    return ratio_interval(ratios, level, among, DRIFT)
+    rounds' own with a session's `drift` added (`ratio_interval`)."""
+    return ratio_interval(ratios, level, among, drift)
 
 
 def log_interval(

@@ -15,6 +15,7 @@ from typing import Any
 
 from autotuner.config.knobs import Config
 from autotuner.measurement.drift import Drift, measure_drift
+from autotuner.measurement.interval import DRIFT
 from autotuner.trials.trial_output import Losses
 
 
@@ -79,6 +80,9 @@ class Remeasurement:
     """How many configs its speedup interval is stated jointly with, its own included
     (`autotuner.results.standings.joint_among`): set when the study's re-measurements are read, so
     that a later re-measurement that brings in a rival counts too."""
+    drift: float = DRIFT
+    """The session's drift its speedup interval allows for (`budget.remeasure_drift` when it was
+    measured; `autotuner.measurement.interval.stated_interval`)."""
 
     @property
     def rerun_windows(self) -> list[float]:
@@ -93,6 +97,7 @@ class Remeasurement:
             "measured_s": self.measured_s,
             "group": self.group,
             "lockstep": self.lockstep,
+            "drift": self.drift,
         }
         if self.speedups:
             data["speedups"] = self.speedups
@@ -115,4 +120,5 @@ class Remeasurement:
             group=list(data.get("group") or []),
             lockstep=bool(data.get("lockstep", False)),
             error=data.get("error"),
+            drift=float(data.get("drift", DRIFT)),
         )

@@ -213,7 +213,7 @@ def speedup_interval(trial: TrialRecord) -> Interval | None:
     jointly with the configs it was in contention with (`Remeasurement.among`); None before two
     rounds."""
     r = trial.remeasured
-    return stated_interval(r.speedups, among=r.among) if r is not None else None
+    return stated_interval(r.speedups, among=r.among, drift=r.drift) if r is not None else None
 
 
 class RunLength(Protocol):

@@ -278,7 +278,7 @@ class Remeasurer:
         on_cpu = in_lockstep(self.device)
         most = budget.remeasure_group or (processes_that_fit(everyone) if on_cpu else None)
         lockstep = on_cpu and most != 1
-        found = {t.number: Remeasurement() for t in everyone}
+        found = {t.number: Remeasurement(drift=budget.remeasure_drift) for t in everyone}
         # each config's share of the baseline's windows: those measured in its groups
         beside: dict[int, list[float]] = {t.number: [] for t in everyone}
         groups: dict[int, set[int]] = {t.number: set() for t in everyone}
@@ -339,7 +339,9 @@ class Remeasurer:
                 found[number].among = among
         if alive:
             lead = before[still[0]] if still[0] in before else found[still[0]]
-            self._note_undecided(still, stated_interval(lead.speedups, among=lead.among), stopped, round_number)
+            self._note_undecided(
+                still, stated_interval(lead.speedups, among=lead.among, drift=lead.drift), stopped, round_number
+            )
             if baseline is not None and (moved := machine_moved(found[baseline.number], still[0], lead)):
                 self.reporter.note(moved)
         baseline_failed = baseline is None or found[baseline.number].error

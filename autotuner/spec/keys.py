@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotuner.errors import SpecError, shown
+from autotuner.measurement.interval import DRIFT
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A study name (matched whole): it names the study's folder, runs/<name>/, so it can never be a path."""
@@ -90,6 +91,14 @@ class Budget(_Strict):
     the search says so in one line, with the interval it has (more `remeasure_runs` or a larger
     `remeasure_share` narrow it). On the 2-core VM the quickstart's pair needs three rounds for
     it (`benchmarks/interval_coverage.py`)."""
+    remeasure_drift: float = Field(DRIFT, ge=0, lt=1)
+    """How far (a log standard deviation) a speedup measured in one session may stand apart from
+    another session's on this machine, beyond what its rounds' spread says: a VM's speed moves in
+    phases of minutes, and a study's rounds see one. The interval the study states, and the one
+    `autotuner apply` measures, allow for it (`autotuner.measurement.interval.stated_interval`).
+    The default is what 200 rounds over an hour gave on a 2-core AMD VM;
+    `benchmarks/interval_coverage.py` measures it for a machine (its `drift` between blocks of
+    rounds). 0: the rounds' own interval."""
     remeasure_windows: int = Field(10, gt=0, le=1000)
     """The most measured windows of each re-measurement process (a trial has `trial.windows`):
     fewer when `remeasure_share` leaves time for fewer. Measured in

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from autotuner.config.knobs import config_key
-from autotuner.measurement.interval import ratio_interval
+from autotuner.measurement.interval import stated_interval
 from autotuner.results.records import baseline, records, speedup
 from autotuner.study.optuna_adapter import study_id, study_storage
 from tests.support.helpers import HELD
@@ -94,8 +94,8 @@ def test_the_best_and_the_baseline_are_remeasured_before_the_best_is_declared(se
     if export["study"]["trial"] != 0:
         rounds = stored[f"autotuner:remeasure:{export['study']['trial']}"]["speedups"]
         assert len(rounds) == 2 and export["speedup"] == pytest.approx(statistics.geometric_mean(rounds))
-        assert export["speedup_interval"] == ratio_interval(rounds).as_dict()
-        assert f"({ratio_interval(rounds).text()}, 2 rounds)" in " ".join(stdout.split())
+        assert export["speedup_interval"] == stated_interval(rounds).as_dict()
+        assert f"({stated_interval(rounds).text()}, 2 rounds)" in " ".join(stdout.split())
     assert "in lockstep with" in stdout
     # The winner and the baseline at least (a config that led before its re-measurement too).
     assert {f"autotuner:remeasure:{export['study']['trial']}", "autotuner:remeasure:0"} <= set(stored)

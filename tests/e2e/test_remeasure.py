@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotuner.measurement.interval import ratio_interval
+from autotuner.measurement.interval import stated_interval
 from autotuner.results.records import records, remeasurements, speedup
 from tests.support.studies import load_study, run_cli, write_spec
 
@@ -59,4 +59,4 @@ def test_a_split_remeasurement_measures_the_baseline_beside_every_config(split: 
     assert export["speedup"] == pytest.approx(statistics.geometric_mean(winner.speedups))
     assert export["speedup"] == pytest.approx(speedup(trials[export["study"]["trial"]], None))
     if len(winner.speedups) >= 2:  # the interval of its rounds, in the export beside it
-        assert export["speedup_interval"] == ratio_interval(winner.speedups).as_dict()
+        assert export["speedup_interval"] == stated_interval(winner.speedups).as_dict()

@@ -35,7 +35,7 @@ from autotuner.export.promise import (
 )
 from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.export.writer import EXPORT_VERSION
-from autotuner.measurement.interval import LEVEL, Interval, ratio_interval, stated_interval
+from autotuner.measurement.interval import DRIFT, LEVEL, Interval, ratio_interval, stated_interval
 from autotuner.measurement.timing import Throughput
 from autotuner.spec.job import load_spec
 from autotuner.trials.launcher import TrialLauncher, TrialResult
@@ -388,6 +388,21 @@ def test_apply_says_whether_the_promise_is_kept_not_kept_or_undecided(
     if verdict == "undecided":
         needed = run.rounds_to_decide
         assert needed is not None and needed > len(rounds) and f"about {needed} rounds would decide it" in line
+
+
+def test_the_checks_own_interval_allows_for_the_drift_the_export_does() -> None:
+    """The check's rounds are a session too: its interval allows for the drift the export's
+    interval allowed for (the study's `budget.remeasure_drift`); an export without an interval,
+    for the default."""
+    rounds = [2.45, 2.5, 2.42]
+    run = _with_intervals([2.5, 2.4, 2.45], rounds)
+    noisy = stated_interval([2.5, 2.4, 2.45], drift=0.05)
+    assert noisy is not None
+    on_noisy = dataclasses.replace(run, tuned=dataclasses.replace(run.tuned, speedup_interval=noisy))
+    assert run.interval == stated_interval(rounds) and on_noisy.interval == stated_interval(rounds, drift=0.05)
+    assert on_noisy.promise is not None and run.promise is not None
+    assert on_noisy.promise.half_width > run.promise.half_width
+    assert _with_intervals(None, rounds).interval == stated_interval(rounds, drift=DRIFT)
 
 
 def test_the_tolerance_decides_what_kept_means() -> None:

@@ -20,7 +20,7 @@ from autotuner.measurement.interval import ratio_interval, stated_interval
 from autotuner.measurement.telemetry import available_memory_mb
 from autotuner.output.console import SearchReporter
 from autotuner.results.evidence import Remeasurement
-from autotuner.results.records import TrialRecord, records, remeasurements
+from autotuner.results.records import TrialRecord, records, remeasurements, speedup_interval
 from autotuner.results.standings import Standing, baseline_standing, contenders
 from autotuner.results.store import record
 from autotuner.search.remeasure import (
@@ -276,6 +276,25 @@ def test_rounds_go_on_past_a_narrow_interval_to_the_cap(tmp_path: Path) -> None:
     assert [len(r.throughputs) for r in stored.values()] == [4, 4]
     assert sorted(launcher.ran) == [8] * 4 + [64] * 4
     assert "undecided" not in printed and "the machine's speed moved" not in printed  # 1% apart
+
+
+def test_the_stated_interval_allows_for_the_drift_the_spec_sets(tmp_path: Path) -> None:
+    """`budget.remeasure_drift` is stored with each re-measurement and is what the records' stated
+    interval (the export's, the console's) allows for; 0 leaves the rounds' own interval."""
+    for drift in (0.05, 0.0):
+        folder = tmp_path / str(drift)
+        folder.mkdir()
+        job, study = _searched(
+            folder, {8: 1000.0, 32: 2000.0, 64: 4000.0}, remeasure_top=1, remeasure_runs=3, remeasure_drift=drift
+        )
+        _remeasure(job, study, _Paced({8: [1000.0, 1010.0, 990.0], 64: [4000.0] * 3}))
+        leader = next(t for t in records(study) if t.config["batch_size"] == 64)
+        assert leader.remeasured is not None and leader.remeasured.drift == drift
+        stated = speedup_interval(leader)
+        assert stated is not None and stated.drift == drift
+        assert stated == stated_interval(leader.remeasured.speedups, drift=drift)
+        own = ratio_interval(leader.remeasured.speedups)
+        assert own is not None and (stated.half_width > own.half_width) is (drift > 0)
 
 
 def test_configs_within_the_noise_of_each_other_are_stated_jointly(tmp_path: Path) -> None:

@@ -111,6 +111,7 @@ FIELDS: dict[tuple[str, ...], Callable[[Any], bool]] = {
     ("budget", "remeasure_top"): _wrong_int(0, 1000),
     ("budget", "remeasure_runs"): _wrong_int(1, 100),
     ("budget", "remeasure_width"): _wrong_number(0, 1),
+    ("budget", "remeasure_drift"): lambda v: _wrong_number(0, 1, low_open=False)(v) or v == 1,
     ("budget", "remeasure_windows"): _wrong_int(1, 1000),
     ("budget", "remeasure_group"): lambda v: v is not None and _wrong_int(1, 1000)(v),
     ("trial",): _wrong_type(dict),
