@@ -31,15 +31,15 @@ than their spread says (on a 2-core AMD VM, 200 rounds over an hour: means of 5 
 rounds stood apart by a log sd of 0.015 beyond what their rounds' spread gave;
 `benchmarks/interval_coverage.py` measures it for a machine). What a study promises is a speedup
 another session will see (`autotuner apply`'s), so the interval it states (`stated_interval`)
-adds that drift, a known log sd `DRIFT` with the normal quantile, to the rounds' own t term in
-quadrature:
+adds that drift d, a known log sd (`DRIFT` unless the spec sets `budget.remeasure_drift`), with
+the normal quantile, to the rounds' own t term in quadrature:
 
-    half = sqrt((t_{q, n-1} * se)^2 + (z_q * DRIFT)^2),  q = (1 + level^(1/among)) / 2
+    half = sqrt((t_{q, n-1} * se)^2 + (z_q * d)^2),  q = (1 + level^(1/among)) / 2
 
-so it is never narrower than the rounds' own interval, and a session's phase cannot make it hold
-less often than its level (`benchmarks/interval_procedure.py --replay`, the rounds in the order
-measured). Comparisons inside one session (which configs are still in contention) share its
-phase and leave the drift out.
+so it is never narrower than the rounds' own interval, and on a machine whose sessions drift by
+no more than d it holds as often as its level says (`benchmarks/interval_procedure.py --replay`,
+the rounds in the order measured); a machine that drifts more needs its own d. Comparisons
+inside one session (which configs are still in contention) share its phase and leave it out.
 
 How often the interval holds the speedup on a given machine is measured by
 `benchmarks/interval_coverage.py` (many rounds of one pair, cut into studies of n rounds), and
