@@ -21,7 +21,8 @@ The blocks are checked twice: with the rounds' interval alone (`ratio_interval`)
 states it (`stated_interval`: a session's drift `DRIFT` allowed for). And the drift itself: for
 blocks of 5, 10 and 20 consecutive rounds, how far their means stand apart beyond what the rounds'
 spread gives them (the log sd sqrt(var(block means) - s^2 / n)), which is what `DRIFT` must cover
-on this machine. Writes benchmarks/results/interval_coverage.json (or `--out`); `--reread FILE`
+on this machine. Writes benchmarks/results/interval_coverage.json (or `--out`), after every round
+from the second on (a run stopped part-way keeps its rounds); `--reread FILE`
 works the figures out again from the rounds FILE recorded, measuring nothing, and rewrites it.
 """
 
@@ -130,6 +131,21 @@ def main() -> None:
     windows = job.spec.budget.remeasure_windows
     ratios: list[float] = []
     started = time.perf_counter()
+
+    def recorded() -> dict[str, Any]:
+        return {
+            "spec": args.spec,
+            "machine": machine(trials.environment),
+            "job": measured_job(job),
+            "configs": {"winner": format_config(winner), "baseline": format_config(base)},
+            "windows": windows,
+            "level": LEVEL,
+            "rounds": len(ratios),
+            "wall_s": time.perf_counter() - started,
+            "ratios": ratios,
+            **analysed(ratios),
+        }
+
     for round_number in range(1, args.rounds + 1):
         requests = [trials.request(config, windows=windows, drift=False) for config in (winner, base)]
         timeout_s = job.trial_timeout(*(r.config for r in requests))
@@ -139,20 +155,10 @@ def main() -> None:
         medians = [r.output.throughput.samples_per_s for r in results]
         ratios.append(medians[0] / medians[1])
         print(f"round {round_number}/{args.rounds}: {medians[0]:,.0f}/s over {medians[1]:,.0f}/s: {ratios[-1]:.3f}x")
-    results: dict[str, Any] = {
-        "spec": args.spec,
-        "machine": machine(trials.environment),
-        "job": measured_job(job),
-        "configs": {"winner": format_config(winner), "baseline": format_config(base)},
-        "windows": windows,
-        "level": LEVEL,
-        "rounds": len(ratios),
-        "wall_s": time.perf_counter() - started,
-        "ratios": ratios,
-        **analysed(ratios),
-    }
-    report(results)
-    print(f"wrote {write_results(args.out, results)}")
+        if len(ratios) >= 2:  # the file as far as it got: a run stopped part-way keeps its rounds
+            write_results(args.out, recorded())
+    report(recorded())
+    print(f"wrote {write_results(args.out, recorded())}")
 
 
 if __name__ == "__main__":
