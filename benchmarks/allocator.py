@@ -46,19 +46,8 @@ def block(arm: str, rounds: int, winner: str, folder: Path, index: int) -> dict[
     if done.returncode != 0:
         raise SystemExit(f"block {index} ({arm}) failed: {done.stderr[-2000:]}")
     data = json.loads(out.read_text())
-    rates = [line.split(": ", 1)[1] for line in done.stdout.splitlines() if line.startswith("round ")]
     print(f"{arm} block {index}: {len(data['ratios'])} rounds, speedup {data['speedup']:.3f}x")
-    return {"ratios": data["ratios"], "rounds": rates, "machine": data["machine"], "configs": data["configs"]}
-
-
-def _rates(rounds: list[str]) -> tuple[list[float], list[float]]:
-    """The winner's and the baseline's throughputs from the rounds' lines (`W/s over B/s: R`)."""
-    winner, base = [], []
-    for text in rounds:
-        first, second = text.split(" over ")
-        winner.append(float(first.removesuffix("/s").replace(",", "")))
-        base.append(float(second.split("/s")[0].replace(",", "")))
-    return winner, base
+    return {key: data[key] for key in ("ratios", "throughputs", "machine", "configs")}
 
 
 def summary(blocks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -66,7 +55,8 @@ def summary(blocks: list[dict[str, Any]]) -> dict[str, Any]:
     ratios = [r for b in blocks for r in b["ratios"]]
     logs = [math.log(r) for r in ratios]
     means = [math.exp(statistics.fmean(math.log(r) for r in b["ratios"])) for b in blocks]
-    winner, base = _rates([line for b in blocks for line in b["rounds"]])
+    winner = [x for b in blocks for x in b["throughputs"]["winner"]]
+    base = [x for b in blocks for x in b["throughputs"]["baseline"]]
     return {
         "rounds": len(ratios),
         "speedup": math.exp(statistics.fmean(logs)),

@@ -16,7 +16,8 @@ consecutive blocks of n (a study's re-measurement of n rounds each) and each blo
 other rounds (their geometric mean: the speedup on this machine during the run, the block's own
 rounds left out so that they do not pull it towards themselves). Coverage is the share of
 blocks whose interval holds it; the nominal level is 90%. Also the median half-width at each n
-(what `budget.remeasure_width` can ask for), the rounds' ratios and how far they spread.
+(what `budget.remeasure_width` can ask for), the rounds' ratios and each round's two
+throughputs, and how far they spread.
 The blocks are checked twice: with the rounds' interval alone (`ratio_interval`) and as a study
 states it (`stated_interval`: a session's drift `DRIFT` allowed for). And the drift itself: for
 blocks of 5, 10 and 20 consecutive rounds, how far their means stand apart beyond what the rounds'
@@ -130,6 +131,7 @@ def main() -> None:
     winner = job.complete({**job.baseline, **knobs})
     windows = job.spec.budget.remeasure_windows
     ratios: list[float] = []
+    throughputs: dict[str, list[float]] = {"winner": [], "baseline": []}
     started = time.perf_counter()
 
     def recorded() -> dict[str, Any]:
@@ -143,6 +145,7 @@ def main() -> None:
             "rounds": len(ratios),
             "wall_s": time.perf_counter() - started,
             "ratios": ratios,
+            "throughputs": throughputs,  # each round's median window, samples/s
             **analysed(ratios),
         }
 
@@ -154,6 +157,8 @@ def main() -> None:
             assert result.outcome.value == "ok", result.reason
         medians = [r.output.throughput.samples_per_s for r in results]
         ratios.append(medians[0] / medians[1])
+        throughputs["winner"].append(medians[0])
+        throughputs["baseline"].append(medians[1])
         print(f"round {round_number}/{args.rounds}: {medians[0]:,.0f}/s over {medians[1]:,.0f}/s: {ratios[-1]:.3f}x")
         if len(ratios) >= 2:  # the file as far as it got: a run stopped part-way keeps its rounds
             write_results(args.out, recorded())

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from autotuner.backends.pytorch import PREFETCH_FACTOR
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS
 from autotuner.errors import SpecError
-from autotuner.measurement.allocator import launch_prefix
+from autotuner.measurement.allocator import assignments
 from autotuner.output.formatting import times
 
 if TYPE_CHECKING:
@@ -248,7 +248,7 @@ def header(config: TunedConfig, fmt: str, launch: str = "") -> list[str]:
 
 
 ALLOCATOR_LINE = (
-    f"# measured with glibc's allocator keeping freed memory: launch with {launch_prefix().strip()} set "
+    f"# measured with glibc's allocator keeping freed memory: launch with {assignments()} set "
     "(autotuner.measurement.allocator)"
 )
 """The header's last line: the allocator settings the study measured the job with."""

@@ -60,6 +60,6 @@ def steady_allocator() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
-def launch_prefix() -> str:
-    """`GLIBC_TUNABLES=... ` for a shell line that starts a job as the study measured it."""
-    return " ".join(f"{name}={value}" for name, value in ENVIRONMENT.items()) + " "
+def assignments() -> str:
+    """`GLIBC_TUNABLES=...`: what a shell line that starts a job as the study measured it sets."""
+    return " ".join(f"{name}={value}" for name, value in ENVIRONMENT.items())

@@ -12,8 +12,8 @@ from tests.support.benchmarks import import_benchmark
 def test_an_arms_figures_come_from_its_blocks_rounds() -> None:
     bench = import_benchmark("allocator")
     blocks = [
-        {"ratios": [5.0, 5.0], "rounds": ["15,000/s over 3,000/s: 5.000x", "15,000/s over 3,000/s: 5.000x"]},
-        {"ratios": [4.0, 4.0], "rounds": ["16,000/s over 4,000/s: 4.000x", "16,000/s over 4,000/s: 4.000x"]},
+        {"ratios": [5.0, 5.0], "throughputs": {"winner": [15_000.0] * 2, "baseline": [3_000.0] * 2}},
+        {"ratios": [4.0, 4.0], "throughputs": {"winner": [16_000.0] * 2, "baseline": [4_000.0] * 2}},
     ]
     found = bench.summary(blocks)
     assert found["rounds"] == 4 and found["speedup"] == pytest.approx(math.sqrt(20.0))

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from autotuner.measurement.allocator import ENVIRONMENT, launch_prefix
+from autotuner.integrations import ALLOCATOR_LINE
+from autotuner.measurement.allocator import ENVIRONMENT
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc, on Linux")
 
@@ -65,9 +66,14 @@ def test_a_callers_own_tunables_are_kept() -> None:
     assert found["set"] is False and all(f < 100 for f in found["faults"]), found  # glibc read the caller's
 
 
-def test_the_launch_line_sets_the_same() -> None:
-    assert launch_prefix() == f"GLIBC_TUNABLES={ENVIRONMENT['GLIBC_TUNABLES']} "
-    assert "glibc.malloc.mmap_threshold=268435456" in launch_prefix()
+def test_the_exports_launch_line_gives_a_process_the_same_allocator() -> None:
+    """The export header's `NAME=value` set where a job is launched, nothing of autotuner imported:
+    glibc reads it at the process's start and keeps the block in the heap as the trials did."""
+    words = ALLOCATOR_LINE.split()
+    (assignment,) = [w for w in words if w.startswith("GLIBC_TUNABLES=")]
+    name, value = assignment.split("=", 1)
+    found = _run("", env={name: value})
+    assert all(f < 100 for f in found["faults"]), found
 
 
 def test_a_caller_who_names_any_malloc_tunable_keeps_glibcs_own_thresholds() -> None:
