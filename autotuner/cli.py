@@ -96,7 +96,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from autotuner.export.promise import EXIT_CODES, apply_config, print_applied
+    from autotuner.export.promise import EXIT_CODES, TOLERANCE, apply_config, print_applied
     from autotuner.export.reader import load_config
     from autotuner.spec.job import load_spec
 
@@ -109,7 +109,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         device=args.device,
         force=args.force,
         baseline=not args.no_baseline,
-        tolerance=args.tolerance,
+        tolerance=TOLERANCE if args.tolerance is None else args.tolerance,
         rounds=args.rounds,
         note=lambda text: print(f"autotuner: {text}", file=sys.stderr),
     )
@@ -338,9 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     apply.add_argument(
         "--tolerance",
         type=_positive_float,
-        default=0.10,
-        help="how far the speedup here may be from the export's, as a factor either way, for the promise to be kept "
-        "(default 0.10: within 1.10x). Exit code 0: kept; 1: not kept; 3: undecided after the rounds",
+        help="how far beyond the export's interval the speedup here may be, as a factor either way, for the promise "
+        "to be kept (default 0.10: between its low end / 1.10 and its high end x 1.10). "
+        "Exit code 0: kept; 1: not kept; 3: undecided after the rounds",
     )
     apply.add_argument(
         "--rounds",

@@ -480,7 +480,7 @@ APPLY_LINES = {
     ),
     "promise": re.compile(
         r"^promise: ([\d.]+)x(?:, 90% interval ([\d.]+)-([\d.]+)x)? here \((\d+) rounds? .*?"
-        r": (kept|not kept|undecided) \(here over the export"
+        r": (kept|not kept|undecided) \(here "
     ),
 }
 

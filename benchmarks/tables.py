@@ -446,9 +446,16 @@ def interval_procedure(data: dict[str, Any], source: str) -> list[str]:
             "",
             f"`autotuner apply`'s promise check, simulated ({data['draws_per_row']:,} checks a row): an export of "
             f"one config re-measured {data['remeasure_runs']} rounds, checked in up to as many rounds, stopping at "
-            "the first that decides (within +-10%); the true speedup here is the export's times the ratio. Each "
-            "cell: kept / not kept / undecided, the wrong verdict's share in bold (not kept where the ratio is "
-            "within the tolerance, kept where it is not).",
+            + (
+                f"the first that decides (kept within the export's interval widened by {checks[0]['tolerance']:.0%}); "
+                "the true speedup here is the export's times the ratio. Each cell: kept / not kept / undecided, the "
+                "wrong verdict's share in bold (not kept where the export's interval holds the speedup here, kept "
+                "where the widened interval does not)."
+                if "tolerance" in checks[0]
+                else "the first that decides (within +-10%); the true speedup here is the export's times the ratio. "
+                "Each cell: kept / not kept / undecided, the wrong verdict's share in bold (not kept where the ratio "
+                "is within the tolerance, kept where it is not)."
+            ),
             "",
             "| looks | ratio | " + " | ".join(f"sd {sigma:.3g}" for sigma in check_sigmas) + " |",
             "|---|---|" + "---|" * len(check_sigmas),
@@ -571,8 +578,9 @@ def promise_table(quickstart: dict[str, Any], source: str) -> list[str]:
         "beside it (the whole run's speedup), then its promise check: rounds of both configs measured as the "
         "study re-measured them"
         + (
-            f", until they decided the promise or at the cap: kept when the interval of apply's speedup over the "
-            f"export's lies within +-{apply['tolerance']:.0%}, not kept when wholly outside, else undecided: "
+            ", until they decided the promise or at the cap: "
+            + _verdict_rule(apply)
+            + ": "
             + ", ".join(f"{verdicts.count(v)} {v}" for v in ("kept", "not kept", "undecided") if verdicts.count(v))
             + f" of {len(verdicts)}."
             if (verdicts := apply.get("verdicts")) is not None
@@ -580,31 +588,51 @@ def promise_table(quickstart: dict[str, Any], source: str) -> list[str]:
             f"the export's holds 1: {apply['agreed']} of {len(apply['agree'])} agreed."
         ),
         "",
-        "| apply | speedup here, 90% interval (rounds) | here over the export, its interval | "
+        "| apply | speedup here, 90% interval (rounds) | "
+        + (
+            "judged: here at the look's level, against what was promised"
+            if "promised" in apply
+            else "here over the export, its interval"
+        )
+        + " | "
         + ("verdict" if verdicts is not None else "agrees")
         + " | whole run's speedup | throughput over the study's |",
         "|---|---|---|---|---|---|",
     ]
     said = verdicts if verdicts is not None else ["yes" if agree else "no" for agree in apply["agree"]]
-    for k, (interval, agreement, verdict, whole, ratio) in enumerate(
-        zip(
-            apply["intervals"],
-            apply["agreements"],
-            said,
-            apply["speedups_delivered"],
-            apply["ratios"],
-            strict=True,
-        ),
-        start=1,
-    ):
-        versus = (
-            f"{agreement['estimate']:.3f} ({agreement['low']:.3f}-{agreement['high']:.3f}, {agreement['level']:.1%})"
-            if agreement
+    judged = (
+        [
+            f"{checked['low']:.2f}-{checked['high']:.2f}x ({checked['level']:.1%}) "
+            f"in {promised[0]:.2f}-{promised[1]:.2f}x"
+            if checked and promised
             else "-"
-        )
+            for checked, promised in zip(apply["checked"], apply["promised"], strict=True)
+        ]
+        if "promised" in apply
+        else [
+            f"{a['estimate']:.3f} ({a['low']:.3f}-{a['high']:.3f}, {a['level']:.1%})" if a else "-"
+            for a in apply["agreements"]
+        ]
+    )
+    for k, (interval, versus, verdict, whole, ratio) in enumerate(
+        zip(apply["intervals"], judged, said, apply["speedups_delivered"], apply["ratios"], strict=True), start=1
+    ):
         shown = f"{verdict or '-'} | {times(whole)} | {ratio:.2f}"
         lines.append(f"| {k} | {_interval_text(interval)} | {versus} | {shown} |")
     return lines
+
+
+def _verdict_rule(apply: dict[str, Any]) -> str:
+    """How the applies' verdicts were reached: the rule of the tool that measured them."""
+    if "promised" in apply:
+        return (
+            f"kept when apply's interval lies within the export's widened by {apply['tolerance']:.0%} either way, "
+            "not kept when wholly outside it, else undecided"
+        )
+    return (
+        f"kept when the interval of apply's speedup over the export's lies within +-{apply['tolerance']:.0%}, "
+        "not kept when wholly outside, else undecided"
+    )
 
 
 def _half_width(interval: dict[str, Any]) -> float:

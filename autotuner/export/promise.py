@@ -5,8 +5,8 @@
 export's baseline beside it, measured as the study measures; then it measures the speedup the way
 the study's re-measurement did, in rounds of a fresh process of each beside the other, and states
 it with its interval (`autotuner.measurement.interval`); `print_applied` sets the throughput and
-the speedup it got next to the study's, says whether the two speedups agree (the interval of
-their ratio holds 1), and warns where they part.
+the speedup it got next to the study's, says whether the promise was kept (the interval here within
+the export's, widened by a tolerance: `judge`), and warns where they part.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from autotuner.measurement.interval import (
     Interval,
     geometric_mean,
     log_interval,
-    ratio_of,
     stated_interval,
 )
 from autotuner.measurement.rounds import ProcessCost, TimeBudget, windows_that_fit
@@ -56,8 +55,10 @@ PROMISE = 0.05
 """Without intervals to compare (an export whose re-measurement ran one round), the speedup
 `autotuner apply` delivers is within this of the export's (relative), or it warns."""
 TOLERANCE = 0.10
-"""`autotuner apply --tolerance`'s default: the promise is kept when the speedup here is within a
-factor of 1.10 of the export's, either way, at the interval's level (`judge`)."""
+"""`autotuner apply --tolerance`'s default: the promise is kept when the speedup here lies within
+the export's interval widened by 10% either way, at the check's level (`Promised`, `judge`): what
+an interval measured in one session cannot hold, a machine whose speed moved since (on a 2-core
+VM, two sessions half an hour apart saw one speedup 8.5% apart)."""
 
 
 class Verdict(str, Enum):
@@ -91,14 +92,40 @@ def look_level(rounds: int, most: int, level: float = LEVEL) -> float:
     return 1 - (EARLY_SHARE * error / early if rounds < most else (1 - EARLY_SHARE) * error)
 
 
-def judge(ratio: Interval, tolerance: float) -> Verdict:
-    """The promise's verdict from `ratio`, the interval of the speedup here over the export's: kept
-    when it lies within 1/(1 + tolerance) to 1 + tolerance, not kept when it lies wholly outside,
-    undecided otherwise (the rounds cannot yet tell)."""
-    low, high = 1 / (1 + tolerance), 1 + tolerance
-    if low <= ratio.low and ratio.high <= high:
+@dataclass(frozen=True)
+class Promised:
+    """The speedups the export's promise allows: its interval (its speedup alone where its
+    re-measurement ran one round) widened by `tolerance` either way, for what an interval cannot
+    hold (a machine that moved since)."""
+
+    low: float
+    high: float
+    tolerance: float
+
+    @classmethod
+    def of(cls, export: Interval | None, export_speedup: float | None, tolerance: float) -> Promised | None:
+        """None where the export states no speedup."""
+        if export is not None:
+            low, high = export.low, export.high
+        elif export_speedup:
+            low = high = export_speedup
+        else:
+            return None
+        return cls(low / (1 + tolerance), high * (1 + tolerance), tolerance)
+
+    def text(self) -> str:
+        return f"{self.low:.2f}-{self.high:.2f}x"
+
+
+def judge(here: Interval, promised: Promised) -> Verdict:
+    """The promise's verdict from `here`, the interval of the speedup the check measured: kept when
+    it lies within what was `promised`, not kept when it lies wholly outside, undecided otherwise
+    (the rounds cannot yet tell). Where the speedup here is within the export's interval, a "not
+    kept" needs `here` to miss it, and where it is beyond the tolerance, a "kept" does: either is
+    as rare as the check's level says."""
+    if promised.low <= here.low and here.high <= promised.high:
         return Verdict.KEPT
-    if ratio.high < low or ratio.low > high:
+    if here.high < promised.low or here.low > promised.high:
         return Verdict.NOT_KEPT
     return Verdict.UNDECIDED
 
@@ -109,48 +136,27 @@ def session_drift(export: Interval | None) -> float:
     return export.drift if export is not None else DRIFT
 
 
-def promise_interval(
-    rounds: Sequence[float], export: Interval | None, export_speedup: float | None, level: float = LEVEL
-) -> Interval | None:
-    """The speedup of `rounds` (the promise check's) over the export's, with its `level` interval
-    (`over_export`); None with fewer than two rounds. Both sides allow for their session's drift
-    (`stated_interval`): the export's was stated so, and the check's rounds are a session too, of
-    the same drift (`session_drift`)."""
-    here = stated_interval(rounds, drift=session_drift(export))
-    return over_export(here, export, export_speedup, level) if here is not None else None
-
-
-def over_export(
-    here: Interval, export: Interval | None, export_speedup: float | None, level: float = LEVEL
-) -> Interval | None:
-    """The `level` interval of the speedup `here` (a `LEVEL` interval on its own) over the
-    export's: their ratio's (`ratio_of`) where the export has an interval; with an export of one
-    round, `here`'s own at `level` over its `export_speedup`; None with nothing to compare."""
-    if export is not None:
-        return ratio_of(here, export, level)
-    if not export_speedup:
-        return None
-    spread = here.log_error * math.sqrt(here.rounds)
-    return log_interval(math.log(here.estimate / export_speedup), spread, here.rounds, level)
+def checked_interval(rounds: Sequence[float], export: Interval | None, level: float = LEVEL) -> Interval | None:
+    """The speedup of the promise check's `rounds` with its `level` interval, allowing for the
+    session's drift as the export's did (`stated_interval`, `session_drift`); None with fewer than
+    two rounds."""
+    return stated_interval(rounds, level, drift=session_drift(export))
 
 
 def rounds_to_decide(
-    rounds: Sequence[float], export: Interval | None, export_speedup: float | None, tolerance: float, most: int = 100
+    rounds: Sequence[float], export: Interval | None, promised: Promised, most: int = 100
 ) -> int | None:
     """About how many rounds would decide the promise, were they to go on as `rounds` went (their
-    geometric mean and log spread, the export's interval as it is): the fewest, up to `most`, whose
-    interval of here over the export `judge` would call kept or not kept; None if none would (the
-    export's own interval too wide, or the speedup here at the tolerance's edge)."""
+    geometric mean and log spread): the fewest, up to `most`, whose interval `judge` would call
+    kept or not kept at the check's last look; None if none would (the speedup here at the edge of
+    what was promised, within the session's drift)."""
     if len(rounds) < 2:
         return None
     logs = [math.log(r) for r in rounds]
     mean, spread = statistics.fmean(logs), statistics.stdev(logs)
     drift = session_drift(export)
     for n in range(len(rounds) + 1, most + 1):  # a check of n rounds at most, judged at its last look
-        ratio = over_export(log_interval(mean, spread, n, drift=drift), export, export_speedup, look_level(n, n))
-        if ratio is None:
-            return None
-        if judge(ratio, tolerance) is not Verdict.UNDECIDED:
+        if judge(log_interval(mean, spread, n, look_level(n, n), drift=drift), promised) is not Verdict.UNDECIDED:
             return n
     return None
 
@@ -287,23 +293,29 @@ class AppliedRun:
         return geometric_mean(self.rounds) if self.rounds else None
 
     @property
-    def promise(self) -> Interval | None:
-        """The speedup here over the export's, with its interval (`promise_interval`) at the level of
-        the look the check stopped at (`look_level`)."""
+    def checked(self) -> Interval | None:
+        """The speedup here with its interval at the level of the look the check stopped at
+        (`checked_interval`): what `judge` judged."""
         level = look_level(len(self.rounds), self.most_rounds)
-        return promise_interval(self.rounds, self.tuned.speedup_interval, self.tuned.speedup, level)
+        return checked_interval(self.rounds, self.tuned.speedup_interval, level)
+
+    @property
+    def promised(self) -> Promised | None:
+        """What the export promised, widened by the tolerance (`Promised`)."""
+        return Promised.of(self.tuned.speedup_interval, self.tuned.speedup, self.tolerance)
 
     @property
     def verdict(self) -> Verdict | None:
         """Whether the promise check kept the export's promise (`judge`); None where it did not run
         (no baseline here, fewer than two rounds, or an export without a speedup)."""
-        promise = self.promise
-        return None if promise is None else judge(promise, self.tolerance)
+        checked, promised = self.checked, self.promised
+        return None if checked is None or promised is None else judge(checked, promised)
 
     @property
     def rounds_to_decide(self) -> int | None:
         """About how many rounds an undecided check would need (`rounds_to_decide`)."""
-        return rounds_to_decide(self.rounds, self.tuned.speedup_interval, self.tuned.speedup, self.tolerance)
+        promised = self.promised
+        return None if promised is None else rounds_to_decide(self.rounds, self.tuned.speedup_interval, promised)
 
     @property
     def keeps_promise(self) -> bool | None:
@@ -373,10 +385,11 @@ def apply_config(
 
         most = check_rounds(job, rounds)
 
+        promised = Promised.of(tuned.speedup_interval, tuned.speedup, tolerance)
+
         def decided(speedups: list[float]) -> bool:
-            level = look_level(len(speedups), most)
-            promise = promise_interval(speedups, tuned.speedup_interval, tuned.speedup, level)
-            return promise is not None and judge(promise, tolerance) is not Verdict.UNDECIDED
+            here = checked_interval(speedups, tuned.speedup_interval, look_level(len(speedups), most))
+            return here is not None and promised is not None and judge(here, promised) is not Verdict.UNDECIDED
 
         checked, rounds_error = (
             promise_rounds(
@@ -621,19 +634,22 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
         text += f", {speedup_with_interval(tuned.speedup, there)} in the export"
         if there is None:
             text += " (no interval in the export)"
-        if (verdict := run.verdict) is not None and (checked := run.promise) is not None:
-            where = {Verdict.KEPT: "within", Verdict.NOT_KEPT: "outside"}.get(verdict, "not yet within or outside")
+        promised = run.promised
+        if (verdict := run.verdict) is not None and (checked := run.checked) is not None and promised is not None:
+            where = {Verdict.KEPT: "within", Verdict.NOT_KEPT: "wholly outside"}.get(
+                verdict, "not yet within or wholly outside"
+            )
             text += (
-                f": {verdict.value} (here over the export {speedup_with_interval(checked.estimate, checked)}, "
-                f"{where} +-{run.tolerance:.0%})"
+                f": {verdict.value} (here {speedup_with_interval(checked.estimate, checked)}, {where} the export's "
+                f"{'interval' if there is not None else 'speedup'} widened by {run.tolerance:.0%}, {promised.text()})"
             )
             if verdict is Verdict.UNDECIDED:
                 needed = run.rounds_to_decide
                 text += (
                     f"; about {needed} rounds would decide it (--rounds {needed})"
                     if needed is not None
-                    else "; no number of rounds here would decide it: the export's own interval is too wide "
-                    f"for +-{run.tolerance:.0%} (re-measure the study, or a wider --tolerance)"
+                    else "; no number of rounds here would decide it: the speedup here is at the edge of what the "
+                    "export promised, within the session's drift (a wider --tolerance, or re-measure the study)"
                 )
         print(text, file=out)
     if run.warned:
@@ -682,8 +698,9 @@ def print_applied(run: AppliedRun, out: IO[str] | None = None, err: IO[str] | No
     promise = run.promise_ratio
     if run.verdict is Verdict.NOT_KEPT and run.interval is not None:
         print(
-            f"autotuner: warning: the speedup here ({times(run.interval.estimate)}, {run.interval.text()}) is not "
-            f"the export's ({times(tuned.speedup)}) within +-{run.tolerance:.0%}: the machine may be busier or "
+            f"autotuner: warning: the speedup here ({times(run.interval.estimate)}, {run.interval.text()}) is "
+            f"outside the export's promise ({speedup_with_interval(tuned.speedup, tuned.speedup_interval)}) "
+            f"widened by {run.tolerance:.0%}: the machine may be busier or "
             "different now, or the job has changed",
             file=err,
         )

@@ -15,9 +15,7 @@ that is the geometric mean of the rounds' ratios and the t interval of its log, 
 for normal log-ratios and, unlike a bootstrap, does not understate the width with the few rounds
 a study can afford (at 3 rounds a percentile bootstrap's 90% interval covers about 65% of normal
 noise, in a simulation of 4,000 draws). Two
-rounds at least: one gives no interval. Whether two speedups measured that way agree (a study's
-and `autotuner apply`'s) is the interval of their ratio (`ratio_of`): their log-standard errors
-combined, Welch's degrees of freedom.
+rounds at least: one gives no interval.
 
 The winner of a re-measurement is the best of the configs within the noise of each other, and the
 best of several estimates is biased upwards: its interval is stated jointly with theirs
@@ -138,14 +136,6 @@ class Interval:
         """Half the interval's width relative to the estimate: 0.05 is "within about 5%"."""
         return (self.high - self.low) / (2 * self.estimate)
 
-    @property
-    def log_error(self) -> float:
-        """The standard error of the log estimate that a `level` t interval as wide as this one has:
-        the rounds' own for an interval on its own; for one stated jointly (`among` > 1) or with a
-        session's drift (`stated_interval`), larger by their share, so that what is compared with
-        it (`ratio_of`) carries the allowance for the choice of the winner and the drift too."""
-        return math.log(self.high / self.estimate) / t_quantile((1 + self.level) / 2, self.rounds - 1)
-
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
 
@@ -213,18 +203,3 @@ def log_interval(
         t_quantile(q, rounds - 1) * spread / math.sqrt(rounds), statistics.NormalDist().inv_cdf(q) * drift
     )
     return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), rounds, level, among, drift)
-
-
-def ratio_of(a: Interval, b: Interval, level: float = LEVEL) -> Interval:
-    """The interval of `a`'s estimate over `b`'s, the two measured independently: their log
-    standard errors combined (sqrt(se_a^2 + se_b^2)) and Welch-Satterthwaite's degrees of freedom.
-    `rounds` is the smaller of theirs. Contains 1 when the two speedups agree."""
-    ea, eb = a.log_error, b.log_error
-    error = math.hypot(ea, eb)
-    if error == 0:
-        df = float(min(a.rounds, b.rounds) - 1)
-    else:
-        df = error**4 / (ea**4 / (a.rounds - 1) + eb**4 / (b.rounds - 1))
-    mean = math.log(a.estimate / b.estimate)
-    half = t_quantile((1 + level) / 2, max(1.0, df)) * error
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), min(a.rounds, b.rounds), level)

@@ -73,6 +73,9 @@ def test_a_simulated_promise_check_decides_what_is_plain() -> None:
     bench = import_benchmark("interval_procedure")
     verdict = bench.Verdict
     for per_look in (False, True):
-        assert bench.check(random.Random(0), 0.001, 1.0, per_look) is verdict.KEPT
-        assert bench.check(random.Random(0), 0.001, 1.25, per_look) is verdict.NOT_KEPT
-    assert bench.check(random.Random(0), 0.3, 1.0, True) is verdict.UNDECIDED  # far too noisy to tell
+        assert bench.check(random.Random(0), 0.001, 1.0, per_look) == (verdict.KEPT, False)
+        assert bench.check(random.Random(0), 0.001, 1.25, per_look) == (verdict.NOT_KEPT, False)
+    # at a noisy machine's round noise, a wrong verdict stays as rare as the level says, either way
+    rng = random.Random(0)
+    for ratio in (1.0, 1.25):
+        assert sum(bench.check(rng, 0.1, ratio, True)[1] for _ in range(500)) <= 50

@@ -122,7 +122,7 @@ def assert_applied(done: subprocess.CompletedProcess[str]) -> None:
     or no promise checked; 1 not kept; 3 undecided): which verdict a busy test machine gives is
     the machine's, not the test's."""
     codes = {"kept": 0, "not kept": 1, "undecided": 3}
-    found = re.search(r"^promise: .*?: (kept|not kept|undecided) \(here over the export", done.stdout, re.MULTILINE)
+    found = re.search(r"^promise: .*?: (kept|not kept|undecided) \(here ", done.stdout, re.MULTILINE)
     expected = codes[found.group(1)] if found else 0
     assert done.returncode == expected, f"exit {done.returncode}, expected {expected}\n{done.stdout}{done.stderr}"
 
