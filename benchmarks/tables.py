@@ -583,6 +583,7 @@ def promise_table(quickstart: dict[str, Any], source: str) -> list[str]:
             + ": "
             + ", ".join(f"{verdicts.count(v)} {v}" for v in ("kept", "not kept", "undecided") if verdicts.count(v))
             + f" of {len(verdicts)}."
+            + _rejudged(apply)
             if (verdicts := apply.get("verdicts")) is not None
             else f", until its interval was +-5% or at the cap. They agree when the interval of apply's speedup over "
             f"the export's holds 1: {apply['agreed']} of {len(apply['agree'])} agreed."
@@ -620,6 +621,34 @@ def promise_table(quickstart: dict[str, Any], source: str) -> list[str]:
         shown = f"{verdict or '-'} | {times(whole)} | {ratio:.2f}"
         lines.append(f"| {k} | {_interval_text(interval)} | {versus} | {shown} |")
     return lines
+
+
+def _rejudged(apply: dict[str, Any]) -> str:
+    """For applies judged by the rule before (the interval of here over the export within the
+    tolerance): the verdicts today's rule (`judge` against `Promised`) gives their recorded rounds,
+    looking after each from the second as `autotuner apply` does."""
+    if "promised" in apply or not apply.get("export_interval") or not apply.get("rounds"):
+        return ""
+    from autotuner.export.promise import Promised, Verdict, checked_interval, judge, look_level
+    from autotuner.measurement.interval import Interval
+
+    export = Interval.from_dict(apply["export_interval"])
+    promised = Promised.of(export, apply["export_speedup"], apply["tolerance"])
+    assert promised is not None
+    verdicts = []
+    for rounds in apply["rounds"]:
+        verdict = Verdict.UNDECIDED
+        for n in range(2, len(rounds) + 1):
+            checked = checked_interval(rounds[:n], export, look_level(n, len(rounds)))
+            if checked is not None and (verdict := judge(checked, promised)) is not Verdict.UNDECIDED:
+                break
+        verdicts.append(verdict.value)
+    return (
+        f" Their recorded rounds judged by today's rule (kept when apply's interval lies within the export's "
+        f"widened by {apply['tolerance']:.0%} either way, {promised.text()}): "
+        + ", ".join(f"{verdicts.count(v)} {v}" for v in ("kept", "not kept", "undecided") if verdicts.count(v))
+        + "."
+    )
 
 
 def _verdict_rule(apply: dict[str, Any]) -> str:
