@@ -77,10 +77,9 @@ A backend has three parts:
 from __future__ import annotations
 
 import importlib.util
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob
 from autotuner.errors import BackendError, SpecError
@@ -131,9 +130,39 @@ class Capabilities:
         return {f.name: f.metadata["label"] for f in fields(cls) if f.name != "accelerator"}
 
 
-class Backend(ABC):
+C = TypeVar("C", bound=Capabilities)
+
+
+def _matters(knob: Knob, value: Any, capabilities: Any) -> str | None:
+    return None
+
+
+def _fits(config: Config, capabilities: Any) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Family(Generic[C]):
+    """A knob, or knobs that act together, with the rules that decide where they can run: the one
+    place a knob's backend-side meaning lives (a module of its backend's `knobs` package). A
+    backend's `irrelevant` and `unsupported_reason` are loops over its `Backend.families`."""
+
+    knobs: tuple[Knob, ...]
+    irrelevant: Callable[[Knob, Any, C], str | None] = _matters
+    """Why a value of one of its knobs (never the reference value) cannot matter on a device with
+    these capabilities, whatever the rest of the config (`Backend.irrelevant`), or None."""
+    conflict: Callable[[Config, C], str | None] = _fits
+    """Why a config's values of its knobs cannot run with the rest of the config on these
+    capabilities (`Backend.unsupported_reason`), or None."""
+
+    def restricted(self, name: str, *choices: Any) -> Family[C]:
+        """This family with its knob `name` taking only `choices` (`Knob.restricted`)."""
+        return replace(self, knobs=tuple(k.restricted(*choices) if k.name == name else k for k in self.knobs))
+
+
+class Backend:
     """The engine-side half of a backend: knobs, built-ins, presets and what the hardware can honour.
-    A subclass sets the class attributes below and implements `unsupported_reason`."""
+    A subclass sets the class attributes below; its knobs' rules are its `families`."""
 
     name: str
     runner: str
@@ -148,6 +177,9 @@ class Backend(ABC):
     first; empty: a trial is one process."""
     builtin_workloads: Mapping[str, str]
     """`builtin:<name>` -> `package.module:function`."""
+    families: tuple[Family[Any], ...] = ()
+    """Its knobs' rules (`Family`), in the order `unsupported_reason` asks them; a knob in none
+    (the micro-batch, the loader's workers) can run wherever the backend does."""
     default_space: str
     """Name of the search-space preset used when the spec names none (one of `presets()`)."""
     requires: tuple[str, ...] = ()
@@ -200,17 +232,38 @@ class Backend(ABC):
             return None
         return f"the {self.name} backend needs {' and '.join(missing)}, not installed here: {self.install}"
 
-    @abstractmethod
     def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
-        """Why the hardware cannot honour `config` (it is then recorded, never run), or None.
-        Start with `unsupported_precision`."""
+        """Why the hardware cannot honour `config` (it is then recorded, never run), or None: its
+        precision (`unsupported_precision`), then each knob's value (`irrelevant`), then each
+        family's `Family.conflict` with the rest of the config."""
+        reason = self.unsupported_precision(config.get(PRECISION.name, "fp32"), capabilities)
+        if reason:
+            return reason
+        for knob, value in config.items():
+            if reason := self.irrelevant(knob, value, capabilities):
+                return reason
+        caps = self._capabilities(capabilities)
+        for family in self.families:
+            if reason := family.conflict(config, caps):
+                return reason
+        return None
 
     def irrelevant(self, knob: str, value: Any, capabilities: Capabilities) -> str | None:
         """Why `value` of `knob` cannot matter on a device with `capabilities`, whatever the rest of
-        the config (pinned memory without a GPU, say), or None. Such values are dropped from the
-        space before the first trial (`autotuner.spec.job.Job.narrow`); a backend's `unsupported_reason`
-        refuses them too, for configs that arrive otherwise (an exported config applied elsewhere)."""
-        return None
+        the config (pinned memory without a GPU, say), or None: its family's `Family.irrelevant`;
+        never for a knob's reference value. Such values are dropped from the space before the
+        first trial (`autotuner.spec.job.Job.narrow`); `unsupported_reason` refuses them too, for
+        configs that arrive otherwise (an exported config applied elsewhere)."""
+        definition = self.knobs.get(knob)
+        if definition is None or value == definition.reference:
+            return None
+        family = next((f for f in self.families if definition.name in {k.name for k in f.knobs}), None)
+        return None if family is None else family.irrelevant(definition, value, self._capabilities(capabilities))
+
+    def _capabilities(self, capabilities: Capabilities) -> Capabilities:
+        """`capabilities` as this backend's `capabilities_type`: a plain `Capabilities` (no probe of
+        this backend's) has none of the backend's own."""
+        return capabilities if isinstance(capabilities, self.capabilities_type) else self.capabilities_type()
 
     def presets(self) -> list[str]:
         """The search-space presets a spec may name: by default the YAML files of

@@ -6,6 +6,9 @@ A page asks for a generated part with a line of its own, `<!-- generate: NAME --
   defaults and bounds from the fields, the text from each field's attribute docstring);
 * `presets`: the search-space presets, read from `search_spaces/*.yaml`;
 * `cli`: `autotuner --help` and each subcommand's help, from the argparse parser the command uses;
+* `knobs-pytorch`, `knobs-pytorch-parallel`, `knobs-pytorch-inference`, `knobs-jax`,
+  `knobs-jax-inference`: a backend's knob table, from its knobs (their values, `description` and
+  `not_run_when`: `autotuner.config.knobs.knob_rows`);
 * `benchmarks`: the Results tables of `benchmarks/README.md`, which `benchmarks/tables.py` writes
   from `benchmarks/results/`.
 
@@ -21,6 +24,7 @@ import inspect
 import re
 import textwrap
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -28,7 +32,7 @@ import yaml
 from mkdocs.exceptions import PluginError
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = re.compile(r"^<!-- generate: ([a-z]+) -->$", re.M)
+MARKER = re.compile(r"^<!-- generate: ([a-z-]+) -->$", re.M)
 RESULTS = re.compile(r"^<!-- results:.*?-->\n(.*?)^<!-- results end -->", re.M | re.S)
 
 
@@ -181,4 +185,32 @@ def benchmark_tables() -> str:
     return match.group(1).strip()
 
 
-GENERATORS = {"spec": spec_reference, "presets": presets, "cli": cli_reference, "benchmarks": benchmark_tables}
+# ------------------------------------------------------------------ the knobs
+
+
+def knob_tables() -> dict[str, Callable[[], str]]:
+    """Each knob table a guide shows, by its marker's name."""
+    from autotuner.backends.jax import JAX
+    from autotuner.backends.jax.inference import JAX_INFERENCE
+    from autotuner.backends.pytorch import PARALLEL_KNOBS, PYTORCH
+    from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
+    from autotuner.config.knobs import knob_rows
+
+    parallel = {knob.name for knobs in PARALLEL_KNOBS.values() for knob in knobs}
+    tables = {
+        "knobs-pytorch": [k for k in PYTORCH.knobs.values() if k.name not in parallel],
+        "knobs-pytorch-parallel": [k for k in PYTORCH.knobs.values() if k.name in parallel],
+        "knobs-pytorch-inference": list(PYTORCH_INFERENCE.knobs.values()),
+        "knobs-jax": list(JAX.knobs.values()),
+        "knobs-jax-inference": list(JAX_INFERENCE.knobs.values()),
+    }
+    return {name: functools.partial(lambda knobs: "\n".join(knob_rows(knobs)), knobs) for name, knobs in tables.items()}
+
+
+GENERATORS = {
+    "spec": spec_reference,
+    "presets": presets,
+    "cli": cli_reference,
+    "benchmarks": benchmark_tables,
+    **knob_tables(),
+}

@@ -38,6 +38,7 @@ ASCENDING: Literal["ascending"] = "ascending"
 class Knob:
     name: str
     description: str
+    """What it does, as the knob tables in the documentation say it (`knob_rows`)."""
     choices: tuple[Any, ...] | None
     """The values the knob can take; None for a positive integer."""
     reference: Any
@@ -57,6 +58,9 @@ class Knob:
     """Left out of a config's one-line form (`format_config`) at its reference value: the knobs
     that are at it in most configs (memory format, attention backend, ...), so a line names what
     a config changes."""
+    not_run_when: str = ""
+    """When a value of it is left out of the search or recorded unsupported, in words, as the knob
+    tables say it (its family's rules, `autotuner.backends._base.Family`, decide it)."""
     memory_order: tuple[Any, ...] | Literal["ascending"] | None = None
     """How the knob's values rank by the memory a training step needs, the rest of the config
     equal: its values from least memory to most; `ASCENDING` for an integer knob whose larger
@@ -102,6 +106,15 @@ class Knob:
             return f"{shown(value)} is not allowed; choose between {', '.join(map(str, self.choices))}{quote}"
         return None
 
+    def values_text(self) -> str:
+        """Its values as the knob tables write them: `` `fp32`, `bf16` ``, `` `false`, `true` ``
+        (YAML's spelling), `"on"` where YAML would read the bare word as a boolean, or the integers
+        it takes."""
+        if self.choices is None:
+            upper = f" to {self.maximum}" if self.maximum is not None else ""
+            return f"integers from {self.minimum}{upper}"
+        return ", ".join(_yaml_text(choice) for choice in self.choices)
+
     def restricted(self, *choices: Any) -> Knob:
         """This knob with only `choices` (a backend that honours fewer values than the table)."""
         unknown = [c for c in choices if self.choices is None or c not in self.choices]
@@ -118,14 +131,22 @@ class Knob:
 
 PRECISION = Knob(
     "precision",
-    "fp32; tf32 matmuls; bf16 or fp16 autocast (fp16 with a gradient scaler)",
+    "the compute precision: strict fp32, TF32 matmuls, or bf16 or fp16 compute (each backend says how)",
     ("fp32", "tf32", "bf16", "fp16"),
     "fp32",
     recommended=("bf16", "fp16", "tf32"),
+    not_run_when="the device has no such math (tf32: an NVIDIA GPU of compute capability 8.0 or newer)",
 )
-BATCH_SIZE = Knob("batch_size", "micro-batch per forward/backward", None, None, memory_order=ASCENDING)
+BATCH_SIZE = Knob(
+    "batch_size",
+    "the micro-batch, a divisor of `global_batch`: `accumulation = global_batch / batch_size` micro-steps, their "
+    "gradients summed, per optimizer step",
+    None,
+    None,
+    memory_order=ASCENDING,
+)
 ACCUMULATION = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
-WORKERS = Knob("workers", "data-loader worker processes", None, 0, minimum=0, maximum=1024, compiled=False)
+WORKERS = Knob("workers", "the data loader's worker processes", None, 0, minimum=0, maximum=1024, compiled=False)
 CALLS = Knob("accumulation", "calls a measured step serves its global batch in (derived)", None, 1)
 """`task: inference`'s `accumulation`: a served step is `global_batch` samples in calls of `batch_size`."""
 COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
@@ -133,6 +154,28 @@ COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
 has (torch.compile's mode, XLA jit) is defined by its backend (`Backend.knobs`)."""
 
 DERIVED = ("accumulation",)
+
+
+YAML_BOOLEANS = frozenset({"on", "off", "yes", "no", "y", "n", "true", "false"})
+"""Words YAML 1.1 reads as booleans when they stand bare: a knob value spelled so is quoted."""
+
+
+def _yaml_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str) and value.lower() in YAML_BOOLEANS:
+        return f'`"{value}"`'
+    return f"`{value}`"
+
+
+def knob_rows(knobs: Sequence[Knob]) -> list[str]:
+    """The Markdown table of `knobs` the guides show (generated from the knobs themselves): each
+    knob's values, what it does and when it is not run; the derived `accumulation` left out."""
+    lines = ["| knob | values | what it does | not run when |", "|---|---|---|---|"]
+    for knob in knobs:
+        if knob.name not in DERIVED:
+            lines.append(f"| `{knob.name}` | {knob.values_text()} | {knob.description} | {knob.not_run_when} |")
+    return lines
 
 
 def knob_table(*knobs: Knob) -> dict[str, Knob]:

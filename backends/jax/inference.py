@@ -12,19 +12,20 @@ the next batches ahead of the call.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
 
-from autotuner.backends._base import Backend, Capabilities
+from autotuner.backends._base import Backend
 from autotuner.backends.jax import JIT, JaxCapabilities
-from autotuner.config.knobs import BATCH_SIZE, CALLS, PRECISION, Config, Knob, knob_table
+from autotuner.backends.jax.knobs import SERVING
+from autotuner.config.knobs import BATCH_SIZE, CALLS, Config, Knob, knob_table
 
 INFERENCE_PRECISION = Knob(
     "precision",
-    "fp32; tf32 matmuls; bf16 or fp16: the weights cast once and the inputs' floats at each call, the outputs "
-    "returned in fp32",
+    "TF32 matmuls; or bf16/fp16: the weights cast once, the inputs' floats at each call, the outputs returned in fp32",
     ("fp32", "tf32", "bf16", "fp16"),
     "fp32",
     recommended=("bf16", "tf32"),
+    not_run_when="the device has no such math (tf32 and fp16 on a CPU)",
 )
 SERVING_WORKERS = Knob(
     "workers",
@@ -35,7 +36,13 @@ SERVING_WORKERS = Knob(
     maximum=64,
     compiled=False,
 )
-JAX_INFERENCE_KNOBS = (INFERENCE_PRECISION, BATCH_SIZE, CALLS, SERVING_WORKERS, JIT)
+JAX_INFERENCE_KNOBS = (
+    INFERENCE_PRECISION,
+    replace(BATCH_SIZE, description="samples a call, a divisor of `global_batch`"),
+    CALLS,
+    SERVING_WORKERS,
+    replace(JIT, description="XLA jit of the cast, the forward pass and the cast back"),
+)
 
 
 class JaxInference(Backend):
@@ -43,6 +50,7 @@ class JaxInference(Backend):
     runner = "autotuner.backends.jax.inference_runner"
     knobs = knob_table(*JAX_INFERENCE_KNOBS)
     capabilities_type = JaxCapabilities
+    families = SERVING
     builtin_workloads = {
         "mlp": "autotuner.backends.jax.inference_builtin:mlp",
         "gpt": "autotuner.backends.jax.inference_builtin:gpt",
@@ -51,24 +59,10 @@ class JaxInference(Backend):
     requires = ("jax",)
     install = "pip install 'autotuner[jax]'"
 
-    def irrelevant(self, knob: str, value: Any, capabilities: Capabilities) -> str | None:
-        if knob == JIT.name and value != JIT.reference and not getattr(capabilities, "jit", False):
-            return "jit=on: XLA cannot compile a function here"
-        return None
-
     def reference_overrides(self) -> Config:
         """The fp32 reference is served jitted: under strict fp32 matmuls a jitted forward pass is
         strict fp32 too, and op by op every primitive compiles on its own."""
         return {JIT.name: "on"}
-
-    def unsupported_reason(self, config: Config, capabilities: Capabilities) -> str | None:
-        reason = self.unsupported_precision(config.get(PRECISION.name, "fp32"), capabilities)
-        if reason:
-            return reason
-        for knob, value in config.items():
-            if reason := self.irrelevant(knob, value, capabilities):
-                return reason
-        return None
 
 
 JAX_INFERENCE = JaxInference()

@@ -1,0 +1,45 @@
+"""What the PyTorch backend's probe reports: the device's capabilities, the torch build's and the
+workload's (`autotuner.backends.pytorch.probe`), which its knobs' families decide by
+(`autotuner.backends.pytorch.knobs`). Imports no framework."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotuner.backends._base import Capabilities, capability
+
+
+@dataclass(frozen=True)
+class TorchCapabilities(Capabilities):
+    compile: bool = capability("torch.compile")
+    """torch.compile can build kernels here (a working inductor backend)."""
+    cuda_graphs: bool = capability("CUDA graphs")
+    cudnn: bool = capability("cuDNN")
+    """A GPU with cuDNN: `cudnn_benchmark` can matter."""
+    sdpa_flash: bool = capability("flash attention")
+    sdpa_efficient: bool = capability("memory-efficient attention")
+    sdpa_cudnn: bool = capability("cuDNN attention")
+    # What the probe found of the workload (`autotuner.backends.pytorch.probe.workload_capabilities`).
+    convolutions: bool = capability("workload: 2-D convolutions")
+    sdpa: bool = capability("workload: scaled_dot_product_attention")
+    hf_attention: bool = capability("workload: Hugging Face attention implementations")
+    checkpoint_blocks: bool = capability("workload: repeated blocks to checkpoint")
+    foreach_optimizer: bool = capability("workload: optimizer takes foreach")
+    fused_optimizer: bool = capability("workload: optimizer takes fused here")
+    # How the job's ranks train together (the spec's `parallel`), where this torch build has it.
+    ddp: bool = capability("DistributedDataParallel")
+    fsdp: bool = capability("FSDP2")
+
+
+@dataclass(frozen=True)
+class InferenceCapabilities(TorchCapabilities):
+    """`task: inference`'s: the optional libraries and kernels serving can use."""
+
+    torchao: bool = capability("torchao (quantization)")
+    fp8: bool = capability("fp8 matmuls")
+    sparse24: bool = capability("2:4 sparse matmuls")
+    sparse24_layers: bool = capability("workload: linear layers the 2:4 kernels take")
+    onnxruntime: bool = capability("ONNX Runtime")
+    ort_cpu: bool = capability("ONNX Runtime: CPU provider")
+    ort_cuda: bool = capability("ONNX Runtime: CUDA provider")
+    ort_tensorrt: bool = capability("ONNX Runtime: TensorRT provider")

@@ -1,0 +1,73 @@
+"""The PyTorch backend's knobs, one family a module: each module holds its knobs' definitions
+and the rules that decide where they can run (`autotuner.backends._base.Family`: when a value
+cannot matter on a device, when it conflicts with the rest of a config). The backends' knob
+tables and `families` are assembled here; what a config does to a model is
+`autotuner.backends.pytorch.apply.TunedTraining` and, served,
+`autotuner.backends.pytorch.serving.TunedInference`. Imports no framework.
+
+Adding a knob: a module here with its `Knob` and its `FAMILY`, the family in `TRAINING` (or
+`SERVING`) where its rules are asked, the knob in the presets that should search it
+(`search_spaces/`), and what it does in `TunedTraining`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autotuner.backends.pytorch.knobs import (
+    attention,
+    checkpointing,
+    compile,
+    cudnn,
+    ddp,
+    fsdp,
+    loader,
+    memory_format,
+    optimizer,
+    quantization,
+    runtime,
+    sparsity,
+    threads,
+)
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS
+
+LOADER_WORKERS = replace(WORKERS, description="DataLoader `num_workers`, persistent workers")
+COMMON = (
+    replace(
+        PRECISION,
+        description="tf32: TF32 matmuls and convolutions; bf16/fp16: autocast, fp16 with a GradScaler; fp32: "
+        "strict fp32",
+    ),
+    BATCH_SIZE,
+    ACCUMULATION,
+    LOADER_WORKERS,
+)
+"""The knobs every backend has, as PyTorch's training does them."""
+
+TRAINING = (
+    compile.FAMILY,
+    memory_format.FAMILY,
+    optimizer.FAMILY,
+    checkpointing.FAMILY,
+    attention.FAMILY,
+    loader.FAMILY,
+    cudnn.FAMILY,
+    ddp.FAMILY,
+    fsdp.FAMILY,
+)
+"""The training knobs' families (beside the common knobs), in the knob table's order."""
+TRAINING_KNOBS = (*COMMON, *(knob for family in TRAINING for knob in family.knobs))
+"""The PyTorch backend's knob table, in order."""
+PARALLEL = {"ddp": ddp.DDP_KNOBS, "fsdp": fsdp.FSDP_KNOBS}
+"""The knobs of each way a job's ranks train together (the spec's `parallel`)."""
+SERVING = (
+    runtime.FAMILY,
+    attention.FAMILY.restricted(attention.ATTENTION.name, "default", "flash", "efficient", "cudnn", "math"),
+    sparsity.FAMILY,
+    quantization.FAMILY,
+    compile.FAMILY,
+    threads.FAMILY,
+    memory_format.FAMILY,
+)
+"""`task: inference`'s families, in the order their conflicts are asked (the runtime's first: on
+ONNX Runtime, PyTorch's own knobs are what conflicts)."""

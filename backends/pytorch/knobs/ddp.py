@@ -1,0 +1,63 @@
+"""The knobs of `parallel: ddp`: DistributedDataParallel's own arguments and its communication hook."""
+
+from __future__ import annotations
+
+from autotuner.backends._base import Family
+from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.config.knobs import ACCUMULATION, Config, Knob
+
+BUCKET_CAP_MB = Knob(
+    "bucket_cap_mb",
+    "DDP: megabytes of gradients all-reduced together; larger buckets, fewer and later all-reduces (default 25)",
+    None,
+    25,
+    not_run_when="not `parallel: ddp`",
+    maximum=4096,
+    quiet=True,
+)
+BUCKET_VIEW = Knob(
+    "bucket_view",
+    "DDP `gradient_as_bucket_view`: gradients are views into the buckets (no copy, less memory)",
+    (False, True),
+    False,
+    not_run_when="not `parallel: ddp`",
+    memory_order=(True, False),
+    quiet=True,
+)
+STATIC_GRAPH = Knob(
+    "static_graph",
+    "DDP `static_graph`: the same parameters get gradients every step",
+    (False, True),
+    False,
+    not_run_when="not `parallel: ddp`; with accumulation (DDP's static graph fails under `no_sync`)",
+    quiet=True,
+)
+COMM_HOOK = Knob(
+    "comm_hook",
+    "DDP gradient communication: as computed, compressed to fp16 or bf16 (torch's default hooks), or PowerSGD "
+    "(rank 1, error feedback, warm start, compressing from step 2, not after PowerSGD's default 1,000 vanilla "
+    "steps: a config is judged as it trains)",
+    ("none", "fp16", "bf16", "powersgd"),
+    "none",
+    not_run_when="not `parallel: ddp`; bf16 without a GPU (torch's bf16 hook needs CUDA and NCCL)",
+    quiet=True,
+)
+DDP_KNOBS = (BUCKET_CAP_MB, BUCKET_VIEW, STATIC_GRAPH, COMM_HOOK)
+
+
+def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None:
+    if not caps.ddp:
+        return f"{knob.name}={value}: a knob of parallel: ddp (a trial of several processes)"
+    if knob.name == COMM_HOOK.name and value == "bf16" and not (caps.accelerator and caps.bf16):
+        return "comm_hook=bf16: torch's bf16 compression hook needs a GPU with bf16 (CUDA and NCCL)"
+    return None
+
+
+def conflict(config: Config, caps: TorchCapabilities) -> str | None:
+    if config.get(STATIC_GRAPH.name) and config.get(ACCUMULATION.name, 1) > 1:
+        # the reducer asserts in the first no_sync backward, and past that stops reducing
+        return "static_graph=True with accumulation: DDP's static graph fails under no_sync (pytorch/pytorch#143580)"
+    return None
+
+
+FAMILY = Family[TorchCapabilities](DDP_KNOBS, irrelevant, conflict)
