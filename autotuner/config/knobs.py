@@ -40,13 +40,16 @@ class Knob:
     description: str
     """What it does, as the knob tables in the documentation say it (`knob_rows`)."""
     choices: tuple[Any, ...] | None
-    """The values the knob can take; None for a positive integer."""
+    """The values the knob can take; None for a number (an integer unless `real`) between
+    `minimum` and `maximum`."""
     reference: Any
     """The numerically strictest value, used by the fp32 reference and the default baseline."""
-    minimum: int = 1
-    """For integer knobs: the smallest allowed value."""
-    maximum: int | None = None
-    """For integer knobs: the largest allowed value, if any."""
+    minimum: float = 1
+    """For number knobs: the smallest allowed value."""
+    maximum: float | None = None
+    """For number knobs: the largest allowed value, if any."""
+    real: bool = False
+    """A number knob (`choices` None) of real values, not only integers: a share, a budget."""
     recommended: tuple[Any, ...] = ()
     """Values the optimisation guides recommend, most recommended first: the guided start tries
     them before the knob's other values (`autotuner.proposals.sampler.rule_of_thumb`)."""
@@ -63,7 +66,7 @@ class Knob:
     tables say it (its family's rules, `autotuner.backends._base.Family`, decide it)."""
     memory_order: tuple[Any, ...] | Literal["ascending"] | None = None
     """How the knob's values rank by the memory a training step needs, the rest of the config
-    equal: its values from least memory to most; `ASCENDING` for an integer knob whose larger
+    equal: its values from least memory to most; `ASCENDING` for a number knob whose larger
     values need more; None when its values do not rank (each needs a run of its own to know).
     A value left out of the tuple ranks with none but itself, so an order may leave out the
     values it cannot place. An out-of-memory trial rules out every config that needs at least as
@@ -75,7 +78,7 @@ class Knob:
             if unknown:
                 raise ValueError(f"{self.name}'s memory_order has values it has not: {', '.join(map(str, unknown))}")
         if self.memory_order == ASCENDING and self.choices is not None:
-            raise ValueError(f"{self.name}: memory_order {ASCENDING!r} is for integer knobs")
+            raise ValueError(f"{self.name}: memory_order {ASCENDING!r} is for number knobs (integers or reals)")
         if self.quiet:
             QUIET[self.name] = self.reference
 
@@ -93,12 +96,13 @@ class Knob:
     def check(self, value: Any) -> str | None:
         """Return why `value` is not allowed for this knob, or None when it is."""
         if self.choices is None:
-            if isinstance(value, bool) or not isinstance(value, int):
-                return f"must be an integer >= {self.minimum}, got {shown(value)}"
+            kinds, what = ((int, float), "a number") if self.real else ((int,), "an integer")
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                return f"must be {what} >= {self.minimum:g}, got {shown(value)}"
             if value < self.minimum:
-                return f"must be an integer >= {self.minimum}, got {shown(value)}"
+                return f"must be {what} >= {self.minimum:g}, got {shown(value)}"
             if self.maximum is not None and value > self.maximum:
-                return f"must be an integer <= {self.maximum}, got {shown(value)}"
+                return f"must be {what} <= {self.maximum:g}, got {shown(value)}"
             return None
         if value not in self.choices or isinstance(value, bool) != any(isinstance(a, bool) for a in self.choices):
             # YAML 1.1 reads a bare on/off/yes/no as a boolean: say so where the knob's values are words.
@@ -111,8 +115,8 @@ class Knob:
         (YAML's spelling), `"on"` where YAML would read the bare word as a boolean, or the integers
         it takes."""
         if self.choices is None:
-            upper = f" to {self.maximum}" if self.maximum is not None else ""
-            return f"integers from {self.minimum}{upper}"
+            upper = f" to {self.maximum:g}" if self.maximum is not None else ""
+            return f"{'numbers' if self.real else 'integers'} from {self.minimum:g}{upper}"
         return ", ".join(_yaml_text(choice) for choice in self.choices)
 
     def restricted(self, *choices: Any) -> Knob:

@@ -144,36 +144,6 @@ TF32_CODE = (
 )
 """What TF32 is in PyTorch (process-wide flags), for trainers without a TF32 argument."""
 
-CUDNN_BENCHMARK_CODE = "torch.backends.cudnn.benchmark = True  # cudnn_benchmark: cuDNN times its convolutions"
-CHANNELS_LAST_CODE = (
-    "model = model.to(memory_format=torch.channels_last)  "
-    "# memory_format=channels_last; inputs follow at the first conv"
-)
-"""The model's layout. The study converted 4-D float batches as well (`to_device`); a convolution
-with channels_last weights returns channels_last outputs from a contiguous input, so the layout
-holds from the first convolution on without touching the user's batches."""
-SDPA_FLAGS = {
-    "flash": "enable_flash_sdp",
-    "efficient": "enable_mem_efficient_sdp",
-    "math": "enable_math_sdp",
-    "cudnn": "enable_cudnn_sdp",
-}
-"""`attention` backend -> the `torch.backends.cuda` function that turns its kernel on or off."""
-
-
-def sdpa_code(attention: str) -> list[str]:
-    """Lines leaving `attention` the only scaled-dot-product-attention kernel, for the whole process:
-    the flags `torch.nn.attention.sdpa_kernel` with that one backend sets around each of the study's
-    forwards (CPU kernels obey them too); nothing for `default` and `eager`."""
-    if attention not in SDPA_FLAGS:
-        return []
-    return [
-        f"torch.backends.cuda.{flag}({name == attention})"
-        + (f"  # attention={attention}: the only SDPA kernel left on" if name == attention else "")
-        for name, flag in SDPA_FLAGS.items()
-    ]
-
-
 TUNED_IMPORT = "from autotuner.backends.pytorch.apply import "
 """How a setup line imports a function `TunedTraining` applies a config with (public API)."""
 
@@ -194,14 +164,16 @@ def split_imports(setup: list[str]) -> tuple[list[str], list[str]]:
 
 def common_setup(params: Mapping[str, Any], *, held: Collection[str] = ()) -> list[str]:
     """The setup lines of every format for the knobs its arguments do not hold (`held` names those
-    they do), in the order `TunedTraining` applies them: TF32, cuDNN's benchmark mode and the SDPA
-    kernel (process-wide flags), then the model's channels_last layout."""
+    they do): TF32 (process-wide flags), then each knob family's own lines
+    (`autotuner.backends.pytorch.knobs._family.TorchFamily.setup`: cuDNN's benchmark mode, the
+    model's channels_last layout, the SDPA kernel, torch.compile's memory budget, ...) in the order
+    `TunedTraining` applies them."""
+    from autotuner.backends.pytorch.knobs import APPLY
+
     lines = list(TF32_CODE) if params[PRECISION.name] == "tf32" and PRECISION.name not in held else []
-    if params["cudnn_benchmark"] and "cudnn_benchmark" not in held:
-        lines.append(CUDNN_BENCHMARK_CODE)
-    lines += sdpa_code(params["attention"])
-    if params["memory_format"] == "channels_last":
-        lines.append(CHANNELS_LAST_CODE)
+    for family in APPLY:
+        if not any(knob.name in held for knob in family.knobs):
+            lines += family.setup(params)
     return lines
 
 

@@ -38,10 +38,10 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autotuner.backends.pytorch import COMPILE, PREFETCH_FACTOR
+from autotuner.backends.pytorch.knobs.attention import SDPA_FLAGS
 from autotuner.config.knobs import BATCH_SIZE, PRECISION
 from autotuner.integrations import (
     HOOK_TYPES,
-    SDPA_FLAGS,
     accumulation_per_process,
     assignment,
     call,

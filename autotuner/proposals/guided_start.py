@@ -109,7 +109,8 @@ def preferred(name: str, values: Sequence[Any]) -> list[Any]:
 def rule_of_thumb(space: dict[str, list[Any]], unsupported: Unsupported | None = None) -> Params:
     """The config the optimisation guides recommend, within `space` and what the device supports:
     the largest batch, the middle worker count (any integer knob but the batch: the middle of its
-    sorted values, the upper one of two), and for a categorical knob the first value of
+    sorted values, the upper one of two; a real-valued knob, a budget, stays at its reference), and
+    for a categorical knob the first value of
     `recommended` the device supports (bf16, else fp16, else tf32; compile and jit on), else
     its reference (or first) value."""
     config: Params = {}
@@ -118,7 +119,8 @@ def rule_of_thumb(space: dict[str, list[Any]], unsupported: Unsupported | None =
         reference = knob.reference if knob is not None else None
         config[name] = reference if reference in values else values[0]
     for name, values in space.items():
-        if is_ordered(values):
+        knob = knob_named(name)
+        if is_ordered(values) and not (knob is not None and knob.real):  # a real knob: its reference, as above
             ordered = sorted(values)
             config[name] = ordered[-1] if name == BATCH_SIZE.name else ordered[len(ordered) // 2]
             continue

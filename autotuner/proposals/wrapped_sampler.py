@@ -28,8 +28,8 @@ from autotuner.study.optuna_adapter import StudyView, study_id, study_storage, t
 
 
 def is_ordered(values: Sequence[Any]) -> bool:
-    """An integer knob (batch size, workers): its values have an order the samplers should see."""
-    return bool(values) and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    """A number knob (batch size, workers, a budget): its values have an order the samplers should see."""
+    return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 class SpaceEncoding:

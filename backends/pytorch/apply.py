@@ -20,7 +20,9 @@ the study's workload used: `TunedTraining(config, model, optimizer, dataset, col
 then `loss = tuned.model(**tuned.to_device(batch)).loss` under `tuned.autocast()`.
 
 Precision is decided once, in the constructor (TF32 flags, an autocast context or a null one, a
-GradScaler enabled only for fp16); the step itself has no branches on the config. Importing this
+GradScaler enabled only for fp16); what every other knob does is its family's `apply`
+(`autotuner.backends.pytorch.knobs`), called once, in `APPLY`'s order, on the run as it is
+built; the step itself has no branches on the config. Importing this
 module does not initialise CUDA (the fork server preloads it with the runner).
 
 `torch.compile` modes that capture CUDA graphs (`reduce-overhead`, `max-autotune` on a GPU)
@@ -33,37 +35,31 @@ each micro-batch's gradients are added into them, and every forward starts a new
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
-import inspect
 import multiprocessing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from autotuner.backends._base import ExportedConfig, TunedLoop
-from autotuner.backends.pytorch import COMPILE, PREFETCH_FACTOR, PYTORCH
-from autotuner.trials.outcomes import Unsupported
+from autotuner.backends.pytorch import PREFETCH_FACTOR, PYTORCH
+from autotuner.backends.pytorch.knobs import APPLY
+from autotuner.backends.pytorch.knobs._family import Build
+from autotuner.backends.pytorch.knobs.attention import SDPA_BACKENDS, choose_attention
+from autotuner.backends.pytorch.knobs.checkpointing import enable_checkpointing, without_checkpointing
+from autotuner.backends.pytorch.knobs.compile import MODES as COMPILE_MODES
+from autotuner.backends.pytorch.knobs.compile import uses_cuda_graphs
+from autotuner.backends.pytorch.knobs.ddp import POWERSGD_START, distributed_data_parallel
+from autotuner.backends.pytorch.knobs.fsdp import PARAM_DTYPE, fully_sharded, over_parameters
+from autotuner.backends.pytorch.knobs.fsdp import dtype as mixed_precision_dtype
+from autotuner.backends.pytorch.knobs.optimizer import rebuilt_optimizer
+from autotuner.backends.pytorch.modules import is_hugging_face, repeated_blocks, uncompiled, users_module
 from autotuner.trials.streams import is_stream
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-COMPILE_MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
-CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
-"""Compile modes that capture CUDA graphs on a GPU (inductor's `triton.cudagraphs`)."""
-SDPA_BACKENDS = {
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-    "math": SDPBackend.MATH,
-}
-NO_KERNEL = "No available kernel"
-"""What scaled_dot_product_attention raises when none of the backends allowed can take its inputs."""
-OPTIMIZER_FLAGS = ("foreach", "fused")
-CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
 def resolve_device(spec: str | torch.device | None) -> torch.device:
@@ -109,143 +105,6 @@ def strict_fp32() -> Iterator[None]:
         torch.set_float32_matmul_precision(saved[2])
 
 
-def uses_cuda_graphs(mode: str, device: torch.device) -> bool:
-    """Whether `torch.compile` with `mode` captures CUDA graphs on `device`."""
-    return device.type == "cuda" and mode in CUDA_GRAPH_MODES
-
-
-def _compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
-    if mode == "none":
-        return model
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    if isinstance(model, OptimizedModule):  # already compiled (the runner's drift phase): compile once
-        return model
-    compiled: torch.nn.Module = torch.compile(model, mode=COMPILE_MODES[mode])  # type: ignore[assignment]
-    return compiled
-
-
-def rebuilt_optimizer(optimizer: torch.optim.Optimizer, choice: str) -> torch.optim.Optimizer:
-    """`optimizer` for the `optimizer` knob: itself for `as-given`; for `foreach` or `fused`, a new
-    optimizer of its class over its parameter groups with the same hyperparameters and that flag on
-    (the other off). Only an optimizer that has not stepped yet is rebuilt: its state would be lost.
-    `Unsupported` when its class takes no such flag."""
-    if choice == "as-given":
-        return optimizer
-    kind = type(optimizer)
-    accepted = inspect.signature(kind.__init__).parameters
-    if choice not in accepted:
-        raise Unsupported(f"optimizer={choice}: {kind.__name__} takes no {choice} argument")
-    if optimizer.state:
-        raise ValueError(
-            f"optimizer={choice} rebuilds the optimizer: pass one that has not stepped yet "
-            "(then load its state into TunedTraining.optimizer)"
-        )
-    groups = [{k: v for k, v in group.items() if k not in OPTIMIZER_FLAGS} for group in optimizer.param_groups]
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k not in OPTIMIZER_FLAGS}
-    flags: dict[str, Any] = {flag: flag == choice for flag in OPTIMIZER_FLAGS if flag in accepted}
-    try:
-        return kind(groups, **defaults, **flags)
-    except (RuntimeError, ValueError) as exc:  # e.g. fused kernels for this device or dtype do not exist
-        raise Unsupported(f"optimizer={choice}: {kind.__name__} refused it: {exc}") from None
-
-
-def repeated_blocks(model: torch.nn.Module) -> tuple[type[torch.nn.Module], ...]:
-    """The largest module type `model` holds at least twice, containers and layers without
-    submodules aside (a transformer's blocks, a ResNet's residual blocks); empty when there is none."""
-    counts = collections.Counter(type(m) for m in model.modules())
-    first: dict[type[torch.nn.Module], torch.nn.Module] = {}
-    for module in model.modules():
-        first.setdefault(type(module), module)
-    candidates = [
-        kind
-        for kind, count in counts.items()
-        if count >= 2 and not issubclass(kind, CONTAINERS) and any(True for _ in first[kind].children())
-    ]
-    if not candidates:
-        return ()
-    return (max(candidates, key=lambda kind: sum(p.numel() for p in first[kind].parameters())),)
-
-
-def is_hugging_face(model: torch.nn.Module) -> bool:
-    """A transformers `PreTrainedModel`: it checkpoints and chooses its attention itself."""
-    return callable(getattr(model, "gradient_checkpointing_enable", None)) and callable(
-        getattr(model, "set_attn_implementation", None)
-    )
-
-
-def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-
-def enable_checkpointing(model: torch.nn.Module, blocks: Sequence[type[torch.nn.Module]] | None = None) -> None:
-    """Activation checkpointing of `model`'s blocks: instances of `blocks`, or where None, a Hugging
-    Face model's own gradient checkpointing, or else the largest module type it repeats
-    (`repeated_blocks`). Each block's forward keeps only its inputs and recomputes the rest in the
-    backward (non-reentrant `torch.utils.checkpoint`). Applying it twice changes nothing.
-    `Unsupported` when the model has no such blocks."""
-    if not blocks and is_hugging_face(model) and getattr(model, "supports_gradient_checkpointing", False):
-        # transformers 5 renamed it activation checkpointing (the old names warn)
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):
-            if not model.is_activation_checkpointing:
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)  # type: ignore[operator]
-        elif not model.is_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
-        return
-    kinds = tuple(blocks or ()) or repeated_blocks(model)
-    if not kinds:
-        raise Unsupported("checkpointing=blocks: the model repeats no block (name them: checkpoint_blocks)")
-    for module in model.modules():
-        if isinstance(module, kinds) and not getattr(module, "_autotuner_checkpointed", False):
-            module.forward = functools.partial(_checkpointed, module.forward)  # type: ignore[method-assign]
-            module._autotuner_checkpointed = True  # type: ignore[assignment]
-
-
-@contextlib.contextmanager
-def without_checkpointing(model: torch.nn.Module) -> Iterator[None]:
-    """`model` without the activation checkpointing `enable_checkpointing` gave it, put back after:
-    its blocks run their own forward and keep what the backward needs (the model FLOPs are counted
-    so, without the backward's recomputed forwards)."""
-    blocks: list[tuple[torch.nn.Module, functools.partial[Any]]] = [
-        (m, m.forward)
-        for m in model.modules()
-        if isinstance(m.forward, functools.partial) and m.forward.func is _checkpointed
-    ]
-    # transformers 5 renamed it activation checkpointing; reading the old name warns
-    renamed = hasattr(model, "activation_checkpointing_enable")
-    flag = "is_activation_checkpointing" if renamed else "is_gradient_checkpointing"
-    hugging_face = is_hugging_face(model) and bool(getattr(model, flag, False))
-    try:
-        for module, checkpointed in blocks:
-            module.forward = checkpointed.args[0]  # type: ignore[method-assign]
-        if hugging_face:
-            disable: Any = getattr(model, "activation_checkpointing_disable", None)
-            (disable or model.gradient_checkpointing_disable)()  # type: ignore[operator]
-        yield
-    finally:
-        for module, checkpointed in blocks:
-            module.forward = checkpointed  # type: ignore[method-assign]
-        if hugging_face:
-            enable_checkpointing(model)
-
-
-def choose_attention(model: torch.nn.Module, attention: str) -> Callable[[], contextlib.AbstractContextManager[Any]]:
-    """The context the forward runs in for the `attention` knob: `sdpa_kernel` with that one backend,
-    or nothing for `default` and `eager`. A Hugging Face model is switched to its `sdpa`
-    implementation for a backend, to `eager` for eager; eager on any other model is `Unsupported`."""
-    if attention == "eager" or (attention in SDPA_BACKENDS and is_hugging_face(model)):
-        if not is_hugging_face(model):
-            raise Unsupported("attention=eager: only Hugging Face models choose their attention implementation")
-        try:
-            model.set_attn_implementation("eager" if attention == "eager" else "sdpa")  # type: ignore[operator]
-        except (ValueError, ImportError) as exc:
-            raise Unsupported(f"attention={attention}: {exc}") from None
-    if attention in SDPA_BACKENDS:
-        return functools.partial(sdpa_kernel, [SDPA_BACKENDS[attention]])
-    return contextlib.nullcontext
-
-
 def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
     """Give every parameter of `optimizer` that has none a zero `.grad`, so that backward adds into
     it in place instead of installing its own output tensor there."""
@@ -286,22 +145,11 @@ def _rebuilt(mapping: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
 
 
 PARALLEL = ("ddp", "fsdp")
-DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+DTYPES = {choice: mixed_precision_dtype(choice) for choice in PARAM_DTYPE.choices or ()}
 """FSDP2's MixedPrecisionPolicy dtypes by knob value (None: the parameters' own, fp32)."""
-POWERSGD_START = 2
-"""PowerSGD compresses from this optimizer step on (the earliest it allows with error feedback):
-a config is measured, and its drift judged, as it trains, not over vanilla all-reduces that
-PowerSGD's default of 1,000 steps would run first."""
 _SETTLED: list[Any] = []
 """The barriers `TunedTraining.finish` waited on, on a CPU (gloo), kept until the interpreter exits:
 each is freed, with the collectives it still watches, on the main thread (see `finish`)."""
-
-
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The module `torch.compile` wrapped, or `model` itself."""
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return model._orig_mod if isinstance(model, OptimizedModule) else model  # type: ignore[return-value]
 
 
 def loader_workers(workers: int) -> dict[str, Any]:
@@ -315,84 +163,6 @@ def loader_workers(workers: int) -> dict[str, Any]:
         "persistent_workers": workers > 0,
         "multiprocessing_context": "fork" if fork else None,
     }
-
-
-def _users_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The module DistributedDataParallel wraps, or `model` itself (FSDP2 shards a module in place)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
-def distributed_data_parallel(model: torch.nn.Module, config: Mapping[str, Any], device: torch.device) -> Any:
-    """`model` wrapped in DistributedDataParallel with the config's bucket size, bucket views,
-    static graph and communication hook (fp16 or bf16 compression: torch's default hooks;
-    PowerSGD: rank 1, error feedback and warm start, from step `POWERSGD_START`)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-    from torch.nn.parallel import DistributedDataParallel
-
-    ddp = DistributedDataParallel(
-        model,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=int(config["bucket_cap_mb"]),
-        gradient_as_bucket_view=bool(config["bucket_view"]),
-        static_graph=bool(config["static_graph"]),
-    )
-    hook = config["comm_hook"]
-    if hook == "fp16":
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif hook == "bf16":
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif hook == "powersgd":
-        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=POWERSGD_START)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    return ddp
-
-
-def fully_sharded(
-    model: torch.nn.Module,
-    config: Mapping[str, Any],
-    device: torch.device,
-    blocks: Sequence[type[torch.nn.Module]] | None,
-) -> torch.nn.Module:
-    """`model` sharded in place with FSDP2's `fully_shard` over every rank of the process group:
-    each of its blocks (`blocks`, else a Hugging Face model's or the largest module type it repeats:
-    `repeated_blocks`) on its own, then the root, with the config's resharding, mixed-precision
-    policy and offload."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
-    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
-    shard = functools.partial(
-        fully_shard,
-        mesh=mesh,
-        reshard_after_forward=bool(config["reshard_after_forward"]),
-        mp_policy=MixedPrecisionPolicy(
-            param_dtype=DTYPES[config["param_dtype"]], reduce_dtype=DTYPES[config["reduce_dtype"]]
-        ),
-        offload_policy=CPUOffloadPolicy() if config["offload"] == "cpu" else OffloadPolicy(),
-    )
-    kinds = tuple(blocks or ()) or repeated_blocks(model)
-    for module in list(model.modules()):
-        if kinds and isinstance(module, kinds) and module is not model:
-            shard(module)
-    shard(model)
-    return model
-
-
-def over_parameters(optimizer: torch.optim.Optimizer, names: Mapping[int, str], model: torch.nn.Module) -> Any:
-    """`optimizer` over `model`'s parameters as they are now (FSDP2 replaces each parameter with its
-    shard): a new optimizer of its class, with its groups and hyperparameters, each parameter
-    found again by its name (`names`: the old parameters' ids -> their names). Itself when it holds
-    the model's parameters already."""
-    current = dict(model.named_parameters())
-    if all(id(p) in {id(q) for q in current.values()} for g in optimizer.param_groups for p in g["params"]):
-        return optimizer
-    if optimizer.state:
-        raise ValueError("parallel=fsdp shards the parameters: pass an optimizer that has not stepped yet")
-    groups = [{**group, "params": [current[names[id(p)]] for p in group["params"]]} for group in optimizer.param_groups]
-    accepted = inspect.signature(type(optimizer).__init__).parameters
-    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
 
 
 def load_full_state(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
@@ -460,50 +230,40 @@ class TunedTraining(TunedLoop):
         """The knob values (its name before `config`, kept for loops that read it)."""
         self.device = resolve_device(device)
         set_matmul_precision(self.precision)
-        torch.backends.cudnn.benchmark = bool(self.config["cudnn_benchmark"])
-        self._channels_last = self.config["memory_format"] == "channels_last"
         model = model.to(self.device)
-        if self._channels_last:
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        wrapped = _unwrapped(model)  # DDP's wrapper where the model was tuned before (the runner's drift phase)
-        self.module = _users_module(wrapped)
+        wrapped = uncompiled(model)  # DDP's wrapper where the model was tuned before (the runner's drift phase)
+        build = Build(
+            self.config,
+            self.device,
+            model,
+            wrapped,
+            users_module(wrapped),
+            optimizer,
+            self.accumulation,
+            self.parallel,
+            checkpoint_blocks,
+        )
+        for family in APPLY:
+            family.apply(build)
+        self.model, self.optimizer = build.model, build.optimizer
+        self.module = build.module
         """The user's model, under its parallel wrapper (DDP) and its compiled wrapper."""
-        if self.config["checkpointing"] == "blocks":
-            enable_checkpointing(self.module, checkpoint_blocks)
-        self._attention = choose_attention(self.module, self.config["attention"])
-        self._ddp: Any = None
-        self._fsdp: Any = None
-        if self.parallel == "ddp":
-            if wrapped is not self.module:  # already wrapped
-                self._ddp = wrapped
-            else:
-                self._ddp = model = distributed_data_parallel(model, self.config, self.device)
-        elif self.parallel == "fsdp":
-            from torch.distributed.fsdp import FSDPModule
-
-            if not isinstance(self.module, FSDPModule):
-                names = {id(p): name for name, p in model.named_parameters()}
-                fully_sharded(model, self.config, self.device, checkpoint_blocks)
-                optimizer = over_parameters(optimizer, names, model)
-            self._fsdp = self.module
-        self.model = _compiled(model, self.config[COMPILE.name])
-        self.optimizer = rebuilt_optimizer(optimizer, self.config["optimizer"])
-        optimizer = self.optimizer
+        self._attention = build.attention
+        self._ddp, self._fsdp = build.ddp, build.fsdp
+        self._channels_last = build.channels_last
+        self._mark_step = build.mark_step
+        self._keep_grads = build.keep_grads
+        if self._keep_grads:
+            allocate_grads(self.optimizer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         self.skipped_steps = 0
         """Optimizer steps the GradScaler skipped because fp16 gradients overflowed (fp16 only)."""
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        cuda_graphs = uses_cuda_graphs(self.config[COMPILE.name], self.device)
-        self._mark_step: Callable[[], None] = torch.compiler.cudagraph_mark_step_begin if cuda_graphs else lambda: None
-        self._keep_grads = cuda_graphs and self.accumulation > 1
-        if self._keep_grads:
-            allocate_grads(optimizer)
         dtype = AUTOCAST_DTYPES.get(self.precision)
         self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] = (
             functools.partial(torch.autocast, self.device.type, dtype=dtype) if dtype else contextlib.nullcontext
         )
-        self._pin_memory = bool(self.config["pin_memory"]) and self.device.type == "cuda"
-        self._non_blocking = self._pin_memory
+        self._pin_memory = self._non_blocking = build.pin_memory
         self._micro_steps = 0
         self.collate_fn = collate_fn
         """What batches a list of items in `make_loader` (the workload's); None: torch's default."""
@@ -525,16 +285,8 @@ class TunedTraining(TunedLoop):
 
     @contextlib.contextmanager
     def _forward_context(self) -> Iterator[None]:
-        attention = self.config["attention"]
-        try:
-            with self._autocast(), self._attention():
-                yield
-        except RuntimeError as exc:
-            # sdpa_kernel leaves one backend, and it refuses what it cannot compute (dropout on a
-            # CPU's flash kernel, a head size or a mask it lacks) with this text
-            if attention not in SDPA_BACKENDS or NO_KERNEL not in f"{exc} {exc.__cause__}":
-                raise
-            raise Unsupported(f"attention={attention}: its kernel cannot compute this model's attention here") from exc
+        with self._autocast(), self._attention():
+            yield
 
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate this micro-batch's gradients: the loss divided by `accumulation` (so the sum over
@@ -645,3 +397,28 @@ class TunedTraining(TunedLoop):
     def global_batch(self) -> int:
         """Samples per optimizer step: micro-batch x accumulation x ranks."""
         return self.batch_size * self.accumulation * self.world_size
+
+
+__all__ = [
+    "COMPILE_MODES",
+    "DTYPES",
+    "POWERSGD_START",
+    "SDPA_BACKENDS",
+    "TunedTraining",
+    "choose_attention",
+    "distributed_data_parallel",
+    "enable_checkpointing",
+    "fully_sharded",
+    "is_hugging_face",
+    "load_full_state",
+    "loader_workers",
+    "over_parameters",
+    "rebuilt_optimizer",
+    "repeated_blocks",
+    "resolve_device",
+    "set_matmul_precision",
+    "strict_fp32",
+    "to_device",
+    "uses_cuda_graphs",
+    "without_checkpointing",
+]

@@ -20,6 +20,7 @@ import torch
 import yaml
 
 import autotuner.backends.pytorch.apply as torch_apply
+import autotuner.backends.pytorch.knobs.compile as compile_knob
 import autotuner.backends.pytorch.probe as torch_probe
 import autotuner.backends.pytorch.runner as torch_runner
 from autotuner.backends.pytorch.apply import TunedTraining
@@ -86,7 +87,7 @@ def test_under_cuda_graphs_accumulation_adds_into_gradients_that_stay_put(monkey
     eager = TunedTraining(CONFIG, eager_model, torch.optim.AdamW(eager_model.parameters(), lr=1e-2), device="cpu")
     _train(eager, steps=3)
 
-    monkeypatch.setattr(torch_apply, "uses_cuda_graphs", lambda mode, device: True)
+    monkeypatch.setattr(compile_knob, "uses_cuda_graphs", lambda mode, device: True)
     graphed_model = _model()
     optimizer = torch.optim.AdamW(graphed_model.parameters(), lr=1e-2)
     graphed = TunedTraining(CONFIG, graphed_model, optimizer, device="cpu")

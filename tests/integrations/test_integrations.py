@@ -15,11 +15,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from autotuner.backends.pytorch import DDP_KNOBS, FSDP_KNOBS
+from autotuner.backends.pytorch import DDP_KNOBS, FSDP_KNOBS, PARALLEL_KNOBS, PYTORCH
+from autotuner.backends.pytorch.knobs.attention import SDPA_FLAGS, sdpa_code
 from autotuner.cli import main
 from autotuner.errors import SpecError
 from autotuner.export.reader import TunedConfig, parse_config
-from autotuner.integrations import FORMATS, SDPA_FLAGS, loader_arguments, sdpa_code, snippet
+from autotuner.integrations import FORMATS, loader_arguments, snippet
 from autotuner.integrations import accelerate as accelerate_export
 from autotuner.integrations import lightning as lightning_export
 from autotuner.integrations import transformers as transformers_export
@@ -52,6 +53,7 @@ NEW_KNOBS = {
     "pin_memory": True,
     "prefetch_factor": 4,
     "cudnn_benchmark": True,
+    "memory_budget": 0.5,
 }
 """Every knob added after the first five, off its reference value."""
 CONFIGS = [
@@ -463,7 +465,7 @@ def test_loader_arguments_pin_and_prefetch_as_the_study_did() -> None:
 def test_sdpa_code_sets_the_flags_sdpa_kernel_sets_in_the_study(attention: str) -> None:
     from torch.nn.attention import sdpa_kernel
 
-    from autotuner.backends.pytorch.apply import SDPA_BACKENDS
+    from autotuner.backends.pytorch.knobs.attention import kernel
 
     cuda = torch.backends.cuda
 
@@ -475,7 +477,7 @@ def test_sdpa_code_sets_the_flags_sdpa_kernel_sets_in_the_study(attention: str) 
             cuda.cudnn_sdp_enabled(),
         )
 
-    with sdpa_kernel([SDPA_BACKENDS[attention]]):  # what TunedTraining runs each forward in
+    with sdpa_kernel([kernel(attention)]):  # what TunedTraining runs each forward in
         inside = kernels()
     exec("\n".join(sdpa_code(attention)), {"torch": torch})
     assert kernels() == inside and sum(inside) == 1
@@ -589,3 +591,21 @@ def test_importing_autotuner_and_its_cli_imports_no_trainer() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_every_knob_of_one_process_is_written_by_every_format() -> None:
+    """A knob a format's arguments cannot hold is a setup line or a comment there, never dropped:
+    every snippet names every knob of a config that moves them all off their reference values."""
+    one_process = {
+        knob.name
+        for knob in PYTORCH.knobs.values()
+        if knob.quiet and not any(knob in family for family in PARALLEL_KNOBS.values())
+    }
+    assert set(NEW_KNOBS) == one_process  # a new knob is added here, off its reference value
+    for device in ("cpu", "cuda:0"):
+        config = tuned(precision="bf16", compile="default", device=device, **NEW_KNOBS)
+        for fmt in FORMATS:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the trainers' arguments warn of what they cannot hold
+                text = snippet(fmt, config)
+            assert [knob for knob in NEW_KNOBS if knob not in text] == [], (fmt, device)

@@ -92,7 +92,7 @@ def _store(url: str, name: str, trials: list[tuple[dict[str, Any], TrialResult[T
     study.set_user_attr("reference", REFERENCE.as_dict())
     space = {k: CategoricalDistribution(v) for k, v in job.space.items()}
     for number, (params, result) in enumerate(trials):
-        study.enqueue_trial({"workers": 0, "compile": "none", **params})
+        study.enqueue_trial({"workers": 0, "compile": "none", "memory_budget": 1.0, **params})
         trial = study.ask(space)
         role = "baseline" if number == 0 else "search"
         record(

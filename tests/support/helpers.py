@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from autotuner.backends.pytorch import PARALLEL_KNOBS, PYTORCH  # noqa: E402
 from autotuner.measurement.timing import Throughput  # noqa: E402
 from autotuner.results.evidence import Reference  # noqa: E402
 from autotuner.trials.request import TrialRequest  # noqa: E402
@@ -31,16 +32,13 @@ SMALL_MLP = {"features": 16, "hidden": 32, "depth": 2, "samples": 128}
 """Arguments that make the built-in mlp small enough for a trial in about a second on a CPU."""
 
 HELD = {
-    "memory_format": ["contiguous"],
-    "optimizer": ["as-given"],
-    "checkpointing": ["none"],
-    "attention": ["default"],
-    "pin_memory": [False],
-    "prefetch_factor": [2],
-    "cudnn_benchmark": [False],
+    knob.name: [knob.reference]
+    for knob in PYTORCH.knobs.values()
+    if knob.quiet and not any(knob in family for family in PARALLEL_KNOBS.values())
 }
-"""A PyTorch space's knobs beyond the first four, held at their reference values: a test whose
-space is precision, batch, workers and compile adds these (a preset would search them)."""
+"""A PyTorch space's knobs beyond the first four (every quiet one of one process), held at their
+reference values: a test whose space is precision, batch, workers and compile adds these (a
+preset would search them)."""
 
 
 def small_request(

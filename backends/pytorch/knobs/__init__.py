@@ -2,12 +2,13 @@
 and the rules that decide where they can run (`autotuner.backends._base.Family`: when a value
 cannot matter on a device, when it conflicts with the rest of a config). The backends' knob
 tables and `families` are assembled here; what a config does to a model is
-`autotuner.backends.pytorch.apply.TunedTraining` and, served,
-`autotuner.backends.pytorch.serving.TunedInference`. Imports no framework.
+`autotuner.backends.pytorch.apply.TunedTraining`, which applies the families in `APPLY`'s order,
+and, served, `autotuner.backends.pytorch.serving.TunedInference`. Imports no framework: a
+family's functions import torch when they are called.
 
-Adding a knob: a module here with its `Knob` and its `FAMILY`, the family in `TRAINING` (or
-`SERVING`) where its rules are asked, the knob in the presets that should search it
-(`search_spaces/`), and what it does in `TunedTraining`.
+Adding a knob: a module here with its `Knob` and its `FAMILY` (a `TorchFamily`: its rules and its
+`apply`, what it does to a training run as `TunedTraining` builds it), the family in `TRAINING`
+(or `SERVING`) and in `APPLY`, and the knob in the presets that should search it (`search_spaces/`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from autotuner.backends.pytorch.knobs import (
     ddp,
     fsdp,
     loader,
+    memory_budget,
     memory_format,
     optimizer,
     quantization,
@@ -54,8 +56,25 @@ TRAINING = (
     cudnn.FAMILY,
     ddp.FAMILY,
     fsdp.FAMILY,
+    memory_budget.FAMILY,
 )
 """The training knobs' families (beside the common knobs), in the knob table's order."""
+APPLY = (
+    cudnn.FAMILY,
+    memory_format.FAMILY,
+    checkpointing.FAMILY,
+    attention.FAMILY,
+    ddp.FAMILY,
+    fsdp.FAMILY,
+    memory_budget.FAMILY,
+    compile.FAMILY,
+    optimizer.FAMILY,
+    loader.FAMILY,
+)
+"""The order `TunedTraining` applies the families in (`TorchFamily.apply`): process-wide flags,
+the model's layout, checkpointing and attention on the user's module, then the wrappers (DDP or
+FSDP2, then torch.compile round them), the optimizer rebuilt over the parameters as they are then,
+and the loader."""
 TRAINING_KNOBS = (*COMMON, *(knob for family in TRAINING for knob in family.knobs))
 """The PyTorch backend's knob table, in order."""
 PARALLEL = {"ddp": ddp.DDP_KNOBS, "fsdp": fsdp.FSDP_KNOBS}

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import PRECISION, Config, Knob
+from autotuner.trials.outcomes import Unsupported
+
+if TYPE_CHECKING:
+    import torch
 
 ATTENTION = Knob(
     "attention",
@@ -39,4 +48,85 @@ def conflict(config: Config, caps: TorchCapabilities) -> str | None:
     return None
 
 
-FAMILY = Family[TorchCapabilities]((ATTENTION,), irrelevant, conflict)
+NO_KERNEL = "No available kernel"
+"""What scaled_dot_product_attention raises when none of the backends allowed can take its inputs."""
+
+
+def kernel(attention: str) -> Any:
+    """The `torch.nn.attention.SDPBackend` of an `attention` value among `SDPA_BACKENDS`."""
+    from torch.nn.attention import SDPBackend
+
+    return {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[attention]
+
+
+def choose_attention(model: torch.nn.Module, attention: str) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+    """The context the forward runs in for the `attention` knob: `sdpa_kernel` with that one backend,
+    or nothing for `default` and `eager`. A Hugging Face model is switched to its `sdpa`
+    implementation for a backend, to `eager` for eager; eager on any other model is `Unsupported`."""
+    from autotuner.backends.pytorch.modules import is_hugging_face
+
+    if attention == "eager" or (attention in SDPA_BACKENDS and is_hugging_face(model)):
+        if not is_hugging_face(model):
+            raise Unsupported("attention=eager: only Hugging Face models choose their attention implementation")
+        try:
+            model.set_attn_implementation("eager" if attention == "eager" else "sdpa")  # type: ignore[operator]
+        except (ValueError, ImportError) as exc:
+            raise Unsupported(f"attention={attention}: {exc}") from None
+    if attention in SDPA_BACKENDS:
+        from torch.nn.attention import sdpa_kernel
+
+        return functools.partial(sdpa_kernel, [kernel(attention)])
+    return contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def _only_kernel(chosen: Callable[[], contextlib.AbstractContextManager[Any]], attention: str) -> Iterator[None]:
+    """`chosen`'s context, where the one kernel it leaves refusing what it cannot compute (dropout on
+    a CPU's flash kernel, a head size or a mask it lacks) is `Unsupported`."""
+    try:
+        with chosen():
+            yield
+    except RuntimeError as exc:
+        if NO_KERNEL not in f"{exc} {exc.__cause__}":
+            raise
+        raise Unsupported(f"attention={attention}: its kernel cannot compute this model's attention here") from exc
+
+
+SDPA_FLAGS = {
+    "flash": "enable_flash_sdp",
+    "efficient": "enable_mem_efficient_sdp",
+    "math": "enable_math_sdp",
+    "cudnn": "enable_cudnn_sdp",
+}
+"""`attention` backend -> the `torch.backends.cuda` function that turns its kernel on or off."""
+
+
+def sdpa_code(attention: str) -> list[str]:
+    """Lines leaving `attention` the only scaled-dot-product-attention kernel, for the whole process:
+    the flags `torch.nn.attention.sdpa_kernel` with that one backend sets around each of the study's
+    forwards (CPU kernels obey them too); nothing for `default` and `eager`."""
+    if attention not in SDPA_FLAGS:
+        return []
+    return [
+        f"torch.backends.cuda.{flag}({name == attention})"
+        + (f"  # attention={attention}: the only SDPA kernel left on" if name == attention else "")
+        for name, flag in SDPA_FLAGS.items()
+    ]
+
+
+def setup(config: Mapping[str, Any]) -> list[str]:
+    return sdpa_code(config[ATTENTION.name])
+
+
+def apply(build: Build) -> None:
+    attention = build.config[ATTENTION.name]
+    chosen = choose_attention(build.module, attention)
+    build.attention = functools.partial(_only_kernel, chosen, attention) if attention in SDPA_BACKENDS else chosen
+
+
+FAMILY = TorchFamily((ATTENTION,), irrelevant, conflict, apply, setup)

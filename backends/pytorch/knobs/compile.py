@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
+from typing import TYPE_CHECKING
+
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import Knob
+
+if TYPE_CHECKING:
+    import torch
 
 COMPILE = Knob(
     "compile",
@@ -27,4 +32,42 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
     return None
 
 
-FAMILY = Family[TorchCapabilities]((COMPILE,), irrelevant)
+MODES = {"default": None, "reduce-overhead": "reduce-overhead", "max-autotune": "max-autotune"}
+"""`torch.compile`'s `mode` argument for each value but `none`."""
+CUDA_GRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
+"""Compile modes that capture CUDA graphs on a GPU (inductor's `triton.cudagraphs`)."""
+
+
+def uses_cuda_graphs(mode: str, device: torch.device) -> bool:
+    """Whether `torch.compile` with `mode` captures CUDA graphs on `device`."""
+    return device.type == "cuda" and mode in CUDA_GRAPH_MODES
+
+
+def compiled(model: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """`model` under `torch.compile` with `mode` (itself for `none`, or where it is compiled
+    already: the runner's drift phase compiles once)."""
+    if mode == "none":
+        return model
+    import torch
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(model, OptimizedModule):
+        return model
+    wrapped: torch.nn.Module = torch.compile(model, mode=MODES[mode])  # type: ignore[assignment]
+    return wrapped
+
+
+def apply(build: Build) -> None:
+    """The model compiled. Where the mode captures CUDA graphs, every forward starts a new graph
+    step, and with accumulation the gradients are kept in place (see
+    `autotuner.backends.pytorch.apply`)."""
+    mode = build.config[COMPILE.name]
+    build.model = compiled(build.model, mode)
+    if uses_cuda_graphs(mode, build.device):
+        import torch
+
+        build.mark_step = torch.compiler.cudagraph_mark_step_begin
+        build.keep_grads = build.accumulation > 1
+
+
+FAMILY = TorchFamily((COMPILE,), irrelevant, apply=apply)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
+from collections.abc import Mapping
+from typing import Any
+
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import Knob
 
 CUDNN_BENCHMARK = Knob(
@@ -26,4 +29,16 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
     return None
 
 
-FAMILY = Family[TorchCapabilities]((CUDNN_BENCHMARK,), irrelevant)
+def apply(build: Build) -> None:
+    import torch
+
+    torch.backends.cudnn.benchmark = bool(build.config[CUDNN_BENCHMARK.name])
+
+
+def setup(config: Mapping[str, Any]) -> list[str]:
+    if not config[CUDNN_BENCHMARK.name]:
+        return []
+    return ["torch.backends.cudnn.benchmark = True  # cudnn_benchmark: cuDNN times its convolutions"]
+
+
+FAMILY = TorchFamily((CUDNN_BENCHMARK,), irrelevant, apply=apply, setup=setup)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import ACCUMULATION, Config, Knob
+
+if TYPE_CHECKING:
+    import torch
 
 BUCKET_CAP_MB = Knob(
     "bucket_cap_mb",
@@ -60,4 +66,46 @@ def conflict(config: Config, caps: TorchCapabilities) -> str | None:
     return None
 
 
-FAMILY = Family[TorchCapabilities](DDP_KNOBS, irrelevant, conflict)
+POWERSGD_START = 2
+"""PowerSGD compresses from this optimizer step on (the earliest it allows with error feedback):
+a config is measured, and its drift judged, as it trains, not over vanilla all-reduces that
+PowerSGD's default of 1,000 steps would run first."""
+
+
+def distributed_data_parallel(model: torch.nn.Module, config: Mapping[str, Any], device: torch.device) -> Any:
+    """`model` wrapped in DistributedDataParallel with the config's bucket size, bucket views,
+    static graph and communication hook (fp16 or bf16 compression: torch's default hooks;
+    PowerSGD: rank 1, error feedback and warm start, from step `POWERSGD_START`)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=int(config[BUCKET_CAP_MB.name]),
+        gradient_as_bucket_view=bool(config[BUCKET_VIEW.name]),
+        static_graph=bool(config[STATIC_GRAPH.name]),
+    )
+    hook = config[COMM_HOOK.name]
+    if hook == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=POWERSGD_START)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return ddp
+
+
+def apply(build: Build) -> None:
+    """Under `parallel: ddp`, the model wrapped in DistributedDataParallel (kept where it is wrapped
+    already: the runner's drift phase)."""
+    if build.parallel != "ddp":
+        return
+    if build.wrapped is not build.module:
+        build.ddp = build.wrapped
+    else:
+        build.ddp = build.model = distributed_data_parallel(build.model, build.config, build.device)
+
+
+FAMILY = TorchFamily(DDP_KNOBS, irrelevant, conflict, apply)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
+import functools
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import PRECISION, Config, Knob
+
+if TYPE_CHECKING:
+    import torch
 
 RESHARD_AFTER_FORWARD = Knob(
     "reshard_after_forward",
@@ -59,4 +67,75 @@ def conflict(config: Config, caps: TorchCapabilities) -> str | None:
     return None
 
 
-FAMILY = Family[TorchCapabilities](FSDP_KNOBS, irrelevant, conflict)
+def dtype(choice: str) -> Any:
+    """FSDP2's MixedPrecisionPolicy dtype for a `param_dtype` or `reduce_dtype` value (None: the
+    parameters' own, fp32)."""
+    import torch
+
+    return {"fp32": None, "bf16": torch.bfloat16}[choice]
+
+
+def fully_sharded(
+    model: torch.nn.Module,
+    config: Mapping[str, Any],
+    device: torch.device,
+    blocks: Sequence[type[torch.nn.Module]] | None,
+) -> torch.nn.Module:
+    """`model` sharded in place with FSDP2's `fully_shard` over every rank of the process group:
+    each of its blocks (`blocks`, else a Hugging Face model's or the largest module type it repeats:
+    `autotuner.backends.pytorch.modules.repeated_blocks`) on its own, then the root, with the
+    config's resharding, mixed-precision policy and offload."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    from autotuner.backends.pytorch.modules import repeated_blocks
+
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    shard = functools.partial(
+        fully_shard,
+        mesh=mesh,
+        reshard_after_forward=bool(config[RESHARD_AFTER_FORWARD.name]),
+        mp_policy=MixedPrecisionPolicy(
+            param_dtype=dtype(config[PARAM_DTYPE.name]), reduce_dtype=dtype(config[REDUCE_DTYPE.name])
+        ),
+        offload_policy=CPUOffloadPolicy() if config[OFFLOAD.name] == "cpu" else OffloadPolicy(),
+    )
+    kinds = tuple(blocks or ()) or repeated_blocks(model)
+    for module in list(model.modules()):
+        if kinds and isinstance(module, kinds) and module is not model:
+            shard(module)
+    shard(model)
+    return model
+
+
+def over_parameters(optimizer: torch.optim.Optimizer, names: Mapping[int, str], model: torch.nn.Module) -> Any:
+    """`optimizer` over `model`'s parameters as they are now (FSDP2 replaces each parameter with its
+    shard): a new optimizer of its class, with its groups and hyperparameters, each parameter
+    found again by its name (`names`: the old parameters' ids -> their names). Itself when it holds
+    the model's parameters already."""
+    current = dict(model.named_parameters())
+    if all(id(p) in {id(q) for q in current.values()} for g in optimizer.param_groups for p in g["params"]):
+        return optimizer
+    if optimizer.state:
+        raise ValueError("parallel=fsdp shards the parameters: pass an optimizer that has not stepped yet")
+    groups = [{**group, "params": [current[names[id(p)]] for p in group["params"]]} for group in optimizer.param_groups]
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    return type(optimizer)(groups, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+
+
+def apply(build: Build) -> None:
+    """Under `parallel: fsdp`, the model sharded in place (kept where it is sharded already: the
+    runner's drift phase), and the optimizer over its shards."""
+    if build.parallel != "fsdp":
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(build.module, FSDPModule):
+        names = {id(p): name for name, p in build.model.named_parameters()}
+        fully_sharded(build.model, build.config, build.device, build.checkpoint_blocks)
+        build.optimizer = over_parameters(build.optimizer, names, build.model)
+    build.fsdp = build.module
+
+
+FAMILY = TorchFamily(FSDP_KNOBS, irrelevant, conflict, apply)

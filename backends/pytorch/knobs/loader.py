@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import WORKERS, Config, Knob
 
 PIN_MEMORY = Knob(
@@ -42,4 +42,10 @@ def conflict(config: Config, caps: TorchCapabilities) -> str | None:
     return None
 
 
-FAMILY = Family[TorchCapabilities]((PIN_MEMORY, PREFETCH_FACTOR), irrelevant, conflict)
+def apply(build: Build) -> None:
+    """Pinned batches where the config pins them and the device is a GPU (on a CPU it does nothing).
+    The prefetch depth is the loader's (`TunedTraining.make_loader`)."""
+    build.pin_memory = bool(build.config[PIN_MEMORY.name]) and build.device.type == "cuda"
+
+
+FAMILY = TorchFamily((PIN_MEMORY, PREFETCH_FACTOR), irrelevant, conflict, apply)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
+from collections.abc import Mapping
+from typing import Any
+
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import Knob
 
 MEMORY_FORMAT = Knob(
@@ -29,4 +32,25 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
     return None
 
 
-FAMILY = Family[TorchCapabilities]((MEMORY_FORMAT,), irrelevant)
+def apply(build: Build) -> None:
+    """The model's parameters in channels_last; the batches follow (`Build.channels_last`)."""
+    if build.config[MEMORY_FORMAT.name] == "channels_last":
+        import torch
+
+        build.model = build.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        build.channels_last = True
+
+
+def setup(config: Mapping[str, Any]) -> list[str]:
+    """The model's layout. The study converted 4-D float batches as well (`Build.channels_last`); a
+    convolution with channels_last weights returns channels_last outputs from a contiguous input,
+    so the layout holds from the first convolution on without touching the user's batches."""
+    if config[MEMORY_FORMAT.name] != "channels_last":
+        return []
+    return [
+        "model = model.to(memory_format=torch.channels_last)  # memory_format=channels_last; inputs follow at "
+        "the first conv"
+    ]
+
+
+FAMILY = TorchFamily((MEMORY_FORMAT,), irrelevant, apply=apply, setup=setup)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
+import inspect
+from typing import TYPE_CHECKING, Any
+
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import Knob
+from autotuner.trials.outcomes import Unsupported
+
+if TYPE_CHECKING:
+    import torch
 
 OPTIMIZER = Knob(
     "optimizer",
@@ -24,4 +31,36 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
     return None
 
 
-FAMILY = Family[TorchCapabilities]((OPTIMIZER,), irrelevant)
+FLAGS = ("foreach", "fused")
+
+
+def rebuilt_optimizer(optimizer: torch.optim.Optimizer, choice: str) -> torch.optim.Optimizer:
+    """`optimizer` for the `optimizer` knob: itself for `as-given`; for `foreach` or `fused`, a new
+    optimizer of its class over its parameter groups with the same hyperparameters and that flag on
+    (the other off). Only an optimizer that has not stepped yet is rebuilt: its state would be lost.
+    `Unsupported` when its class takes no such flag."""
+    if choice == "as-given":
+        return optimizer
+    kind = type(optimizer)
+    accepted = inspect.signature(kind.__init__).parameters
+    if choice not in accepted:
+        raise Unsupported(f"optimizer={choice}: {kind.__name__} takes no {choice} argument")
+    if optimizer.state:
+        raise ValueError(
+            f"optimizer={choice} rebuilds the optimizer: pass one that has not stepped yet "
+            "(then load its state into TunedTraining.optimizer)"
+        )
+    groups = [{k: v for k, v in group.items() if k not in FLAGS} for group in optimizer.param_groups]
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted and k not in FLAGS}
+    flags: dict[str, Any] = {flag: flag == choice for flag in FLAGS if flag in accepted}
+    try:
+        return kind(groups, **defaults, **flags)
+    except (RuntimeError, ValueError) as exc:  # e.g. fused kernels for this device or dtype do not exist
+        raise Unsupported(f"optimizer={choice}: {kind.__name__} refused it: {exc}") from None
+
+
+def apply(build: Build) -> None:
+    build.optimizer = rebuilt_optimizer(build.optimizer, build.config[OPTIMIZER.name])
+
+
+FAMILY = TorchFamily((OPTIMIZER,), irrelevant, apply=apply)
