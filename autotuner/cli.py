@@ -120,9 +120,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
-    from autotuner.config.knobs import format_config
     from autotuner.export.writer import export_data, export_path, write_export
     from autotuner.integrations import FORMATS, require
+    from autotuner.output.formatting import format_config
     from autotuner.spec.job import load_spec
     from autotuner.study.storage import open_storage
 

@@ -44,9 +44,11 @@ def get_backend(name: str, task: str = "train") -> Backend:
 
 
 def knob_named(name: str) -> Knob | None:
-    """The knob `name` as the table of the first registered backend that has it, or None: for
-    what reads stored configs without knowing their backend (charts)."""
-    return next((backend.knobs[name] for backend in BACKENDS.values() if name in backend.knobs), None)
+    """The knob `name` as the table of the first registered backend that has it (training's, then
+    serving's), or None: for what reads stored configs without knowing their backend (charts, a
+    config's one-line form)."""
+    tables = [backend.knobs for backend in (*BACKENDS.values(), *INFERENCE.values())]
+    return next((knobs[name] for knobs in tables if name in knobs), None)
 
 
 __all__ = ["BACKENDS", "Backend", "Capabilities", "get_backend", "knob_named", "register"]

@@ -43,7 +43,8 @@ from typing import Any
 import yaml
 from _harness import SearchRun, Trials, guide_config, machine, run_search, stored, write_results
 
-from autotuner.config.knobs import Config, config_key, format_config
+from autotuner.config.knobs import Config, config_key
+from autotuner.output.formatting import format_config
 from autotuner.results.records import baseline, best, records, stored_reference
 from autotuner.spec.job import load_spec
 from autotuner.trials.outcomes import Outcome

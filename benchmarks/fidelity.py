@@ -44,8 +44,9 @@ from typing import Any
 
 from _harness import Trials, machine, measured_job, quartiles, write_results
 
-from autotuner.config.knobs import Config, format_config
+from autotuner.config.knobs import Config
 from autotuner.measurement.timing import relative_spread
+from autotuner.output.formatting import format_config
 from autotuner.spec.job import load_spec
 from autotuner.trials.lockstep import run_in_lockstep
 

@@ -31,7 +31,8 @@ from typing import Any
 
 from _harness import Trials, machine, run_search, write_results
 
-from autotuner.config.knobs import Config, format_config
+from autotuner.config.knobs import Config
+from autotuner.output.formatting import format_config
 from autotuner.results.records import best, records
 from autotuner.spec.job import load_spec
 from autotuner.trials.lockstep import measure_together

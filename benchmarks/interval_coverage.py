@@ -39,8 +39,8 @@ from typing import Any
 
 from _harness import Trials, machine, measured_job, quartiles, write_results
 
-from autotuner.config.knobs import format_config
 from autotuner.measurement.interval import DRIFT, LEVEL, geometric_mean, ratio_interval, stated_interval
+from autotuner.output.formatting import format_config
 from autotuner.spec.job import load_spec
 from autotuner.trials.lockstep import measure_together
 

@@ -64,7 +64,8 @@ from _harness import (
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
-from autotuner.config.knobs import config_key, format_config
+from autotuner.config.knobs import config_key
+from autotuner.output.formatting import format_config
 from autotuner.proposals.guided_start import Unsupported, rule_of_thumb
 from autotuner.proposals.sampler import FreshConfigSampler, make_base_sampler, make_sampler
 from autotuner.results.evidence import Reference

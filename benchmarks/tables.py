@@ -20,8 +20,7 @@ from typing import Any
 
 from _harness import RESULTS
 
-from autotuner.backends import BACKENDS  # noqa: F401  (defines every backend's knobs, quiet ones included)
-from autotuner.config.knobs import QUIET
+from autotuner.backends import knob_named
 from autotuner.output.formatting import percent, rate, times
 
 README = Path(__file__).parent / "README.md"
@@ -44,7 +43,11 @@ def _config(config: dict[str, Any] | None) -> str:
     batch = f"{config['batch_size']}x{config.get('accumulation', 1)}"
     first = f"{config['precision']}, batch {batch}, workers {config['workers']}, compile {config['compile']}"
     # the knobs added after the first four, where a config moved them from their reference value
-    rest = [f"{k} {v}" for k, v in config.items() if k in QUIET and v != QUIET[k]]
+    rest = [
+        f"{k} {v}"
+        for k, v in config.items()
+        if (knob := knob_named(k)) is not None and knob.quiet and v != knob.reference
+    ]
     return ", ".join([first, *rest])
 
 

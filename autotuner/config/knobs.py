@@ -28,8 +28,6 @@ Params = dict[str, Any]
 `accumulation` left out, since it is derived (`autotuner.spec.job.Job.complete` makes a `Config`
 of it)."""
 
-QUIET: dict[str, Any] = {}
-"""Knob name -> the reference value `format_config` leaves it out at (every `quiet` knob's)."""
 ASCENDING: Literal["ascending"] = "ascending"
 """The `Knob.memory_order` of an integer knob whose larger values need more memory (the micro-batch)."""
 
@@ -58,9 +56,12 @@ class Knob:
     knobs that do not (loader workers) share their compiled graphs, and the second one's warm-up
     finds them cached (`autotuner.results.records.with_cold_warmups`)."""
     quiet: bool = False
-    """Left out of a config's one-line form (`format_config`) at its reference value: the knobs
-    that are at it in most configs (memory format, attention backend, ...), so a line names what
-    a config changes."""
+    """A knob added after the first four, at its reference value in most configs (memory format,
+    attention backend, ...): left out of a config's one-line form at that value
+    (`autotuner.output.formatting.format_config`), filled in at it for a config exported before
+    the knob existed (`autotuner.backends._base.with_defaults`), and left out of a study's
+    identity while the space holds it at that value alone (`autotuner.spec.job.Job`), so that
+    adding one changes no existing export or study."""
     not_run_when: str = ""
     """When a value of it is left out of the search or recorded unsupported, in words, as the knob
     tables say it (its family's rules, `autotuner.backends._base.Family`, decide it)."""
@@ -79,8 +80,6 @@ class Knob:
                 raise ValueError(f"{self.name}'s memory_order has values it has not: {', '.join(map(str, unknown))}")
         if self.memory_order == ASCENDING and self.choices is not None:
             raise ValueError(f"{self.name}: memory_order {ASCENDING!r} is for number knobs (integers or reals)")
-        if self.quiet:
-            QUIET[self.name] = self.reference
 
     def needs_as_much_memory(self, value: Any, than: Any) -> bool:
         """Whether a step at `value` of this knob needs at least as much memory as one at `than`,
@@ -210,32 +209,3 @@ def needs_as_much_memory(config: Mapping[str, Any], than: Mapping[str, Any], kno
 def config_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """A hashable identity of a config: two configs with the same key are the same run."""
     return tuple(sorted(config.items()))
-
-
-def format_config(config: Mapping[str, Any]) -> str:
-    """`precision=bf16 batch=64x4 workers=2 compile=none optimizer=fused`: batch shown as
-    micro-batch x accumulation, a quiet knob only away from its reference value."""
-    parts = []
-    for name, value in config.items():
-        if name == "accumulation" or (name in QUIET and QUIET[name] == value and type(QUIET[name]) is type(value)):
-            continue
-        if name == "batch_size":
-            parts.append(f"batch={value}x{config.get('accumulation', 1)}")
-        else:
-            parts.append(f"{name}={value}")
-    return " ".join(parts)
-
-
-def shown_knobs(configs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The knobs a table of `configs` has a column for: all but `accumulation` (shown with the
-    batch), and a quiet knob only where some config is away from its reference value."""
-    names = list(configs[0]) if configs else []
-    return [
-        name
-        for name in names
-        if name != "accumulation"
-        and (
-            name not in QUIET
-            or any(c.get(name) != QUIET[name] or type(c.get(name)) is not type(QUIET[name]) for c in configs)
-        )
-    ]

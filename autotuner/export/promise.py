@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import IO, TYPE_CHECKING
 
-from autotuner.config.knobs import BATCH_SIZE, Config, format_config
+from autotuner.config.knobs import BATCH_SIZE, Config
 from autotuner.errors import BackendError, HardwareMismatch, SpecError
 from autotuner.export.reader import TunedConfig, job_mismatch, machine_mismatch
 from autotuner.measurement.interval import (
@@ -35,7 +35,7 @@ from autotuner.measurement.interval import (
 )
 from autotuner.measurement.rounds import ProcessCost, TimeBudget, windows_that_fit
 from autotuner.measurement.timing import Throughput
-from autotuner.output.formatting import percent, speedup_with_interval, times
+from autotuner.output.formatting import format_config, percent, speedup_with_interval, times
 from autotuner.results.run_time import predicted_run_s
 from autotuner.study.fingerprint import thread_mismatch
 from autotuner.trials.probe import Environment

@@ -21,10 +21,11 @@ from pydantic import ValidationError
 
 from autotuner.backends import BACKENDS, get_backend
 from autotuner.backends._base import with_defaults
-from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config
 from autotuner.errors import SpecError
 from autotuner.export.file import READS_VERSIONS, ExportFile
 from autotuner.measurement.interval import Interval
+from autotuner.output.formatting import format_config
 from autotuner.spec.keys import parse_yaml, read_text
 from autotuner.study.fingerprint import fingerprint, machine
 from autotuner.trials.probe import Environment

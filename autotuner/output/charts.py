@@ -18,8 +18,8 @@ from plotly.graph_objects import Bar, Box, Figure, Scatter
 from plotly.subplots import make_subplots
 
 from autotuner.backends import knob_named
-from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config, shown_knobs
-from autotuner.output.formatting import times
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config
+from autotuner.output.formatting import format_config, shown_knobs, times
 from autotuner.results.records import TrialRecord, ranked, speedup
 from autotuner.study.names import BASELINE
 

@@ -19,9 +19,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, format_config, shown_knobs
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config
 from autotuner.measurement.interval import LEVEL
-from autotuner.output.formatting import interval_range, percent, rate, times
+from autotuner.output.formatting import format_config, interval_range, percent, rate, shown_knobs, times
 from autotuner.results.evidence import Reference
 from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup, speedup_interval
 from autotuner.results.run_time import RunPlan, money, verdict

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import optuna
 
-from autotuner.config.knobs import format_config
-from autotuner.output.formatting import percent, rate, runs, speedup_with_interval
+from autotuner.output.formatting import format_config, percent, rate, runs, speedup_with_interval
 from autotuner.results.records import baseline, best, records, speedup, speedup_interval, stored_reference
 from autotuner.results.run_time import run_plan, verdict
 from autotuner.study.fingerprint import fingerprint

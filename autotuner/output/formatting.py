@@ -3,7 +3,10 @@ format throughputs, shares and a config's re-measured runs alike."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE
 
 if TYPE_CHECKING:
     from autotuner.measurement.interval import Interval
@@ -49,3 +52,35 @@ def runs(t: TrialRecord, separator: str = ", ") -> str:
     re-measured: `2,000/s, 2,150/s, 2,200/s (9.3% apart)`."""
     apart = f" ({t.run_spread:.1%} apart)" if t.run_spread is not None else ""
     return separator.join(rate(value) for value in t.throughputs) + apart
+
+
+def _at_rest(name: str, value: Any) -> bool:
+    """A quiet knob at its reference value (`Knob.quiet`), which a config's one-line form and a
+    table of configs leave out; the knob found in the registered backends' tables."""
+    from autotuner.backends import knob_named
+
+    knob = knob_named(name)
+    return knob is not None and knob.quiet and knob.reference == value and type(knob.reference) is type(value)
+
+
+def format_config(config: Mapping[str, Any]) -> str:
+    """`precision=bf16 batch=64x4 workers=2 compile=none optimizer=fused`: batch shown as
+    micro-batch x accumulation, a quiet knob only away from its reference value."""
+    parts = []
+    for name, value in config.items():
+        if name == ACCUMULATION.name or _at_rest(name, value):
+            continue
+        if name == BATCH_SIZE.name:
+            parts.append(f"batch={value}x{config.get(ACCUMULATION.name, 1)}")
+        else:
+            parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+def shown_knobs(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The knobs a table of `configs` has a column for: all but `accumulation` (shown with the
+    batch), and a quiet knob only where some config is away from its reference value."""
+    names = list(configs[0]) if configs else []
+    return [
+        name for name in names if name != ACCUMULATION.name and not all(_at_rest(name, c.get(name)) for c in configs)
+    ]

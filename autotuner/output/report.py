@@ -16,10 +16,10 @@ from typing import Any
 
 import optuna
 
-from autotuner.config.knobs import BATCH_SIZE, format_config
+from autotuner.config.knobs import BATCH_SIZE
 from autotuner.errors import SpecError
 from autotuner.output import charts
-from autotuner.output.formatting import percent, rate, runs, speedup_with_interval
+from autotuner.output.formatting import format_config, percent, rate, runs, speedup_with_interval
 from autotuner.results.evidence import Reference
 from autotuner.results.profiles import Profile, stored_profiles
 from autotuner.results.records import (

@@ -12,9 +12,10 @@ import optuna
 from optuna.trial import TrialState
 
 from autotuner.backends import Capabilities
-from autotuner.config.knobs import Config, format_config
+from autotuner.config.knobs import Config
 from autotuner.measurement.contention import CONTENDED_SHARE, contention, wait_until_quiet
 from autotuner.output.console import SearchReporter
+from autotuner.output.formatting import format_config
 from autotuner.results.evidence import Reference
 from autotuner.results.records import Metrics, TrialRecord
 from autotuner.results.run_time import RunPlan

@@ -27,8 +27,9 @@ from autotuner.backends.pytorch.apply import (
 from autotuner.backends.pytorch.builtin import Block, cnn, gpt, mlp, resnet
 from autotuner.backends.pytorch.probe import environment, workload_capabilities
 from autotuner.backends.pytorch.workload import TorchWorkload
-from autotuner.config.knobs import format_config, needs_as_much_memory
+from autotuner.config.knobs import needs_as_much_memory
 from autotuner.errors import SpecError
+from autotuner.output.formatting import format_config
 from autotuner.output.report import peak_memory
 from autotuner.spec.job import MAX_CONFIGS, parse_spec
 from autotuner.trials.outcomes import Unsupported

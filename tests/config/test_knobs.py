@@ -19,10 +19,10 @@ from autotuner.config.knobs import (
     WORKERS,
     Knob,
     config_key,
-    format_config,
     knob_table,
     needs_as_much_memory,
 )
+from autotuner.output.formatting import format_config
 from autotuner.study.fingerprint import describe
 from autotuner.trials.probe import Environment
 

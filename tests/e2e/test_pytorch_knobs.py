@@ -10,7 +10,7 @@ import yaml
 
 from autotuner.apply import load_config
 from autotuner.backends.pytorch import PYTORCH
-from autotuner.config.knobs import format_config
+from autotuner.output.formatting import format_config
 from tests.support.helpers import HELD
 from tests.support.studies import load_study, run_cli, write_spec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from autotuner.config.knobs import format_config
+from autotuner.output.formatting import format_config
 from autotuner.results.records import best, records
 from tests.support.studies import load_study, run_cli, write_spec
 
