@@ -98,6 +98,11 @@ CPU_DEVICES = "jax_num_cpu_devices"
 """JAX's count of host (CPU) devices, read when its CPU client starts (JAX >= 0.4.38)."""
 HOST_DEVICE_COUNT = "--xla_force_host_platform_device_count"
 """XLA's flag for the same, which older JAX reads from XLA_FLAGS."""
+STUCK_COLLECTIVE = ("--xla_cpu_collective_call_terminate_timeout_seconds", 3600)
+"""XLA:CPU aborts the process (SIGABRT) when a host device's thread has waited 40 s in a
+collective for the others; on a loaded 2-core machine the threads of two host devices can take
+that long to meet, and the trial crashed where it was only slow. A trial's own timeout ends one
+that hangs, so the abort waits an hour here (unless XLA_FLAGS sets it)."""
 DATA_AXIS = "data"
 """The mesh axis a data-parallel micro-batch is split along."""
 
@@ -168,9 +173,13 @@ def configure_process(device_spec: str, devices: int | None = 1) -> None:
 
 
 def _host_devices(count: int) -> None:
-    """JAX's CPU client to start with `count` host devices (nothing changed for one)."""
+    """JAX's CPU client to start with `count` host devices (nothing changed for one), whose
+    collectives may wait as long as the trial does (`STUCK_COLLECTIVE`)."""
     if count <= 1:
         return
+    flag, seconds = STUCK_COLLECTIVE
+    if not any(f.startswith(f"{flag}=") for f in _flags_set()):
+        os.environ[XLA_FLAGS_VARIABLE] = " ".join([*_flags_set(), f"{flag}={seconds}"])
     if CPU_DEVICES in jax.config.values:
         jax.config.update(CPU_DEVICES, count)
         return

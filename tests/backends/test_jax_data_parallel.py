@@ -280,6 +280,7 @@ CONFIGURE = """
     print(json.dumps({{
         "visible": jax.config.values["jax_cuda_visible_devices"],
         "cpu_devices": len(jax.devices("cpu")),
+        "stuck_wait": "--xla_cpu_collective_call_terminate_timeout_seconds=3600" in os.environ.get("XLA_FLAGS", ""),
     }}))
 """
 
@@ -296,7 +297,10 @@ CONFIGURE = """
     ],
 )
 def test_a_process_opens_the_devices_it_drives(spec: str, devices: int | None, visible: str, cpu_devices: int) -> None:
-    assert _python(CONFIGURE.format(spec=spec, devices=devices)) == {"visible": visible, "cpu_devices": cpu_devices}
+    """And host devices' collectives wait as long as the trial does, not XLA's 40 s (a flag this
+    XLA knows: one it did not would abort the process)."""
+    got = _python(CONFIGURE.format(spec=spec, devices=devices))
+    assert got == {"visible": visible, "cpu_devices": cpu_devices, "stuck_wait": cpu_devices > 1}
 
 
 class FakeGpu:
