@@ -38,9 +38,9 @@ INFERENCE[JAX.name] = JAX_INFERENCE
 
 
 def get_backend(name: str, task: str = "train") -> Backend:
-    """The backend registered under `name`, or for `task: inference` its inference half; KeyError
-    when there is none."""
-    return INFERENCE[name] if task == "inference" else BACKENDS[name]
+    """The backend registered under `name` for `task` (its training half, or for `inference` its
+    serving half); KeyError when there is none."""
+    return {"train": BACKENDS, "inference": INFERENCE}[task][name]
 
 
 def knob_named(name: str) -> Knob | None:

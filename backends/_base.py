@@ -321,11 +321,12 @@ class Backend:
         return ref
 
 
-def with_defaults(backend: Backend, params: Mapping[str, Any]) -> dict[str, Any]:
-    """`params` with every quiet knob it lacks (one added after the first four) at its reference
-    value: a config exported before that knob existed still means what it meant then. The first
-    four knobs have no default: a config always held them."""
-    missing = {name: knob.reference for name, knob in backend.knobs.items() if name not in params and knob.quiet}
+def with_defaults(backend: Backend, params: Mapping[str, Any], device: str = "") -> dict[str, Any]:
+    """`params` with every quiet knob it lacks (one added after the first four) at the value a
+    config exported before the knob existed implies (`Knob.before`: its reference value, or what
+    the study ran on `device` without it), so it still means what it meant then. The first four
+    knobs have no default: a config always held them."""
+    missing = {name: knob.before(device) for name, knob in backend.knobs.items() if name not in params and knob.quiet}
     return {**params, **missing}
 
 

@@ -14,7 +14,7 @@ knob by knob, is not run (`needs_as_much_memory`, `autotuner.results.tried.oom_r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -62,6 +62,9 @@ class Knob:
     the knob existed (`autotuner.backends._base.with_defaults`), and left out of a study's
     identity while the space holds it at that value alone (`autotuner.spec.job.Job`), so that
     adding one changes no existing export or study."""
+    implied: Callable[[str], Any] | None = None
+    """The value a config exported before the knob existed implies, from the device it was tuned on
+    (`cuda:0`, `cpu`): what the study ran then without the knob. None: its reference value."""
     not_run_when: str = ""
     """When a value of it is left out of the search or recorded unsupported, in words, as the knob
     tables say it (its family's rules, `autotuner.backends._base.Family`, decide it)."""
@@ -108,6 +111,10 @@ class Knob:
             quote = " (quote it: YAML reads a bare on/off as a boolean)" if isinstance(value, bool) else ""
             return f"{shown(value)} is not allowed; choose between {', '.join(map(str, self.choices))}{quote}"
         return None
+
+    def before(self, device: str) -> Any:
+        """The value of this (quiet) knob in a config exported before it existed, tuned on `device`."""
+        return self.reference if self.implied is None else self.implied(device)
 
     def values_text(self) -> str:
         """Its values as the knob tables write them: `` `fp32`, `bf16` ``, `` `false`, `true` ``

@@ -145,11 +145,8 @@ def parse_config(data: Any, source: str) -> TunedConfig:
         raise SpecError(
             f"the {export.environment.backend} backend has no task {export.spec.task!r}", source=source, key="spec.task"
         ) from None
-    params = dict(export.params)
-    if backend.name == "pytorch" and export.spec.task == "train" and "pin_memory" not in params:
-        # exported before pinning was a knob: the loader then pinned on a CUDA device, as the study ran it
-        params["pin_memory"] = str(export.environment.model_dump().get("device", "")).startswith("cuda")
-    params = with_defaults(backend, params)  # exported before a knob existed: its reference value
+    device = str(export.environment.model_dump().get("device", ""))
+    params = with_defaults(backend, export.params, device)  # exported before a knob existed: what it implies
     for knob in params:
         if knob not in backend.knobs:
             raise SpecError(

@@ -152,7 +152,7 @@ def record(
     violations = [drift_over, 0.0 if outcome is Outcome.OK else 1.0, memory_over]  # names.CONSTRAINT_NAMES
     latency = metrics.get("latency_p99_ms")
     latency_over = 0.0
-    if job.spec.task == "inference":  # names.INFERENCE_CONSTRAINT_NAMES
+    if job.task.latency:  # names.INFERENCE_CONSTRAINT_NAMES
         limit = objective.max_latency_ms
         latency_over = latency - limit if limit and latency is not None else 0.0
         violations.append(latency_over)

@@ -27,6 +27,7 @@ from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, DERIVED, Config, Kn
 from autotuner.errors import SpecError, shown
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.spec.keys import JobSpec, SamplerSettings, parse_yaml, read_text, validate_spec
+from autotuner.spec.tasks import TASKS, TRAIN, Task
 from autotuner.trials.factory import is_import_path
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.probe import Environment
@@ -55,6 +56,8 @@ class Job:
     def __init__(self, spec: JobSpec, source: str, text: str):
         self.spec, self.source, self.text = spec, source, text
         self.backend: Backend = get_backend(spec.backend, spec.task)
+        self.task: Task = TASKS[spec.task]
+        """What the job does with its workload (`autotuner.spec.tasks`)."""
         self.space: dict[str, list[Any]] = {}
         """Knob -> the values searched: the declared ones, narrowed by `narrow` once the probe has
         said what the device and the workload can honour."""
@@ -124,7 +127,7 @@ class Job:
         )
         # Keys added since, at their defaults, are left out: a study or an export made before them
         # keeps its identity (`task`: training; no latency limit).
-        if data.get("task") == "train":
+        if data.get("task") == TRAIN.name:
             del data["task"]
         objective = data.get("objective", {})
         if objective.get("max_latency_ms") is None:
@@ -271,7 +274,7 @@ class Job:
             processes=self.spec.processes,
             parallel=self.parallel,
             log=log,
-            time_calls=self.spec.task == "inference" and self.spec.objective.optimize == "latency",
+            time_calls=self.task.times_calls(self.spec),
         )
 
     def complete(self, params: Params) -> Config:
@@ -418,50 +421,6 @@ def _rank_batch(spec: JobSpec) -> str:
     return f"global_batch / processes ({spec.global_batch} / {spec.processes} = {spec.global_batch // spec.processes})"
 
 
-def _inline(space: Any, knob: str) -> list[Any] | None:
-    """The values a spec's inline `space` gives `knob` (a list, or one value), or None."""
-    if not isinstance(space, dict) or knob not in space:
-        return None
-    values = space[knob]
-    return list(values) if isinstance(values, list) else [values]
-
-
-def _check_task(spec: JobSpec, source: str) -> None:
-    """The keys that only one task has: a latency limit for inference, processes and a run for
-    training."""
-    if spec.task != "inference":
-        if spec.objective.max_latency_ms is not None:
-            raise SpecError(
-                "limits a batch's latency, which task: inference measures (this job trains)",
-                source=source,
-                key="objective.max_latency_ms",
-            )
-        if spec.objective.optimize == "latency":
-            raise SpecError(
-                "latency is what task: inference measures (this job trains): optimize throughput",
-                source=source,
-                key="objective.optimize",
-            )
-        return
-    if spec.objective.optimize == "latency":
-        served = {
-            "space.batch_size": _inline(spec.space, BATCH_SIZE.name),
-            "baseline.batch_size": [spec.baseline.get(BATCH_SIZE.name)],
-        }
-        for key, values in served.items():
-            if any(value not in (None, spec.global_batch) for value in values or []):
-                raise SpecError(
-                    f"optimize: latency serves each request of global_batch ({spec.global_batch}) in one call: "
-                    f"batch_size is {spec.global_batch} (leave it out)",
-                    source=source,
-                    key=key,
-                )
-    if spec.processes != 1:
-        raise SpecError("task: inference serves from one process: processes must be 1", source=source, key="processes")
-    if spec.run is not None:
-        raise SpecError("predicts a training run's time; task: inference has none", source=source, key="run")
-
-
 def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:
     """`processes` and `parallel` as this backend can run them, `global_batch` split evenly."""
     if spec.processes == 1:
@@ -503,7 +462,7 @@ def parse_spec(data: Any, source: str, text: str = "") -> Job:
             source=source,
             key="backend",
         )
-    _check_task(spec, source)
+    TASKS[spec.task].check(spec, source)
     try:
         backend = get_backend(spec.backend, spec.task)
     except KeyError:

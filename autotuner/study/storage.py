@@ -310,7 +310,7 @@ def _write_study_attrs(study: optuna.Study, job: Job, environment: Environment, 
     study.set_user_attr(SETTINGS, StudySettings.of(job).as_dict())
     study.set_user_attr(ENVIRONMENT, environment.as_dict())
     study.set_user_attr(FINGERPRINT, fingerprint)
-    names = INFERENCE_CONSTRAINT_NAMES if job.spec.task == "inference" else CONSTRAINT_NAMES
+    names = INFERENCE_CONSTRAINT_NAMES if job.task.latency else CONSTRAINT_NAMES
     study.set_user_attr(CONSTRAINTS, list(names))
 
 

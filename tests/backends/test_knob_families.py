@@ -90,3 +90,13 @@ def test_the_knob_families_import_no_framework() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_config_exported_before_a_knob_existed_reads_as_what_the_study_ran_then() -> None:
+    from autotuner.backends._base import with_defaults
+    from autotuner.backends.pytorch import PYTORCH
+
+    old = {"precision": "bf16", "batch_size": 16, "accumulation": 4, "workers": 2, "compile": "none"}
+    assert with_defaults(PYTORCH, old, "cuda:0")["pin_memory"] is True  # the loader pinned on a GPU then
+    assert with_defaults(PYTORCH, old, "cpu")["pin_memory"] is False
+    assert with_defaults(PYTORCH, old, "cuda:0")["memory_budget"] == 1.0  # the rest: their reference values

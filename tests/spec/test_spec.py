@@ -544,3 +544,13 @@ def test_as_many_ranks_as_cores_or_gpus_are_held(tmp_path: Path) -> None:
     job = spec(tmp_path, processes=2, global_batch=16)
     job.check_ranks(None, "cpu", job.source, {0, 1})
     job.check_ranks(_environment(True, gpus=2), "cuda:0", job.source, {0})
+
+
+def test_every_task_a_spec_may_name_is_a_registered_task() -> None:
+    from typing import get_args
+
+    from autotuner.spec.keys import JobSpec
+    from autotuner.spec.tasks import TASKS
+
+    assert set(get_args(JobSpec.model_fields["task"].annotation)) == set(TASKS)
+    assert [t.name for t in TASKS.values() if t.latency] == ["inference"]  # what the refusals name

@@ -15,6 +15,7 @@ PIN_MEMORY = Knob(
     recommended=(True,),
     compiled=False,
     quiet=True,
+    implied=lambda device: device.startswith("cuda"),  # before it was a knob, the loader pinned on a GPU
 )
 PREFETCH_FACTOR = Knob(
     "prefetch_factor",
