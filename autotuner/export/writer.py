@@ -62,7 +62,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFi
     steps = plan.optimizer_steps(trials) if plan is not None else None
 
     def estimate(t: TrialRecord) -> dict[str, Any]:
-        return plan.estimate(t, steps) if plan is not None else {}
+        return plan.estimate(t, steps).as_dict() if plan is not None else {}
 
     return ExportFile(
         version=EXPORT_VERSION,

@@ -24,7 +24,7 @@ from autotuner.measurement.interval import LEVEL
 from autotuner.output.formatting import format_config, interval_range, percent, rate, shown_knobs, times
 from autotuner.results.evidence import Reference
 from autotuner.results.records import SearchSummary, TrialRecord, ranked, speedup, speedup_interval
-from autotuner.results.run_time import RunPlan, money, verdict
+from autotuner.results.run_time import Estimate, RunPlan, money, verdict
 from autotuner.trials.probe import Environment
 from autotuner.trials.progress import duration, phase_path, read_phase, time_left
 
@@ -50,10 +50,10 @@ PHASE_POLL_S = 0.25
 """How often the status line reads the running trial's phase."""
 
 
-def _run_column(column: str, estimate: dict[str, Any]) -> str:
+def _run_column(column: str, estimate: Estimate) -> str:
     if column == "run":
-        return duration(estimate["run_s"]) if "run_s" in estimate else "-"
-    return money(estimate["run_cost"], estimate["currency"]) if "run_cost" in estimate else "-"
+        return duration(estimate.run_s) if estimate.run_s is not None else "-"
+    return money(estimate.run_cost, estimate.currency or "") if estimate.run_cost is not None else "-"
 
 
 HEADERS = {BATCH_SIZE.name: "batch"}
@@ -326,7 +326,11 @@ class SearchReporter:
         # one config's knobs are all "the same in every row": a one-row table keeps its columns
         same = [k for k in knobs if len(shown) > 1 and len({knob_value(t.config, k) for t in shown}) == 1]
         varied = [k for k in knobs if k not in same]
-        extra = [c for c, key in (("run", "run_s"), ("cost", "run_cost")) if any(key in e for e in estimates.values())]
+        extra = [
+            c
+            for c, key in (("run", "run_s"), ("cost", "run_cost"))
+            if any(getattr(e, key) is not None for e in estimates.values())
+        ]
         intervals = [speedup_interval(t) for t in shown]
         columns = [
             Column("trial", [f"#{t.number}" + (" base" if t.role == "baseline" else "") for t in shown]),
@@ -347,7 +351,7 @@ class SearchReporter:
             Column("spread", [percent(t.metrics.get("throughput_spread"), 1) for t in shown]),
             Column("runs", [runs_text(t) for t in shown], whole=True),  # "3, 1.2% apart" is one figure
             Column("warm-up", [f"{t.metrics.get('warmup_s', 0):.2f}s" for t in shown]),
-            *(Column(c, [_run_column(c, estimates.get(t.number, {})) for t in shown]) for c in extra),
+            *(Column(c, [_run_column(c, estimates.get(t.number, Estimate())) for t in shown]) for c in extra),
         ]
         for i, table in enumerate(whole_tables(self.console, columns, knobs=len(varied))):
             if i:  # a table of more columns of the same rows

@@ -12,7 +12,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import optuna
 
@@ -33,7 +32,7 @@ from autotuner.results.records import (
     spent_seconds,
     stored_reference,
 )
-from autotuner.results.run_time import RunPlan, money, run_plan, verdict
+from autotuner.results.run_time import Estimate, RunPlan, money, run_plan, verdict
 from autotuner.study.fingerprint import describe, fingerprint
 from autotuner.study.names import FINGERPRINT, NOT_SEARCHED
 from autotuner.study.storage import StudySettings, open_storage, shown_url, study_environment, study_settings
@@ -75,9 +74,9 @@ class Report:
         """The real run's optimizer steps (`RunPlan.optimizer_steps`), read once for every trial."""
         return self.plan.optimizer_steps(self.trials) if self.plan is not None else None
 
-    def estimate(self, trial: TrialRecord) -> dict[str, Any]:
-        """`trial`'s predicted run time and cost (`RunPlan.estimate`); empty without a plan."""
-        return self.plan.estimate(trial, self.run_steps) if self.plan is not None else {}
+    def estimate(self, trial: TrialRecord) -> Estimate:
+        """`trial`'s predicted run time and cost (`RunPlan.estimate`); none known without a plan."""
+        return self.plan.estimate(trial, self.run_steps) if self.plan is not None else Estimate()
 
     @cached_property
     def baseline(self) -> TrialRecord | None:
@@ -195,7 +194,7 @@ ESTIMATE_COLUMNS = (
 def top_table(report: Report, top: int = TOP) -> Table:
     leaders = ranked(report.trials, report.plan)[:top]
     estimates = [report.estimate(t) for t in leaders]
-    shown = [(column, key) for column, key in ESTIMATE_COLUMNS if any(key in e for e in estimates)]
+    shown = [(column, key) for column, key in ESTIMATE_COLUMNS if any(getattr(e, key) is not None for e in estimates)]
     served = any(t.metrics.get("latency_p99_ms") is not None for t in leaders)  # an inference study
     rows = [
         [
@@ -222,10 +221,11 @@ def _latency_text(t: TrialRecord) -> str:
     return "-" if p50 is None or p99 is None else f"{float(p50):.1f} / {float(p99):.1f} ms"
 
 
-def _estimate_text(key: str, estimate: dict[str, Any]) -> str:
-    if key not in estimate:
+def _estimate_text(key: str, estimate: Estimate) -> str:
+    value = getattr(estimate, key)
+    if value is None:
         return "-"
-    return duration(estimate[key]) if key == "run_s" else money(estimate[key], estimate["currency"])
+    return duration(value) if key == "run_s" else money(value, estimate.currency or "")
 
 
 def _runs_text(t: TrialRecord) -> str:

@@ -132,29 +132,51 @@ class RunPlan:
             return None
         return max(0.0, steps - warmup_steps) * self.global_batch / best_run_s
 
-    def estimate(self, t: TrialRecord, steps: float | None) -> dict[str, Any]:
-        """What `t` is predicted to take and cost: `run_s`, `run_cost`, `run_energy_kwh`,
-        `cost_per_million_samples`, `cost_per_million_tokens`, those that are known."""
-        out: dict[str, Any] = {}
+    def estimate(self, t: TrialRecord, steps: float | None) -> Estimate:
+        """What `t` is predicted to take and cost, the figures that are known (`Estimate`)."""
         run_s = self.run_s(t, steps)
-        if run_s is not None:
-            out["run_s"] = run_s
-            out["run_steps"] = steps
-        if self.per_hour is not None and t.throughput > 0:
-            if run_s is not None:
-                out["run_cost"] = run_s / 3600 * self.per_hour
-            out["cost_per_million_samples"] = 1e6 / t.throughput / 3600 * self.per_hour
-            tokens = t.metrics.get("tokens_per_s")
-            if tokens:
-                # the config's tokens per sample, at the throughput that ranks it
-                per_sample = float(tokens) / t.trial_throughput if t.trial_throughput > 0 else 0.0
-                if per_sample > 0:
-                    out["cost_per_million_tokens"] = 1e6 / (t.throughput * per_sample) / 3600 * self.per_hour
-            out["currency"] = self.currency
+        costs = self.per_hour is not None and t.throughput > 0
+        per_hour = self.per_hour or 0.0
+        tokens = t.metrics.get("tokens_per_s")
+        # the config's tokens per sample, at the throughput that ranks it
+        per_sample = float(tokens) / t.trial_throughput if tokens and t.trial_throughput > 0 else 0.0
         energy = t.metrics.get(ENERGY)
-        if steps is not None and isinstance(energy, (int, float)):
-            out["run_energy_kwh"] = float(energy) * steps * self.global_batch / 3.6e6
-        return out
+        return Estimate(
+            run_s=run_s,
+            run_steps=steps if run_s is not None else None,
+            run_cost=run_s / 3600 * per_hour if costs and run_s is not None else None,
+            cost_per_million_samples=1e6 / t.throughput / 3600 * per_hour if costs else None,
+            cost_per_million_tokens=1e6 / (t.throughput * per_sample) / 3600 * per_hour
+            if costs and per_sample > 0
+            else None,
+            currency=self.currency if costs else None,
+            run_energy_kwh=float(energy) * steps * self.global_batch / 3.6e6
+            if steps is not None and isinstance(energy, (int, float))
+            else None,
+        )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a config's run is predicted to take and cost (`RunPlan.estimate`): None where it is not
+    known (no run length, no price, no energy counter)."""
+
+    run_s: float | None = None
+    """The run's time, start and warm-up included (`RunPlan.run_s`)."""
+    run_steps: float | None = None
+    """The optimizer steps it is for."""
+    run_cost: float | None = None
+    """Its price at `cost.per_hour`, in `currency`."""
+    cost_per_million_samples: float | None = None
+    cost_per_million_tokens: float | None = None
+    """Where the workload counts tokens."""
+    currency: str | None = None
+    run_energy_kwh: float | None = None
+    """Where the device counts energy."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures that are known, as an export's metrics hold them."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def predicted_run_s(
@@ -185,18 +207,18 @@ def verdict(plan: RunPlan, trials: list[TrialRecord], best: TrialRecord, base: T
     `a run of 10,000 steps: 3m12s instead of 13m05s, 0.13 USD instead of 0.55 USD`; None when
     nothing of it is known."""
     steps = plan.optimizer_steps(trials)
-    ours, theirs = plan.estimate(best, steps), plan.estimate(base, steps) if base is not None else {}
+    ours, theirs = plan.estimate(best, steps), plan.estimate(base, steps) if base is not None else Estimate()
     parts = []
-    if "run_s" in ours:
-        instead = f" instead of {duration(theirs['run_s'])}" if "run_s" in theirs else ""
-        parts.append(duration(ours["run_s"]) + instead)
-    if "run_cost" in ours:
+    if ours.run_s is not None:
+        instead = f" instead of {duration(theirs.run_s)}" if theirs.run_s is not None else ""
+        parts.append(duration(ours.run_s) + instead)
+    if ours.run_cost is not None:
         parts.append(
-            f"the tuned run costs {money(ours['run_cost'], plan.currency)}"
-            + (f" instead of {money(theirs['run_cost'], plan.currency)}" if "run_cost" in theirs else "")
+            f"the tuned run costs {money(ours.run_cost, plan.currency)}"
+            + (f" instead of {money(theirs.run_cost, plan.currency)}" if theirs.run_cost is not None else "")
         )
-    elif "cost_per_million_samples" in ours:
-        parts.append(f"{money(ours['cost_per_million_samples'], plan.currency)} per million samples")
+    elif ours.cost_per_million_samples is not None:
+        parts.append(f"{money(ours.cost_per_million_samples, plan.currency)} per million samples")
     if not parts:
         return None
     return (f"{plan.describe()}: " if plan.has_length else "") + ", ".join(parts)

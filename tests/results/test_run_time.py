@@ -109,13 +109,14 @@ def test_the_cost_of_the_run_a_million_samples_and_tokens_and_the_energy() -> No
     plan = RunPlan(GLOBAL_BATCH, steps=3602, per_hour=2.5, currency="EUR")
     tokens = _trial(4, 1000.0, 0.5, 0.5, tokens_per_s=128_000.0, energy_j_per_sample=0.36)
     estimate = plan.estimate(tokens, 3602)
-    assert estimate["run_s"] == pytest.approx(1 + 3600 * 100 / 1000)
-    assert estimate["run_cost"] == pytest.approx(estimate["run_s"] / 3600 * 2.5)
-    assert estimate["cost_per_million_samples"] == pytest.approx(1e6 / 1000 / 3600 * 2.5)
-    assert estimate["cost_per_million_tokens"] == pytest.approx(1e6 / 128_000 / 3600 * 2.5)
-    assert estimate["run_energy_kwh"] == pytest.approx(0.36 * 3602 * 100 / 3.6e6)
-    assert estimate["currency"] == "EUR"
-    assert "run_cost" not in RunPlan(GLOBAL_BATCH, steps=10).estimate(tokens, 10)  # no price, no cost
+    assert estimate.run_s == pytest.approx(1 + 3600 * 100 / 1000) and estimate.run_steps == 3602
+    assert estimate.run_cost == pytest.approx(estimate.run_s / 3600 * 2.5)
+    assert estimate.cost_per_million_samples == pytest.approx(1e6 / 1000 / 3600 * 2.5)
+    assert estimate.cost_per_million_tokens == pytest.approx(1e6 / 128_000 / 3600 * 2.5)
+    assert estimate.run_energy_kwh == pytest.approx(0.36 * 3602 * 100 / 3.6e6)
+    assert estimate.currency == "EUR"
+    unpriced = RunPlan(GLOBAL_BATCH, steps=10).estimate(tokens, 10)  # no price, no cost
+    assert unpriced.run_cost is None and "run_cost" not in unpriced.as_dict() and "run_s" in unpriced.as_dict()
 
 
 def test_the_verdict_says_what_the_tuned_run_takes_and_costs_against_the_baseline() -> None:
