@@ -275,13 +275,24 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from autotuner.backends import BACKENDS
-    from autotuner.integrations import FORMATS
+Commands = argparse._SubParsersAction  # the subcommands' parsers (`_Parser`s)
 
+
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="autotuner", description="Find the fastest training config that keeps the job's numerics.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _search_command(commands)
+    _apply_command(commands)
+    _export_command(commands)
+    _report_command(commands)
+    _dashboard_command(commands)
+    _logs_command(commands)
+    _env_command(commands)
+    return parser
 
+
+def _search_command(commands: Commands) -> None:
+    """`autotuner search`: run (or resume) a study."""
     search = commands.add_parser("search", help="run (or resume) the study of a job spec")
     search.add_argument("--spec", required=True, help="the job spec (YAML)")
     search.add_argument(
@@ -319,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.set_defaults(handler=cmd_search)
 
+
+def _apply_command(commands: Commands) -> None:
+    """`autotuner apply`: run the job with an exported config and check its promise."""
     apply = commands.add_parser("apply", help="run the job with an exported config; compare its throughput")
     apply.add_argument("config", help="the exported config (runs/<name>/best.yaml or .json)")
     apply.add_argument("--spec", required=True, help="the job spec the config was tuned for")
@@ -350,6 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     apply.set_defaults(handler=cmd_apply)
 
+
+def _export_command(commands: Commands) -> None:
+    """`autotuner export`: the best config and its evidence, or a trainer's arguments."""
+    from autotuner.integrations import FORMATS
+
     export = commands.add_parser("export", help="write the best config and its evidence from the storage")
     export.add_argument("--spec", help="the job spec (gives the study name and storage)")
     export.add_argument("--study", type=_study_name, help="study name, with --storage, when there is no spec at hand")
@@ -367,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(handler=cmd_export)
 
+
+def _report_command(commands: Commands) -> None:
+    """`autotuner report`: one page of the study."""
     report = commands.add_parser("report", help="write one self-contained page (HTML or markdown) of the study")
     report.add_argument("--spec", help="the job spec (gives the study name and storage)")
     report.add_argument("--study", type=_study_name, help="study name, with --storage, when there is no spec at hand")
@@ -375,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", help="where to write (default: runs/<name>/report.<format>)")
     report.set_defaults(handler=cmd_report)
 
+
+def _dashboard_command(commands: Commands) -> None:
+    """`autotuner dashboard`: optuna-dashboard on the study."""
     dashboard = commands.add_parser("dashboard", help="serve optuna-dashboard for the study (127.0.0.1 unless --host)")
     dashboard.add_argument("--spec", help="the job spec (gives the storage)")
     dashboard.add_argument("--storage", help="SQLAlchemy URL of the storage")
@@ -382,16 +407,23 @@ def build_parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--port", type=_positive_int, default=8080)
     dashboard.set_defaults(handler=cmd_dashboard)
 
+
+def _logs_command(commands: Commands) -> None:
+    """`autotuner logs`: what a trial's processes wrote."""
     logs = commands.add_parser("logs", help="print what a trial's processes wrote (runs/<name>/logs/)")
     logs.add_argument("name", nargs="?", help="a trial's number, or reference, probe, apply; none: list the logs")
     logs.add_argument("--spec", required=True, help="the job spec (gives the study's folder)")
     logs.set_defaults(handler=cmd_logs)
 
+
+def _env_command(commands: Commands) -> None:
+    """`autotuner env`: the device, versions, capabilities and fingerprint."""
+    from autotuner.backends import BACKENDS
+
     env = commands.add_parser("env", help="print the device, versions, capabilities and the study fingerprint")
     env.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     env.add_argument("--backend", default="pytorch", choices=tuple(BACKENDS))
     env.set_defaults(handler=cmd_env)
-    return parser
 
 
 def _terminated(signum: int, frame: object) -> None:
