@@ -61,16 +61,20 @@ def test_the_share_other_work_took_so_far_is_told_once_the_span_is_long_enough()
     others = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(len(usable_cpus()))]
     try:
         time.sleep(0.5)  # started, spinning
+        entered = time.perf_counter()
         with CpuSampler() as sampler:
             time.sleep(MIN_OTHERS_WALL_S / 5)  # too short for a trial's contention to be told
             early = sampler.others_share()
+            span = time.perf_counter() - entered  # the sampler's span at that read, at most
             time.sleep(MIN_OTHERS_WALL_S)
             later = sampler.others_share()
     finally:
         for other in others:
             other.kill()
             other.wait()
-    assert early == 0.0 and later > CONTENDED_SHARE, (early, later)
+    # a loaded machine may wake this process late, past the shortest span that is told
+    assert early == 0.0 or span >= MIN_OTHERS_WALL_S, (early, span)
+    assert later > CONTENDED_SHARE, later
 
 
 def test_waiting_for_a_quiet_machine_ends_at_the_first_quiet_reading_or_at_its_deadline(
