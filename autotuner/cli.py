@@ -141,10 +141,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     except KeyError:
         raise SpecError(f"no study {name!r} in {url}", key="name") from None
     export = export_data(study, url, top=args.top or 0)
-    if args.format in FORMATS:
-        return _export_code(export, name, args)
-    if args.format == "onnx":
-        return _export_onnx(export, name, args)
+    if (fmt := FORMATS.get(args.format)) is not None:
+        return _export_files(export, name, args) if fmt.files else _export_code(export, name, args)
     path = write_export(export, Path(args.output) if args.output else export_path(name, args.format), args.format)
     for entry in export.top or []:
         print(f"{entry.rank:>3}. #{entry.trial} {format_config(entry.params)}: {entry.throughput:,.0f}/s")
@@ -165,21 +163,22 @@ def _export_code(export: ExportFile, name: str, args: argparse.Namespace) -> int
     return 0
 
 
-def _export_onnx(export: ExportFile, name: str, args: argparse.Namespace) -> int:
-    """Write an inference winner on ONNX Runtime as its ONNX model and session settings."""
+def _export_files(export: ExportFile, name: str, args: argparse.Namespace) -> int:
+    """Write the best config in a format of files built from the job (an inference winner on ONNX
+    Runtime: its model and session settings)."""
     from autotuner.export.reader import parse_config
     from autotuner.export.writer import export_path
-    from autotuner.integrations.onnx import write_onnx
+    from autotuner.integrations import write
     from autotuner.spec.job import load_spec
 
     if not args.spec:
-        raise SpecError("--format onnx builds the model from the job: give --spec", key="--format onnx")
+        raise SpecError(
+            f"--format {args.format} builds the model from the job: give --spec", key=f"--format {args.format}"
+        )
     tuned = parse_config(export.as_data(), f"study {name}")
-    model, options = write_onnx(
-        tuned, load_spec(args.spec), Path(args.output) if args.output else export_path(name, "onnx")
-    )
-    print(model)
-    print(options)
+    path = Path(args.output) if args.output else export_path(name, args.format)
+    for written in write(args.format, tuned, load_spec(args.spec), path):
+        print(written)
     return 0
 
 
@@ -367,7 +366,7 @@ def _apply_command(commands: Commands) -> None:
 
 def _export_command(commands: Commands) -> None:
     """`autotuner export`: the best config and its evidence, or a trainer's arguments."""
-    from autotuner.integrations import FORMATS
+    from autotuner.integrations import FORMATS, formats_help
 
     export = commands.add_parser("export", help="write the best config and its evidence from the storage")
     export.add_argument("--spec", help="the job spec (gives the study name and storage)")
@@ -375,10 +374,9 @@ def _export_command(commands: Commands) -> None:
     export.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
     export.add_argument(
         "--format",
-        choices=("yaml", "json", *FORMATS, "onnx"),
+        choices=("yaml", "json", *FORMATS),
         default="yaml",
-        help=f"yaml, json; a trainer's arguments as Python: {', '.join(FORMATS)}; "
-        "onnx: an inference winner on ONNX Runtime as its model and session settings",
+        help=formats_help(),
     )
     export.add_argument("--top", type=_positive_int, help="also list the K best feasible configs (written as `top`)")
     export.add_argument(

@@ -39,7 +39,10 @@ from autotuner.measurement.allocator import assignments
 from autotuner.output.formatting import times
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from autotuner.export.reader import TunedConfig
+    from autotuner.spec.job import Job
 
 
 @dataclass(frozen=True)
@@ -47,18 +50,40 @@ class Format:
     module: str
     """The module of `autotuner.integrations` that writes it."""
     library: str
-    """The import name of the trainer's library."""
+    """The import name of the library it is for (or needs)."""
     extra: str | None
     """The autotuner extra that installs it; None for a base dependency."""
+    what: str
+    """What it writes, as `autotuner export --help` says it."""
+    files: bool = False
+    """It writes files built from the job (its module's `write(tuned, job, path)`), not Python code
+    to paste (its module's `snippet(config)`)."""
 
 
 FORMATS = {
-    "hf-trainer": Format("autotuner.integrations.transformers", "transformers", "hf"),
-    "lightning": Format("autotuner.integrations.lightning", "lightning", "lightning"),
-    "accelerate": Format("autotuner.integrations.accelerate", "accelerate", "accelerate"),
-    "torchrun": Format("autotuner.integrations.torchrun", "torch", None),
+    "hf-trainer": Format("autotuner.integrations.transformers", "transformers", "hf", "the Hugging Face Trainer's"),
+    "lightning": Format("autotuner.integrations.lightning", "lightning", "lightning", "Lightning's"),
+    "accelerate": Format("autotuner.integrations.accelerate", "accelerate", "accelerate", "Accelerate's"),
+    "torchrun": Format("autotuner.integrations.torchrun", "torch", None, "a torchrun script's"),
+    "onnx": Format(
+        "autotuner.integrations.onnx",
+        "onnx",
+        "inference",
+        "an inference winner on ONNX Runtime as its model and session settings",
+        files=True,
+    ),
 }
-"""`autotuner export --format` name -> what writes it."""
+"""`autotuner export --format` name -> what writes it: a trainer's arguments as Python (their
+`what` is the trainer's), or files (`Format.files`)."""
+TRAINERS = tuple(name for name, fmt in FORMATS.items() if not fmt.files)
+"""The formats that write a trainer's arguments as Python."""
+
+
+def formats_help() -> str:
+    """`autotuner export --format`'s help beside yaml and json, from the registry."""
+    trainers = ", ".join(TRAINERS)
+    files = "; ".join(f"{name}: {fmt.what}" for name, fmt in FORMATS.items() if fmt.files)
+    return f"yaml, json; a trainer's arguments as Python: {trainers}; {files}"
 
 
 class Code(str):
@@ -75,11 +100,22 @@ def require(fmt: str) -> None:
 
 
 def snippet(fmt: str, config: TunedConfig) -> str:
-    """The Python code of format `fmt` for `config` (its library must be installed)."""
+    """The Python code of trainer format `fmt` for `config` (its library must be installed)."""
+    if FORMATS[fmt].files:
+        raise ValueError(f"--format {fmt} writes files (`write`), not code")
     require(fmt)
     module = importlib.import_module(FORMATS[fmt].module)
     text: str = module.snippet(config)
     return text
+
+
+def write(fmt: str, config: TunedConfig, job: Job, path: Path) -> list[Path]:
+    """The files of format `fmt` (`Format.files`) for `config`, a config of `job`, written at `path`
+    (and beside it); their paths."""
+    require(fmt)
+    module = importlib.import_module(FORMATS[fmt].module)
+    written: list[Path] = module.write(config, job, path)
+    return written
 
 
 # ------------------------------------------------------------------ shared by the formats

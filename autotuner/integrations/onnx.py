@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from autotuner.spec.job import Job
 
 
-def write_onnx(tuned: TunedConfig, job: Job, path: Path) -> tuple[Path, Path]:
+def write(tuned: TunedConfig, job: Job, path: Path) -> list[Path]:
     """Write the ONNX model of `tuned` (an inference config of `job` on an ONNX runtime) to `path`
     and its session's settings beside it (`<path>.json`); both paths."""
     runtime = str(tuned.params.get("runtime", tuned.backend))
@@ -50,4 +50,4 @@ def write_onnx(tuned: TunedConfig, job: Job, path: Path) -> tuple[Path, Path]:
     settings: dict[str, Any] = {**session_settings(tuned.params), "inputs": names, "batch_size": batch}
     options = path.with_name(f"{path.name}.json")
     options.write_text(json.dumps(settings, indent=2) + "\n")
-    return path, options
+    return [path, options]

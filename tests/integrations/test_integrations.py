@@ -20,7 +20,7 @@ from autotuner.backends.pytorch.knobs.attention import SDPA_FLAGS, sdpa_code
 from autotuner.cli import main
 from autotuner.errors import SpecError
 from autotuner.export.reader import TunedConfig, parse_config
-from autotuner.integrations import FORMATS, loader_arguments, snippet
+from autotuner.integrations import TRAINERS, loader_arguments, snippet
 from autotuner.integrations import accelerate as accelerate_export
 from autotuner.integrations import lightning as lightning_export
 from autotuner.integrations import transformers as transformers_export
@@ -418,7 +418,7 @@ def literals(code: str) -> dict[str, Any]:
     "config", [*CONFIGS, tuned(precision="tf32", compile="none"), tuned(optimizer="foreach", attention="eager")]
 )
 def test_snippets_are_python_holding_the_arguments(config: TunedConfig) -> None:
-    code = {fmt: snippet(fmt, config) for fmt in FORMATS}
+    code = {fmt: snippet(fmt, config) for fmt in TRAINERS}
     for fmt, text in code.items():
         compile(text, f"best.{fmt}.py", "exec")
         assert f"--format {fmt}" in text.splitlines()[0]
@@ -604,7 +604,7 @@ def test_every_knob_of_one_process_is_written_by_every_format() -> None:
     assert set(NEW_KNOBS) == one_process  # a new knob is added here, off its reference value
     for device in ("cpu", "cuda:0"):
         config = tuned(precision="bf16", compile="default", device=device, **NEW_KNOBS)
-        for fmt in FORMATS:
+        for fmt in TRAINERS:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the trainers' arguments warn of what they cannot hold
                 text = snippet(fmt, config)

@@ -27,6 +27,7 @@ from autotuner.export.reader import TunedConfig, parse_config
 from autotuner.integrations import (
     ALLOCATOR_LINE,
     FORMATS,
+    TRAINERS,
     accumulation_per_process,
     parallel_knobs,
     require,
@@ -365,7 +366,7 @@ def same(one: Any, other: Any) -> bool:
     "config", DDP_CONFIGS + FSDP_CONFIGS, ids=[f"ddp-{i}" for i in DDP_IDS] + [f"fsdp-{i}" for i in FSDP_IDS]
 )
 def test_each_snippet_builds_the_objects_its_functions_return(config: TunedConfig) -> None:
-    code = {fmt: snippet(fmt, config) for fmt in FORMATS}
+    code = {fmt: snippet(fmt, config) for fmt in TRAINERS}
     for fmt, text in code.items():
         compile(text, f"best.{fmt}.py", "exec")
         assert f"--format {fmt}" in text.splitlines()[0]

@@ -274,7 +274,7 @@ def test_the_exported_graph_is_kept_once_per_workload_seed_and_batch() -> None:
 def test_only_an_onnx_winner_exports_as_onnx(tmp_path: Path) -> None:
     from autotuner.errors import SpecError
     from autotuner.export.reader import parse_config
-    from autotuner.integrations.onnx import write_onnx
+    from autotuner.integrations import write
 
     export = {
         "version": 1,
@@ -288,7 +288,7 @@ def test_only_an_onnx_winner_exports_as_onnx(tmp_path: Path) -> None:
     }
     tuned = parse_config(export, "best.yaml")
     with pytest.raises(SpecError, match="runs on pytorch: --format onnx writes the model of an inference config"):
-        write_onnx(tuned, None, tmp_path / "best.onnx")  # type: ignore[arg-type]
+        write("onnx", tuned, None, tmp_path / "best.onnx")  # type: ignore[arg-type]
 
 
 def test_2_4_sparsity_prunes_each_four_weights_of_the_layers_its_kernels_take_to_two() -> None:
