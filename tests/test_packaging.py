@@ -58,6 +58,17 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
         next(n.split("/")[0] for n in names if ".dist-info/" in n),
     }
     assert "autotuner/backends/pytorch/runner.py" in names and "autotuner/search_spaces/pytorch.yaml" in names
+    # every package of the checkout is in it
+    installed_as = {"autotuner": "autotuner", "backends": "autotuner/backends"}
+    on_disk = {
+        f"{under}/{init.relative_to(ROOT / folder).as_posix()}"
+        for folder, under in installed_as.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert on_disk - set(names) == set()
+    # which pyproject.toml lists one by one (a build folder left from before can hide one it lacks)
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert {name.removesuffix("/__init__.py").replace("/", ".") for name in on_disk} - listed == set()
 
 
 @pytest.mark.slow
