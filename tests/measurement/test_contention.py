@@ -4,6 +4,7 @@ decides with them is tests/search/test_dispatch.py's."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from autotuner.measurement import contention as contention_module
 from autotuner.measurement.contention import CONTENDED_SHARE, contention, machine_load, wait_until_quiet
-from autotuner.measurement.telemetry import MIN_OTHERS_WALL_S, CpuSampler, usable_cpus
+from autotuner.measurement.telemetry import MIN_OTHERS_WALL_S, CpuSampler
 
 
 def test_contention_is_the_share_of_the_trials_cores_other_work_took() -> None:
@@ -56,23 +57,32 @@ def test_a_process_of_the_group_that_ended_meanwhile_is_the_groups_work_not_othe
 def test_the_share_other_work_took_so_far_is_told_once_the_span_is_long_enough() -> None:
     """As a trial's windows go on (the pruning rule reads it after each): over a tenth of a second
     a tick or two of anything would read as 10% of a core, so nothing is told, not even processes of
-    their own session spinning on every core; over `MIN_OTHERS_WALL_S` they are."""
-    spin = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end: pass"
-    others = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(len(usable_cpus()))]
-    try:
-        time.sleep(0.5)  # started, spinning
-        entered = time.perf_counter()
-        with CpuSampler() as sampler:
-            time.sleep(MIN_OTHERS_WALL_S / 5)  # too short for a trial's contention to be told
-            early = sampler.others_share()
-            span = time.perf_counter() - entered  # the sampler's span at that read, at most
-            time.sleep(MIN_OTHERS_WALL_S)
-            later = sampler.others_share()
-    finally:
-        for other in others:
-            other.kill()
-            other.wait()
-    # a loaded machine may wake this process late, past the shortest span that is told
+    their own session spinning on every core; over `MIN_OTHERS_WALL_S` they are. Measured in a
+    process that leads its own group, as a trial process does (the test runner's group holds other
+    tests' processes, whose reaped CPU would count as the group's)."""
+    trial = f"""
+import json, subprocess, sys, time
+from autotuner.measurement.telemetry import CpuSampler, usable_cpus
+spin = "import time\\nend = time.monotonic() + 30\\nwhile time.monotonic() < end: pass"
+others = [subprocess.Popen([sys.executable, "-c", spin], start_new_session=True) for _ in range(len(usable_cpus()))]
+try:
+    time.sleep(0.5)  # started, spinning
+    entered = time.perf_counter()
+    with CpuSampler() as sampler:
+        time.sleep({MIN_OTHERS_WALL_S / 5})  # too short for a trial's contention to be told
+        early = sampler.others_share()
+        span = time.perf_counter() - entered  # the sampler's span at that read, at most
+        time.sleep({MIN_OTHERS_WALL_S})
+        later = sampler.others_share()
+finally:
+    for other in others:
+        other.kill()
+        other.wait()
+print(json.dumps([early, span, later]))
+"""
+    done = subprocess.run([sys.executable, "-c", trial], check=True, capture_output=True, text=True, process_group=0)
+    early, span, later = json.loads(done.stdout)
+    # a loaded machine may wake the process late, past the shortest span that is told
     assert early == 0.0 or span >= MIN_OTHERS_WALL_S, (early, span)
     assert later > CONTENDED_SHARE, later
 
