@@ -76,6 +76,7 @@ A backend has three parts:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -257,8 +258,13 @@ class Backend:
         definition = self.knobs.get(knob)
         if definition is None or value == definition.reference:
             return None
-        family = next((f for f in self.families if definition.name in {k.name for k in f.knobs}), None)
+        family = self._family_of.get(knob)
         return None if family is None else family.irrelevant(definition, value, self._capabilities(capabilities))
+
+    @functools.cached_property
+    def _family_of(self) -> dict[str, Family[Any]]:
+        """Knob name -> its family (`families`): looked up for every value `irrelevant` is asked about."""
+        return {knob.name: family for family in self.families for knob in family.knobs}
 
     def _capabilities(self, capabilities: Capabilities) -> Capabilities:
         """`capabilities` as this backend's `capabilities_type`: a plain `Capabilities` (no probe of

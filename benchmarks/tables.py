@@ -632,20 +632,13 @@ def _rejudged(apply: dict[str, Any]) -> str:
     looking after each from the second as `autotuner apply` does."""
     if "promised" in apply or not apply.get("export_interval") or not apply.get("rounds"):
         return ""
-    from autotuner.export.promise import Promised, Verdict, checked_interval, judge, look_level
+    from autotuner.export.promise import Promised, first_decision
     from autotuner.measurement.interval import Interval
 
     export = Interval.from_dict(apply["export_interval"])
     promised = Promised.of(export, apply["export_speedup"], apply["tolerance"])
     assert promised is not None
-    verdicts = []
-    for rounds in apply["rounds"]:
-        verdict = Verdict.UNDECIDED
-        for n in range(2, len(rounds) + 1):
-            checked = checked_interval(rounds[:n], export, look_level(n, len(rounds)))
-            if checked is not None and (verdict := judge(checked, promised)) is not Verdict.UNDECIDED:
-                break
-        verdicts.append(verdict.value)
+    verdicts = [first_decision(rounds, export, promised, len(rounds)).value for rounds in apply["rounds"]]
     return (
         f" Their recorded rounds judged by today's rule (kept when apply's interval lies within the export's "
         f"widened by {apply['tolerance']:.0%} either way, {promised.text()}): "

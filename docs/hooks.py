@@ -194,7 +194,6 @@ def knob_tables() -> dict[str, Callable[[], str]]:
     from autotuner.backends.jax.inference import JAX_INFERENCE
     from autotuner.backends.pytorch import PARALLEL_KNOBS, PYTORCH
     from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
-    from autotuner.config.knobs import knob_rows
 
     parallel = {knob.name for knobs in PARALLEL_KNOBS.values() for knob in knobs}
     tables = {
@@ -204,7 +203,13 @@ def knob_tables() -> dict[str, Callable[[], str]]:
         "knobs-jax": list(JAX.knobs.values()),
         "knobs-jax-inference": list(JAX_INFERENCE.knobs.values()),
     }
-    return {name: functools.partial(lambda knobs: "\n".join(knob_rows(knobs)), knobs) for name, knobs in tables.items()}
+    return {name: functools.partial(_table, knobs) for name, knobs in tables.items()}
+
+
+def _table(knobs: list[Any]) -> str:
+    from autotuner.config.knobs import knob_rows
+
+    return "\n".join(knob_rows(knobs))
 
 
 GENERATORS = {

@@ -143,6 +143,22 @@ def checked_interval(rounds: Sequence[float], export: Interval | None, level: fl
     return stated_interval(rounds, level, drift=session_drift(export))
 
 
+def verdict_at(rounds: Sequence[float], export: Interval | None, promised: Promised, most: int) -> Verdict:
+    """The promise check's verdict at its look after `rounds` (of at most `most`): `judge` of their
+    interval at that look's level (`look_level`); undecided before two rounds."""
+    here = checked_interval(rounds, export, look_level(len(rounds), most))
+    return Verdict.UNDECIDED if here is None else judge(here, promised)
+
+
+def first_decision(rounds: Sequence[float], export: Interval | None, promised: Promised, most: int) -> Verdict:
+    """What the promise check says of `rounds` measured one after another: the verdict of the first
+    look that decides (`verdict_at`, from the second round on), else undecided."""
+    for n in range(2, len(rounds) + 1):
+        if (verdict := verdict_at(rounds[:n], export, promised, most)) is not Verdict.UNDECIDED:
+            return verdict
+    return Verdict.UNDECIDED
+
+
 def rounds_to_decide(
     rounds: Sequence[float], export: Interval | None, promised: Promised, most: int = 100
 ) -> int | None:
@@ -388,8 +404,9 @@ def apply_config(
         promised = Promised.of(tuned.speedup_interval, tuned.speedup, tolerance)
 
         def decided(speedups: list[float]) -> bool:
-            here = checked_interval(speedups, tuned.speedup_interval, look_level(len(speedups), most))
-            return here is not None and promised is not None and judge(here, promised) is not Verdict.UNDECIDED
+            return promised is not None and verdict_at(speedups, tuned.speedup_interval, promised, most) is not (
+                Verdict.UNDECIDED
+            )
 
         checked, rounds_error = (
             promise_rounds(

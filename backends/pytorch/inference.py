@@ -19,8 +19,7 @@ from dataclasses import replace
 
 from autotuner.backends._base import Backend
 from autotuner.backends.pytorch.capabilities import InferenceCapabilities
-from autotuner.backends.pytorch.knobs import LOADER_WORKERS, SERVING
-from autotuner.backends.pytorch.knobs.attention import ATTENTION
+from autotuner.backends.pytorch.knobs import LOADER_WORKERS, SERVING, SERVING_ATTENTION
 from autotuner.backends.pytorch.knobs.compile import COMPILE
 from autotuner.backends.pytorch.knobs.compile import TIMEOUT_FACTOR as COMPILE_TIMEOUT_FACTOR
 from autotuner.backends.pytorch.knobs.memory_format import MEMORY_FORMAT
@@ -49,7 +48,7 @@ INFERENCE_KNOBS = (
     RUNTIME,
     THREADS,
     MEMORY_FORMAT,
-    ATTENTION.restricted("default", "flash", "efficient", "cudnn", "math"),
+    *SERVING_ATTENTION.knobs,
 )
 
 

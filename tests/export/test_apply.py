@@ -28,11 +28,13 @@ from autotuner.export.promise import (
     Promised,
     Verdict,
     checked_interval,
+    first_decision,
     judge,
     look_level,
     print_applied,
     promise_rounds,
     rounds_to_decide,
+    verdict_at,
 )
 from autotuner.export.reader import READS_VERSIONS, TunedConfig, load_config, parse_config
 from autotuner.export.writer import EXPORT_VERSION
@@ -624,3 +626,18 @@ def test_apply_warns_when_the_step_gets_slower_as_the_job_trains(windows: list[f
     assert warned is (slowdown is not None and slowdown > 0.2), err.getvalue()
     if warned:
         assert "(700 samples/s) than over the first (1,000 samples/s)" in err.getvalue()
+
+
+def test_the_check_stops_at_the_first_look_that_decides() -> None:
+    """Rounds run one after another: a plain verdict at an early look (its level near 99%) stands,
+    whatever later rounds would have made of it; undecided only when no look decides."""
+    export = stated_interval(EXPORT)
+    promised = Promised.of(export, None, 0.10)
+    assert export is not None and promised is not None
+    plain = [1.9, 1.91, 1.9, 2.5, 2.6]  # wholly below 2.13x by the third round
+    assert verdict_at(plain[:2], export, promised, 5) is Verdict.UNDECIDED  # two rounds at 99.3%: not yet
+    assert verdict_at(plain[:3], export, promised, 5) is Verdict.NOT_KEPT
+    assert verdict_at(plain, export, promised, 5) is not Verdict.NOT_KEPT  # the last look alone would not say so
+    assert first_decision(plain, export, promised, 5) is Verdict.NOT_KEPT
+    assert first_decision([2.3, 2.6], export, promised, 5) is Verdict.UNDECIDED
+    assert first_decision([2.45], export, promised, 5) is Verdict.UNDECIDED  # one round: no interval

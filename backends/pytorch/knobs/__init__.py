@@ -79,9 +79,13 @@ TRAINING_KNOBS = (*COMMON, *(knob for family in TRAINING for knob in family.knob
 """The PyTorch backend's knob table, in order."""
 PARALLEL = {"ddp": ddp.DDP_KNOBS, "fsdp": fsdp.FSDP_KNOBS}
 """The knobs of each way a job's ranks train together (the spec's `parallel`)."""
+SERVING_ATTENTION = attention.FAMILY.restricted(
+    attention.ATTENTION.name, "default", "flash", "efficient", "cudnn", "math"
+)
+"""Serving's attention: the SDPA kernels, no eager attention."""
 SERVING = (
     runtime.FAMILY,
-    attention.FAMILY.restricted(attention.ATTENTION.name, "default", "flash", "efficient", "cudnn", "math"),
+    SERVING_ATTENTION,
     sparsity.FAMILY,
     quantization.FAMILY,
     compile.FAMILY,
