@@ -10,15 +10,17 @@ A backend has three parts:
   only its framework has) which configs the hardware cannot honour.
 * a runner module (`Backend.runner`), imported only in trial processes (and preloaded by the
   fork server, so it must not touch the accelerator at import time). It holds the backend's
-  `autotuner.trials.core.TrialBackend`, the framework's steps of the one trial algorithm
-  (`autotuner.trials.core`), as the module attribute ``TRIAL_BACKEND``: a trial process imports the module and
-  calls on ``TRIAL_BACKEND`` the entry point the engine names (`autotuner.trials.launcher`). `TrialBackend`
-  provides ``probe``, ``run`` and ``profile`` over the backend's steps; the backend writes
-  ``classify_exception``:
+  `autotuner.trials.training.TrainingBackend`, the framework's steps of the one trial algorithm
+  (`autotuner.trials.training`), as the module attribute ``TRIAL_BACKEND`` (an inference runner
+  module holds its `autotuner.trials.serving.ServingBackend`): a trial process imports the module and
+  calls on ``TRIAL_BACKEND`` the entry point the engine names (`autotuner.trials.launcher`). Both
+  roles stand on `autotuner.trials.process.TrialProcess` (device, environment, seed, build,
+  memory, errors), which a framework writes once beside them; they provide ``probe``, ``run``
+  and ``profile`` over the backend's steps; the backend writes ``classify_exception``:
 
   ``probe(request: autotuner.trials.request.ProbeRequest) -> autotuner.trials.probe.ProbeResult``
       Called once per search in a trial process, before anything is stored
-      (`autotuner.trials.core.probe`, over the backend's ``environment(device)``, which returns
+      (`autotuner.trials.process.probe`, over the backend's ``environment(device)``, which returns
       an `autotuner.trials.probe.Environment` named with the trial side's ``name``). The result
       holds the environment and ``workload_error``, one line (why the factory cannot be
       imported or does not build a workload from the request's ``workload_args``; why its data
@@ -26,11 +28,11 @@ A backend has three parts:
       optional ``first_batch_problem`` finds when it batches the first items and computes the
       loss on them; None when nothing is wrong).
   ``run(request: autotuner.trials.request.TrialRequest, turns=None) -> autotuner.trials.trial_output.TrialOutput``
-      One trial: `autotuner.trials.core.run_trial`; with ``turns`` (`autotuner.measurement.turns.Turns`),
+      One trial: `autotuner.trials.training.run_trial`; with ``turns`` (`autotuner.measurement.turns.Turns`),
       measured in a lockstep group (`autotuner.trials.lockstep`). A non-finite loss raises
-      `autotuner.trials.outcomes.NonFiniteLoss`; a loader that yields no batch, `autotuner.trials.core.EmptyLoader`.
+      `autotuner.trials.outcomes.NonFiniteLoss`; a loader that yields no batch, `autotuner.trials.training.EmptyLoader`.
   ``profile(request: autotuner.trials.request.ProfileRequest) -> autotuner.trials.trial_output.ProfileOutput``
-      A config's steps under the framework's profiler (`autotuner.trials.core.run_profile`, over
+      A config's steps under the framework's profiler (`autotuner.trials.training.run_profile`, over
       the backend's ``profiling``).
   ``classify_exception(exc: BaseException) -> str | None``
       ``"oom"`` when `exc` is the framework's out-of-memory exception type, else None; the

@@ -236,7 +236,7 @@ class WindowTimer:
 
     def follow(self, command: Callable[[], tuple[str, int]]) -> bool:
         """Take the steps another rank's timer announces, as it announces them, until it is done:
-        a rank of a trial of several processes (`autotuner.trials.core.RankGroup`) steps, and
+        a rank of a trial of several processes (`autotuner.trials.training.RankGroup`) steps, and
         synchronizes, exactly as the rank that measures. Whether the measurement was stopped early."""
         while True:
             what, count = command()

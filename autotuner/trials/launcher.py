@@ -124,7 +124,7 @@ def _trial_main(
     turns: multiprocessing.connection.Connection | None = None,
 ) -> None:
     """Entry point of a trial process: `runner.function(arg)`, its result (or the exception that
-    stopped it) sent on `conn`. A backend's runner module holds its `autotuner.trials.core.TrialBackend`
+    stopped it) sent on `conn`. A backend's runner module holds its `autotuner.trials.training.TrainingBackend`
     as `TRIAL_BACKEND`: then the function is that object's, and its `classify_exception` tells which
     exceptions are out-of-memory errors; in any other module (a test's helper) it is the module's
     own. With `turns` (the end of a lockstep group's turn pipe the launcher sends down), the call is

@@ -3,7 +3,7 @@ the software around it and the workload, as one typed `Environment`.
 
 A search, `autotuner apply`, `autotuner env` and `--jobs` each probe once (the engine-side
 `autotuner.backends.Backend.probe` starts the process; the trial side is
-`autotuner.trials.core.probe`). The environment is built once, in the probe, and never changed
+`autotuner.trials.process.probe`). The environment is built once, in the probe, and never changed
 after: the search and every stage after it read its fields, and a study stores it (`as_dict`), so
 the export, the report and the dashboard read it back (`from_dict`).
 """

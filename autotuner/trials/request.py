@@ -1,7 +1,7 @@
 """What the engine asks of a trial process, as plain data (each is pickled to the process): one
 config's trial (`TrialRequest`), the probe of a device and a workload (`ProbeRequest`), and a
 config's steps under the framework's profiler (`ProfileRequest`). `autotuner.spec.job.Job` builds
-them from a spec; a backend's `autotuner.trials.core.TrialBackend` runs them.
+them from a spec; a backend's `autotuner.trials.training.TrainingBackend` runs them.
 """
 
 from __future__ import annotations

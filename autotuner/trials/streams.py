@@ -1,7 +1,7 @@
 """Datasets a trial reads whole or as a stream: map-style (indexed, with a length) or streamed
 (iterable only: a torch `IterableDataset`, a `datasets` streaming dataset, a generator's items).
 A stream says its size only by ending; a trial reads it in its order, from its start every epoch,
-so every config gets the same items in the same order (`autotuner.trials.core`)."""
+so every config gets the same items in the same order (`autotuner.trials.training`)."""
 
 from __future__ import annotations
 

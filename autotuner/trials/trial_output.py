@@ -40,7 +40,7 @@ class Latency:
 @dataclass(frozen=True)
 class OutputDrift:
     """How far an inference config's outputs on the held-out inputs are from the model's in strict
-    fp32 eager (`autotuner.trials.inference`)."""
+    fp32 eager (`autotuner.trials.serving`)."""
 
     relative_error: float
     """||outputs - reference|| / ||reference||, Frobenius norms over every held-out item's
@@ -76,7 +76,7 @@ class TrialOutput:
     """The share of the cores other work had taken by each window after which the trial was behind
     the best but not pruned, since it was slowed by that work (`autotuner.measurement.pruning`)."""
     latency: Latency | None = None
-    """An inference trial's latency of a batch (`autotuner.trials.inference`); None for training."""
+    """An inference trial's latency of a batch (`autotuner.trials.serving`); None for training."""
     output_drift: OutputDrift | None = None
     """An inference trial's drift: its outputs against the reference's; None for training."""
 
@@ -125,7 +125,7 @@ class TrialOutput:
 
 @dataclass(frozen=True)
 class ProfileOutput:
-    """What a profile process sends back (`autotuner.trials.core.run_profile`): where its trace is,
+    """What a profile process sends back (`autotuner.trials.training.run_profile`): where its trace is,
     and the trace's operators by self time (`autotuner.measurement.traces.top_operators`)."""
 
     trace: str

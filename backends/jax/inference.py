@@ -2,7 +2,7 @@
 can honour. Imports no framework.
 
 A trial serves `global_batch` samples a step in calls of `batch_size` (`accumulation` calls), each
-call timed alone (`autotuner.trials.inference`), as PyTorch's does; the trial-process half is
+call timed alone (`autotuner.trials.serving`), as PyTorch's does; the trial-process half is
 `autotuner.backends.jax.inference_runner`, and what a config does to a model is
 `autotuner.backends.jax.serving.TunedInference`, the object users serve with too. The knobs:
 the batch, the precision (the weights cast once, the inputs' floats at each call, the outputs

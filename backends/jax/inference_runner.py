@@ -1,5 +1,6 @@
 """The JAX backend's inference half, trial-process side: JAX's part of the inference trial
-(`autotuner.trials.inference`), exposed as the runner module's `TRIAL_BACKEND`. The config is
+(`autotuner.trials.serving`), exposed as the runner module's `TRIAL_BACKEND`, beside the process part
+every role shares (`autotuner.backends.jax.process.JaxProcess`). The config is
 applied by `autotuner.backends.jax.serving.TunedInference`, the object users serve with.
 
 Imported by the fork server before any trial: importing jax initialises no device (JAX is set up
@@ -16,7 +17,7 @@ import numpy as np
 
 from autotuner.backends.jax.apply import collate
 from autotuner.backends.jax.inference import JAX_INFERENCE
-from autotuner.backends.jax.runner import JaxTrial
+from autotuner.backends.jax.process import JaxProcess
 from autotuner.backends.jax.serving import (
     JaxInferenceWorkload,
     TunedInference,
@@ -25,20 +26,17 @@ from autotuner.backends.jax.serving import (
     split_batch,
 )
 from autotuner.config.knobs import BATCH_SIZE, Config
-from autotuner.trials.inference import ServingBackend, compare_outputs
+from autotuner.trials.serving import ServingBackend, compare_outputs
 from autotuner.trials.trial_output import OutputDrift
 
 
-class JaxServing(ServingBackend, JaxTrial):
-    """JAX's part of an inference trial (`autotuner.trials.inference.ServingBackend`)."""
+class JaxServing(JaxProcess, ServingBackend[jax.Device, JaxInferenceWorkload, TunedInference]):
+    """JAX's part of an inference trial (`autotuner.trials.serving.ServingBackend`)."""
 
-    def as_workload(self, built: Any, ref: str) -> JaxInferenceWorkload:  # type: ignore[override]
+    def as_workload(self, built: object, ref: str) -> JaxInferenceWorkload:
         return as_inference_workload(built, ref)
 
-    def workload_capabilities(self, workload: Any, device: jax.Device, count: int) -> dict[str, bool]:
-        return {}  # none of the inference knobs depends on the model
-
-    def first_batch_problem(self, workload: JaxInferenceWorkload, count: int) -> str | None:  # type: ignore[override]
+    def first_batch_problem(self, workload: JaxInferenceWorkload, count: int) -> str | None:
         try:
             inputs, _ = split_batch(collate(workload.dataset, np.arange(count)))
         except Exception as exc:
@@ -74,7 +72,12 @@ class JaxServing(ServingBackend, JaxTrial):
         return self._outputs(TunedInference(config, workload.apply_fn, device, params=workload.params), items)
 
     def serving(
-        self, workload: JaxInferenceWorkload, config: Config, device: jax.Device, example: list[Any], export_file: Any
+        self,
+        workload: JaxInferenceWorkload,
+        config: Config,
+        device: jax.Device,
+        example: list[Any],
+        graph_file: str | None,
     ) -> TunedInference:
         return TunedInference(config, workload.apply_fn, device, params=workload.params)
 
@@ -88,7 +91,7 @@ class JaxServing(ServingBackend, JaxTrial):
             if not yielded:
                 raise ValueError("the data loader yields no batch: the dataset holds fewer items than one batch")
 
-    def serve(self, serving: TunedInference, batch: Any) -> Any:
+    def serve(self, serving: TunedInference, batch: Any) -> object:
         return serving.synchronize(serving(batch))
 
     def served_outputs(self, workload: JaxInferenceWorkload, serving: TunedInference, items: list[Any]) -> np.ndarray:

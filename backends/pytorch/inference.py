@@ -2,7 +2,7 @@
 device can honour. Imports no framework.
 
 A trial serves `global_batch` samples a step in calls of `batch_size` (`accumulation` calls), each
-call timed alone (`autotuner.trials.inference`); the trial-process half is
+call timed alone (`autotuner.trials.serving`); the trial-process half is
 `autotuner.backends.pytorch.inference_runner`, and what a config does to a model is
 `autotuner.backends.pytorch.serving.TunedInference`, the object users serve with too. Its own
 knobs and their rules are families of `autotuner.backends.pytorch.knobs` (`SERVING`).

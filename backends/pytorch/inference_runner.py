@@ -1,5 +1,6 @@
 """The PyTorch backend's inference half, trial-process side: PyTorch's part of the inference trial
-(`autotuner.trials.inference`), exposed as the runner module's `TRIAL_BACKEND`. The config is
+(`autotuner.trials.serving`), exposed as the runner module's `TRIAL_BACKEND`, beside the process
+part every role shares (`autotuner.backends.pytorch.process.TorchProcess`). The config is
 applied by `autotuner.backends.pytorch.serving.TunedInference`, the object users serve with.
 
 Imported by the fork server before any trial, so importing it must not initialise CUDA (nor
@@ -9,7 +10,6 @@ import torchao or onnxruntime: a config that uses them imports them).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,23 +18,17 @@ import torch
 
 from autotuner.backends.pytorch.apply import loader_workers
 from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
-from autotuner.backends.pytorch.probe import environment
-from autotuner.backends.pytorch.runner import PyTorchTrial
-from autotuner.backends.pytorch.serving import TunedInference, primary_output, sparse_layer
+from autotuner.backends.pytorch.knobs.runtime import RUNTIME
+from autotuner.backends.pytorch.probe import environment, workload_capabilities
+from autotuner.backends.pytorch.process import TorchProcess
+from autotuner.backends.pytorch.runtimes import RUNTIMES, primary_output, runtime_named
+from autotuner.backends.pytorch.runtimes.eager import sparse_layer
+from autotuner.backends.pytorch.serving import TunedInference
 from autotuner.backends.pytorch.workload import InferenceWorkload, as_inference_workload, first_batch_problem
 from autotuner.config.knobs import BATCH_SIZE, Config
-from autotuner.trials.inference import ServingBackend, compare_outputs
 from autotuner.trials.probe import Environment
+from autotuner.trials.serving import ServingBackend, compare_outputs
 from autotuner.trials.trial_output import OutputDrift
-
-
-def _ort_providers() -> list[str]:
-    """ONNX Runtime's execution providers in this build (none without onnxruntime)."""
-    if importlib.util.find_spec("onnxruntime") is None:
-        return []
-    import onnxruntime
-
-    return list(onnxruntime.get_available_providers())
 
 
 def _label(item: Any) -> Any:
@@ -46,32 +40,22 @@ def _label(item: Any) -> Any:
     return None
 
 
-class PyTorchServing(ServingBackend, PyTorchTrial):
-    """PyTorch's part of an inference trial (`autotuner.trials.inference.ServingBackend`)."""
+class PyTorchServing(TorchProcess, ServingBackend[torch.device, InferenceWorkload, TunedInference]):
+    """PyTorch's part of an inference trial (`autotuner.trials.serving.ServingBackend`)."""
 
     def environment(self, device: torch.device) -> Environment:
         found = environment(device)
-        providers = _ort_providers()
-        capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
-        inference = {
-            "torchao": importlib.util.find_spec("torchao") is not None,
-            "fp8": capability >= (8, 9),
-            "sparse24": capability >= (8, 0),
-            "onnxruntime": bool(providers),
-            "ort_cpu": "CPUExecutionProvider" in providers,
-            "ort_cuda": device.type == "cuda" and "CUDAExecutionProvider" in providers,
-            "ort_tensorrt": device.type == "cuda" and "TensorrtExecutionProvider" in providers,
-        }
+        inference = {name: offered for runtime in RUNTIMES for name, offered in runtime.capabilities(device).items()}
         return dataclasses.replace(found, capabilities={**found.capabilities, **inference})
 
-    def workload_capabilities(self, workload: Any, device: torch.device, count: int) -> dict[str, bool]:
-        found = super().workload_capabilities(workload, device, count)
+    def workload_capabilities(self, workload: InferenceWorkload, device: torch.device, count: int) -> dict[str, bool]:
+        found = workload_capabilities(workload, device, count)
         return {**found, "sparse24_layers": any(sparse_layer(m) for m in workload.model.modules())}
 
-    def as_workload(self, built: Any, ref: str) -> InferenceWorkload:  # type: ignore[override]
+    def as_workload(self, built: object, ref: str) -> InferenceWorkload:
         return as_inference_workload(built, ref)
 
-    def first_batch_problem(self, workload: Any, count: int) -> str | None:
+    def first_batch_problem(self, workload: InferenceWorkload, count: int) -> str | None:
         # what is served must hold a tensor to compare (`primary_output`), in eval mode
         return first_batch_problem(
             workload, count, lambda batch: primary_output(workload.forward(workload.model.eval(), batch))
@@ -83,7 +67,9 @@ class PyTorchServing(ServingBackend, PyTorchTrial):
         size = len(workload.dataset)
         return [workload.dataset[i] for i in range(size - count, size)]
 
-    def reference_outputs(self, workload: InferenceWorkload, items: list[Any], batch: int, device: Any) -> Any:
+    def reference_outputs(
+        self, workload: InferenceWorkload, items: list[Any], batch: int, device: torch.device
+    ) -> torch.Tensor:
         config = {name: knob.reference for name, knob in PYTORCH_INFERENCE.knobs.items()}
         strict = TunedInference({**config, BATCH_SIZE.name: batch}, workload.model, device=device)
         outputs = [
@@ -93,11 +79,19 @@ class PyTorchServing(ServingBackend, PyTorchTrial):
         return torch.cat(outputs)
 
     def serving(
-        self, workload: InferenceWorkload, config: Config, device: Any, example: list[Any], export_file: str | None
+        self,
+        workload: InferenceWorkload,
+        config: Config,
+        device: torch.device,
+        example: list[Any],
+        graph_file: str | None,
     ) -> TunedInference:
         return TunedInference(
-            config, workload.model, device=device, example=workload.collate(example), onnx_file=export_file
+            config, workload.model, device=device, example=workload.collate(example), onnx_file=graph_file
         )
+
+    def graph_format(self, config: Config) -> str | None:
+        return runtime_named(str(config[RUNTIME.name])).graph_format
 
     def batches(self, workload: InferenceWorkload, serving: TunedInference, seed: int) -> Iterator[Any]:
         generator = torch.Generator().manual_seed(seed)
@@ -118,7 +112,7 @@ class PyTorchServing(ServingBackend, PyTorchTrial):
             if not yielded:
                 raise ValueError("the data loader yields no batch: the dataset holds fewer items than one batch")
 
-    def serve(self, serving: TunedInference, batch: Any) -> Any:
+    def serve(self, serving: TunedInference, batch: Any) -> object:
         outputs = serving(batch)
         serving.synchronize()
         return outputs

@@ -1,5 +1,5 @@
 """The PyTorch backend, trial-process side: what a probe finds out about a device and the software
-around it (`autotuner.trials.core.TrialBackend.environment`): the device's name and driver, the
+around it (`autotuner.trials.process.TrialProcess.environment`): the device's name and driver, the
 versions, the capabilities the knobs depend on (bf16, fp16, TF32, torch.compile, CUDA graphs),
 the NVML facts (driver, energy counter) and the device's peak FLOP/s.
 
@@ -25,7 +25,7 @@ from autotuner.trials.probe import Environment
 from autotuner.trials.streams import prefix
 
 if TYPE_CHECKING:
-    from autotuner.backends.pytorch.workload import TorchWorkload
+    from autotuner.backends.pytorch.workload import InferenceWorkload, TorchWorkload
 
 
 def parallel_capabilities(parallel: str | None) -> dict[str, bool]:
@@ -95,7 +95,9 @@ def environment(device: torch.device) -> Environment:
     )
 
 
-def workload_capabilities(workload: TorchWorkload, device: torch.device, count: int) -> dict[str, bool]:
+def workload_capabilities(
+    workload: TorchWorkload | InferenceWorkload, device: torch.device, count: int
+) -> dict[str, bool]:
     """What the workload offers the knobs (`autotuner.backends.pytorch.TorchCapabilities`): 2-D
     convolutions (channels_last, cuDNN's benchmark), a call of scaled_dot_product_attention in its
     loss on the first `count` items (run where the model was built, without gradients) or Hugging

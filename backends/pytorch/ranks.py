@@ -7,7 +7,7 @@ on 127.0.0.1, started after the fork: its server thread is not copied into the r
 its port through a pipe), and waits for them. Each rank joins the trial's process group (NCCL on GPUs, gloo
 on the CPU) on its own device (`cuda:K+rank` from the request's `cuda:K`; on the CPU its own
 share of the cores, as many threads), then runs the one trial algorithm
-(`autotuner.trials.core.run_trial`) as a rank of `StoreGroup`: rank 0 measures and reports, the
+(`autotuner.trials.training.run_trial`) as a rank of `StoreGroup`: rank 0 measures and reports, the
 others take the same steps. Rank 0 talks to the launcher directly (it inherits the trial's pipes:
 its lockstep turns go both ways as a one-process trial's do).
 
@@ -30,7 +30,7 @@ import os
 import signal
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 import torch.distributed as dist
@@ -38,11 +38,18 @@ import torch.multiprocessing
 
 from autotuner.measurement.hardware import core_shares
 from autotuner.measurement.telemetry import usable_cpus
-from autotuner.trials.core import TrialBackend, run_profile, run_trial
+from autotuner.measurement.turns import Turns
 from autotuner.trials.launcher import die_with_parent
 from autotuner.trials.outcomes import Outcome, RankFailed, exception_message
 from autotuner.trials.request import ProfileRequest, TrialRequest
+from autotuner.trials.training import TrainingBackend, run_profile, run_trial
 from autotuner.trials.trial_output import ProfileOutput, TrialOutput
+
+if TYPE_CHECKING:
+    from autotuner.backends.pytorch.apply import TunedTraining
+    from autotuner.backends.pytorch.workload import TorchWorkload
+
+    Trainer = TrainingBackend[torch.device, TorchWorkload, TunedTraining]
 
 HOST = "127.0.0.1"
 STORE_TIMEOUT = datetime.timedelta(days=7)
@@ -58,7 +65,7 @@ only when no rank ended otherwise."""
 
 
 class StoreGroup:
-    """`autotuner.trials.core.RankGroup` over the trial's `TCPStore`: rank 0's commands under
+    """`autotuner.trials.training.RankGroup` over the trial's `TCPStore`: rank 0's commands under
     numbered keys, gathered values under `key/rank`."""
 
     def __init__(self, store: dist.Store, rank: int, devices: list[str]):
@@ -90,8 +97,18 @@ def rank_device(spec: str, rank: int) -> str:
     return f"cuda:{base + rank}"
 
 
-def run_ranks(backend: TrialBackend, entry: str, request: Any, turns: Any = None) -> Any:
-    """Run `entry` (`trial` or `profile`) of `request` as its trial's ranks and return rank 0's
+@overload
+def run_ranks(backend: Trainer, request: TrialRequest, turns: Turns | None = None) -> TrialOutput: ...
+
+
+@overload
+def run_ranks(backend: Trainer, request: ProfileRequest, turns: None = None) -> ProfileOutput: ...
+
+
+def run_ranks(
+    backend: Trainer, request: TrialRequest | ProfileRequest, turns: Turns | None = None
+) -> TrialOutput | ProfileOutput:
+    """Run the trial of `request` (or its profile) as its trial's ranks and return rank 0's
     output; `RankFailed` with the first rank's end when one fails."""
     trial: TrialRequest = request.trial if isinstance(request, ProfileRequest) else request
     size = trial.processes
@@ -100,7 +117,7 @@ def run_ranks(backend: TrialBackend, entry: str, request: Any, turns: Any = None
     shares = core_shares(usable_cpus(), size)
     context = torch.multiprocessing.start_processes(
         _rank_main,
-        args=(backend, entry, request, turns, list(port_readers), list(senders), shares),
+        args=(backend, request, turns, list(port_readers), list(senders), shares),
         nprocs=size,
         join=False,
         start_method="fork",
@@ -184,16 +201,15 @@ def _first_failure(ends: dict[int, dict[str, Any]], exited: dict[int, int | None
 
 def _rank_main(
     rank: int,
-    backend: TrialBackend,
-    entry: str,
-    request: Any,
-    turns: Any,
+    backend: Trainer,
+    request: TrialRequest | ProfileRequest,
+    turns: Turns | None,
     ports: list[multiprocessing.connection.Connection],
     senders: list[multiprocessing.connection.Connection],
     shares: list[set[int]],
 ) -> None:
     """One rank: join the process group (the store's port comes through `ports[rank]`), run
-    `entry` as rank `rank`, send its end, exit."""
+    the trial (or its profile) as rank `rank`, send its end, exit."""
     die_with_parent()
     sender = senders[rank]
     for other in (*senders, *ports):

@@ -22,6 +22,7 @@ import yaml
 import autotuner.backends.pytorch.apply as torch_apply
 import autotuner.backends.pytorch.knobs.compile as compile_knob
 import autotuner.backends.pytorch.probe as torch_probe
+import autotuner.backends.pytorch.process as torch_process
 import autotuner.backends.pytorch.runner as torch_runner
 from autotuner.backends.pytorch.apply import TunedTraining
 from autotuner.backends.pytorch.runner import TRIAL_BACKEND
@@ -388,10 +389,10 @@ def test_each_precision_compiles_into_a_folder_of_its_own_in_the_studys_cache() 
     """No precision can use another's graphs, and a torch whose AOTAutograd cache keys no autocast
     dtype would serve an fp16 trial bf16's (`tests/e2e/test_compile_cache.py`)."""
     folders = {
-        p: torch_runner.inductor_cache("/study/compile-cache", {"precision": p}) for p in ("fp32", "bf16", "fp16")
+        p: torch_process.inductor_cache("/study/compile-cache", {"precision": p}) for p in ("fp32", "bf16", "fp16")
     }
     assert folders["bf16"] == "/study/compile-cache/pytorch-bf16" and len(set(folders.values())) == 3
-    assert torch_runner.inductor_cache("/study/compile-cache", None) == "/study/compile-cache"
+    assert torch_process.inductor_cache("/study/compile-cache", None) == "/study/compile-cache"
 
 
 @pytest.mark.slow

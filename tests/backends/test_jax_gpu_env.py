@@ -23,6 +23,7 @@ import jax.extend.backend
 import pytest
 
 from autotuner.backends.jax import apply, runner
+from autotuner.backends.jax import process as jax_process
 from autotuner.backends.jax.workload import JaxWorkload
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome
@@ -227,12 +228,12 @@ def recording_mlp(**args: Any) -> JaxWorkload:
 TRIAL_ON_THE_SECOND_DEVICE = """
     import json
     import jax
-    from autotuner.backends.jax import runner
+    from autotuner.backends.jax import process, runner
     from tests.backends import test_jax_gpu_env as here
     from tests.support.helpers import SMALL_MLP, small_request
 
     second = jax.devices("cpu")[1]
-    runner.resolve_device = lambda spec: second  # "cuda:1" on a machine with two GPUs
+    process.resolve_device = lambda spec: second  # "cuda:1" on a machine with two GPUs
     jax.config.update("jax_transfer_guard_device_to_device", "disallow")
     results = {}
     for jit in ("on", "off"):
@@ -299,11 +300,11 @@ def test_a_gpus_memory_is_the_cards_not_its_allocators_share(monkeypatch: pytest
     card = FakeCard(1)
     board = NvmlGpu(FAST_UUID, watts=400.0, sampled_w=350.0, total_bytes=141 * 2**30)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([board], time.perf_counter))
-    monkeypatch.setattr(runner, "cuda_uuid", lambda ordinal: FAST_UUID if ordinal == 1 else None)
-    monkeypatch.setattr(runner, "gpus", lambda: [card])
-    monkeypatch.setattr(runner, "_start_flag_check", lambda platform: None)
+    monkeypatch.setattr(jax_process, "cuda_uuid", lambda ordinal: FAST_UUID if ordinal == 1 else None)
+    monkeypatch.setattr(jax_process, "gpus", lambda: [card])
+    monkeypatch.setattr(jax_process, "_start_flag_check", lambda platform: None)
     for works in ("_bf16_works", "_jit_works", "_donation_works"):  # what would run on the device
-        monkeypatch.setattr(runner, works, lambda device: True)
+        monkeypatch.setattr(jax_process, works, lambda device: True)
     environment = runner.TRIAL_BACKEND.environment(card)  # type: ignore[arg-type]
     assert (environment.device, environment.device_name, environment.driver) == ("cuda:1", "NVIDIA H200", "999.99")
     assert environment.memory_mb == 141 * 1024 and environment.energy_counter

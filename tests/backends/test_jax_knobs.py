@@ -27,7 +27,7 @@ from autotuner.backends.builtin_sizes import MlpSize
 from autotuner.backends.jax import JAX, XLA_FLAG_BUNDLES, FlagBundle, JaxCapabilities
 from autotuner.backends.jax.apply import TunedTraining
 from autotuner.backends.jax.builtin import gpt, mlp
-from autotuner.backends.jax.runner import _flags_known, _start_flag_check
+from autotuner.backends.jax.process import _flags_known, _start_flag_check
 from autotuner.backends.jax.workload import JaxWorkload, remat_block, remat_scope
 from autotuner.search_spaces import load_preset
 from autotuner.trials.launcher import TrialLauncher

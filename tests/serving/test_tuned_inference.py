@@ -17,9 +17,9 @@ from autotuner.backends.pytorch.inference_runner import PyTorchServing
 from autotuner.backends.pytorch.serving import TunedInference, primary_output, session_settings
 from autotuner.backends.pytorch.workload import InferenceWorkload, TorchWorkload, as_inference_workload
 from autotuner.measurement.timing import Throughput
-from autotuner.trials.inference import Served, by_calls, heldout_count, latency, percentile
 from autotuner.trials.outcomes import Unsupported
 from autotuner.trials.request import TrialRequest
+from autotuner.trials.serving import Served, by_calls, heldout_count, latency, percentile
 
 REFERENCE = {name: knob.reference for name, knob in PYTORCH_INFERENCE.knobs.items()}
 
@@ -192,7 +192,7 @@ def test_held_out_items_are_whole_served_steps() -> None:
 
 
 def test_the_probe_refuses_a_held_out_set_smaller_than_one_served_step() -> None:
-    from autotuner.trials.core import _data_problem
+    from autotuner.trials.process import _data_problem
 
     small = InferenceWorkload(model=_model(), dataset=_classifier_items(64), heldout=_classifier_items(10))
     found = _data_problem(PyTorchServing(), small, 32)
@@ -257,12 +257,16 @@ def test_a_training_workload_serves_its_model_and_data() -> None:
 
 
 def test_the_exported_graph_is_kept_once_per_workload_seed_and_batch() -> None:
-    from autotuner.trials.inference import export_file
+    from autotuner.backends.pytorch.inference_runner import PyTorchServing
+    from autotuner.trials.serving import graph_file
     from tests.support.helpers import small_request
 
     def request(**config: object) -> TrialRequest:
         workload = "autotuner.backends.pytorch.inference_builtin:encoder"
         return dataclasses.replace(small_request(workload, _config(**config), {"width": 64}), compile_cache="/cache")
+
+    def export_file(request: TrialRequest) -> str | None:
+        return graph_file(request, PyTorchServing().graph_format(request.config))
 
     assert export_file(request()) is None  # PyTorch's runtime exports nothing
     eight = export_file(request(runtime="onnxruntime-cpu"))

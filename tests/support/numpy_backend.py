@@ -2,7 +2,7 @@
 
 It shows what a backend is: an engine-side `Backend` registered with
 `autotuner.backends.register` (on import), a `TunedTraining` that applies a config to a loop,
-and a `TrialBackend` with the framework's steps of the one trial algorithm (`autotuner.trials.core`),
+and a `TrainingBackend` with the framework's steps of the one trial algorithm (`autotuner.trials.training`),
 exposed as this module's `TRIAL_BACKEND` (it is its own runner module).
 Nothing under `autotuner/` knows about it. Its knobs: precision (fp32 only), batch_size,
 accumulation and workers (threads that gather a micro-batch's items). The tests run the backend
@@ -25,8 +25,8 @@ import numpy as np
 from autotuner.backends import Backend, Capabilities, register
 from autotuner.backends._base import TunedLoop
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, knob_table
-from autotuner.trials.core import TrialBackend
 from autotuner.trials.probe import Environment
+from autotuner.trials.training import TrainingBackend
 
 # ---------------------------------------------------------------- engine side
 
@@ -227,7 +227,7 @@ class TunedTraining(TunedLoop):
 # ---------------------------------------------------------------- trial side
 
 
-class NumpyTrial(TrialBackend):
+class NumpyTrial(TrainingBackend[str, Any, Any]):
     name = NUMPY.name
 
     def resolve_device(self, spec: str) -> str:

@@ -220,7 +220,7 @@ def test_the_ranks_are_forked_before_the_trial_process_starts_their_stores_threa
 
     monkeypatch.setattr(torch.multiprocessing, "start_processes", counted)
     before = _threads()
-    output = run_ranks(TRIAL_BACKEND, "trial", _drift_request("ddp", 2))
+    output = run_ranks(TRIAL_BACKEND, _drift_request("ddp", 2))
     assert forked_with == [before]
     assert output.losses.heldout > 0
 

@@ -17,7 +17,7 @@ accuracy against labels where the items carry them). The fp32 reference of the s
 at one sample a call against those at the baseline's batch, the noise floor of fp32 itself.
 
 This module imports no framework (numpy only, for the drift): the backend's `ServingBackend` does
-the framework's part.
+the framework's part, on the process contract of every role (`autotuner.trials.process`).
 """
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from autotuner.config.knobs import BATCH_SIZE
+from autotuner.config.knobs import BATCH_SIZE, Config
 from autotuner.measurement.telemetry import Telemetry
 from autotuner.measurement.timing import Throughput, WindowTimer, measure_throughput, relative_spread
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
-from autotuner.trials.core import TrialBackend, contention_watched, pruner, trial_process
 from autotuner.trials.outcomes import NonFiniteLoss
+from autotuner.trials.process import D, TrialProcess, W, contention_watched, pruner, trial_process
 from autotuner.trials.progress import PhaseFile
 from autotuner.trials.request import ProfileRequest, TrialRequest
 from autotuner.trials.trial_output import Latency, Losses, OutputDrift, ProfileOutput, TrialOutput
@@ -60,46 +60,62 @@ class Served:
     seconds: float
 
 
-class ServingBackend(TrialBackend):
-    """A backend's inference half, in a trial process: what `run_inference` calls besides the
-    process set-up, build and seeding a `TrialBackend` provides."""
+class Serving(Protocol):
+    """What the core reads of a backend's `TunedInference`: the size of a call."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+
+S = TypeVar("S", bound=Serving)
+"""The backend's `TunedInference`: the config applied to the workload's model."""
+
+
+class ServingBackend(TrialProcess[D, W], Generic[D, W, S]):
+    """The serving role of a trial process: what `run_inference` calls, on the process contract
+    (`TrialProcess`: the set-up, build and seeding every role shares). A sibling of the training
+    role (`autotuner.trials.training.TrainingBackend`), not a kind of it."""
 
     @abstractmethod
-    def heldout_items(self, workload: Any, count: int) -> list[Any]:
+    def heldout_items(self, workload: W, count: int) -> list[Any]:
         """The first `count` of the workload's held-out items (its `heldout`, else the dataset's last
         `count`), in order."""
 
     @abstractmethod
-    def reference_outputs(self, workload: Any, items: list[Any], batch: int, device: Any) -> Any:
+    def reference_outputs(self, workload: W, items: list[Any], batch: int, device: D) -> Any:
         """The model's outputs on `items`, strict fp32 eager on `device`, `batch` items a call,
         before any config is applied: what drift is measured against."""
 
     @abstractmethod
-    def serving(
-        self, workload: Any, config: dict[str, Any], device: Any, example: list[Any], export_file: str | None
-    ) -> Any:
+    def serving(self, workload: W, config: Config, device: D, example: list[Any], graph_file: str | None) -> S:
         """The backend's `TunedInference` of `config` over the workload's model on `device`;
         `example`: the items of one batch of the config's size (what an exported graph is traced
-        with), `export_file`: where that graph is kept (`export_file`)."""
+        with), `graph_file`: where the graph its runtime runs from is kept (`graph_file`), None
+        when it runs the model itself or the study keeps no cache."""
+
+    def graph_format(self, config: Config) -> str | None:
+        """The format of the graph `config`'s runtime runs from, as a file suffix (`onnx`); None
+        when it runs the framework's model itself."""
+        return None
 
     @abstractmethod
-    def batches(self, workload: Any, serving: Any, seed: int) -> Iterator[Any]:
+    def batches(self, workload: W, serving: S, seed: int) -> Iterator[Any]:
         """The dataset's batches of the config's size, in a seeded order, epoch after epoch."""
 
     @abstractmethod
-    def serve(self, serving: Any, batch: Any) -> Any:
+    def serve(self, serving: S, batch: Any) -> object:
         """The outputs of one call on `batch` (on the host or the device, as the runtime gives
         them), once the device has finished it."""
 
     @abstractmethod
-    def served_outputs(self, workload: Any, serving: Any, items: list[Any]) -> Any:
+    def served_outputs(self, workload: W, serving: S, items: list[Any]) -> Any:
         """The config's outputs on `items`, `batch_size` items a call."""
 
     @abstractmethod
-    def output_drift(self, workload: Any, outputs: Any, reference: Any, items: list[Any]) -> OutputDrift:
+    def output_drift(self, workload: W, outputs: Any, reference: Any, items: list[Any]) -> OutputDrift:
         """How far `outputs` are from `reference` (`OutputDrift`)."""
 
-    def heldout_problem(self, workload: Any, global_batch: int) -> str | None:
+    def heldout_problem(self, workload: W, global_batch: int) -> str | None:
         """A held-out set smaller than one served step: drift is measured on whole steps, the same
         items for every config in whole batches of its own size."""
         if workload.heldout is not None and len(workload.heldout) < global_batch:
@@ -147,18 +163,20 @@ def heldout_count(available: int, global_batch: int) -> int:
     return steps * global_batch
 
 
-def export_file(request: TrialRequest) -> str | None:
-    """Where a trial keeps the graph its runtime runs when it is not PyTorch's (an ONNX export), in
-    the study's compile cache: one per workload, arguments, seed and batch size, so the model is
-    exported once for a study and each batch size, and every later trial of it reuses the file."""
-    if not request.compile_cache or request.config.get("runtime", "pytorch") == "pytorch":
+def graph_file(request: TrialRequest, graph_format: str | None) -> str | None:
+    """Where a trial keeps the graph its runtime runs from (`ServingBackend.graph_format`: an ONNX
+    export), in the study's compile cache: one per workload, arguments, seed and batch size, so
+    the model is exported once for a study and each batch size, and every later trial of it
+    reuses the file. None for a runtime that runs the model itself, or without a cache."""
+    if not request.compile_cache or graph_format is None:
         return None
     key = json.dumps(
         [request.workload, request.workload_args, request.seed, request.config[BATCH_SIZE.name]],
         sort_keys=True,
         default=str,
     )
-    return os.path.join(request.compile_cache, "onnx", f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.onnx")
+    name = f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.{graph_format}"
+    return os.path.join(request.compile_cache, graph_format, name)
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -200,7 +218,7 @@ def by_calls(throughput: Throughput, calls: list[Served]) -> Throughput:
     )
 
 
-def run_inference(backend: ServingBackend, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+def run_inference(backend: ServingBackend[D, W, S], request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
     """One inference trial of `request`, as the module says; with `turns`, its measured phase takes
     its turns in a lockstep group."""
     started = time.perf_counter()
@@ -209,10 +227,10 @@ def run_inference(backend: ServingBackend, request: TrialRequest, turns: Turns |
 
 
 def _run(
-    backend: ServingBackend,
+    backend: ServingBackend[D, W, S],
     request: TrialRequest,
-    device: Any,
-    workload: Any,
+    device: D,
+    workload: W,
     phase: PhaseFile,
     turns: Turns | None,
     started: float,
@@ -222,7 +240,9 @@ def _run(
     phase(f"reference outputs, {len(items)} items in strict fp32")
     reference = backend.reference_outputs(workload, items, request.heldout_batch, device)
     batch = int(request.config[BATCH_SIZE.name])
-    serving = backend.serving(workload, request.config, device, items[:batch], export_file(request))
+    serving = backend.serving(
+        workload, request.config, device, items[:batch], graph_file(request, backend.graph_format(request.config))
+    )
     output = TrialOutput(
         losses=Losses(math.nan, []),
         tokens_per_sample=workload.tokens_per_sample,
@@ -247,7 +267,7 @@ def _run(
     return output
 
 
-def profile_inference(backend: ServingBackend, profile: ProfileRequest) -> ProfileOutput:
+def profile_inference(backend: ServingBackend[D, W, S], profile: ProfileRequest) -> ProfileOutput:
     """`profile.steps` served steps of its trial's config under the framework's profiler, after
     the trial's warm-up steps (compilation is not what a call costs): the trace's path and its
     operators by self time (`autotuner.measurement.traces.top_operators`)."""
@@ -255,7 +275,9 @@ def profile_inference(backend: ServingBackend, profile: ProfileRequest) -> Profi
     with trial_process(backend, request) as (device, phase, workload):
         batch = int(request.config[BATCH_SIZE.name])
         example = backend.heldout_items(workload, batch)
-        serving = backend.serving(workload, request.config, device, example, export_file(request))
+        serving = backend.serving(
+            workload, request.config, device, example, graph_file(request, backend.graph_format(request.config))
+        )
         batches = backend.batches(workload, serving, request.seed)
         calls = request.global_batch // batch
         phase(f"warm-up, {request.warmup_steps} steps")
@@ -270,11 +292,11 @@ def profile_inference(backend: ServingBackend, profile: ProfileRequest) -> Profi
 
 
 def _measure(
-    backend: ServingBackend,
-    workload: Any,
-    serving: Any,
+    backend: ServingBackend[D, W, S],
+    workload: W,
+    serving: S,
     request: TrialRequest,
-    device: Any,
+    device: D,
     output: TrialOutput,
     turns: Turns | None,
     phase: PhaseFile,
