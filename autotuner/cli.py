@@ -96,8 +96,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from autotuner.export.promise import EXIT_CODES, TOLERANCE, apply_config, print_applied
     from autotuner.export.reader import load_config
+    from autotuner.output.apply_console import print_applied
+    from autotuner.results.promise import EXIT_CODES, TOLERANCE
+    from autotuner.search.apply_run import apply_config
     from autotuner.spec.job import load_spec
 
     tuned = load_config(args.config)

@@ -62,9 +62,9 @@ from typing import Any
 
 from _harness import write_results
 
-from autotuner.export.promise import TOLERANCE, Promised, Verdict, checked_interval, judge, look_level
 from autotuner.measurement.interval import DRIFT, LEVEL, ratio_interval, stated_interval
 from autotuner.results.evidence import Remeasurement
+from autotuner.results.promise import TOLERANCE, Promised, Verdict, checked_interval, judge, look_level
 from autotuner.results.standings import Standing, baseline_standing, contenders, joint_among, standing
 from autotuner.search.remeasure import settled
 
