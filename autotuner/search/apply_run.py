@@ -5,9 +5,10 @@ export's baseline, then its promise checked.
 (`autotuner.export.reader`), runs the job with it for N optimizer steps in a trial process, with the
 export's baseline beside it, measured as the study measures; then it measures the speedup the way
 the study's re-measurement did, in rounds of a fresh process of each beside the other
-(`promise_rounds`), until they decide the export's promise (`autotuner.results.promise`). What it
-gives is an `autotuner.results.applied_run.AppliedRun`, which `autotuner.output.apply_console`
-prints.
+(`promise_rounds`, run by the function the re-measurement's rounds run by,
+`autotuner.search.paired_rounds.measure_rounds`), until they decide the export's promise
+(`autotuner.results.promise`). What it gives is an `autotuner.results.applied_run.AppliedRun`,
+which `autotuner.output.apply_console` prints.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from autotuner.config.knobs import BATCH_SIZE, Config
@@ -27,7 +29,10 @@ from autotuner.measurement.rounds import ProcessCost, TimeBudget, windows_that_f
 from autotuner.measurement.timing import Throughput
 from autotuner.results.applied_run import AppliedRun
 from autotuner.results.promise import TOLERANCE, Promised, Verdict, verdict_at
+from autotuner.search.paired_rounds import Pace, RoundAt, measure_rounds, round_speedups
 from autotuner.study.fingerprint import thread_mismatch
+from autotuner.trials.lockstep import in_lockstep, measure_together
+from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import Environment
 
 if TYPE_CHECKING:
@@ -60,37 +65,49 @@ def baseline_most_s(tuned: TunedConfig, job: Job, steps: int, windows: int) -> f
     return min(BASELINE_MOST_S, windows * window_s)
 
 
+@dataclass(frozen=True)
+class ApplyOptions:
+    """What `autotuner apply` is asked beside the config and the job: its command line's options."""
+
+    steps: int | None = None
+    """The optimizer steps the run's windows cover (None: `default_steps`)."""
+    device: str | None = None
+    """The device to run on (None: the spec's)."""
+    force: bool = False
+    """Run a config tuned for another job or other hardware, with a warning."""
+    baseline: bool = True
+    """Run the export's baseline beside the config, and check the promise."""
+    tolerance: float = TOLERANCE
+    """How far beyond the export's interval the speedup here may be (`Promised`)."""
+    rounds: int | None = None
+    """The most rounds the promise check runs (`check_rounds`)."""
+
+
 def apply_config(
     tuned: TunedConfig,
     job: Job,
+    options: ApplyOptions | None = None,
     *,
-    steps: int | None = None,
-    device: str | None = None,
-    force: bool = False,
-    baseline: bool = True,
-    tolerance: float = TOLERANCE,
-    rounds: int | None = None,
     warn: Callable[[str], None] = lambda text: print(f"autotuner: warning: {text}", file=sys.stderr),
     note: Callable[[str], None] = lambda text: None,
 ) -> AppliedRun:
     """Run `job` with `tuned` in a trial process, from a cold compile cache as a real run starts,
     measured as a trial is: warm-up, then windows as long as the study's (each lengthened to
     `trial.min_window_s` by the same calibration), their median and spread: as many windows as
-    cover `steps` optimizer steps, or by default as many as `default_steps` fill at `trial.steps`
-    a window (so at least 4x a trial's windows, enough for the median and for `slowdown`). With
-    `baseline`, the export's baseline config runs over as many optimizer steps (its windows for as
-    long as the config's at most, `baseline_most_s`), so the speedup delivered can be set beside
-    the export's: on a CPU in lockstep with the config (turn by turn,
+    cover `options.steps` optimizer steps, or by default as many as `default_steps` fill at
+    `trial.steps` a window (so at least 4x a trial's windows, enough for the median and for
+    `slowdown`). With `options.baseline`, the export's baseline config runs over as many optimizer
+    steps (its windows for as long as the config's at most, `baseline_most_s`), so the speedup
+    delivered can be set beside the export's: on a CPU in lockstep with the config (turn by turn,
     `autotuner.trials.lockstep.measure_together`), elsewhere after it; then the promise check's
-    rounds (`promise_rounds`) until they decide the promise within `tolerance` (`judge`, each look
-    at its `look_level`), at most `rounds` of them (`check_rounds`), each round's progress told to `note`. A
-    config tuned for another job or other hardware is refused unless `force`."""
-    from autotuner.trials.lockstep import in_lockstep, measure_together
-    from autotuner.trials.outcomes import Outcome
-
+    rounds (`promise_rounds`) until they decide the promise within `options.tolerance` (`judge`,
+    each look at its `look_level`), at most `options.rounds` of them (`check_rounds`), each
+    round's progress told to `note`. A config tuned for another job or other hardware is refused
+    unless `options.force`."""
+    options = options or ApplyOptions()
     launcher = job.backend.launcher(job.spec.trial.max_memory_mb, job.workload_path())
-    environment, config = _checked(tuned, job, launcher, device or job.spec.device, force, warn)
-    requests, timeout = _requests(tuned, job, config, environment.device, steps, baseline)
+    environment, config = _checked(tuned, job, launcher, options.device or job.spec.device, options.force, warn)
+    requests, timeout = _requests(tuned, job, config, environment.device, options.steps, options.baseline)
     # A compile cache of their own, empty: the warm-up is a real run's, whatever the study compiled.
     with tempfile.TemporaryDirectory(prefix="autotuner-apply-") as cold_cache:
         requests = [dataclasses.replace(r, compile_cache=cold_cache) for r in requests]
@@ -100,29 +117,16 @@ def apply_config(
         for what, result in zip(("config", "baseline config"), results, strict=False):
             if result.outcome is not Outcome.OK:
                 raise BackendError(f"the {what} failed on this machine: {result.outcome}: {result.reason}")
-
-        most = check_rounds(job, rounds)
-
-        promised = Promised.of(tuned.speedup_interval, tuned.speedup, tolerance)
-
-        def decided(speedups: list[float]) -> bool:
-            return promised is not None and verdict_at(speedups, tuned.speedup_interval, promised, most) is not (
-                Verdict.UNDECIDED
-            )
-
+        most = check_rounds(job, options.rounds)
+        plan = CheckPlan(
+            most=most,
+            decided=_decides(tuned, options.tolerance, most),
+            measured=tuple(r.output.throughput for r in results if r.output and r.output.throughput),
+            seconds=max(r.wall_s for r in results),
+        )
+        configs = [r.config for r in requests]
         checked, rounds_error = (
-            promise_rounds(
-                job,
-                launcher,
-                [r.config for r in requests],
-                environment.device,
-                cold_cache,
-                note,
-                measured=[r.output.throughput for r in results if r.output and r.output.throughput],
-                seconds=max(r.wall_s for r in results),
-                decided=decided,
-                most=most,
-            )
+            promise_rounds(job, launcher, configs, environment.device, cold_cache, note, plan)
             if len(requests) > 1
             else ([], None)
         )
@@ -150,15 +154,49 @@ def apply_config(
         log=result.log,
         rounds=tuple(checked),
         rounds_error=rounds_error,
-        tolerance=tolerance,
+        tolerance=options.tolerance,
         most_rounds=most,
     )
+
+
+def _decides(tuned: TunedConfig, tolerance: float, most: int) -> Callable[[list[float]], bool]:
+    """Whether the promise check's rounds so far decide `tuned`'s promise within `tolerance`: the
+    look after them, of at most `most`, is not undecided (`verdict_at`); never where the export
+    promises no speedup."""
+    promised = Promised.of(tuned.speedup_interval, tuned.speedup, tolerance)
+
+    def decided(speedups: list[float]) -> bool:
+        return promised is not None and verdict_at(speedups, tuned.speedup_interval, promised, most) is not (
+            Verdict.UNDECIDED
+        )
+
+    return decided
 
 
 def check_rounds(job: Job, most: int | None) -> int:
     """The most rounds the promise check runs: `most` (`autotuner apply --rounds`), by default
     `budget.remeasure_runs`; two at least (one gives no interval)."""
     return max(2, most or job.spec.budget.remeasure_runs)
+
+
+@dataclass(frozen=True)
+class CheckPlan:
+    """How the promise check's rounds run (`promise_rounds`)."""
+
+    most: int | None = None
+    """At most `check_rounds(job, most)` rounds."""
+    decided: Callable[[list[float]], bool] | None = None
+    """Whether the rounds so far decide the promise (`_decides`), asked from the second round on:
+    the rounds stop once it says so, and never for time."""
+    measured: tuple[Throughput, ...] = ()
+    """The configs' throughputs as the run before measured them, whose windows (their steps) and
+    costs the rounds take."""
+    seconds: float | None = None
+    """The run before's time: each process measures as many windows as let three rounds fit in it
+    (`autotuner.measurement.rounds`, `budget.remeasure_windows` at most); without `decided`, from
+    the third on the rounds run only while the next fits in it."""
+    clock: Callable[[], float] = time.monotonic
+    """What a round's seconds are read on."""
 
 
 def promise_rounds(
@@ -168,30 +206,18 @@ def promise_rounds(
     device: str,
     compile_cache: str,
     note: Callable[[str], None],
-    *,
-    measured: list[Throughput] | None = None,
-    seconds: float | None = None,
-    decided: Callable[[list[float]], bool] | None = None,
-    most: int | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    plan: CheckPlan | None = None,
 ) -> tuple[list[float], str | None]:
     """The speedup of `configs[0]` over `configs[1]` (the export's baseline), measured the way the
-    study's re-measurement measures a round (`autotuner.search.remeasure`): a fresh trial process
-    of each, together (in lockstep on a CPU), the round's speedup the config's median window over
-    the baseline's. From the second round on, the rounds stop once `decided` says the rounds so far
-    decide the promise (`judge`, at the look's level, `look_level`); without it, with `seconds`,
-    from the third on only while the next round fits in them. At most `check_rounds(job, most)`
-    rounds. With `seconds`, each process measures as many windows as let three rounds fit in
-    them (`autotuner.measurement.rounds`, `budget.remeasure_windows` at most). `measured`: the
-    configs' throughputs as the run before measured them, whose windows (their steps) and costs
-    the rounds take. Each round's speedup, and why a round failed (None: none did)."""
-    from autotuner.trials.lockstep import measure_together
-    from autotuner.trials.outcomes import Outcome
-
+    study's re-measurement measures a round, by the rounds function they share
+    (`autotuner.search.paired_rounds.measure_rounds`): a fresh trial process of each, together (in
+    lockstep on a CPU), the round's speedup the config's median window over the baseline's; the
+    rounds as `plan` says (`CheckPlan`), each told to `note`. Each round's speedup, and why a round
+    failed (None: none did)."""
+    plan = plan or CheckPlan()
     budget = job.spec.budget
-    allowance = TimeBudget(seconds) if seconds is not None else None
-    costs = [ProcessCost(t.warmup_s, t.measured_s / max(1, t.windows)) for t in measured or []]
-    windows = windows_that_fit(costs, seconds, budget.remeasure_windows) if costs else budget.remeasure_windows
+    costs = [ProcessCost(t.warmup_s, t.measured_s / max(1, t.windows)) for t in plan.measured]
+    windows = windows_that_fit(costs, plan.seconds, budget.remeasure_windows) if costs else budget.remeasure_windows
     requests = []
     for index, config in enumerate(configs):
         request = dataclasses.replace(
@@ -200,35 +226,48 @@ def promise_rounds(
             drift=False,
             compile_cache=compile_cache,
         )
-        if measured and index < len(measured):  # the window the run calibrated: no calibration again
-            request = dataclasses.replace(request, steps=measured[index].steps, min_window_s=0.0)
+        if index < len(plan.measured):  # the window the run calibrated: no calibration again
+            request = dataclasses.replace(request, steps=plan.measured[index].steps, min_window_s=0.0)
         requests.append(request)
     timeout = job.trial_timeout(*configs)
-    most = check_rounds(job, most)
-    speedups: list[float] = []
-    last_s = None
-    for number in range(1, most + 1):
-        timed_out = allowance is not None and last_s is not None and number > 2 and not allowance.holds(last_s)
-        if decided is None and timed_out:
-            break
-        left = f", {allowance.left:.0f} s left" if allowance is not None else ""
-        note(
-            f"checking the promise: round {number} of at most {most}, the config beside the baseline, "
-            f"{windows} windows a process{left}"
-        )
-        began = clock()
-        results = measure_together(launcher, job.backend.runner, requests, device, timeout)
-        last_s = clock() - began
-        if allowance is not None:
-            allowance.spent += last_s
+    check = _PromiseRounds(job, launcher, device, requests, timeout, windows, note, plan.decided)
+    allowance = TimeBudget(plan.seconds) if plan.seconds is not None else None
+    measure_rounds(check, Pace(check_rounds(job, plan.most), allowance, plan.decided is None, plan.clock))
+    return check.speedups, check.error
+
+
+@dataclass
+class _PromiseRounds:
+    """The promise check's rounds, as `measure_rounds` runs them (a `PairedRound`): each a process
+    of the config and one of the baseline (`requests`), measured together; they stop at the first
+    that fails, or once `decided` says the rounds so far decide the promise."""
+
+    job: Job
+    launcher: TrialLauncher
+    device: str
+    requests: list[TrialRequest]
+    timeout_s: float
+    windows: int
+    note: Callable[[str], None]
+    decided: Callable[[list[float]], bool] | None
+    speedups: list[float] = field(default_factory=list)
+    error: str | None = None
+    """Why a round failed, ending the check (what it measured before is kept)."""
+
+    def processes(self) -> int:
+        return len(self.requests)
+
+    def measure(self, at: RoundAt) -> bool:
+        self.note(f"checking the promise: {at.progress(self.windows, ', the config beside the baseline')}")
+        results = measure_together(self.launcher, self.job.backend.runner, self.requests, self.device, self.timeout_s)
         failed = next((r for r in results if r.outcome is not Outcome.OK), None)
         if failed is not None:
-            return speedups, f"round {number}: {failed.outcome.value}: {failed.reason}"
-        ours, base = (r.output.throughput.samples_per_s for r in results if r.output and r.output.throughput)
-        speedups.append(ours / base)  # both ended ok, so both measured
-        if decided is not None and len(speedups) >= 2 and decided(speedups):
-            break
-    return speedups, None
+            self.error = f"round {at.number}: {failed.outcome.value}: {failed.reason}"
+            return False
+        speedup = round_speedups(results)[0]
+        assert speedup is not None  # both ended ok, so both measured
+        self.speedups.append(speedup)
+        return not (self.decided is not None and len(self.speedups) >= 2 and self.decided(self.speedups))
 
 
 def _checked(

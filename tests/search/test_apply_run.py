@@ -12,7 +12,7 @@ from typing import cast
 import pytest
 
 from autotuner.measurement.timing import Throughput
-from autotuner.search.apply_run import promise_rounds
+from autotuner.search.apply_run import CheckPlan, promise_rounds
 from autotuner.spec.job import load_spec
 from autotuner.trials.launcher import TrialLauncher, TrialResult
 from autotuner.trials.outcomes import Outcome
@@ -89,9 +89,7 @@ def test_the_promise_check_stops_within_the_time_of_the_run_before_it(tmp_path: 
         "cuda:0",
         "cache",
         notes.append,
-        measured=measured,
-        seconds=10.0,
-        clock=clock,
+        CheckPlan(measured=tuple(measured), seconds=10.0, clock=clock),
     )
     assert failed is None and len(speedups) == 2, notes  # a third round (4 s) would not fit in the 2 s left
     assert launcher.steps == {8: 12, job.baseline["batch_size"]: 5}  # the run's calibrated windows
@@ -113,8 +111,10 @@ def test_an_undecided_promise_check_runs_more_rounds_up_to_its_cap(tmp_path: Pat
             "cuda:0",
             "cache",
             lambda text: None,
-            seconds=0.001,  # a run too short for a third round: it does not stop an undecided check
-            decided=lambda done, at=decide_at: at is not None and len(done) >= at,
-            most=cap,
+            CheckPlan(
+                most=cap,
+                decided=lambda done, at=decide_at: at is not None and len(done) >= at,
+                seconds=0.001,  # a run too short for a third round: it does not stop an undecided check
+            ),
         )
         assert failed is None and len(speedups) == expected
