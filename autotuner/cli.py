@@ -96,23 +96,23 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from autotuner.export.promise import EXIT_CODES, TOLERANCE, apply_config, print_applied
     from autotuner.export.reader import load_config
+    from autotuner.output.apply_console import print_applied
+    from autotuner.results.promise import EXIT_CODES, TOLERANCE
+    from autotuner.search.apply_run import ApplyOptions, apply_config
     from autotuner.spec.job import load_spec
 
     tuned = load_config(args.config)
     job = load_spec(args.spec)
-    applied = apply_config(
-        tuned,
-        job,
+    options = ApplyOptions(
         steps=args.steps,
         device=args.device,
         force=args.force,
         baseline=not args.no_baseline,
         tolerance=TOLERANCE if args.tolerance is None else args.tolerance,
         rounds=args.rounds,
-        note=lambda text: print(f"autotuner: {text}", file=sys.stderr),
     )
+    applied = apply_config(tuned, job, options, note=lambda text: print(f"autotuner: {text}", file=sys.stderr))
     print_applied(applied)
     return EXIT_CODES[applied.verdict] if applied.verdict is not None else 0
 

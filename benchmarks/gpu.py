@@ -486,7 +486,7 @@ APPLY_LINES = {
 
 
 def parse_apply(output: str) -> dict[str, Any]:
-    """The figures `autotuner apply` prints (`autotuner.export.promise.print_applied`)."""
+    """The figures `autotuner apply` prints (`autotuner.output.apply_console.print_applied`)."""
     found: dict[str, Any] = {}
     for line in output.splitlines():
         line = line.strip()

@@ -15,7 +15,7 @@ config's ratios have log sd sigma, and configs of one round share their baseline
 lockstep). After each round the real functions decide: the standings and intervals
 (`autotuner.results.standings.standing`), who is still in contention (`contenders`, the
 baseline's point `baseline_standing` among them), and whether the rounds stop
-(`autotuner.search.remeasure.settled`), up to `budget.remeasure_runs` rounds; the winner's
+(`autotuner.search.batch_rounds.settled`), up to `budget.remeasure_runs` rounds; the winner's
 interval is then stated as the records state it (`joint_among`,
 `autotuner.measurement.interval.ratio_interval`). The draw covers when the winner's stated
 interval holds the winner's true speedup.
@@ -62,11 +62,11 @@ from typing import Any
 
 from _harness import write_results
 
-from autotuner.export.promise import TOLERANCE, Promised, Verdict, checked_interval, judge, look_level
 from autotuner.measurement.interval import DRIFT, LEVEL, ratio_interval, stated_interval
 from autotuner.results.evidence import Remeasurement
+from autotuner.results.promise import TOLERANCE, Promised, Verdict, checked_interval, judge, look_level
 from autotuner.results.standings import Standing, baseline_standing, contenders, joint_among, standing
-from autotuner.search.remeasure import settled
+from autotuner.search.batch_rounds import settled
 
 SIGMAS = (0.01, 0.02, 0.028, 0.05, 0.075, 0.1)
 SCENARIOS = {"one": (2.0,), "three tied": (2.0, 2.0, 2.0), "three close": (2.0, 1.94, 1.88)}

@@ -10,7 +10,7 @@ times as `autotuner apply` does (default steps: 10x a trial's; each time the bas
 for as many steps: in lockstep on a CPU; then the promise check's rounds, the two configs
 measured as the study's re-measurement measured them, which give apply's own speedup and its 90%
 interval). Each apply's verdict on the export's promise: kept, not kept or undecided
-(`autotuner.export.promise.AppliedRun.verdict`; "agrees" when kept). Last, the run-time check (`--run-s`,
+(`autotuner.results.applied_run.AppliedRun.verdict`; "agrees" when kept). Last, the run-time check (`--run-s`,
 default 60): `autotuner apply --steps N --no-baseline` of the winner in a fresh interpreter, N the
 steps the study's throughput says take that long; its "run time:" line (the steps it took, set-up
 and warm-up included, against the study's `run_s` for as many) and its whole process's wall time.
@@ -135,7 +135,8 @@ def _apply(export: Path, spec: Path, runs: int) -> dict[str, object]:
     """`autotuner apply` of the export, `runs` times: its throughput over the study's, and its
     promise check's speedup and interval against the export's."""
     from autotuner.apply import load_config
-    from autotuner.export.promise import Verdict, apply_config, default_steps
+    from autotuner.results.promise import Verdict
+    from autotuner.search.apply_run import apply_config, default_steps
     from autotuner.spec.job import load_spec
 
     tuned, job = load_config(export), load_spec(spec)

@@ -632,8 +632,8 @@ def _rejudged(apply: dict[str, Any]) -> str:
     looking after each from the second as `autotuner apply` does."""
     if "promised" in apply or not apply.get("export_interval") or not apply.get("rounds"):
         return ""
-    from autotuner.export.promise import Promised, first_decision
     from autotuner.measurement.interval import Interval
+    from autotuner.results.promise import Promised, first_decision
 
     export = Interval.from_dict(apply["export_interval"])
     promised = Promised.of(export, apply["export_speedup"], apply["tolerance"])

@@ -1,4 +1,4 @@
-"""The exported best config: written from the storage (`writer`), read back and checked against a
-job and a machine (`reader`; `autotuner.apply` is its public face), and `autotuner apply`, which
-runs the job with it and checks the promise it made (`promise`).
+"""The exported best config, as a file: its one model (`file`), written from the storage (`writer`),
+read back and checked against a job and a machine (`reader`; `autotuner.apply` is its public
+face). Running the job with it and checking its promise is `autotuner.search.apply_run`.
 """

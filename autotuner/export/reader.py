@@ -4,7 +4,7 @@ From Python, `load_config(path)` returns a `TunedConfig`; the backend's `TunedTr
 to the user's own model, optimizer and dataset (one implementation of what a config means: the
 backend's `apply` module, which the trials themselves train through). `job_mismatch` and
 `machine_mismatch` say why a config was not tuned for a job or for this hardware and software;
-`autotuner apply` (`autotuner.export.promise`) refuses such a config unless forced.
+`autotuner apply` (`autotuner.search.apply_run`) refuses such a config unless forced.
 
 Importing this module imports neither a framework nor Optuna: a training script that only reads
 the config does not pay for the study machinery.

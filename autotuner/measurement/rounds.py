@@ -1,6 +1,6 @@
 """Rounds of paired processes within a time: how many windows each process of a round measures,
 and when the rounds stop for time. Re-measurement (`autotuner.search.remeasure`) and `autotuner
-apply`'s promise check (`autotuner.export.promise`) measure a speedup the same way: rounds of a
+apply`'s promise check (`autotuner.search.apply_run`) measure a speedup the same way: rounds of a
 fresh process of each config beside one of the baseline, from two rounds on an interval
 (`autotuner.measurement.interval`). Both are given a time, and spend it on rounds rather than on
 windows: two rounds give an interval whose t quantile is 6.31, three one of 2.92, while more

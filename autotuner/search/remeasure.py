@@ -2,19 +2,21 @@
 the best is declared, so that one lucky window or process cannot win, and the winner's speedup is
 stated with its interval.
 
-`autotuner.results.records.to_remeasure` picks the configs. They are measured in rounds: in each, every
-config still in contention and the baseline run one fresh trial process each, measured together
+`autotuner.results.records.to_remeasure` picks the configs. They are measured in rounds
+(`autotuner.search.paired_rounds.measure_rounds`, which `autotuner apply`'s promise check runs too;
+a batch's rounds are `autotuner.search.batch_rounds.BatchRounds`): in each, every config still in
+contention and the baseline run one fresh trial process each, measured together
 (`autotuner.trials.lockstep.measure_together`; split into groups the memory holds, `remeasure_groups`
 and `processes_that_fit`, the baseline in each). A round gives each config a speedup: its median
 window over the baseline's beside it; its rounds give its speedup and, from two rounds on, its 90%
 interval (`autotuner.measurement.interval`). From the second round on, a config whose interval the
 leader's clears is out (`autotuner.results.standings.contenders`); the rounds run to
 `budget.remeasure_runs`, or as many as `budget.remeasure_share`'s time holds, or until no config
-is left, never stopping on the leader's interval (`settled`); the configs still in contention at
-the end are stated jointly (`autotuner.results.standings.joint_among`). Configs that come in
-later (a re-measurement reordered the top) are judged against those re-measured before them too
-(`earlier_standings`), and get the rounds the first ones left of `budget.remeasure_runs`
-(`rounds_left`), two at least. Each config's
+is left, never stopping on the leader's interval (`autotuner.search.batch_rounds.settled`); the
+configs still in contention at the end are stated jointly (`autotuner.results.standings.joint_among`).
+Configs that come in later (a re-measurement reordered the top) are judged against those
+re-measured before them too (`earlier_standings`), and get the rounds the first ones left of
+`budget.remeasure_runs` (`rounds_left`), two at least. Each config's
 `autotuner.results.evidence.Remeasurement` is stored in its claim
 (`autotuner.workers.coordination.OncePerStudy.remeasure`), where `autotuner.results.records.records` reads it back.
 """
@@ -26,7 +28,6 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import optuna
 
@@ -46,13 +47,14 @@ from autotuner.output.formatting import rate, times
 from autotuner.results.evidence import Remeasurement
 from autotuner.results.records import TrialRecord, baseline, records, spent_seconds, to_remeasure
 from autotuner.results.run_time import RunPlan
-from autotuner.results.standings import Standing, baseline_standing, contenders, joint_among, standing
+from autotuner.results.standings import Standing, joint_among, standing
+from autotuner.search.batch_rounds import BatchRounds, Grouping, remeasure_groups
+from autotuner.search.paired_rounds import Pace, RoundsRan, measure_rounds
 from autotuner.spec.job import Job
-from autotuner.trials.launcher import TrialLauncher, TrialResult
-from autotuner.trials.lockstep import in_lockstep, measure_together
+from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.lockstep import in_lockstep
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import PROBE_TIMEOUT_S
-from autotuner.trials.trial_output import TrialOutput
 from autotuner.workers.coordination import OncePerStudy
 
 MEMORY_SHARE = 0.8
@@ -70,22 +72,6 @@ def process_cost(t: TrialRecord) -> ProcessCost:
     window_s = float(metrics.get("measured_s") or 0.0) / count
     fixed_s = sum(float(metrics.get(k) or 0.0) for k in ("startup_s", "setup_s", "warmup_s"))
     return ProcessCost(fixed_s, window_s)
-
-
-def calibrated(t: TrialRecord) -> dict[str, Any]:
-    """A re-measurement process's window as its config's trial calibrated it (its steps a window,
-    no calibration again: half a second a process), where the trial kept it; else nothing (the
-    process calibrates)."""
-    steps = t.metrics.get("window_steps")
-    return {"steps": int(steps), "min_window_s": 0.0} if steps else {}
-
-
-def settled(alive: bool) -> bool:
-    """Whether the rounds stop before the cap: only once no config is left to measure (`alive`
-    false). Never on the leader's interval: stopping on the first narrow interval keeps the
-    rounds whose spread happened to be small, and the interval then holds less often than its
-    level says (`benchmarks/interval_procedure.py`)."""
-    return not alive
 
 
 def machine_moved(base: Remeasurement, leader: int, lead: Remeasurement) -> str | None:
@@ -133,21 +119,6 @@ def rounds_left(trials: list[TrialRecord], batch: list[int], runs: int) -> int:
         default=0,
     )
     return max(min(2, runs), runs - ran)
-
-
-def remeasure_groups(
-    configs: list[TrialRecord], baseline: TrialRecord | None, most: int | None
-) -> list[list[TrialRecord]]:
-    """The groups of processes one round of a re-measurement measures together, one after
-    another: a process of every config and of the baseline. One group when it has at most `most`
-    processes (None: no limit); else the configs in parts of `most - 1` with the baseline in each,
-    so that every config's speedup is over the baseline's windows measured beside it."""
-    in_every_group = [baseline] if baseline is not None else []
-    everyone = [*configs, *in_every_group]
-    if most is None or len(everyone) <= most:
-        return [everyone]
-    size = max(1, most - len(in_every_group))
-    return [[*configs[k : k + size], *in_every_group] for k in range(0, len(configs), size)]
 
 
 def processes_that_fit(trials: list[TrialRecord]) -> int | None:
@@ -265,11 +236,11 @@ class Remeasurer:
     def _measure(
         self, candidates: dict[int, TrialRecord], baseline: TrialRecord | None, numbers: list[int]
     ) -> dict[int, Remeasurement]:
-        """Re-measure the configs of trials `numbers` in rounds: in each, a process of every config
-        still in `contenders` and one of the baseline, measured together (in groups the memory
-        holds, `remeasure_groups`), for the rounds left (`rounds_left`) or as many as the time
-        holds, or until no config is left; the intervals are then stated jointly among the
-        contenders (`joint_among`), and what is left undecided said in one line."""
+        """Re-measure the configs of trials `numbers` in rounds (`measure_rounds`): in each, a
+        process of every config still in `contenders` and one of the baseline, measured together
+        (in groups the memory holds, `remeasure_groups`), for the rounds left (`rounds_left`) or as
+        many as the time holds, or until no config is left; the intervals are then stated jointly
+        among the contenders (`joint_among`), and what is left undecided said in one line."""
         budget = self.job.spec.budget
         trials = [candidates[n] for n in numbers]
         configs = [t for t in trials if baseline is None or t.number != baseline.number]
@@ -277,11 +248,6 @@ class Remeasurer:
         # in lockstep every process of a group is alive at once (on a GPU, one at a time)
         on_cpu = in_lockstep(self.device)
         most = budget.remeasure_group or (processes_that_fit(everyone) if on_cpu else None)
-        lockstep = on_cpu and most != 1
-        found = {t.number: Remeasurement(drift=budget.remeasure_drift) for t in everyone}
-        # each config's share of the baseline's windows: those measured in its groups
-        beside: dict[int, list[float]] = {t.number: [] for t in everyone}
-        groups: dict[int, set[int]] = {t.number: set() for t in everyone}
         if len(remeasure_groups(configs, baseline, most)) > 1:
             self.reporter.note(
                 f"re-measuring {', '.join(f'#{t.number}' for t in everyone)} in groups of at most {most} processes "
@@ -291,67 +257,27 @@ class Remeasurer:
         known = records(self.study)
         earlier = earlier_standings(known, numbers, baseline.number if baseline is not None else None)
         most_rounds = rounds_left(known, numbers, budget.remeasure_runs)
-        cap = f"{most_rounds} round{'s' if most_rounds > 1 else ''} (budget.remeasure_runs" + (
-            ", what the configs re-measured before left of it)" if most_rounds < budget.remeasure_runs else ")"
-        )
         costs = [process_cost(t) for t in everyone]
         windows = windows_that_fit(costs, self.allowance.left if self.allowance else None, budget.remeasure_windows)
-        alive, still = configs, [t.number for t in everyone]
-        last: tuple[float, int] | None = None  # the last round's seconds and processes
-        stopped = None
-        for round_number in range(1, most_rounds + 1):
-            parts = remeasure_groups(alive, baseline, most)
-            processes = sum(len(part) for part in parts)
-            if self.allowance is not None and last is not None and round_number > 2:
-                expected = last[0] * processes / last[1]  # the last round's pace, for this round's processes
-                if not self.allowance.holds(expected):
-                    stopped = f"{round_number - 1} rounds, in the time budget.remeasure_share leaves"
-                    break
-            what = ", ".join(f"#{t.number}" for t in alive) + (" beside the baseline" if alive and baseline else "")
-            how = f" in {len(parts)} groups" if len(parts) > 1 else ""
-            left = f", {self.allowance.left:.0f} s left" if self.allowance is not None else ""
-            began = self.clock()
-            with self.reporter.running(
-                f"re-measuring {what or 'the baseline'}{how}: round {round_number} of at most "
-                f"{most_rounds}, {windows} windows a process{left}",
-                logged=True,
-            ):
-                for part in parts:
-                    self._measure_group(part, baseline, found, beside, groups, lockstep, windows)
-            last = (self.clock() - began, processes)
-            if self.allowance is not None:
-                self.allowance.spent += last[0]
-            alive = [t for t in alive if not found[t.number].error]
-            standings = dict(earlier)
-            standings.update({t.number: standing(found[t.number]) for t in alive})
-            if baseline is not None and not found[baseline.number].error:
-                standings[baseline.number] = baseline_standing(len(found[baseline.number].throughputs))
-            still = contenders(standings)
-            alive = [t for t in alive if t.number in still]
-            if settled(bool(alive)):
-                break
-        else:
-            stopped = cap
+        grouping = Grouping(most, on_cpu and most != 1, windows)
+        rounds = BatchRounds(self.job, self.launcher, self.device, self.reporter, configs, baseline, grouping, earlier)
+        ran = measure_rounds(rounds, Pace(most_rounds, self.allowance, clock=self.clock))
+        found = rounds.found
         # the intervals as the records will state them: the contenders' jointly (`joint_among`)
         before = {t.number: t.remeasured for t in known if t.remeasured is not None and t.number not in numbers}
         for number, among in joint_among({**before, **found}).items():
             if number in found:
                 found[number].among = among
-        if alive:
+        if rounds.alive:
+            still = rounds.still
             lead = before[still[0]] if still[0] in before else found[still[0]]
-            self._note_undecided(
-                still, stated_interval(lead.speedups, among=lead.among, drift=lead.drift), stopped, round_number
-            )
+            stated = stated_interval(lead.speedups, among=lead.among, drift=lead.drift)
+            self._note_undecided(still, stated, _stopped(ran, most_rounds, budget.remeasure_runs), ran.rounds)
             if baseline is not None and (moved := machine_moved(found[baseline.number], still[0], lead)):
                 self.reporter.note(moved)
-        baseline_failed = baseline is None or found[baseline.number].error
+        finished = {t.number: rounds.finished(t) for t in trials}
         for t in trials:
-            found[t.number].group = sorted(groups[t.number])
-            found[t.number].lockstep = lockstep
-            if not baseline_failed:
-                found[t.number].baseline_windows = beside[t.number]
-        for t in trials:
-            self.reporter.remeasured(dataclasses.replace(t, remeasured=found[t.number]))
+            self.reporter.remeasured(dataclasses.replace(t, remeasured=finished[t.number]))
         return {t.number: found[t.number] for t in trials}
 
     def _note_undecided(self, still: list[int], lead: Interval | None, stopped: str | None, ran: int) -> None:
@@ -375,55 +301,14 @@ class Remeasurer:
             )
         self.reporter.note(f"undecided after {after}: {'; '.join(parts)}")
 
-    def _measure_group(
-        self,
-        part: list[TrialRecord],
-        baseline: TrialRecord | None,
-        found: dict[int, Remeasurement],
-        beside: dict[int, list[float]],
-        groups: dict[int, set[int]],
-        lockstep: bool,
-        windows: int,
-    ) -> None:
-        """One process of each of `part`'s configs, `windows` windows each, measured together; their
-        runs added to `found`, the baseline's windows to `beside` of each config measured with it."""
-        job, device = self.job, self.device
-        requests = [
-            dataclasses.replace(
-                job.trial_request(
-                    t.config, device, progress=self.reporter.progress, log=job.log_path(f"trial-{t.number}")
-                ),
-                windows=windows,
-                drift=False,  # its trial measured it: the same config, seed and data
-                **calibrated(t),
-            )
-            for t in part
-        ]
-        timeout_s = job.trial_timeout(*(r.config for r in requests))
-        results = measure_together(self.launcher, job.backend.runner, requests, device, timeout_s, lockstep=lockstep)
-        for t, result in zip(part, results, strict=True):
-            self._add_run(found[t.number], result)
-            groups[t.number].update(other.number for other in part)
-        if baseline is not None and not found[baseline.number].error:
-            base_median = found[baseline.number].throughputs[-1]
-            for t, result in zip(part, results, strict=True):  # each config's round: over the baseline beside it
-                if t.number != baseline.number and result.outcome is Outcome.OK and not found[t.number].error:
-                    found[t.number].speedups.append(found[t.number].throughputs[-1] / base_median)
-        if baseline is not None and not found[baseline.number].error:
-            measured = found[baseline.number].windows[-1]
-            for t in part:  # its windows in this group (the baseline's: its own)
-                beside[t.number].extend(measured)
 
-    def _add_run(self, remeasurement: Remeasurement, result: TrialResult[TrialOutput]) -> None:
-        """Add one re-measurement process's result to its config's `remeasurement`, or its error."""
-        if remeasurement.error:
-            return
-        run = len(remeasurement.throughputs) + 1
-        if result.outcome is not Outcome.OK:
-            remeasurement.error = f"re-run {run}: {result.outcome.value}: {result.reason}"
-            return
-        output = result.output
-        assert output is not None and output.throughput is not None  # it measured, and ended ok
-        remeasurement.throughputs.append(output.throughput.samples_per_s)
-        remeasurement.windows.append(output.throughput.window_samples_per_s)
-        remeasurement.measured_s.append(output.throughput.measured_s)
+def _stopped(ran: RoundsRan, most_rounds: int, runs: int) -> str | None:
+    """Where the rounds stopped, as the line on what they left undecided says it: at the cap
+    (`budget.remeasure_runs`, or what the configs re-measured before left of it) or for time;
+    None where no config was left."""
+    if ran.stopped == "time":
+        return f"{ran.rounds} rounds, in the time budget.remeasure_share leaves"
+    if ran.stopped == "cap":
+        left = ", what the configs re-measured before left of it" if most_rounds < runs else ""
+        return f"{most_rounds} round{'s' if most_rounds > 1 else ''} (budget.remeasure_runs{left})"
+    return None

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from autotuner.backends.pytorch.apply import TunedTraining
-from autotuner.export.promise import apply_config, print_applied
 from autotuner.export.reader import load_config
+from autotuner.output.apply_console import print_applied
+from autotuner.search.apply_run import apply_config
 from autotuner.spec.job import load_spec
 from tests.support.studies import ROOT, assert_applied, run_cli, write_spec
 
@@ -124,7 +125,7 @@ def test_a_baseline_bounded_in_time_covers_the_first_steps_and_says_so(
     # A baseline many times slower than the config would run many times as long: its windows
     # stop at `BASELINE_MOST_S` (here a tenth of a second: two windows of 0.05 s at most).
     workdir, spec, _ = study
-    monkeypatch.setattr("autotuner.export.promise.BASELINE_MOST_S", 0.1)
+    monkeypatch.setattr("autotuner.search.apply_run.BASELINE_MOST_S", 0.1)
     monkeypatch.chdir(workdir)
     run = apply_config(load_config("runs/applied/best.yaml"), load_spec(spec))
     assert run.baseline is not None and run.speedup is not None

@@ -23,12 +23,12 @@ from autotuner.results.evidence import Remeasurement
 from autotuner.results.records import TrialRecord, records, remeasurements, speedup_interval
 from autotuner.results.standings import Standing, baseline_standing, contenders
 from autotuner.results.store import record
+from autotuner.search.batch_rounds import remeasure_groups
 from autotuner.search.remeasure import (
     MEMORY_SHARE,
     Remeasurer,
     earlier_standings,
     processes_that_fit,
-    remeasure_groups,
     rounds_left,
 )
 from autotuner.spec.job import Job, load_spec

@@ -28,6 +28,23 @@ FAULTY = "tests.support.faulty_workloads"
 
 FP32 = {"precision": "fp32", "batch_size": 8, "accumulation": 1, "workers": 0, "compile": "none"}
 
+EXPORTED: dict[str, Any] = {
+    "version": 1,
+    "params": {"precision": "bf16", "batch_size": 8, "accumulation": 2, "workers": 1, "compile": "none"},
+    "metrics": {"throughput": 1234.5, "throughput_spread": 0.1, "drift": 0.0002, "heldout_loss": 2.25},
+    "baseline": {
+        "params": {"precision": "fp32", "batch_size": 4, "accumulation": 4, "workers": 0, "compile": "none"},
+        "throughput": 500.0,
+        "outcome": "ok",
+    },
+    "speedup": 2.469,
+    "drift": {"tolerance": 0.01, "reference_noise_floor": 0.0},
+    "environment": {"backend": "pytorch", "device": "cpu", "fingerprint": "0123456789abcdef"},
+    "spec": {"path": "job.yaml", "identity": "fedcba9876543210", "workload": "builtin:mlp", "global_batch": 16},
+    "study": {"name": "job", "storage": "sqlite:///runs/job/study.db", "trial": 4, "trials_ran": 9},
+}
+"""An export's data as `autotuner export` writes it: a bf16 config, 2.469x over its fp32 baseline."""
+
 SMALL_MLP = {"features": 16, "hidden": 32, "depth": 2, "samples": 128}
 """Arguments that make the built-in mlp small enough for a trial in about a second on a CPU."""
 
