@@ -90,7 +90,7 @@ def _held(job: Job, knob: str) -> bool:
     definition = job.backend.knobs[knob]
     return (
         definition.quiet
-        and job.space.get(knob) == [definition.reference]
+        and job.space.get(knob) == (definition.reference,)
         and job.baseline.get(knob) == definition.reference
     )
 

@@ -59,15 +59,21 @@ from autotuner.workers.coordination import POLL_S, BudgetSlots, ConfigClaims, On
 from autotuner.workers.ownership import Recovery, SearchProcess, TrialOwnership
 
 
+def unsupported_params(job: Job, capabilities: Capabilities) -> Callable[[Params], str | None]:
+    """Why a device with `capabilities` cannot run sampled params of `job`, or None (what the
+    samplers and the warm start are given to skip such configs, as the search decides it)."""
+    return lambda params: job.backend.unsupported_reason(job.complete(params), capabilities)
+
+
 def job_sampler(job: Job, capabilities: Capabilities) -> FreshConfigSampler:
     """The spec's sampler for `job` on a device with `capabilities`, as every search builds it."""
-    configs = list(job.configs())
+    configs = list(job.space.points())
     return make_sampler(
         job.sampler.name,
         job.sampler.seed,
         job.space,
         lambda: configs,
-        job.unsupported(capabilities),
+        unsupported_params(job, capabilities),
         knobs=job.backend.knobs,
     )
 
@@ -128,7 +134,7 @@ class Search:
                 Path(job.log_path("probe")).parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(log, Path(job.log_path("probe")).parent / log.name)
         capabilities = job.backend.capabilities(environment.capabilities)
-        not_searched = job.narrow(capabilities)
+        job, not_searched = job.narrow(capabilities)  # the job searched from here on
         check_objectives(job, environment)
         check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
@@ -151,11 +157,11 @@ class Search:
         started = time.monotonic()
         try:
             recovery.recover()  # first: a cut-off baseline is retried, not enqueued afresh
-            enqueue_baseline(study, self.job.baseline)
+            enqueue_baseline(study, job.baseline)
             if earlier is not None and not study.user_attrs.get(WARM_START):
-                self._warm_start(study, claims, *earlier, job.unsupported(capabilities))
+                self._warm_start(job, study, claims, *earlier, unsupported_params(job, capabilities))
             reference = once.reference(
-                lambda: self._run_reference(launcher, environment.device),
+                lambda: self._run_reference(job, launcher, environment.device),
                 REFERENCE_LEASE_TRIALS * job.trial_timeout() + PROBE_TIMEOUT_S,
                 lambda: self.reporter.note("waiting for the fp32 reference, which another worker is running"),
             )
@@ -185,6 +191,7 @@ class Search:
 
     def _warm_start(
         self,
+        job: Job,
         study: optuna.Study,
         claims: Claims,
         earlier: optuna.Study,
@@ -193,7 +200,7 @@ class Search:
     ) -> None:
         """Enqueue the earlier study's best configs after the baseline, and say what was taken."""
         tried = {config_key(t.params) for t in study.get_trials(deepcopy=False)}
-        warm = warm_configs(records(earlier), source, self.job, unsupported, self.max_trials, tried)
+        warm = warm_configs(records(earlier), source, job, unsupported, self.max_trials, tried)
         if not enqueue_warm_start(study, warm, claims):
             return  # another worker started together with this one enqueued them
         dropped = "; ".join(f"{count} dropped: {why}" for why, count in warm.dropped.items())
@@ -256,6 +263,6 @@ class Search:
         self.reporter.finish(summary, self.plan)
         return summary
 
-    def _run_reference(self, launcher: TrialLauncher, device: str) -> Reference:
+    def _run_reference(self, job: Job, launcher: TrialLauncher, device: str) -> Reference:
         with self.reporter.running("fp32 reference (2 runs)"):
-            return run_reference(launcher, self.job, device, self.reporter.progress)
+            return run_reference(launcher, job, device, self.reporter.progress)
