@@ -40,7 +40,7 @@ from autotuner.search.dispatch import TrialDispatch
 from autotuner.search.profiling import artifact_dir, run_profiles
 from autotuner.search.reference import REFERENCE_LEASE_TRIALS, run_reference
 from autotuner.search.remeasure import Remeasurer
-from autotuner.search.warm_start import WARM_START, enqueue_warm_start, load_earlier, warm_configs
+from autotuner.search.warm_start import WARM_START, EarlierStudy, enqueue_warm_start, load_earlier, warm_configs
 from autotuner.spec.job import Job
 from autotuner.study.claims import Claims
 from autotuner.study.names import NOT_SEARCHED, RUN
@@ -92,8 +92,7 @@ class Search:
         device: str | None = None,
         reporter: SearchReporter | None = None,
         profile: bool = True,
-        warm_start: str | None = None,
-        warm_start_study: str | None = None,
+        warm_start: EarlierStudy | None = None,
     ):
         self.job = job
         self.storage_url = job.storage_url(storage)
@@ -107,9 +106,7 @@ class Search:
         self.plan: RunPlan | None = None
         """The real run the study's configs are ranked for (`run:`, `cost:`), set as the search starts."""
         self.warm_start = warm_start
-        """An earlier study's storage (`runs/<name>/study.db` or a URL) whose best configs are tried
-        first (`autotuner.search.warm_start`); `warm_start_study` names it where it holds several."""
-        self.warm_start_study = warm_start_study
+        """An earlier study whose best configs are tried first (`autotuner.search.warm_start`)."""
 
     def run(self) -> SearchSummary:
         try:
@@ -126,7 +123,7 @@ class Search:
     def _search(self) -> SearchSummary:
         job = self.job
         check_storage_url(self.storage_url, default=self.is_default_storage)  # not after a probe's seconds
-        earlier = load_earlier(self.warm_start, self.warm_start_study, job) if self.warm_start else None
+        earlier = load_earlier(self.warm_start, job) if self.warm_start else None
         launcher = job.backend.launcher(job.spec.trial.max_memory_mb, job.workload_path())
         with tempfile.TemporaryDirectory(prefix="autotuner-probe-") as folder:  # nothing written if it refuses
             environment = job.probe(launcher, self.device, self.device_source, log=os.path.join(folder, "probe"))
