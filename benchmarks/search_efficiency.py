@@ -70,7 +70,7 @@ from autotuner.proposals.guided_start import Unsupported, rule_of_thumb
 from autotuner.proposals.sampler import FreshConfigSampler, make_base_sampler, make_sampler
 from autotuner.results.evidence import Reference
 from autotuner.results.records import TrialRecord
-from autotuner.results.store import give_up, record
+from autotuner.results.store import Yardstick, give_up, record
 from autotuner.results.tried import best_feasible, oom_rules_out
 from autotuner.search.loop import unsupported_params
 from autotuner.spec.job import Job, load_spec
@@ -257,12 +257,10 @@ def replay(
         done = record(
             study,
             trial,
-            job,
             config,
             result,
             role=role,
-            reference=reference,
-            environment=Environment.from_dict(grid["environment"]),
+            against=Yardstick(job, reference, Environment.from_dict(grid["environment"])),
         )
         if done.outcome == Outcome.PRUNED.value and pruned is not None:
             pruned.append(dict(trial.params))
