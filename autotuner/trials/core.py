@@ -1,7 +1,7 @@
 """One trial, in a trial process: the algorithm every backend runs, written once.
 
 `run_trial` builds the workload with the trial's seed, measures it (warm-up, calibration, the
-timed windows and their lockstep turns, telemetry: `autotuner.measurement.timing.measure_throughput`),
+timed windows and their lockstep turns, telemetry: `autotuner.measurement.measured_phase.measure_throughput`),
 counts its FLOPs, restores the initial weights and runs the drift phase (K optimizer steps on the
 dataset's first items in order, then the loss on the held-out items). `probe` reports a device's
 environment. Both call into a `TrialBackend`: the framework's own steps and nothing else.
@@ -26,9 +26,10 @@ from typing import Any, Protocol
 
 from autotuner.config.knobs import Config
 from autotuner.measurement.contention import CONTENDED_SHARE
+from autotuner.measurement.measured_phase import measure_throughput
 from autotuner.measurement.pruning import PruneBound, Pruner
 from autotuner.measurement.telemetry import CpuSampler, Telemetry
-from autotuner.measurement.timing import DONE, WindowTimer, measure_throughput
+from autotuner.measurement.timing import DONE, WindowTimer
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.factory import load_factory, workload_problem
