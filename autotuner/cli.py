@@ -60,6 +60,7 @@ def _positive_float(text: str) -> float:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from autotuner.search.loop import Search
+    from autotuner.search.warm_start import EarlierStudy
     from autotuner.spec.job import load_spec
 
     job = load_spec(args.spec)
@@ -89,8 +90,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         device=args.device,
         profile=not args.no_profile,
-        warm_start=args.warm_start,
-        warm_start_study=args.warm_start_study,
+        warm_start=EarlierStudy(args.warm_start, args.warm_start_study) if args.warm_start else None,
     )
     return search.run().exit_code
 

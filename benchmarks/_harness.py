@@ -30,7 +30,7 @@ from autotuner.measurement.hardware import thread_settings
 from autotuner.measurement.pruning import CALIBRATION, WARM_UP, WINDOW, PruneBound, Pruner, Stopped
 from autotuner.results.evidence import Reference
 from autotuner.results.records import TrialRecord
-from autotuner.results.store import record
+from autotuner.results.store import Yardstick, record
 from autotuner.search.reference import run_reference
 from autotuner.spec.job import Job
 from autotuner.study.names import DIRECTIONS
@@ -90,7 +90,7 @@ def _held(job: Job, knob: str) -> bool:
     definition = job.backend.knobs[knob]
     return (
         definition.quiet
-        and job.space.get(knob) == [definition.reference]
+        and job.space.get(knob) == (definition.reference,)
         and job.baseline.get(knob) == definition.reference
     )
 
@@ -192,7 +192,7 @@ def stored(
     finally:
         optuna.logging.set_verbosity(verbosity)
     environment = _environment(environment)
-    return record(study, study.ask(), job, config, result, role="search", reference=reference, environment=environment)
+    return record(study, study.ask(), config, result, role="search", against=Yardstick(job, reference, environment))
 
 
 def as_pruned(job: Job, result: TrialResult[TrialOutput], best: float | None) -> TrialResult[TrialOutput]:

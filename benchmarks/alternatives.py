@@ -196,7 +196,7 @@ def compare(
             "exit_code": search.exit_code,
             "wall_s": search.wall_s,
             "trials_ran": sum(t.ran for t in study_trials),
-            "space_size": len(list(job.configs())),
+            "space_size": job.space.size,
             "best_config": winner.config if winner else None,
             "best_throughput": winner.throughput if winner else None,
             "baseline_throughput": study_baseline.throughput if study_baseline else None,

@@ -52,7 +52,7 @@ from _harness import (
 from autotuner.config.knobs import config_key
 from autotuner.results.evidence import Reference
 from autotuner.results.records import records, remeasurements, stored_reference
-from autotuner.results.store import record
+from autotuner.results.store import Yardstick, record
 from autotuner.search.loop import job_sampler
 from autotuner.spec.job import Job, load_spec
 from autotuner.study.storage import open_storage, open_study
@@ -136,12 +136,10 @@ def bookkeeping(job: Job, grid: dict[str, Any], folder: Path) -> dict[str, Any]:
         record(
             study,
             trial,
-            job,
             job.complete(trial.params),
             result_from_json(entry),
             role=trial.user_attrs.get("role", "search"),
-            reference=reference,
-            environment=Environment.from_dict(grid["environment"]),
+            against=Yardstick(job, reference, Environment.from_dict(grid["environment"])),
         )
         ask_s.append(asked - started)
         record_s.append(time.perf_counter() - asked)

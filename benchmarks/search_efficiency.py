@@ -70,8 +70,9 @@ from autotuner.proposals.guided_start import Unsupported, rule_of_thumb
 from autotuner.proposals.sampler import FreshConfigSampler, make_base_sampler, make_sampler
 from autotuner.results.evidence import Reference
 from autotuner.results.records import TrialRecord
-from autotuner.results.store import give_up, record
+from autotuner.results.store import Yardstick, give_up, record
 from autotuner.results.tried import best_feasible, oom_rules_out
+from autotuner.search.loop import unsupported_params
 from autotuner.spec.job import Job, load_spec
 from autotuner.spec.keys import SamplerSettings
 from autotuner.study.names import DIRECTIONS
@@ -152,7 +153,7 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
     print(f"{job.name}: recording the grid on {machine(trials.environment)}", flush=True)
     started = time.perf_counter()
     reference = trials.reference()
-    configs = list(job.configs())
+    configs = list(job.space.points())
     runs: dict[Any, list[dict[str, Any]]] = {config_key(p): [] for p in configs}
     shuffle = random.Random(0)
     for sweep in range(repeats):
@@ -167,7 +168,7 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
             shown = f"{format_config(config)}: {result.outcome} {rate:,.0f}/s"
             print(f"  sweep {sweep + 1}, {i + 1}/{len(configs)} {shown}", flush=True)
     entries = []
-    for params in job.configs():
+    for params in job.space.points():
         kept = runs[config_key(params)]
         rates = [r["result"].get("throughput", {}).get("samples_per_s", 0.0) for r in kept]
         median = sorted(range(len(kept)), key=lambda i: rates[i])[(len(kept) - 1) // 2]  # the lower median run
@@ -180,7 +181,7 @@ def record_grid(job: Job, repeats: int) -> dict[str, Any]:
         "recorded_at": datetime.now().isoformat(timespec="seconds"),
         "repeats": repeats,
         "record_wall_s": time.perf_counter() - started,
-        "space": job.space,
+        "space": {k: list(v) for k, v in job.space.items()},
         "baseline": job.baseline,
         "reference": reference.as_dict(),
         "trials": entries,
@@ -228,8 +229,8 @@ def replay(
     would prune it against the best feasible throughput before it (`_harness.as_pruned`, on the
     grid's recorded windows), and stored pruned with its bound; `pruned` collects the configs that
     were."""
-    configs = list(job.configs())
-    unsupported = job.unsupported(job.backend.capabilities(grid["environment"]["capabilities"]))
+    configs = list(job.space.points())
+    unsupported = unsupported_params(job, job.backend.capabilities(grid["environment"]["capabilities"]))
     sampler = contender.make(seed, job, configs, unsupported)
     if start is not None and sampler.rule is not None:
         sampler.rule = start
@@ -256,12 +257,10 @@ def replay(
         done = record(
             study,
             trial,
-            job,
             config,
             result,
             role=role,
-            reference=reference,
-            environment=Environment.from_dict(grid["environment"]),
+            against=Yardstick(job, reference, Environment.from_dict(grid["environment"])),
         )
         if done.outcome == Outcome.PRUNED.value and pruned is not None:
             pruned.append(dict(trial.params))
@@ -337,7 +336,7 @@ def evaluate(job: Job, grid: dict[str, Any], seeds: int, target: float) -> dict[
     capabilities = job.backend.capabilities(grid["environment"]["capabilities"])
     guide = guide_config(job, capabilities, grid["environment"])
     results["guides_config"] = guide
-    results["rule_of_thumb"] = rule_of_thumb(job.space, job.unsupported(capabilities))
+    results["rule_of_thumb"] = rule_of_thumb(job.space, unsupported_params(job, capabilities))
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # GPSampler warns of every single-value knob
     for label, contender in _contenders().items():
         curves, started, pruned = [], time.perf_counter(), []  # type: ignore[var-annotated]

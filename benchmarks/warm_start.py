@@ -29,6 +29,7 @@ from _harness import RESULTS, measured_job, quartiles, with_held, write_results
 from search_efficiency import _contenders, record_grid, replay, tabulate
 
 from autotuner.config.knobs import config_key
+from autotuner.search.loop import unsupported_params
 from autotuner.search.warm_start import warm_configs
 from autotuner.spec.job import Job, load_spec
 
@@ -60,7 +61,7 @@ def compare(target: str, source: str, relation: str, seeds: int, record: bool, r
     size = sum(r.outcome != "unsupported" for r in recorded.values())
     top = max(feasible, key=lambda r: r.throughput)
     bar = TARGET * top.throughput
-    unsupported = job.unsupported(job.backend.capabilities(grid["environment"]["capabilities"]))
+    unsupported = unsupported_params(job, job.backend.capabilities(grid["environment"]["capabilities"]))
     earlier = [dataclasses.replace(t, number=n) for n, t in enumerate(tabulate(source_job, source_grid).values())]
     baseline_key = config_key({k: job.baseline[k] for k in job.space if k != "accumulation"})
     warm = warm_configs(earlier, source_job.name, job, unsupported, job.spec.budget.trials, {baseline_key})

@@ -1,6 +1,6 @@
 """Telemetry during the measured windows of a trial: the CPU always, the GPU where there is one.
 
-`Telemetry` is what a runner hands to `autotuner.measurement.timing.measure_throughput`, which enters it
+`Telemetry` is what a runner hands to `autotuner.measurement.measured_phase.measure_throughput`, which enters it
 around the timed windows only (not the warm-up or the calibration window).
 
 * CPU (`CpuSampler`): the CPU time of the trial's process group (the trial process leads its

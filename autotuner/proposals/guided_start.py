@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +106,7 @@ def preferred(name: str, values: Sequence[Any]) -> list[Any]:
     return first + [v for v in values if v not in first]
 
 
-def rule_of_thumb(space: dict[str, list[Any]], unsupported: Unsupported | None = None) -> Params:
+def rule_of_thumb(space: Mapping[str, Sequence[Any]], unsupported: Unsupported | None = None) -> Params:
     """The config the optimisation guides recommend, within `space` and what the device supports:
     the largest batch, the middle worker count (any integer knob but the batch: the middle of its
     sorted values, the upper one of two; a real-valued knob, a budget, stays at its reference), and
@@ -136,7 +136,7 @@ class LocalSearch:
     device can run a config (the search skips those it cannot)."""
 
     def __init__(
-        self, space: dict[str, list[Any]], supported: Callable[[Params], bool], reference: Params | None = None
+        self, space: Mapping[str, Sequence[Any]], supported: Callable[[Params], bool], reference: Params | None = None
     ):
         self.space = space
         self.supported = supported
@@ -256,7 +256,10 @@ class GuidedStart:
     search. `unsupported`: what the device cannot run (skipped)."""
 
     def __init__(
-        self, space: dict[str, list[Any]], unsupported: Unsupported | None = None, reference: Params | None = None
+        self,
+        space: Mapping[str, Sequence[Any]],
+        unsupported: Unsupported | None = None,
+        reference: Params | None = None,
     ):
         self.space = space
         self.unsupported = unsupported

@@ -61,7 +61,7 @@ def make_base_sampler(name: str, seed: int | None, startup_trials: int = 5) -> B
 def make_sampler(
     name: str,
     seed: int | None,
-    space: dict[str, list[Any]],
+    space: Mapping[str, Sequence[Any]],
     configs: Callable[[], list[Params]],
     unsupported: Unsupported | None = None,
     knobs: Mapping[str, Knob] = COMMON_TABLE,
@@ -112,7 +112,7 @@ class FreshConfigSampler(BaseSampler):
     def __init__(
         self,
         base: BaseSampler,
-        space: dict[str, list[Any]],
+        space: Mapping[str, Sequence[Any]],
         configs: Callable[[], list[Params]],
         seed: int | None = None,
         *,

@@ -14,7 +14,7 @@ they would ignore, are used only for interrupted runs. The study is shown to it 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
@@ -36,7 +36,7 @@ class SpaceEncoding:
     """Knob values as the wrapped sampler sees them: an integer knob's value as its index in the
     sorted values (an `IntDistribution`), a categorical knob as it is; single values left out."""
 
-    def __init__(self, space: dict[str, list[Any]]):
+    def __init__(self, space: Mapping[str, Sequence[Any]]):
         self.sorted = {name: sorted(values) for name, values in space.items() if is_ordered(values)}
         self.space: dict[str, BaseDistribution] = {
             name: IntDistribution(0, len(values) - 1) if name in self.sorted else CategoricalDistribution(values)
@@ -94,7 +94,7 @@ class WrappedSampler:
     back to the study's knob values. A finished trial changes no more, so its encoded copy is
     kept, for the one study shown last (a sampler may serve several in one process)."""
 
-    def __init__(self, base: BaseSampler, space: dict[str, list[Any]]):
+    def __init__(self, base: BaseSampler, space: Mapping[str, Sequence[Any]]):
         self.base = base
         self.values = space
         self.encoding = SpaceEncoding(space)

@@ -9,6 +9,7 @@ trial is listed in `autotuner.study.storage`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -126,23 +127,33 @@ def _finite(value: float) -> float:
     return min(value, DRIFT_CAP)
 
 
+@dataclass(frozen=True)
+class Yardstick:
+    """What every trial of a search is recorded against: the job (its objective's limits, its
+    task's constraints), the fp32 reference its drift is measured against (None: none to measure
+    against) and the device's environment (its peak FLOP/s, for the MFU)."""
+
+    job: Job
+    reference: Reference | None
+    environment: Environment
+
+
 def record(
     study: optuna.Study,
     trial: optuna.Trial,
-    job: Job,
     config: Config,
     result: TrialResult[TrialOutput],
     *,
     role: str,
-    reference: Reference | None,
-    environment: Environment,
+    against: Yardstick,
     extra: Metrics | None = None,
 ) -> TrialRecord:
     """Store one finished trial: metrics (and `extra`), outcome, feasibility, constraints,
     objective values; a pruned one as Optuna PRUNED (`record_pruned`)."""
-    metrics = {**trial_metrics(result, reference, config, environment), **(extra or {})}
+    metrics = {**trial_metrics(result, against.reference, config, against.environment), **(extra or {})}
     if (why := pruned(result)) is not None:
         return record_pruned(study, trial, config, why, metrics, role=role)
+    job = against.job
     objective = job.spec.objective
     drift = metrics.get("drift")
     memory = metrics.get("peak_memory_mb")

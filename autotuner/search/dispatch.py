@@ -19,7 +19,7 @@ from autotuner.output.formatting import format_config
 from autotuner.results.evidence import Reference
 from autotuner.results.records import Metrics, TrialRecord
 from autotuner.results.run_time import RunPlan
-from autotuner.results.store import give_up, record
+from autotuner.results.store import Yardstick, give_up, record
 from autotuner.results.tried import best_feasible, oom_rules_out
 from autotuner.spec.job import Job
 from autotuner.trials.launcher import TrialLauncher, TrialResult
@@ -77,17 +77,8 @@ class TrialDispatch:
                 with self.reporter.running(shown):
                     result = self._run(trial.number, config, best)
                 result, extra = self._when_contended(trial.number, config, result, shown, best)
-            return record(
-                study,
-                trial,
-                job,
-                config,
-                result,
-                role=role,
-                reference=self.reference,
-                environment=self.environment,
-                extra=extra,
-            )
+            against = Yardstick(job, self.reference, self.environment)
+            return record(study, trial, config, result, role=role, against=against, extra=extra)
         except KeyboardInterrupt:
             with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # it was recorded already
                 trial.set_user_attr("reason", "the search was interrupted while this trial ran; it is retried")

@@ -40,7 +40,7 @@ from autotuner.search.dispatch import TrialDispatch
 from autotuner.search.profiling import artifact_dir, run_profiles
 from autotuner.search.reference import REFERENCE_LEASE_TRIALS, run_reference
 from autotuner.search.remeasure import Remeasurer
-from autotuner.search.warm_start import WARM_START, enqueue_warm_start, load_earlier, warm_configs
+from autotuner.search.warm_start import WARM_START, EarlierStudy, enqueue_warm_start, load_earlier, warm_configs
 from autotuner.spec.job import Job
 from autotuner.study.claims import Claims
 from autotuner.study.names import NOT_SEARCHED, RUN
@@ -59,15 +59,21 @@ from autotuner.workers.coordination import POLL_S, BudgetSlots, ConfigClaims, On
 from autotuner.workers.ownership import Recovery, SearchProcess, TrialOwnership
 
 
+def unsupported_params(job: Job, capabilities: Capabilities) -> Callable[[Params], str | None]:
+    """Why a device with `capabilities` cannot run sampled params of `job`, or None (what the
+    samplers and the warm start are given to skip such configs, as the search decides it)."""
+    return lambda params: job.backend.unsupported_reason(job.complete(params), capabilities)
+
+
 def job_sampler(job: Job, capabilities: Capabilities) -> FreshConfigSampler:
     """The spec's sampler for `job` on a device with `capabilities`, as every search builds it."""
-    configs = list(job.configs())
+    configs = list(job.space.points())
     return make_sampler(
         job.sampler.name,
         job.sampler.seed,
         job.space,
         lambda: configs,
-        job.unsupported(capabilities),
+        unsupported_params(job, capabilities),
         knobs=job.backend.knobs,
     )
 
@@ -86,8 +92,7 @@ class Search:
         device: str | None = None,
         reporter: SearchReporter | None = None,
         profile: bool = True,
-        warm_start: str | None = None,
-        warm_start_study: str | None = None,
+        warm_start: EarlierStudy | None = None,
     ):
         self.job = job
         self.storage_url = job.storage_url(storage)
@@ -101,9 +106,7 @@ class Search:
         self.plan: RunPlan | None = None
         """The real run the study's configs are ranked for (`run:`, `cost:`), set as the search starts."""
         self.warm_start = warm_start
-        """An earlier study's storage (`runs/<name>/study.db` or a URL) whose best configs are tried
-        first (`autotuner.search.warm_start`); `warm_start_study` names it where it holds several."""
-        self.warm_start_study = warm_start_study
+        """An earlier study whose best configs are tried first (`autotuner.search.warm_start`)."""
 
     def run(self) -> SearchSummary:
         try:
@@ -120,7 +123,7 @@ class Search:
     def _search(self) -> SearchSummary:
         job = self.job
         check_storage_url(self.storage_url, default=self.is_default_storage)  # not after a probe's seconds
-        earlier = load_earlier(self.warm_start, self.warm_start_study, job) if self.warm_start else None
+        earlier = load_earlier(self.warm_start, job) if self.warm_start else None
         launcher = job.backend.launcher(job.spec.trial.max_memory_mb, job.workload_path())
         with tempfile.TemporaryDirectory(prefix="autotuner-probe-") as folder:  # nothing written if it refuses
             environment = job.probe(launcher, self.device, self.device_source, log=os.path.join(folder, "probe"))
@@ -128,7 +131,7 @@ class Search:
                 Path(job.log_path("probe")).parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(log, Path(job.log_path("probe")).parent / log.name)
         capabilities = job.backend.capabilities(environment.capabilities)
-        not_searched = job.narrow(capabilities)
+        job, not_searched = job.narrow(capabilities)  # the job searched from here on
         check_objectives(job, environment)
         check_trial_limits(job, environment)
         storage = open_storage(self.storage_url, default=self.is_default_storage, heartbeat=True)
@@ -151,11 +154,11 @@ class Search:
         started = time.monotonic()
         try:
             recovery.recover()  # first: a cut-off baseline is retried, not enqueued afresh
-            enqueue_baseline(study, self.job.baseline)
+            enqueue_baseline(study, job.baseline)
             if earlier is not None and not study.user_attrs.get(WARM_START):
-                self._warm_start(study, claims, *earlier, job.unsupported(capabilities))
+                self._warm_start(job, study, claims, *earlier, unsupported_params(job, capabilities))
             reference = once.reference(
-                lambda: self._run_reference(launcher, environment.device),
+                lambda: self._run_reference(job, launcher, environment.device),
                 REFERENCE_LEASE_TRIALS * job.trial_timeout() + PROBE_TIMEOUT_S,
                 lambda: self.reporter.note("waiting for the fp32 reference, which another worker is running"),
             )
@@ -185,6 +188,7 @@ class Search:
 
     def _warm_start(
         self,
+        job: Job,
         study: optuna.Study,
         claims: Claims,
         earlier: optuna.Study,
@@ -193,7 +197,7 @@ class Search:
     ) -> None:
         """Enqueue the earlier study's best configs after the baseline, and say what was taken."""
         tried = {config_key(t.params) for t in study.get_trials(deepcopy=False)}
-        warm = warm_configs(records(earlier), source, self.job, unsupported, self.max_trials, tried)
+        warm = warm_configs(records(earlier), source, job, unsupported, self.max_trials, tried)
         if not enqueue_warm_start(study, warm, claims):
             return  # another worker started together with this one enqueued them
         dropped = "; ".join(f"{count} dropped: {why}" for why, count in warm.dropped.items())
@@ -256,6 +260,6 @@ class Search:
         self.reporter.finish(summary, self.plan)
         return summary
 
-    def _run_reference(self, launcher: TrialLauncher, device: str) -> Reference:
+    def _run_reference(self, job: Job, launcher: TrialLauncher, device: str) -> Reference:
         with self.reporter.running("fp32 reference (2 runs)"):
-            return run_reference(launcher, self.job, device, self.reporter.progress)
+            return run_reference(launcher, job, device, self.reporter.progress)

@@ -41,6 +41,16 @@ ORIGIN = "warm_start_from"
 """The trial attribute of an enqueued config: the earlier study's trial it comes from."""
 
 
+@dataclass(frozen=True)
+class EarlierStudy:
+    """Where a warm start's configs come from (`--warm-start`, `--warm-start-study`)."""
+
+    storage: str
+    """Its storage: `runs/<name>/study.db` or a URL (`source_url`)."""
+    name: str | None = None
+    """The study, where the storage holds several; else its only one, or the one named like the job."""
+
+
 @dataclass
 class WarmStart:
     """What a warm start takes from an earlier study."""
@@ -65,11 +75,10 @@ def source_url(source: str) -> str:
     return f"sqlite:///{Path(source).resolve()}"
 
 
-def load_earlier(source: str, name: str | None, job: Job) -> tuple[optuna.Study, str]:
-    """The earlier study at `source` (its only one, the one named like this job, or `name`) and how
-    the console names it; one SpecError line when there is none to take or it was made for another
-    backend or task."""
-    url = source_url(source)
+def load_earlier(source: EarlierStudy, job: Job) -> tuple[optuna.Study, str]:
+    """The earlier study `source` names and how the console names it; one SpecError line when there
+    is none to take or it was made for another backend or task."""
+    url, name = source_url(source.storage), source.name
     try:
         storage = open_storage(url, create=False)
     except SpecError as exc:  # said of --warm-start, not of this study's storage

@@ -3,9 +3,11 @@
 `load_spec(path)` reads the YAML file and checks its keys (`autotuner.spec.keys`: the models of
 the spec's sections), then checks it against the backend's knob table (unknown knobs or values,
 empty choice lists, a batch size that does not divide `global_batch`) and resolves the search
-space and the baseline. Any problem is one `SpecError` line naming the file, the key and what is
-allowed. Nothing in a spec is executed except the workload factory it names, which is trusted
+space and the baseline (`autotuner.spec.space`). Any problem is one `SpecError` line naming the
+file, the key and what is allowed. Nothing in a spec is executed except the workload factory it names, which is trusted
 code (like a pytest conftest.py) imported in trial processes.
+
+A `Job` is a value: what the search learns of the device (`Job.narrow`) gives a new one.
 
 A study's outputs go into one folder of its own, `output_dir(name)`: `runs/<name>/` in the
 current directory, which a user deletes, archives or shares whole.
@@ -14,19 +16,19 @@ current directory, which a user deletes, archives or shares whole.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-import math
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
-from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, DERIVED, Config, Knob, Params
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, Params
 from autotuner.errors import SpecError, shown
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.spec.keys import JobSpec, SamplerSettings, parse_yaml, read_text, validate_spec
+from autotuner.spec.space import SearchSpace, rank_batch, resolve_baseline, resolve_space
 from autotuner.spec.tasks import TASKS, TRAIN, Task
 from autotuner.trials.factory import is_import_path
 from autotuner.trials.launcher import TrialLauncher
@@ -50,20 +52,29 @@ def output_dir(name: str) -> Path:
     return Path("runs") / name
 
 
+@dataclass(frozen=True, eq=False)
 class Job:
-    """A validated spec, with what follows from it: the resolved space and baseline."""
+    """A validated spec, with what follows from it: the resolved space and baseline. A value:
+    narrowing its space to a device (`narrow`) gives a new job."""
 
-    def __init__(self, spec: JobSpec, source: str, text: str):
-        self.spec, self.source, self.text = spec, source, text
-        self.backend: Backend = get_backend(spec.backend, spec.task)
-        self.task: Task = TASKS[spec.task]
+    spec: JobSpec
+    source: str
+    """Where the spec was read from, as its errors name it."""
+    text: str
+    backend: Backend
+    """The spec's backend for its task (`get_backend`)."""
+    baseline: Config
+    """The baseline config (trial 0): a point of `space`."""
+    space: SearchSpace
+    """Knob -> the values searched: the declared ones, narrowed by `narrow` once the probe has
+    said what the device and the workload can honour."""
+    declared_space: SearchSpace
+    """The space as the spec (and its preset) declared it: what the study's identity hashes."""
+
+    @property
+    def task(self) -> Task:
         """What the job does with its workload (`autotuner.spec.tasks`)."""
-        self.space: dict[str, list[Any]] = {}
-        """Knob -> the values searched: the declared ones, narrowed by `narrow` once the probe has
-        said what the device and the workload can honour."""
-        self.declared_space: dict[str, list[Any]] = {}
-        """The space as the spec (and its preset) declared it: what the study's identity hashes."""
-        self.baseline: Config = {}
+        return TASKS[self.spec.task]
 
     @property
     def name(self) -> str:
@@ -73,15 +84,13 @@ class Job:
     def parallel(self) -> str | None:
         """How the trial's ranks train together: the spec's `parallel`, by default with
         `processes` above 1 the backend's first way (`Backend.parallel`); None for one process."""
-        if self.spec.processes == 1:
-            return None
-        return self.spec.parallel or self.backend.parallel[0]
+        return _parallel(self.spec, self.backend)
 
     @property
     def rank_batch(self) -> int:
         """Samples each rank takes per optimizer step: `global_batch` / `processes` (the
         micro-batch x accumulation of every config)."""
-        return self.spec.global_batch // self.spec.processes
+        return rank_batch(self.spec)
 
     @property
     def sampler(self) -> SamplerSettings:
@@ -140,38 +149,30 @@ class Job:
         fixed = {
             k
             for k, values in self.declared_space.items()
-            if knobs[k].quiet and values == [knobs[k].reference] and self.baseline.get(k) == knobs[k].reference
+            if knobs[k].quiet and values == (knobs[k].reference,) and self.baseline.get(k) == knobs[k].reference
         }
         data["space"] = {k: v for k, v in self.declared_space.items() if k not in fixed}
         data["baseline"] = {k: v for k, v in self.baseline.items() if k not in fixed}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def narrow(self, capabilities: Capabilities) -> dict[str, dict[Any, str]]:
-        """Drop from the space the values that cannot matter on a device with `capabilities`
-        (`Backend.irrelevant`: the probe's device and workload), the baseline's own value aside;
-        return them, knob -> value -> why. A SpecError when the narrowed space is still larger than
-        `MAX_CONFIGS`."""
-        dropped: dict[str, dict[Any, str]] = {}
-        for knob, values in self.space.items():
-            kept = []
-            for value in values:
-                reason = (
-                    None if value == self.baseline.get(knob) else self.backend.irrelevant(knob, value, capabilities)
-                )
-                if reason:
-                    dropped.setdefault(knob, {})[value] = reason
-                else:
-                    kept.append(value)
-            self.space[knob] = kept
-        configs = math.prod(len(values) for values in self.space.values())
-        if configs > MAX_CONFIGS:
+    def narrow(self, capabilities: Capabilities) -> tuple[Job, dict[str, dict[Any, str]]]:
+        """This job with the values that cannot matter on a device with `capabilities` dropped
+        from its space (`Backend.irrelevant`: the probe's device and workload), the baseline's own
+        value aside; and those values, knob -> value -> why. A SpecError when the narrowed space is
+        still larger than `MAX_CONFIGS`."""
+
+        def irrelevant(knob: str, value: Any) -> str | None:
+            return None if value == self.baseline.get(knob) else self.backend.irrelevant(knob, value, capabilities)
+
+        space, dropped = self.space.narrowed(irrelevant)
+        if space.size > MAX_CONFIGS:
             raise SpecError(
-                f"the space holds {configs:,} configs this device and workload can run; at most {MAX_CONFIGS:,} "
+                f"the space holds {space.size:,} configs this device and workload can run; at most {MAX_CONFIGS:,} "
                 "(give fewer choices)",
                 source=self.source,
                 key="space",
             )
-        return dropped
+        return replace(self, space=space), dropped
 
     def compile_cache_dir(self) -> Path:
         """The study's own compile cache (torch.compile's), in its folder beside its default storage."""
@@ -283,17 +284,6 @@ class Job:
         config[ACCUMULATION.name] = self.rank_batch // int(config[BATCH_SIZE.name])
         return config
 
-    def unsupported(self, capabilities: Capabilities) -> Callable[[Params], str | None]:
-        """Why a device with `capabilities` cannot run sampled params, or None (what the samplers
-        are given to skip such configs, as the search decides it)."""
-        return lambda params: self.backend.unsupported_reason(self.complete(params), capabilities)
-
-    def configs(self) -> Iterator[Params]:
-        """Every point of the space, as sampled params."""
-        names = list(self.space)
-        for values in itertools.product(*(self.space[n] for n in names)):
-            yield dict(zip(names, values, strict=True))
-
     def reference_config(self) -> Config:
         """The numerically strictest config: the baseline's batching, everything else strict, at
         the knobs' reference values or the backend's equally strict ones
@@ -308,117 +298,8 @@ class Job:
 # ------------------------------------------------------------------ loading
 
 
-def _choices(value: Any, knob: Knob, key: str, source: str) -> list[Any]:
-    if not isinstance(value, list):
-        value = [value]
-    if not value:
-        raise SpecError("the list of choices is empty; give at least one value", source=source, key=key)
-    for item in value:
-        problem = knob.check(item)
-        if problem:
-            raise SpecError(problem, source=source, key=key)
-    return list(dict.fromkeys(value))
-
-
-def _resolve_space(job: Job, source: str) -> None:
-    spec, backend, per_rank = job.spec, job.backend, job.rank_batch
-    searchable = [k for k in backend.job_knobs(job.parallel) if k not in DERIVED]
-    raw = spec.space
-    inline: dict[str, Any] = {}
-    preset_name = backend.default_preset(job.parallel)
-    if isinstance(raw, str):
-        preset_name = raw
-    elif isinstance(raw, dict):
-        inline = dict(raw)
-        preset = inline.pop("preset", preset_name)
-        if not isinstance(preset, str):
-            raise SpecError(
-                f"must be the name of a preset ({', '.join(backend.presets())})",
-                source=source,
-                key="space.preset",
-            )
-        preset_name = preset
-    try:
-        preset = backend.load_preset(preset_name)
-    except KeyError:
-        key = "space.preset" if isinstance(raw, dict) else "space"
-        raise SpecError(
-            f"no preset {shown(preset_name)}; choose between {', '.join(backend.presets())}",
-            source=source,
-            key=key,
-        ) from None
-    for knob in inline:
-        if knob not in searchable:
-            raise SpecError(
-                _no_such_knob(backend, knob, searchable),
-                source=source,
-                key=f"space.{knob}",
-            )
-    for knob in searchable:
-        if knob in inline:
-            values = _choices(inline[knob], backend.knobs[knob], f"space.{knob}", source)
-            if knob == BATCH_SIZE.name:
-                for b in values:
-                    if per_rank % b:
-                        raise SpecError(
-                            f"{b} does not divide {_rank_batch(spec)}",
-                            source=source,
-                            key="space.batch_size",
-                        )
-        elif knob == BATCH_SIZE.name and spec.objective.optimize == "latency":
-            values = [per_rank]  # one call a request (`_check_task`)
-        elif knob in preset:
-            values = _choices(preset[knob], backend.knobs[knob], f"{preset_name} preset: {knob}", source)
-            if knob == BATCH_SIZE.name:
-                dividing = [b for b in values if per_rank % b == 0]
-                # No preset size divides an odd global batch: use its divisors in the preset's range.
-                values = dividing or [
-                    d for d in range(min(values), min(max(values), per_rank) + 1) if per_rank % d == 0
-                ]
-        else:
-            values = [job.baseline.get(knob, backend.knobs[knob].reference)]
-        job.space[knob] = values
-
-
-def _resolve_baseline(job: Job, source: str) -> None:
-    spec, backend = job.spec, job.backend
-    for knob, value in spec.baseline.items():
-        knobs = backend.job_knobs(job.parallel)
-        if knob not in knobs or knob in DERIVED:
-            raise SpecError(
-                _no_such_knob(backend, knob, [k for k in knobs if k not in DERIVED]),
-                source=source,
-                key=f"baseline.{knob}",
-            )
-        problem = backend.knobs[knob].check(value)
-        if problem:
-            raise SpecError(problem, source=source, key=f"baseline.{knob}")
-    baseline = {k: knob.reference for k, knob in backend.job_knobs(job.parallel).items() if k not in DERIVED}
-    baseline[BATCH_SIZE.name] = job.rank_batch
-    baseline.update(spec.baseline)
-    if job.rank_batch % baseline[BATCH_SIZE.name]:
-        raise SpecError(
-            f"{baseline['batch_size']} does not divide {_rank_batch(spec)}",
-            source=source,
-            key="baseline.batch_size",
-        )
-    job.baseline = baseline
-
-
-def _no_such_knob(backend: Backend, knob: str, knobs: list[str]) -> str:
-    """Why a spec cannot name `knob`: the backend has no such knob, or it is a knob of a way of
-    training across processes that this job does not use."""
-    if knob in backend.knobs and knob not in DERIVED:
-        modes = [mode for mode in backend.parallel if knob in backend.job_knobs(mode)]
-        return f"{knob} is a knob of parallel: {' or '.join(modes)}, with processes: 2 or more"
-    return f"the {backend.name} backend has no knob {shown(knob)}; knobs: {', '.join(knobs)}"
-
-
-def _rank_batch(spec: JobSpec) -> str:
-    """The batch a micro-batch must divide, as the user knows it."""
-    if spec.processes == 1:
-        return f"global_batch ({spec.global_batch})"
-    return f"global_batch / processes ({spec.global_batch} / {spec.processes} = {spec.global_batch // spec.processes})"
+def _parallel(spec: JobSpec, backend: Backend) -> str | None:
+    return None if spec.processes == 1 else spec.parallel or backend.parallel[0]
 
 
 def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:
@@ -488,21 +369,17 @@ def parse_spec(data: Any, source: str, text: str = "") -> Job:
             f"{shown(spec.device)} is not a device; use auto, cpu, cuda or cuda:N", source=source, key="device"
         )
     _check_parallel(spec, backend, source)
-    job = Job(spec, source, text)
-    _resolve_baseline(job, source)
-    _resolve_space(job, source)
-    for knob, value in job.baseline.items():  # the baseline is trial 0: it is a point of the space
-        if value not in job.space[knob]:
-            job.space[knob] = [value, *job.space[knob]]
-    configs = math.prod(len(values) for values in job.space.values())
-    if configs > MAX_DECLARED_CONFIGS:
+    parallel = _parallel(spec, backend)
+    baseline = resolve_baseline(spec, backend, parallel, source)
+    # the baseline is trial 0: it is a point of the space
+    space = resolve_space(spec, backend, parallel, baseline, source).with_first(baseline)
+    if space.size > MAX_DECLARED_CONFIGS:
         raise SpecError(
-            f"the space holds {configs:,} configs; at most {MAX_DECLARED_CONFIGS:,} (give fewer choices)",
+            f"the space holds {space.size:,} configs; at most {MAX_DECLARED_CONFIGS:,} (give fewer choices)",
             source=source,
             key="space",
         )
-    job.declared_space = {knob: list(values) for knob, values in job.space.items()}
-    return job
+    return Job(spec, source, text, backend, baseline, space, declared_space=space)
 
 
 def load_spec(path: str | Path) -> Job:

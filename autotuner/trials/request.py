@@ -38,7 +38,7 @@ class TrialRequest:
     """False for a re-measurement, whose config's trial measured its drift: the process ends after
     its windows, without the restart, drift steps and held-out loss (seconds a process)."""
     min_window_s: float = 0.0
-    """Shortest measured window (`autotuner.measurement.timing.measure_throughput`)."""
+    """Shortest measured window (`autotuner.measurement.measured_phase.measure_throughput`)."""
     match_steps: int = 0
     """When set, as many windows (of the calibrated length) are measured as it takes to match this
     many optimizer steps (another trial's), not `windows`."""
@@ -70,7 +70,7 @@ class TrialRequest:
     loading of each next batch too."""
 
     def measuring(self) -> Measuring:
-        """How its measured phase times it (`autotuner.measurement.timing.measure_throughput`): a
+        """How its measured phase times it (`autotuner.measurement.measured_phase.measure_throughput`): a
         step of `global_batch` samples, warm-up, windows and their calibration as it asks."""
         return Measuring(
             warmup_steps=self.warmup_steps,

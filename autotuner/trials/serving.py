@@ -37,8 +37,9 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 from autotuner.config.knobs import BATCH_SIZE, Config
+from autotuner.measurement.measured_phase import measure_throughput
 from autotuner.measurement.telemetry import Telemetry
-from autotuner.measurement.timing import Throughput, WindowTimer, measure_throughput, relative_spread
+from autotuner.measurement.timing import Throughput, WindowTimer, relative_spread
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.outcomes import NonFiniteLoss

@@ -1,7 +1,7 @@
 """One training trial, in a trial process: the algorithm every backend runs, written once.
 
 `run_trial` builds the workload with the trial's seed, measures it (warm-up, calibration, the
-timed windows and their lockstep turns, telemetry: `autotuner.measurement.timing.measure_throughput`),
+timed windows and their lockstep turns, telemetry: `autotuner.measurement.measured_phase.measure_throughput`),
 counts its FLOPs, restores the initial weights and runs the drift phase (K optimizer steps on the
 dataset's first items in order, then the loss on the held-out items). It calls into a
 `TrainingBackend`: the framework's steps and nothing else, on the process contract every role
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from autotuner.config.knobs import Config
+from autotuner.measurement.measured_phase import measure_throughput
 from autotuner.measurement.telemetry import Telemetry
-from autotuner.measurement.timing import DONE, WindowTimer, measure_throughput
+from autotuner.measurement.timing import DONE, WindowTimer
 from autotuner.measurement.traces import read_trace, top_operators
 from autotuner.measurement.turns import Turns
 from autotuner.trials.outcomes import NonFiniteLoss

@@ -192,7 +192,8 @@ def test_peak_gpu_memory_is_the_reserved_peak_reset_after_the_warmup(monkeypatch
 
 
 def test_measure_throughput_calls_after_warmup_between_the_warmup_and_the_first_window() -> None:
-    from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
+    from autotuner.measurement.measured_phase import measure_throughput
+    from autotuner.measurement.timing import Measuring, WindowTimer
 
     events: list[str] = []
     measure_throughput(

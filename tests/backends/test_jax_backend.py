@@ -35,8 +35,8 @@ def test_the_jax_quickstart_spec_uses_the_jax_knobs_and_presets() -> None:
     job = load_spec(ROOT / "studies" / "quickstart-jax.yaml")
     assert job.backend is JAX
     assert set(job.space) == set(JAX.knobs) - {"accumulation", "param_sharding"}  # one device: nothing to shard
-    assert job.space["jit"] == ["off", "on"] and "tf32" not in job.space["precision"]
-    assert job.space["remat"] == ["none"] and job.space["donate"] == ["off"]  # jax-cpu holds them at reference
+    assert job.space["jit"] == ("off", "on") and "tf32" not in job.space["precision"]
+    assert job.space["remat"] == ("none",) and job.space["donate"] == ("off",)  # jax-cpu holds them at reference
     strict = {"remat": "none", "donate": "off", "xla_flags": "default"}
     assert job.baseline == {"precision": "fp32", "batch_size": 16, "workers": 0, "jit": "off", **strict}
     assert job.reference_config() == {
@@ -52,7 +52,7 @@ def test_the_jax_quickstart_spec_uses_the_jax_knobs_and_presets() -> None:
 def test_a_jax_spec_gets_the_jax_preset_by_default(tmp_path: Path) -> None:
     minimal = {"name": "job", "backend": "jax", "workload": "builtin:gpt", "global_batch": 64}
     job = load_spec(_write(tmp_path, {**minimal, "name": "job"}))
-    assert job.space["precision"] == ["fp32", "tf32", "bf16"] and job.space["jit"] == ["off", "on"]
+    assert job.space["precision"] == ("fp32", "tf32", "bf16") and job.space["jit"] == ("off", "on")
     assert job.workload_path() == "autotuner.backends.jax.builtin:gpt"
 
 

@@ -346,7 +346,7 @@ SPEC = {"name": "dp", "backend": "jax", "workload": "builtin:mlp", "global_batch
 def test_a_jax_spec_with_two_processes_trains_data_parallel() -> None:
     job = parse_spec({**SPEC, "processes": 2}, "job.yaml")
     assert job.parallel == "data_parallel" and job.rank_batch == 16
-    assert job.space["param_sharding"] == ["replicated", "sharded"]  # the jax preset searches it
+    assert job.space["param_sharding"] == ("replicated", "sharded")  # the jax preset searches it
     assert job.baseline["param_sharding"] == "replicated" and job.baseline["batch_size"] == 16
     config = job.complete({"batch_size": 4})
     assert config["accumulation"] == 4  # 4 a device x 4 micro-batches x 2 devices = 32
@@ -357,7 +357,7 @@ def test_a_jax_spec_with_two_processes_trains_data_parallel() -> None:
         {**SPEC, "processes": 2, "parallel": "data_parallel", "space": {"param_sharding": ["replicated", "sharded"]}},
         "job.yaml",
     )
-    assert named.parallel == "data_parallel" and named.space["param_sharding"] == ["replicated", "sharded"]
+    assert named.parallel == "data_parallel" and named.space["param_sharding"] == ("replicated", "sharded")
 
 
 def test_a_one_device_jax_spec_has_no_param_sharding() -> None:

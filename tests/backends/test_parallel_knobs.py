@@ -141,8 +141,8 @@ def test_the_presets_of_a_parallel_job_fit_the_sampler_on_a_gpu(tmp_path: Path, 
     device = {name: True for name in ("accelerator", "bf16", "fp16", "tf32", "compile", "cuda_graphs", "cudnn")}
     kernels = {name: True for name in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "foreach_optimizer")}
     offered = {**device, **kernels, "fused_optimizer": True, parallel: True, **WORKLOADS[workload]}
-    job.narrow(TorchCapabilities(**offered))
-    assert len(job.space["batch_size"]) == 8
+    narrowed, _ = job.narrow(TorchCapabilities(**offered))
+    assert len(narrowed.space["batch_size"]) == 8
 
 
 def _mlp() -> torch.nn.Module:

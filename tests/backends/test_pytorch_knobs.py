@@ -298,15 +298,18 @@ def test_the_space_is_narrowed_to_what_the_device_and_workload_can_use_the_basel
         "baseline": {**SMALL_SPEC["baseline"], "optimizer": "fused"},
     }
     job = parse_spec(copy.deepcopy(spec), "spec.yaml")
-    declared = {k: list(v) for k, v in job.space.items()}
-    dropped = job.narrow(TorchCapabilities(**{**CPU.__dict__, "fused_optimizer": False, "foreach_optimizer": True}))
+    declared = dict(job.space)
+    narrowed, dropped = job.narrow(
+        TorchCapabilities(**{**CPU.__dict__, "fused_optimizer": False, "foreach_optimizer": True})
+    )
     assert dropped["memory_format"] == {
         "channels_last": "memory_format=channels_last: the model has no 2-D convolutions"
     }
     assert set(dropped["attention"]) == {"flash", "math"} and set(dropped["checkpointing"]) == {"blocks"}
-    assert job.space["optimizer"] == ["as-given", "foreach", "fused"]  # fused: the baseline's own value stays
-    assert job.space["prefetch_factor"] == [2, 4]  # they matter with workers: refused per config
-    assert job.declared_space == declared  # what the study's identity hashes is the declared space
+    assert narrowed.space["optimizer"] == ("as-given", "foreach", "fused")  # fused: the baseline's own value stays
+    assert narrowed.space["prefetch_factor"] == (2, 4)  # they matter with workers: refused per config
+    assert narrowed.declared_space == declared  # what the study's identity hashes is the declared space
+    assert job.space == declared and narrowed.identity() == job.identity()  # a new job: the parsed one as it was
 
 
 def test_a_space_the_device_cannot_narrow_below_the_limit_is_refused_in_one_line() -> None:

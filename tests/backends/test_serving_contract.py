@@ -135,9 +135,7 @@ def test_the_probe_reports_the_environment_and_refuses_a_small_heldout_set(
     assert small.output.workload_error is not None and "fewer than one" in small.output.workload_error
 
 
-def test_an_exception_in_the_factory_is_an_error_with_its_traceback(
-    harness: Harness, launcher: TrialLauncher
-) -> None:
+def test_an_exception_in_the_factory_is_an_error_with_its_traceback(harness: Harness, launcher: TrialLauncher) -> None:
     result = _run(launcher, harness, harness.request(harness.reference(), workload=f"{__name__}:raises_in_factory"))
     assert result.outcome is Outcome.ERROR
     assert result.reason.startswith("ValueError: the factory refuses to build")

@@ -37,7 +37,7 @@ from autotuner.integrations import accelerate as accelerate_export
 from autotuner.integrations import lightning as lightning_export
 from autotuner.integrations import torchrun as torchrun_export
 from autotuner.integrations import transformers as transformers_export
-from autotuner.results.store import record
+from autotuner.results.store import Yardstick, record
 from autotuner.spec.job import parse_spec
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
@@ -490,7 +490,7 @@ def _ranks_study(url: str) -> optuna.Study:
         trial = study.ask(space)
         result = TrialResult(Outcome.OK, output=measured(rate, 2.0, [2.5, 2.0]))
         role = "baseline" if number == 0 else "search"
-        record(study, trial, job, job.complete(trial.params), result, role=role, reference=ref, environment=ENVIRONMENT)
+        record(study, trial, job.complete(trial.params), result, role=role, against=Yardstick(job, ref, ENVIRONMENT))
     return study
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from autotuner.measurement.measured_phase import measure_throughput
 from autotuner.measurement.pruning import CALIBRATION, TRIAL_NOISE, WARM_UP, WINDOW, PruneBound, Pruner, Stopped
-from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
+from autotuner.measurement.timing import Measuring, WindowTimer
 
 SAMPLES = 100
 """Samples a step in these tests."""

@@ -22,7 +22,7 @@ from autotuner.output.formatting import percent
 from autotuner.output.pages import render_html, render_markdown
 from autotuner.output.report import load_report
 from autotuner.results.records import TrialRecord, baseline, best, records, speedup, to_remeasure
-from autotuner.results.store import record
+from autotuner.results.store import Yardstick, record
 from autotuner.spec.job import parse_spec
 from autotuner.study.claims import Claims
 from autotuner.study.optuna_adapter import study_id
@@ -96,14 +96,7 @@ def _store(url: str, name: str, trials: list[tuple[dict[str, Any], TrialResult[T
         trial = study.ask(space)
         role = "baseline" if number == 0 else "search"
         record(
-            study,
-            trial,
-            job,
-            job.complete(trial.params),
-            result,
-            role=role,
-            reference=REFERENCE,
-            environment=ENVIRONMENT,
+            study, trial, job.complete(trial.params), result, role=role, against=Yardstick(job, REFERENCE, ENVIRONMENT)
         )
     return study
 

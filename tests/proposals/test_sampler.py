@@ -353,6 +353,7 @@ def test_the_search_sampler_learns_from_pruned_trials() -> None:
 
 def test_record_stores_infeasible_trials_as_complete_with_violated_constraints() -> None:
     """The learning tests above record trials the way `autotuner.results.store.record` does; check that."""
+    from autotuner.results.store import Yardstick
     from autotuner.results.store import record as study_record
     from autotuner.spec.job import parse_spec
     from autotuner.trials.launcher import TrialResult
@@ -380,12 +381,10 @@ def test_record_stores_infeasible_trials_as_complete_with_violated_constraints()
         study_record(
             study,
             trial,
-            job,
             job.complete(trial.params),
             result,
             role="search",
-            reference=reference,
-            environment=CPU_MACHINE,
+            against=Yardstick(job, reference, CPU_MACHINE),
         )
         return study.trials[-1]
 

@@ -22,7 +22,7 @@ from autotuner.output.console import SearchReporter
 from autotuner.results.evidence import Remeasurement
 from autotuner.results.records import TrialRecord, records, remeasurements, speedup_interval
 from autotuner.results.standings import Standing, baseline_standing, contenders
-from autotuner.results.store import record
+from autotuner.results.store import Yardstick, record
 from autotuner.search.batch_rounds import remeasure_groups
 from autotuner.search.remeasure import (
     MEMORY_SHARE,
@@ -220,7 +220,7 @@ def _searched(
         result = TrialResult(Outcome.OK, output=measured(rate, 2.0, [2.0]), wall_s=trial_s)
         config = job.complete(trial.params)
         role = BASELINE if number == 0 else SEARCH
-        record(study, trial, job, config, result, role=role, reference=reference(2.0, [2.0]), environment=CPU)
+        record(study, trial, config, result, role=role, against=Yardstick(job, reference(2.0, [2.0]), CPU))
     return job, study
 
 

@@ -90,18 +90,18 @@ def test_minimal_spec_has_the_documented_defaults(tmp_path: Path) -> None:
     assert job.baseline == {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none", **references}
     # the space: the default preset, batch sizes that do not divide the global batch dropped
     assert job.space == {
-        "precision": ["fp32", "tf32", "bf16", "fp16"],
-        "batch_size": [8, 16, 32, 64],
-        "workers": [0, 1, 2, 4, 8],
-        "compile": ["none", "default", "reduce-overhead", "max-autotune"],
-        "memory_format": ["contiguous", "channels_last"],
-        "optimizer": ["as-given", "foreach", "fused"],
-        "checkpointing": ["none", "blocks"],
-        "attention": ["default", "flash", "efficient", "cudnn", "math", "eager"],
-        "pin_memory": [False, True],
-        "prefetch_factor": [2, 4],
-        "cudnn_benchmark": [False, True],
-        "memory_budget": [1.0, 0.5, 0.2],
+        "precision": ("fp32", "tf32", "bf16", "fp16"),
+        "batch_size": (8, 16, 32, 64),
+        "workers": (0, 1, 2, 4, 8),
+        "compile": ("none", "default", "reduce-overhead", "max-autotune"),
+        "memory_format": ("contiguous", "channels_last"),
+        "optimizer": ("as-given", "foreach", "fused"),
+        "checkpointing": ("none", "blocks"),
+        "attention": ("default", "flash", "efficient", "cudnn", "math", "eager"),
+        "pin_memory": (False, True),
+        "prefetch_factor": (2, 4),
+        "cudnn_benchmark": (False, True),
+        "memory_budget": (1.0, 0.5, 0.2),
     }
     assert job.reference_config() == {
         "precision": "fp32",
@@ -126,7 +126,7 @@ def test_every_point_of_the_space_is_a_config(tmp_path: Path) -> None:
         tmp_path,
         space={"precision": ["fp32", "bf16"], "batch_size": [16, 64], "workers": [0], "compile": ["none"], **HELD},
     )
-    configs = list(job.configs())
+    configs = list(job.space.points())
     assert len(configs) == 4
     assert {(c["precision"], c["batch_size"]) for c in configs} == {
         ("fp32", 16),
@@ -139,23 +139,23 @@ def test_every_point_of_the_space_is_a_config(tmp_path: Path) -> None:
 
 def test_inline_choices_win_over_the_preset(tmp_path: Path) -> None:
     job = spec(tmp_path, space={"preset": "pytorch-cpu", "precision": ["bf16"], "batch_size": [32]})
-    assert job.space["precision"] == ["fp32", "bf16"]  # the baseline's fp32 is added in front
-    assert job.space["batch_size"] == [64, 32]
-    assert job.space["workers"] == [0, 1, 2]  # from the pytorch-cpu preset
-    assert job.space["compile"] == ["none", "default"]
+    assert job.space["precision"] == ("fp32", "bf16")  # the baseline's fp32 is added in front
+    assert job.space["batch_size"] == (64, 32)
+    assert job.space["workers"] == (0, 1, 2)  # from the pytorch-cpu preset
+    assert job.space["compile"] == ("none", "default")
 
 
 def test_space_as_a_preset_name(tmp_path: Path) -> None:
     job = spec(tmp_path, space="pytorch-cpu")
     preset = yaml.safe_load((ROOT / "search_spaces" / "pytorch-cpu.yaml").read_text())
-    assert job.space["precision"] == preset["precision"]
-    assert job.space["batch_size"] == [b for b in preset["batch_size"] if 64 % b == 0] == [8, 16, 32, 64]
+    assert job.space["precision"] == tuple(preset["precision"])
+    assert job.space["batch_size"] == tuple(b for b in preset["batch_size"] if 64 % b == 0) == (8, 16, 32, 64)
 
 
 def test_a_single_value_is_a_one_choice_list_and_duplicates_go(tmp_path: Path) -> None:
     job = spec(tmp_path, space={"precision": "bf16", "workers": [2, 2, 0]})
-    assert job.space["precision"] == ["fp32", "bf16"]
-    assert job.space["workers"] == [2, 0]
+    assert job.space["precision"] == ("fp32", "bf16")
+    assert job.space["workers"] == (2, 0)
 
 
 def test_the_baseline_values_are_added_to_the_space(tmp_path: Path) -> None:
@@ -166,10 +166,10 @@ def test_the_baseline_values_are_added_to_the_space(tmp_path: Path) -> None:
     )
     held = {k: v[0] for k, v in HELD.items()}
     assert job.baseline == {"precision": "fp16", "batch_size": 32, "workers": 2, "compile": "none", **held}
-    assert job.space["precision"] == ["fp16", "bf16"]
-    assert job.space["batch_size"] == [32, 8, 16]
-    assert job.space["workers"] == [2, 0]
-    assert job.space["compile"] == ["none"]
+    assert job.space["precision"] == ("fp16", "bf16")
+    assert job.space["batch_size"] == (32, 8, 16)
+    assert job.space["workers"] == (2, 0)
+    assert job.space["compile"] == ("none",)
     assert job.complete({}) == {**job.baseline, "accumulation": 2}
     # the reference keeps the baseline's batching but is strict in everything else
     assert job.reference_config() == {
@@ -192,7 +192,7 @@ def test_complete_derives_accumulation_and_fills_fixed_knobs(tmp_path: Path) -> 
     held = {k: v[0] for k, v in HELD.items()}
     assert config == {"precision": "bf16", "batch_size": 8, "workers": 1, "compile": "none", **held, "accumulation": 8}
     assert job.complete({"precision": "fp32", "batch_size": 64})["accumulation"] == 1
-    for params in job.configs():
+    for params in job.space.points():
         full = job.complete(params)
         assert full["batch_size"] * full["accumulation"] == 64
 
@@ -344,7 +344,7 @@ def test_baseline_batch_size_must_divide_global_batch(tmp_path: Path) -> None:
 
 
 def test_preset_batch_sizes_that_do_not_divide_are_dropped(tmp_path: Path) -> None:
-    assert spec(tmp_path, global_batch=48).space["batch_size"] == [48, 8, 16]
+    assert spec(tmp_path, global_batch=48).space["batch_size"] == (48, 8, 16)
 
 
 def test_minimal_spec_with_an_odd_global_batch_is_valid(tmp_path: Path) -> None:
@@ -482,7 +482,7 @@ def test_keys_of_the_other_task_are_refused(tmp_path: Path, changes: dict[str, A
 def test_optimizing_latency_serves_every_request_in_one_call(tmp_path: Path) -> None:
     job = spec(tmp_path, task="inference", objective={"optimize": "latency"})
     whole = job.spec.global_batch
-    assert job.space["batch_size"] == [whole] and job.baseline["batch_size"] == whole
+    assert job.space["batch_size"] == (whole,) and job.baseline["batch_size"] == whole
     assert job.complete(job.baseline)["accumulation"] == 1
     assert job.identity() != spec(tmp_path, task="inference").identity()
     # its trials time a window by the calls it served, not by the loading between them

@@ -10,7 +10,7 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
-from autotuner.results.store import record
+from autotuner.results.store import Yardstick, record
 from autotuner.spec.job import parse_spec
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
@@ -47,13 +47,13 @@ def test_energy_is_the_third_objective_of_the_study(tmp_path: Path) -> None:
     assert study.metric_names == ["throughput", "drift", "energy_j_per_sample"]
     fp32 = reference(2.0, [2.0])
     space = {k: CategoricalDistribution(v) for k, v in job.space.items()}
+    against = Yardstick(job, fp32, GPU)
     measured = record(
-        study, study.ask(space), job, job.complete(job.baseline), _gpu_result(0.3), role="baseline",
-        reference=fp32, environment=GPU,
-    )  # fmt: skip
+        study, study.ask(space), job.complete(job.baseline), _gpu_result(0.3), role="baseline", against=against
+    )
     failed = record(
-        study, study.ask(space), job, job.complete(job.baseline), TrialResult(Outcome.CRASH, "killed by SIGSEGV"),
-        role="search", reference=fp32, environment=GPU,
+        study, study.ask(space), job.complete(job.baseline), TrialResult(Outcome.CRASH, "killed by SIGSEGV"),
+        role="search", against=against,
     )  # fmt: skip
     values = [t.values for t in study.get_trials()]
     assert values[0] == [1000.0, 0.0, 0.3] and measured.metrics["energy_j_per_sample"] == 0.3

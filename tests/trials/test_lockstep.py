@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
+from autotuner.measurement.measured_phase import measure_throughput
+from autotuner.measurement.timing import Measuring, WindowTimer
 from autotuner.measurement.turns import Release, SetupTurn, Turns, Waiting, WindowsTurn
 from autotuner.spec.job import load_spec
 from autotuner.trials import lockstep

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from autotuner.measurement.timing import Measuring, WindowTimer, measure_throughput
+from autotuner.measurement.measured_phase import measure_throughput
+from autotuner.measurement.timing import Measuring, WindowTimer
 from autotuner.output.console import PHASE_POLL_S, SearchReporter
 from autotuner.results.records import TrialRecord
 from autotuner.trials.progress import PhaseFile, duration, phase_path, read_phase, time_left
