@@ -120,8 +120,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
+    from autotuner.backends.pytorch.integrations import FORMATS, require
     from autotuner.export.writer import export_data, export_path, write_export
-    from autotuner.integrations import FORMATS, require
     from autotuner.output.formatting import format_config
     from autotuner.spec.job import load_spec
     from autotuner.study.storage import open_storage
@@ -152,9 +152,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _export_code(export: ExportFile, name: str, args: argparse.Namespace) -> int:
     """Print the best config as a trainer's arguments, in Python, and write it to a file."""
+    from autotuner.backends.pytorch.integrations import snippet
     from autotuner.export.reader import parse_config
     from autotuner.export.writer import export_path, write_text
-    from autotuner.integrations import snippet
 
     code = snippet(args.format, parse_config(export.as_data(), f"study {name}"))
     path = write_text(code, Path(args.output) if args.output else export_path(name, f"{args.format}.py"))
@@ -166,9 +166,9 @@ def _export_code(export: ExportFile, name: str, args: argparse.Namespace) -> int
 def _export_files(export: ExportFile, name: str, args: argparse.Namespace) -> int:
     """Write the best config in a format of files built from the job (an inference winner on ONNX
     Runtime: its model and session settings)."""
+    from autotuner.backends.pytorch.integrations import write
     from autotuner.export.reader import parse_config
     from autotuner.export.writer import export_path
-    from autotuner.integrations import write
     from autotuner.spec.job import load_spec
 
     if not args.spec:
@@ -366,7 +366,7 @@ def _apply_command(commands: Commands) -> None:
 
 def _export_command(commands: Commands) -> None:
     """`autotuner export`: the best config and its evidence, or a trainer's arguments."""
-    from autotuner.integrations import FORMATS, formats_help
+    from autotuner.backends.pytorch.integrations import FORMATS, formats_help
 
     export = commands.add_parser("export", help="write the best config and its evidence from the storage")
     export.add_argument("--spec", help="the job spec (gives the study name and storage)")

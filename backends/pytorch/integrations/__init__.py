@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Format:
     module: str
-    """The module of `autotuner.integrations` that writes it."""
+    """The module of `autotuner.backends.pytorch.integrations` that writes it."""
     library: str
     """The import name of the library it is for (or needs)."""
     extra: str | None
@@ -61,12 +61,12 @@ class Format:
 
 
 FORMATS = {
-    "hf-trainer": Format("autotuner.integrations.transformers", "transformers", "hf", "the Hugging Face Trainer's"),
-    "lightning": Format("autotuner.integrations.lightning", "lightning", "lightning", "Lightning's"),
-    "accelerate": Format("autotuner.integrations.accelerate", "accelerate", "accelerate", "Accelerate's"),
-    "torchrun": Format("autotuner.integrations.torchrun", "torch", None, "a torchrun script's"),
+    "hf-trainer": Format(f"{__name__}.transformers", "transformers", "hf", "the Hugging Face Trainer's"),
+    "lightning": Format(f"{__name__}.lightning", "lightning", "lightning", "Lightning's"),
+    "accelerate": Format(f"{__name__}.accelerate", "accelerate", "accelerate", "Accelerate's"),
+    "torchrun": Format(f"{__name__}.torchrun", "torch", None, "a torchrun script's"),
     "onnx": Format(
-        "autotuner.integrations.onnx",
+        f"{__name__}.onnx",
         "onnx",
         "inference",
         "an inference winner on ONNX Runtime as its model and session settings",
