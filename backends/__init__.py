@@ -8,9 +8,11 @@ without importing a framework. A backend defined elsewhere joins them with `regi
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 
-from autotuner.backends._base import Backend, Capabilities, ExportFormat
+from autotuner.backends._base import Backend, Capabilities
+from autotuner.backends._formats import ExportFormat
 from autotuner.backends.jax import JAX
 from autotuner.backends.jax.inference import JAX_INFERENCE
 from autotuner.backends.pytorch import PYTORCH
@@ -59,7 +61,8 @@ def export_formats() -> dict[str, ExportFormat]:
     different formats under one name."""
     found: dict[str, ExportFormat] = {}
     for backend in (*BACKENDS.values(), *INFERENCE.values()):
-        for name, fmt in backend.export_formats().items():
+        table: Mapping[str, ExportFormat] = importlib.import_module(backend.formats).FORMATS if backend.formats else {}
+        for name, fmt in table.items():
             if found.setdefault(name, fmt) != fmt:
                 raise ValueError(f"two export formats are named {name!r}: {found[name].module}, {fmt.module}")
     return found

@@ -77,11 +77,9 @@ A backend has three parts:
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob
@@ -108,50 +106,6 @@ class ExportedConfig(Protocol):
 
     @property
     def params(self) -> Mapping[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class ExportFormat:
-    """One `autotuner export --format` a backend offers (`Backend.formats`): a module of the backend
-    that writes a tuned config for a library its users train or serve with. Naming it imports
-    nothing; the module is imported when the format is asked for, after its library is found."""
-
-    name: str
-    """The `--format` value."""
-    module: str
-    """Import path of the module that writes it: `snippet(config) -> str`, or with `files`,
-    `write(config, job, path) -> list[Path]`."""
-    library: str
-    """The import name of the library it is for (or needs)."""
-    extra: str | None
-    """The autotuner extra that installs it; None for a base dependency."""
-    what: str
-    """What it writes, as `autotuner export --help` says it."""
-    files: bool = False
-    """It writes files built from the job (its module's `write`), not Python code to paste (its
-    module's `snippet`)."""
-
-    def require(self) -> None:
-        """Refuse, in one line saying what to install, a format whose library is not installed
-        (found, not imported: a snippet is text, and importing a trainer can take seconds)."""
-        if importlib.util.find_spec(self.library) is None:
-            install = f"pip install 'autotuner[{self.extra}]'" if self.extra else f"pip install {self.library}"
-            raise SpecError(f"{self.library} is not installed: {install}", key=f"--format {self.name}")
-
-    def snippet(self, config: ExportedConfig) -> str:
-        """The Python code of this format for `config` (its library must be installed)."""
-        if self.files:
-            raise ValueError(f"--format {self.name} writes files (`write`), not code")
-        self.require()
-        text: str = importlib.import_module(self.module).snippet(config)
-        return text
-
-    def write(self, config: ExportedConfig, job: object, path: Path) -> list[Path]:
-        """The files of this format (`files`) for `config`, a config of `job` (the spec's `Job`),
-        written at `path` (and beside it); their paths."""
-        self.require()
-        written: list[Path] = importlib.import_module(self.module).write(config, job, path)
-        return written
 
 
 @dataclass(frozen=True)
@@ -234,9 +188,9 @@ class Backend:
     install: str = ""
     """The command that installs them."""
     formats: str | None = None
-    """Import path of the module whose `FORMATS` (name -> `ExportFormat`) are the formats
-    `autotuner export --format` writes this backend's configs in; None: none. Imported only when
-    they are asked for (`export_formats`)."""
+    """Import path of the module whose `FORMATS` (name -> `autotuner.backends._formats.ExportFormat`)
+    are the formats `autotuner export --format` writes this backend's configs in; None: none.
+    Imported only when they are asked for (`autotuner.backends.export_formats`)."""
 
     def capabilities(self, data: Mapping[str, Any]) -> Capabilities:
         """The probe's `capabilities` report as this backend's `capabilities_type`."""
@@ -275,13 +229,6 @@ class Backend:
         `knobs` but those of the other ways of training across processes. A config holds these;
         one that lacks the others takes their reference values (`with_defaults`)."""
         return self.knobs
-
-    def export_formats(self) -> Mapping[str, ExportFormat]:
-        """The backend's export formats (`formats`), by name."""
-        if self.formats is None:
-            return {}
-        table: Mapping[str, ExportFormat] = importlib.import_module(self.formats).FORMATS
-        return table
 
     def missing_requirements(self) -> str | None:
         """Why this backend cannot run in this Python (its framework is not installed), or None."""

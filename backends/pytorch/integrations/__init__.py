@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
-from autotuner.backends._base import ExportFormat
+from autotuner.backends._formats import ExportFormat
 from autotuner.backends.pytorch import PREFETCH_FACTOR
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS
 from autotuner.errors import SpecError
