@@ -21,6 +21,7 @@ from rich.table import Table
 from autotuner.errors import AutotunerError, SpecError, shown
 
 if TYPE_CHECKING:
+    from autotuner.backends import ExportFormat
     from autotuner.export.file import ExportFile
 
 
@@ -120,14 +121,14 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import optuna
 
+    from autotuner.backends import export_formats
     from autotuner.export.writer import export_data, export_path, write_export
-    from autotuner.integrations import FORMATS, require
     from autotuner.output.formatting import format_config
     from autotuner.spec.job import load_spec
     from autotuner.study.storage import open_storage
 
-    if args.format in FORMATS:
-        require(args.format)  # before any storage is opened: say what to install at once
+    if (fmt := export_formats().get(args.format)) is not None:
+        fmt.require()  # before any storage is opened: say what to install at once
     if args.spec:
         job = load_spec(args.spec)
         name, url, default = job.name, job.storage_url(args.storage), args.storage is None and job.spec.storage is None
@@ -141,8 +142,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     except KeyError:
         raise SpecError(f"no study {name!r} in {url}", key="name") from None
     export = export_data(study, url, top=args.top or 0)
-    if (fmt := FORMATS.get(args.format)) is not None:
-        return _export_files(export, name, args) if fmt.files else _export_code(export, name, args)
+    if fmt is not None:
+        return _export_files(export, name, fmt, args) if fmt.files else _export_code(export, name, fmt, args)
     path = write_export(export, Path(args.output) if args.output else export_path(name, args.format), args.format)
     for entry in export.top or []:
         print(f"{entry.rank:>3}. #{entry.trial} {format_config(entry.params)}: {entry.throughput:,.0f}/s")
@@ -150,25 +151,23 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_code(export: ExportFile, name: str, args: argparse.Namespace) -> int:
+def _export_code(export: ExportFile, name: str, fmt: ExportFormat, args: argparse.Namespace) -> int:
     """Print the best config as a trainer's arguments, in Python, and write it to a file."""
     from autotuner.export.reader import parse_config
     from autotuner.export.writer import export_path, write_text
-    from autotuner.integrations import snippet
 
-    code = snippet(args.format, parse_config(export.as_data(), f"study {name}"))
+    code = fmt.snippet(parse_config(export.as_data(), f"study {name}"))
     path = write_text(code, Path(args.output) if args.output else export_path(name, f"{args.format}.py"))
     print(code, end="")
     print(path)
     return 0
 
 
-def _export_files(export: ExportFile, name: str, args: argparse.Namespace) -> int:
+def _export_files(export: ExportFile, name: str, fmt: ExportFormat, args: argparse.Namespace) -> int:
     """Write the best config in a format of files built from the job (an inference winner on ONNX
     Runtime: its model and session settings)."""
     from autotuner.export.reader import parse_config
     from autotuner.export.writer import export_path
-    from autotuner.integrations import write
     from autotuner.spec.job import load_spec
 
     if not args.spec:
@@ -177,7 +176,7 @@ def _export_files(export: ExportFile, name: str, args: argparse.Namespace) -> in
         )
     tuned = parse_config(export.as_data(), f"study {name}")
     path = Path(args.output) if args.output else export_path(name, args.format)
-    for written in write(args.format, tuned, load_spec(args.spec), path):
+    for written in fmt.write(tuned, load_spec(args.spec), path):
         print(written)
     return 0
 
@@ -366,7 +365,9 @@ def _apply_command(commands: Commands) -> None:
 
 def _export_command(commands: Commands) -> None:
     """`autotuner export`: the best config and its evidence, or a trainer's arguments."""
-    from autotuner.integrations import FORMATS, formats_help
+    from autotuner.backends import export_formats, formats_help
+
+    formats = export_formats()
 
     export = commands.add_parser("export", help="write the best config and its evidence from the storage")
     export.add_argument("--spec", help="the job spec (gives the study name and storage)")
@@ -374,9 +375,9 @@ def _export_command(commands: Commands) -> None:
     export.add_argument("--storage", help="SQLAlchemy URL of the study's storage")
     export.add_argument(
         "--format",
-        choices=("yaml", "json", *FORMATS),
+        choices=("yaml", "json", *formats),
         default="yaml",
-        help=formats_help(),
+        help=f"yaml, json; {formats_help(formats)}",
     )
     export.add_argument("--top", type=_positive_int, help="also list the K best feasible configs (written as `top`)")
     export.add_argument(

@@ -8,7 +8,11 @@ without importing a framework. A backend defined elsewhere joins them with `regi
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
+
 from autotuner.backends._base import Backend, Capabilities
+from autotuner.backends._formats import ExportFormat
 from autotuner.backends.jax import JAX
 from autotuner.backends.jax.inference import JAX_INFERENCE
 from autotuner.backends.pytorch import PYTORCH
@@ -51,4 +55,35 @@ def knob_named(name: str) -> Knob | None:
     return next((knobs[name] for knobs in tables if name in knobs), None)
 
 
-__all__ = ["BACKENDS", "Backend", "Capabilities", "get_backend", "knob_named", "register"]
+def export_formats() -> dict[str, ExportFormat]:
+    """`autotuner export --format` name -> the format, from every registered backend's table
+    (`Backend.formats`, its training and serving halves'); ValueError when two backends offer
+    different formats under one name."""
+    found: dict[str, ExportFormat] = {}
+    for backend in (*BACKENDS.values(), *INFERENCE.values()):
+        table: Mapping[str, ExportFormat] = importlib.import_module(backend.formats).FORMATS if backend.formats else {}
+        for name, fmt in table.items():
+            if found.setdefault(name, fmt) != fmt:
+                raise ValueError(f"two export formats are named {name!r}: {found[name].module}, {fmt.module}")
+    return found
+
+
+def formats_help(formats: Mapping[str, ExportFormat]) -> str:
+    """What `formats` write, for `autotuner export --help`: the trainers whose arguments they write
+    as Python, then each format of files with what it writes."""
+    trainers = ", ".join(name for name, fmt in formats.items() if not fmt.files)
+    files = [f"{name}: {fmt.what}" for name, fmt in formats.items() if fmt.files]
+    return "; ".join([*([f"a trainer's arguments as Python: {trainers}"] if trainers else []), *files])
+
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Capabilities",
+    "ExportFormat",
+    "export_formats",
+    "formats_help",
+    "get_backend",
+    "knob_named",
+    "register",
+]

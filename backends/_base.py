@@ -189,6 +189,10 @@ class Backend:
     """Top-level modules the runner imports: checked, never imported, when a spec names the backend."""
     install: str = ""
     """The command that installs them."""
+    formats: str | None = None
+    """Import path of the module whose `FORMATS` (name -> `autotuner.backends._formats.ExportFormat`)
+    are the formats `autotuner export --format` writes this backend's configs in; None: none.
+    Imported only when they are asked for (`autotuner.backends.export_formats`)."""
 
     def capabilities(self, data: Mapping[str, Any]) -> Capabilities:
         """The probe's `capabilities` report as this backend's `capabilities_type`."""

@@ -9,7 +9,7 @@ under the same conditions; `--export` takes an export instead, refused when its 
 other thread settings (on 2 cores, `OMP_WAIT_POLICY=PASSIVE` alone halves the Trainer's baseline:
 the comparison would measure that). Then, in the same run, it trains the same model with
 `transformers.Trainer` under the baseline's arguments and under the tuned ones
-(`autotuner.integrations.transformers.training_arguments` of each config), alternating baseline
+(`autotuner.backends.pytorch.integrations.transformers.training_arguments` of each config), alternating baseline
 and tuned `--rounds` times. A run's throughput is taken by a callback over its optimizer
 steps after the first `WARMUP_STEPS` (the Trainer's own `train_samples_per_second` counts the
 loader's start and the first steps too); the speedup delivered is the median over the rounds of
@@ -30,7 +30,7 @@ from typing import Any
 from _harness import ROOT, machine, run_search, write_results
 
 from autotuner.apply import TunedConfig, load_config
-from autotuner.integrations.transformers import training_arguments
+from autotuner.backends.pytorch.integrations.transformers import training_arguments
 from autotuner.measurement.hardware import thread_settings
 from autotuner.study.fingerprint import describe_threads
 

@@ -179,11 +179,14 @@ LAYERS = (
     "autotuner.workers",
     "autotuner.output",
     "autotuner.export",
+    "autotuner.backends.pytorch.integrations",
     "autotuner.search",
     "autotuner",
 )
-"""The engine's layers, lowest first (`docs/architecture.md` draws them). The last is the package's
-public face: `autotuner/__init__.py`, the command line, `autotuner.apply`, the integrations."""
+"""The engine's layers, lowest first (`docs/architecture.md` draws them). A backend's export formats
+(`autotuner export --format`) live in its package but write an exported config, so they sit above
+the export layer. The last is the package's public face: `autotuner/__init__.py`, the command line,
+`autotuner.apply`."""
 
 
 def _layer(module: str) -> int:
@@ -212,12 +215,91 @@ def test_the_subpackages_are_layers_and_no_module_imports_upward() -> None:
     modules = _package_modules()
     graph = {name: _imported(name, path, modules) for name, path in modules.items()}
     assert _layer("autotuner.search.loop") == LAYERS.index("autotuner.search")
-    assert _layer("autotuner.cli") == _layer("autotuner.integrations.transformers") == len(LAYERS) - 1
+    assert _layer("autotuner.cli") == len(LAYERS) - 1
+    assert _layer("autotuner.backends.pytorch.apply") == LAYERS.index("autotuner.backends")
+    formats = LAYERS.index("autotuner.backends.pytorch.integrations")
+    assert _layer("autotuner.backends.pytorch.integrations.transformers") == formats > LAYERS.index("autotuner.export")
     assert _upward({"autotuner.trials.training": {"autotuner.spec.job"}}) == [
         "autotuner.trials.training -> autotuner.spec.job"
     ]
     stray = [name for name in modules if _layer(name) == len(LAYERS) - 1 and name.count(".") > 1]
-    assert stray == [name for name in stray if name.startswith("autotuner.integrations")], stray
+    assert stray == [], stray  # the public face is top-level modules; packages are layers of their own
     assert _upward(graph) == []
     cycle = _cycle(_subpackages(graph))
     assert cycle is None, "the layers import each other: " + " -> ".join(cycle or [])
+
+
+ENGINE = (
+    "autotuner.errors",
+    "autotuner.config",
+    "autotuner.measurement",
+    "autotuner.trials",
+    "autotuner.spec",
+    "autotuner.study",
+    "autotuner.results",
+    "autotuner.proposals",
+    "autotuner.workers",
+    "autotuner.output",
+    "autotuner.export",
+    "autotuner.search",
+)
+"""The engine's layers: every one but the presets, the backends, the export formats and the public face."""
+FRAMEWORKS = (
+    "torch",
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "transformers",
+    "peft",
+    "onnx",
+    "onnxruntime",
+    "torchao",
+    "lightning",
+    "pytorch_lightning",
+    "accelerate",
+    "autotuner.backends.pytorch",
+    "autotuner.backends.jax",
+)
+"""What only a backend imports: the frameworks, their libraries, and the backends' own packages
+(numpy is not one: the engine's statistics use it)."""
+
+
+def _framework_imports(name: str, path: Path, source: str | None = None) -> list[str]:
+    """`path:line name` for each import of a `FRAMEWORKS` module by module `name` (at `path`), anywhere
+    in it: function bodies too, since a deferred import still ties the engine to the framework."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source, str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package upwards
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        hits = {f for f in FRAMEWORKS for imported in names if imported == f or imported.startswith(f + ".")}
+        found += [
+            f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{node.lineno} {hit}"
+            for hit in sorted(hits)
+        ]
+    return found
+
+
+def test_the_engine_imports_no_framework() -> None:
+    """No module of the engine imports a framework, a framework's library or a framework's backend:
+    what a framework does is its backend's (reached through `autotuner.backends`' registry), so the
+    engine runs where none is installed and adding one changes no engine module."""
+    example = "import numpy\ndef f():\n    import torch.nn\n    from ..backends.jax import JAX\n"
+    assert _framework_imports("autotuner.search.x", ROOT / "x.py", example) == [
+        "x.py:3 torch",
+        "x.py:4 autotuner.backends.jax",
+    ]
+    modules = _package_modules()
+    engine = {name: path for name, path in modules.items() if any(_layer(name) == LAYERS.index(e) for e in ENGINE)}
+    assert {"autotuner.errors", "autotuner.search.loop", "autotuner.export.promise"} <= set(engine)
+    assert not any(name.startswith(("autotuner.backends", "autotuner.search_spaces")) for name in engine)
+    assert [hit for name, path in sorted(engine.items()) for hit in _framework_imports(name, path)] == []

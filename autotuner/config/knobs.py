@@ -157,13 +157,13 @@ BATCH_SIZE = Knob(
 )
 ACCUMULATION = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
 WORKERS = Knob("workers", "the data loader's worker processes", None, 0, minimum=0, maximum=1024, compiled=False)
-CALLS = Knob("accumulation", "calls a measured step serves its global batch in (derived)", None, 1)
+CALLS = Knob(ACCUMULATION.name, "calls a measured step serves its global batch in (derived)", None, 1)
 """`task: inference`'s `accumulation`: a served step is `global_batch` samples in calls of `batch_size`."""
 COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
 """The knobs every backend has (a backend may restrict their values). A knob only one framework
 has (torch.compile's mode, XLA jit) is defined by its backend (`Backend.knobs`)."""
 
-DERIVED = ("accumulation",)
+DERIVED = (ACCUMULATION.name,)
 
 
 YAML_BOOLEANS = frozenset({"on", "off", "yes", "no", "y", "n", "true", "false"})

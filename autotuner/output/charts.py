@@ -276,7 +276,7 @@ def speedup_figure(trials: Sequence[TrialRecord], baseline: TrialRecord | None, 
 def knob_value(config: Config, knob: str) -> str:
     """The knob's value as a category label; the batch size as micro-batch x accumulation."""
     if knob == BATCH_SIZE.name:
-        return f"{config.get('batch_size')}x{config.get('accumulation', 1)}"
+        return f"{config.get(BATCH_SIZE.name)}x{config.get(ACCUMULATION.name, 1)}"
     return str(config.get(knob))
 
 

@@ -389,8 +389,8 @@ def _latency_versus(best: TrialRecord, base: TrialRecord | None) -> str:
     p50 = best.metrics.get("latency_p50_ms")
     if not isinstance(p50, (int, float)):
         return ""
-    text = f"; a batch of {best.config['batch_size']} in {p50:.2f} ms at p50"
+    text = f"; a batch of {best.config[BATCH_SIZE.name]} in {p50:.2f} ms at p50"
     base_p50 = base.metrics.get("latency_p50_ms") if base is not None else None
     if isinstance(base_p50, (int, float)) and base is not None and base.number != best.number:
-        text += f" (the baseline's batch of {base.config['batch_size']}: {base_p50:.2f} ms)"
+        text += f" (the baseline's batch of {base.config[BATCH_SIZE.name]}: {base_p50:.2f} ms)"
     return text

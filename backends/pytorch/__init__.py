@@ -47,6 +47,7 @@ class PyTorchBackend(Backend):
     default_space = "pytorch"
     requires = ("torch",)
     install = "pip install torch"
+    formats = "autotuner.backends.pytorch.integrations"
 
     def default_preset(self, parallel: str | None) -> str:
         return f"pytorch-{parallel}" if parallel else self.default_space

@@ -68,6 +68,7 @@ class PyTorchInference(Backend):
     default_space = "pytorch-inference"
     requires = ("torch",)
     install = "pip install torch"
+    formats = "autotuner.backends.pytorch.integrations"
 
     def timeout_factor(self, config: Config) -> float:
         return COMPILE_TIMEOUT_FACTOR[config.get(COMPILE.name, "none")]

@@ -188,8 +188,8 @@ def test_export_command_writes_the_same_file_from_the_storage(searched: tuple[Pa
 @pytest.mark.parametrize("fmt", ["hf-trainer", "lightning", "accelerate"])
 def test_export_for_a_trainer_prints_and_writes_its_arguments(searched: tuple[Path, str], fmt: str) -> None:
     from autotuner.apply import load_config
-    from autotuner.integrations import accelerate, lightning, transformers
-    from tests.integrations.test_integrations import literals
+    from autotuner.backends.pytorch.integrations import accelerate, lightning, transformers
+    from tests.backends.integrations.test_integrations import literals
 
     workdir, _ = searched
     done = run_cli("export", "--spec", str(workdir / "small.yaml"), "--format", fmt, cwd=workdir)

@@ -1,7 +1,7 @@
 """The script `autotuner export --format torchrun` writes, run as the user runs it: torchrun
 starts two CPU ranks (gloo), each loads the export and trains through `TunedTraining`, which
 wraps the model in DDP or shards it with FSDP2 itself. What the snippet says is
-tests/integrations/test_parallel_exports.py's."""
+tests/backends/integrations/test_parallel_exports.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from autotuner.apply import load_config
-from autotuner.integrations import snippet
+from autotuner.backends.pytorch.integrations import snippet
 
 YOURS = """import torch
 

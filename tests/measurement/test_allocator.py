@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from autotuner.integrations import ALLOCATOR_LINE
+from autotuner.backends.pytorch.integrations import ALLOCATOR_LINE
 from autotuner.measurement.allocator import ENVIRONMENT
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc, on Linux")

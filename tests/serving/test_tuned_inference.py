@@ -276,9 +276,9 @@ def test_the_exported_graph_is_kept_once_per_workload_seed_and_batch() -> None:
 
 
 def test_only_an_onnx_winner_exports_as_onnx(tmp_path: Path) -> None:
+    from autotuner.backends.pytorch.integrations import write
     from autotuner.errors import SpecError
     from autotuner.export.reader import parse_config
-    from autotuner.integrations import write
 
     export = {
         "version": 1,

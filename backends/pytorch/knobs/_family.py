@@ -71,7 +71,7 @@ class TorchFamily(Family[TorchCapabilities]):
     """A family of PyTorch's knobs: its rules; `apply`, what its knobs do to a training run as it
     is built (`Build`), called once per `TunedTraining` in `APPLY`'s order; and `setup`, the lines
     of Python that do the same in a trainer's snippet whose own arguments cannot
-    (`autotuner.integrations.common_setup`)."""
+    (`autotuner.backends.pytorch.integrations.common_setup`)."""
 
     apply: Callable[[Build], None] = _nothing
     setup: Callable[[Mapping[str, Any]], list[str]] = _no_lines

@@ -1,5 +1,6 @@
-"""Exports to the trainers users have: the arguments built by `autotuner.integrations`, taken
-by the real `TrainingArguments`, Lightning `Trainer` and `DataLoader`, and `Accelerator`."""
+"""Exports to the trainers users have: the arguments built by
+`autotuner.backends.pytorch.integrations`, taken by the real `TrainingArguments`, Lightning
+`Trainer` and `DataLoader`, and `Accelerator`."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from autotuner.backends.pytorch import DDP_KNOBS, FSDP_KNOBS, PARALLEL_KNOBS, PYTORCH
+from autotuner.backends.pytorch.integrations import TRAINERS, loader_arguments, snippet
+from autotuner.backends.pytorch.integrations import accelerate as accelerate_export
+from autotuner.backends.pytorch.integrations import lightning as lightning_export
+from autotuner.backends.pytorch.integrations import transformers as transformers_export
 from autotuner.backends.pytorch.knobs.attention import SDPA_FLAGS, sdpa_code
 from autotuner.cli import main
 from autotuner.errors import SpecError
 from autotuner.export.reader import TunedConfig, parse_config
-from autotuner.integrations import TRAINERS, loader_arguments, snippet
-from autotuner.integrations import accelerate as accelerate_export
-from autotuner.integrations import lightning as lightning_export
-from autotuner.integrations import transformers as transformers_export
 from tests.support.studies import ROOT
 
 
@@ -511,7 +512,7 @@ def test_an_old_cpu_configs_snippets_are_unchanged() -> None:
 
 
 OLD_SNIPPETS = {
-    "hf-trainer": """# autotuner.integrations.transformers.apply(args, config) divides it by args.world_size.
+    "hf-trainer": """# autotuner.backends.pytorch.integrations.transformers.apply(args, config) divides it by args.world_size.
 from transformers import TrainingArguments
 
 tuned = {
@@ -528,7 +529,7 @@ tuned = {
     'use_cpu': True,
 }
 args = TrainingArguments(output_dir="trainer-output", **tuned)  # your own arguments beside them
-""",
+""",  # noqa: E501 (the path of `apply` in its first line)
     "lightning": """import torch
 from lightning import Trainer
 from torch.utils.data import DataLoader
@@ -585,12 +586,24 @@ def test_a_missing_library_is_one_line_and_exit_2(
 
 def test_importing_autotuner_and_its_cli_imports_no_trainer() -> None:
     code = (
-        "import sys, autotuner.cli, autotuner.integrations\n"
+        "import sys, autotuner.cli, autotuner.backends.pytorch.integrations\n"
         "autotuner.cli.build_parser()\n"
         "print([m for m in ('transformers', 'lightning', 'accelerate') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_former_import_path_imports_the_same_modules() -> None:
+    """Scripts written against `autotuner.integrations`, the path the guides gave before the formats
+    moved into their backend, import the same functions."""
+    import autotuner.backends.pytorch.integrations as formats
+    from autotuner.integrations import FORMATS
+    from autotuner.integrations.lightning import trainer_arguments
+    from autotuner.integrations.transformers import apply
+
+    assert FORMATS is formats.FORMATS and apply is transformers_export.apply
+    assert trainer_arguments is lightning_export.trainer_arguments
 
 
 def test_every_knob_of_one_process_is_written_by_every_format() -> None:

@@ -3,7 +3,7 @@ strategy, built into the real `TrainingArguments` (and the Accelerate objects th
 the model with), Lightning `DDPStrategy` and `FSDPStrategy`, Accelerate
 `DistributedDataParallelKwargs` and `FullyShardedDataParallelPlugin`, each value checked against
 what `TunedTraining` applies; the `torchrun` format; `autotuner export --format torchrun` on a
-study. The formats of one-process configs are tests/integrations/test_integrations.py's; the
+study. The formats of one-process configs are tests/backends/integrations/test_integrations.py's; the
 torchrun script run across two ranks is tests/e2e/test_torchrun_export.py's."""
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ from optuna.distributions import CategoricalDistribution
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from autotuner.backends.pytorch.apply import DTYPES, POWERSGD_START
-from autotuner.cli import main
-from autotuner.errors import SpecError
-from autotuner.export.reader import TunedConfig, parse_config
-from autotuner.integrations import (
+from autotuner.backends.pytorch.integrations import (
     ALLOCATOR_LINE,
     FORMATS,
     TRAINERS,
@@ -33,18 +30,21 @@ from autotuner.integrations import (
     require,
     snippet,
 )
-from autotuner.integrations import accelerate as accelerate_export
-from autotuner.integrations import lightning as lightning_export
-from autotuner.integrations import torchrun as torchrun_export
-from autotuner.integrations import transformers as transformers_export
+from autotuner.backends.pytorch.integrations import accelerate as accelerate_export
+from autotuner.backends.pytorch.integrations import lightning as lightning_export
+from autotuner.backends.pytorch.integrations import torchrun as torchrun_export
+from autotuner.backends.pytorch.integrations import transformers as transformers_export
+from autotuner.cli import main
+from autotuner.errors import SpecError
+from autotuner.export.reader import TunedConfig, parse_config
 from autotuner.results.store import Yardstick, record
 from autotuner.spec.job import parse_spec
 from autotuner.study.storage import open_storage, open_study
 from autotuner.trials.launcher import TrialResult
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import Environment
-from tests.integrations.test_integrations import tiny_gpt2
-from tests.integrations.test_integrations import tuned as one_process
+from tests.backends.integrations.test_integrations import tiny_gpt2
+from tests.backends.integrations.test_integrations import tuned as one_process
 from tests.support.helpers import HELD, measured, reference
 
 

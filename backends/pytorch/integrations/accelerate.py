@@ -26,8 +26,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autotuner.backends.pytorch import COMPILE
-from autotuner.config.knobs import PRECISION
-from autotuner.integrations import (
+from autotuner.backends.pytorch.integrations import (
     HOOK_TYPES,
     TUNED_IMPORT,
     Code,
@@ -46,6 +45,7 @@ from autotuner.integrations import (
     powersgd_options,
     split_imports,
 )
+from autotuner.config.knobs import PRECISION
 
 if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig

@@ -26,12 +26,10 @@ Importing this package imports no trainer: a format's library is imported when i
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotuner.backends._formats import ExportFormat
 from autotuner.backends.pytorch import PREFETCH_FACTOR
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS
 from autotuner.errors import SpecError
@@ -45,45 +43,28 @@ if TYPE_CHECKING:
     from autotuner.spec.job import Job
 
 
-@dataclass(frozen=True)
-class Format:
-    module: str
-    """The module of `autotuner.integrations` that writes it."""
-    library: str
-    """The import name of the library it is for (or needs)."""
-    extra: str | None
-    """The autotuner extra that installs it; None for a base dependency."""
-    what: str
-    """What it writes, as `autotuner export --help` says it."""
-    files: bool = False
-    """It writes files built from the job (its module's `write(tuned, job, path)`), not Python code
-    to paste (its module's `snippet(config)`)."""
-
-
 FORMATS = {
-    "hf-trainer": Format("autotuner.integrations.transformers", "transformers", "hf", "the Hugging Face Trainer's"),
-    "lightning": Format("autotuner.integrations.lightning", "lightning", "lightning", "Lightning's"),
-    "accelerate": Format("autotuner.integrations.accelerate", "accelerate", "accelerate", "Accelerate's"),
-    "torchrun": Format("autotuner.integrations.torchrun", "torch", None, "a torchrun script's"),
-    "onnx": Format(
-        "autotuner.integrations.onnx",
-        "onnx",
-        "inference",
-        "an inference winner on ONNX Runtime as its model and session settings",
-        files=True,
-    ),
+    fmt.name: fmt
+    for fmt in (
+        ExportFormat("hf-trainer", f"{__name__}.transformers", "transformers", "hf", "the Hugging Face Trainer's"),
+        ExportFormat("lightning", f"{__name__}.lightning", "lightning", "lightning", "Lightning's"),
+        ExportFormat("accelerate", f"{__name__}.accelerate", "accelerate", "accelerate", "Accelerate's"),
+        ExportFormat("torchrun", f"{__name__}.torchrun", "torch", None, "a torchrun script's"),
+        ExportFormat(
+            "onnx",
+            f"{__name__}.onnx",
+            "onnx",
+            "inference",
+            "an inference winner on ONNX Runtime as its model and session settings",
+            files=True,
+        ),
+    )
 }
-"""`autotuner export --format` name -> what writes it: a trainer's arguments as Python (their
-`what` is the trainer's), or files (`Format.files`)."""
+"""`autotuner export --format` name -> the module of this package that writes it: a trainer's
+arguments as Python (their `what` is the trainer's), or files (`ExportFormat.files`). The PyTorch
+backend names this table (`Backend.formats`), from which the command's choices and help come."""
 TRAINERS = tuple(name for name, fmt in FORMATS.items() if not fmt.files)
 """The formats that write a trainer's arguments as Python."""
-
-
-def formats_help() -> str:
-    """`autotuner export --format`'s help beside yaml and json, from the registry."""
-    trainers = ", ".join(TRAINERS)
-    files = "; ".join(f"{name}: {fmt.what}" for name, fmt in FORMATS.items() if fmt.files)
-    return f"yaml, json; a trainer's arguments as Python: {trainers}; {files}"
 
 
 class Code(str):
@@ -91,31 +72,19 @@ class Code(str):
 
 
 def require(fmt: str) -> None:
-    """Refuse, in one line saying what to install, a format whose library is not installed (found,
-    not imported: the snippet is text, and importing lightning takes seconds)."""
-    wanted = FORMATS[fmt]
-    if importlib.util.find_spec(wanted.library) is None:
-        install = f"pip install 'autotuner[{wanted.extra}]'" if wanted.extra else f"pip install {wanted.library}"
-        raise SpecError(f"{wanted.library} is not installed: {install}", key=f"--format {fmt}")
+    """Refuse, in one line saying what to install, format `fmt` when its library is not installed."""
+    FORMATS[fmt].require()
 
 
 def snippet(fmt: str, config: TunedConfig) -> str:
     """The Python code of trainer format `fmt` for `config` (its library must be installed)."""
-    if FORMATS[fmt].files:
-        raise ValueError(f"--format {fmt} writes files (`write`), not code")
-    require(fmt)
-    module = importlib.import_module(FORMATS[fmt].module)
-    text: str = module.snippet(config)
-    return text
+    return FORMATS[fmt].snippet(config)
 
 
 def write(fmt: str, config: TunedConfig, job: Job, path: Path) -> list[Path]:
-    """The files of format `fmt` (`Format.files`) for `config`, a config of `job`, written at `path`
-    (and beside it); their paths."""
-    require(fmt)
-    module = importlib.import_module(FORMATS[fmt].module)
-    written: list[Path] = module.write(config, job, path)
-    return written
+    """The files of format `fmt` (`ExportFormat.files`) for `config`, a config of `job`, written at
+    `path` (and beside it); their paths."""
+    return FORMATS[fmt].write(config, job, path)
 
 
 # ------------------------------------------------------------------ shared by the formats

@@ -38,9 +38,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autotuner.backends.pytorch import COMPILE, PREFETCH_FACTOR
-from autotuner.backends.pytorch.knobs.attention import SDPA_FLAGS
-from autotuner.config.knobs import BATCH_SIZE, PRECISION
-from autotuner.integrations import (
+from autotuner.backends.pytorch.integrations import (
     HOOK_TYPES,
     accumulation_per_process,
     assignment,
@@ -55,6 +53,8 @@ from autotuner.integrations import (
     parallel_knobs,
     powersgd_options,
 )
+from autotuner.backends.pytorch.knobs.attention import SDPA_FLAGS
+from autotuner.config.knobs import BATCH_SIZE, PRECISION
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -248,7 +248,7 @@ def snippet(config: TunedConfig) -> str:
     on_trainer = [line for line in on_trainer if line not in imports]
     lines = [
         *header(config, "hf-trainer", launch_line(config)),
-        "# autotuner.integrations.transformers.apply(args, config) divides it by args.world_size.",
+        "# autotuner.backends.pytorch.integrations.transformers.apply(args, config) divides it by args.world_size.",
         *(["import torch"] if setup or POLICY_IMPORT in imports else []),
         *[line for line in imports if line.startswith("from accelerate")],
         *[line for line in imports if line.startswith("from torch")],

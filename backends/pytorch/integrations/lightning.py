@@ -29,8 +29,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autotuner.backends.pytorch import COMPILE
-from autotuner.config.knobs import PRECISION
-from autotuner.integrations import (
+from autotuner.backends.pytorch.integrations import (
     COMM_HOOKS,
     HOOKS_IMPORT,
     accumulation_per_process,
@@ -49,6 +48,7 @@ from autotuner.integrations import (
     powersgd_options,
     split_imports,
 )
+from autotuner.config.knobs import PRECISION
 
 if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig

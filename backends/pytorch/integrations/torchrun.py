@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotuner.integrations import header, knobs, launch_line, on_cuda, parallel_knobs
+from autotuner.backends.pytorch.integrations import header, knobs, launch_line, on_cuda, parallel_knobs
 
 if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig
