@@ -300,6 +300,8 @@ def test_the_engine_imports_no_framework() -> None:
     ]
     modules = _package_modules()
     engine = {name: path for name, path in modules.items() if any(_layer(name) == LAYERS.index(e) for e in ENGINE)}
-    assert {"autotuner.errors", "autotuner.search.loop", "autotuner.export.promise"} <= set(engine)
+    assert {"autotuner.errors", "autotuner.search.loop", "autotuner.export.reader", "autotuner.trials.serving"} <= set(
+        engine
+    )
     assert not any(name.startswith(("autotuner.backends", "autotuner.search_spaces")) for name in engine)
     assert [hit for name, path in sorted(engine.items()) for hit in _framework_imports(name, path)] == []

@@ -24,7 +24,6 @@ left out), a pair's first item, or the whole batch.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,10 @@ import torch
 from autotuner.backends._base import TunedLoop
 from autotuner.backends.pytorch.apply import resolve_device, set_matmul_precision, to_device
 from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
+from autotuner.backends.pytorch.knobs.memory_format import MEMORY_FORMAT
+from autotuner.backends.pytorch.knobs.quantization import QUANTIZATION
+from autotuner.backends.pytorch.knobs.runtime import RUNTIME
+from autotuner.backends.pytorch.knobs.threads import THREADS
 from autotuner.backends.pytorch.runtimes import Session, model_inputs, primary_output, runtime_named
 from autotuner.backends.pytorch.runtimes.eager import prune_2_4, quantize, sparse_layer, sparsify
 from autotuner.backends.pytorch.runtimes.onnxruntime import export_onnx, session_settings
@@ -55,18 +58,16 @@ class TunedInference(TunedLoop):
     ):
         super().__init__(PYTORCH_INFERENCE, config)
         self.device = resolve_device(device)
-        self.runtime: str = self.config["runtime"]
-        self.quantization: str = self.config["quantization"]
-        threads = int(self.config["threads"])
+        self.runtime: str = self.config[RUNTIME.name]
+        self.quantization: str = self.config[QUANTIZATION.name]
+        threads = int(self.config[THREADS.name])
         if threads:
             torch.set_num_threads(threads)
         set_matmul_precision(self.precision)
-        self._channels_last = self.config["memory_format"] == "channels_last"
+        self._channels_last = self.config[MEMORY_FORMAT.name] == "channels_last"
         model = model.to(self.device).eval()
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
-        self._folder: tempfile.TemporaryDirectory[str] | None = None
-        """The temporary folder of a graph exported without `onnx_file` (removed with this object)."""
         graph = None if onnx_file is None else Path(onnx_file)
         example = None if example is None else self.to_device(example)
         self.session: Session = runtime_named(self.runtime).session(self, model, example, graph)

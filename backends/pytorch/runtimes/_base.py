@@ -21,14 +21,27 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from autotuner.backends.pytorch.serving import TunedInference
-
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Served(Protocol):
+    """What a runtime reads of the config it serves (`autotuner.backends.pytorch.serving.TunedInference`)."""
+
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def runtime(self) -> str: ...
 
 
 class Session(Protocol):
@@ -52,7 +65,7 @@ class Runtime(ABC):
         return {}
 
     @abstractmethod
-    def session(self, tuned: TunedInference, model: torch.nn.Module, example: Any, graph_file: Path | None) -> Session:
+    def session(self, tuned: Served, model: torch.nn.Module, example: Any, graph_file: Path | None) -> Session:
         """The session that serves `model` as `tuned`'s config says; `example`: one batch on the
         device (what a graph is traced with, None if the caller gave none), `graph_file`: where
         that graph is kept (None: a temporary file)."""

@@ -11,16 +11,16 @@ import contextlib
 import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from autotuner.backends.pytorch.apply import COMPILE_MODES, choose_attention
-from autotuner.backends.pytorch.knobs.sparsity import SPARSE_COLUMNS, SPARSE_ROWS
-from autotuner.backends.pytorch.runtimes._base import AUTOCAST, Runtime, model_inputs
-
-if TYPE_CHECKING:
-    from autotuner.backends.pytorch.serving import TunedInference
+from autotuner.backends.pytorch.knobs.attention import ATTENTION
+from autotuner.backends.pytorch.knobs.compile import COMPILE
+from autotuner.backends.pytorch.knobs.quantization import QUANTIZATION
+from autotuner.backends.pytorch.knobs.sparsity import SPARSE_COLUMNS, SPARSE_ROWS, SPARSITY
+from autotuner.backends.pytorch.runtimes._base import AUTOCAST, Runtime, Served, model_inputs
 
 
 class EagerSession:
@@ -47,13 +47,11 @@ class PyTorchRuntime(Runtime):
             "sparse24": capability >= (8, 0),
         }
 
-    def session(
-        self, tuned: TunedInference, model: torch.nn.Module, example: Any, graph_file: Path | None
-    ) -> EagerSession:
-        quantize(model, tuned.quantization)
-        sparsify(model, tuned.config["sparsity"], AUTOCAST.get(tuned.precision))
-        attention = choose_attention(model, tuned.config["attention"])
-        mode = tuned.config["compile"]
+    def session(self, tuned: Served, model: torch.nn.Module, example: Any, graph_file: Path | None) -> EagerSession:
+        quantize(model, tuned.config[QUANTIZATION.name])
+        sparsify(model, tuned.config[SPARSITY.name], AUTOCAST.get(tuned.precision))
+        attention = choose_attention(model, tuned.config[ATTENTION.name])
+        mode = tuned.config[COMPILE.name]
         compiled = model if mode == "none" else torch.compile(model, mode=COMPILE_MODES[mode])
         dtype = AUTOCAST.get(tuned.precision)
 

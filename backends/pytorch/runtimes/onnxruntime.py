@@ -12,16 +12,13 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from autotuner.backends.pytorch.knobs.runtime import ORT_PROVIDERS
-from autotuner.backends.pytorch.runtimes._base import Runtime, model_inputs, primary_output
+from autotuner.backends.pytorch.runtimes._base import Runtime, Served, model_inputs, primary_output
 from autotuner.trials.outcomes import Unsupported
-
-if TYPE_CHECKING:
-    from autotuner.backends.pytorch.serving import TunedInference
 
 
 def providers() -> list[str]:
@@ -37,8 +34,10 @@ class OrtSession:
     """An `InferenceSession` fed a batch as the model is called with; its first output as a tensor
     on the host."""
 
-    def __init__(self, session: Any, names: list[str]):
+    def __init__(self, session: Any, names: list[str], folder: tempfile.TemporaryDirectory[str] | None = None):
         self.session, self.names = session, names
+        self.folder = folder
+        """The temporary folder of a graph exported without a graph file: removed with the session."""
 
     def __call__(self, batch: Any) -> torch.Tensor:
         args, kwargs = model_inputs(batch)
@@ -63,18 +62,17 @@ class OnnxRuntime(Runtime):
             "ort_tensorrt": device.type == "cuda" and "TensorrtExecutionProvider" in found,
         }
 
-    def session(
-        self, tuned: TunedInference, model: torch.nn.Module, example: Any, graph_file: Path | None
-    ) -> OrtSession:
+    def session(self, tuned: Served, model: torch.nn.Module, example: Any, graph_file: Path | None) -> OrtSession:
         """The session of the fp32 model exported with `example` (once: an existing `graph_file` is
         reused), its inputs named in the order the batch gives them."""
         import onnxruntime
 
         if example is None:
             raise ValueError(f"runtime={tuned.runtime}: give an example batch to export the model with")
+        folder = None
         if graph_file is None:
-            tuned._folder = tempfile.TemporaryDirectory(prefix="autotuner-onnx-")
-            graph_file = Path(tuned._folder.name) / "model.onnx"
+            folder = tempfile.TemporaryDirectory(prefix="autotuner-onnx-")
+            graph_file = Path(folder.name) / "model.onnx"
         if not graph_file.exists():
             export_onnx(model, example, graph_file)
         options = onnxruntime.SessionOptions()
@@ -96,7 +94,7 @@ class OnnxRuntime(Runtime):
                 f"runtime={tuned.runtime}: ONNX Runtime could not start its {wanted} here "
                 f"(the session would run on {started[0]})"
             )
-        return OrtSession(session, [i.name for i in session.get_inputs()])
+        return OrtSession(session, [i.name for i in session.get_inputs()], folder)
 
 
 def export_onnx(model: torch.nn.Module, example: Any, path: Path) -> list[str]:
