@@ -15,8 +15,13 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotuner.backends.pytorch.knobs.runtime import RUNTIME
 from autotuner.config.knobs import BATCH_SIZE
 from autotuner.errors import SpecError
+from autotuner.spec.tasks import INFERENCE
+
+FORMAT = "onnx"
+"""This format's name, which the runtimes that run what it writes name (`Runtime.export_format`)."""
 
 if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig
@@ -26,8 +31,11 @@ if TYPE_CHECKING:
 def write(tuned: TunedConfig, job: Job, path: Path) -> list[Path]:
     """Write the ONNX model of `tuned` (an inference config of `job` on an ONNX runtime) to `path`
     and its session's settings beside it (`<path>.json`); both paths."""
-    runtime = str(tuned.params.get("runtime", tuned.backend))
-    if tuned.spec.get("task") != "inference" or not runtime.startswith("onnxruntime"):
+    from autotuner.backends.pytorch.runtimes import runtime_named
+
+    runtime = str(tuned.params.get(RUNTIME.name, tuned.backend))
+    served = tuned.spec.get("task") == INFERENCE.name and RUNTIME.name in tuned.params
+    if not served or runtime_named(runtime).export_format != FORMAT:
         raise SpecError(
             f"the best config runs on {runtime if tuned.spec.get('task') == 'inference' else 'a training loop'}: "
             "--format onnx writes the model of an inference config on ONNX Runtime",
@@ -35,7 +43,7 @@ def write(tuned: TunedConfig, job: Job, path: Path) -> list[Path]:
         )
     import torch
 
-    from autotuner.backends.pytorch.serving import export_onnx, session_settings
+    from autotuner.backends.pytorch.runtimes.onnxruntime import export_onnx, session_settings
     from autotuner.backends.pytorch.workload import as_inference_workload
     from autotuner.trials.factory import load_factory
 
