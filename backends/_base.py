@@ -82,6 +82,7 @@ import functools
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config, Knob
@@ -347,12 +348,13 @@ class TunedLoop:
     `config` (the knob values, checked against `backend`'s knobs), the precision, the micro-batch,
     the accumulation and the loader's workers."""
 
-    def __init__(self, backend: Backend, config: Any):
-        self.config = backend.config_params(config)
-        self.precision: str = self.config[PRECISION.name]
-        self.batch_size = int(self.config[BATCH_SIZE.name])
-        self.accumulation = int(self.config[ACCUMULATION.name])
-        self.workers = int(self.config[WORKERS.name])
+    def __init__(self, backend: Backend, config: ExportedConfig | Mapping[str, Any]):
+        self.config: Mapping[str, Any] = MappingProxyType(backend.config_params(config))
+        """Every knob's value, read-only; `KNOB.of(config)` reads one as its knob's type."""
+        self.precision: str = PRECISION.of(self.config)
+        self.batch_size = int(BATCH_SIZE.of(self.config))
+        self.accumulation = int(ACCUMULATION.of(self.config))
+        self.workers = int(WORKERS.of(self.config))
 
     @property
     def global_batch(self) -> int:

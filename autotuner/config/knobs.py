@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from autotuner.errors import shown
 
@@ -28,19 +28,25 @@ Params = dict[str, Any]
 `accumulation` left out, since it is derived (`autotuner.spec.job.Job.complete` makes a `Config`
 of it)."""
 
+V = TypeVar("V")
+"""A knob's value type: `str` for words, `bool`, `int` or `float` for numbers."""
+
 ASCENDING: Literal["ascending"] = "ascending"
 """The `Knob.memory_order` of an integer knob whose larger values need more memory (the micro-batch)."""
 
 
 @dataclass(frozen=True)
-class Knob:
+class Knob(Generic[V]):
+    """A setting of the job that a config gives a value, typed by its values (`Knob[str]`,
+    `Knob[int]`, ...): `of` reads its value out of a config as that type."""
+
     name: str
     description: str
     """What it does, as the knob tables in the documentation say it (`knob_rows`)."""
-    choices: tuple[Any, ...] | None
+    choices: tuple[V, ...] | None
     """The values the knob can take; None for a number (an integer unless `real`) between
     `minimum` and `maximum`."""
-    reference: Any
+    reference: V
     """The numerically strictest value, used by the fp32 reference and the default baseline."""
     minimum: float = 1
     """For number knobs: the smallest allowed value."""
@@ -48,7 +54,7 @@ class Knob:
     """For number knobs: the largest allowed value, if any."""
     real: bool = False
     """A number knob (`choices` None) of real values, not only integers: a share, a budget."""
-    recommended: tuple[Any, ...] = ()
+    recommended: tuple[V, ...] = ()
     """Values the optimisation guides recommend, most recommended first: the guided start tries
     them before the knob's other values (`autotuner.proposals.sampler.rule_of_thumb`)."""
     compiled: bool = True
@@ -62,13 +68,13 @@ class Knob:
     the knob existed (`autotuner.backends._base.with_defaults`), and left out of a study's
     identity while the space holds it at that value alone (`autotuner.spec.job.Job`), so that
     adding one changes no existing export or study."""
-    implied: Callable[[str], Any] | None = None
+    implied: Callable[[str], V] | None = None
     """The value a config exported before the knob existed implies, from the device it was tuned on
     (`cuda:0`, `cpu`): what the study ran then without the knob. None: its reference value."""
     not_run_when: str = ""
     """When a value of it is left out of the search or recorded unsupported, in words, as the knob
     tables say it (its family's rules, `autotuner.backends._base.Family`, decide it)."""
-    memory_order: tuple[Any, ...] | Literal["ascending"] | None = None
+    memory_order: tuple[V, ...] | Literal["ascending"] | None = None
     """How the knob's values rank by the memory a training step needs, the rest of the config
     equal: its values from least memory to most; `ASCENDING` for a number knob whose larger
     values need more; None when its values do not rank (each needs a run of its own to know).
@@ -112,7 +118,11 @@ class Knob:
             return f"{shown(value)} is not allowed; choose between {', '.join(map(str, self.choices))}{quote}"
         return None
 
-    def before(self, device: str) -> Any:
+    def of(self, config: Mapping[str, object]) -> V:
+        """This knob's value in `config` (a config of a table that holds it: `Backend.config_params`)."""
+        return cast(V, config[self.name])
+
+    def before(self, device: str) -> V:
         """The value of this (quiet) knob in a config exported before it existed, tuned on `device`."""
         return self.reference if self.implied is None else self.implied(device)
 
@@ -125,7 +135,7 @@ class Knob:
             return f"{'numbers' if self.real else 'integers'} from {self.minimum:g}{upper}"
         return ", ".join(_yaml_text(choice) for choice in self.choices)
 
-    def restricted(self, *choices: Any) -> Knob:
+    def restricted(self, *choices: V) -> Knob[V]:
         """This knob with only `choices` (a backend that honours fewer values than the table)."""
         unknown = [c for c in choices if self.choices is None or c not in self.choices]
         if unknown:
@@ -147,16 +157,18 @@ PRECISION = Knob(
     recommended=("bf16", "fp16", "tf32"),
     not_run_when="the device has no such math (tf32: an NVIDIA GPU of compute capability 8.0 or newer)",
 )
-BATCH_SIZE = Knob(
+BATCH_SIZE: Knob[int] = Knob(
     "batch_size",
     "the micro-batch, a divisor of `global_batch`: `accumulation = global_batch / batch_size` micro-steps, their "
     "gradients summed, per optimizer step",
     None,
-    None,
+    1,
     memory_order=ASCENDING,
 )
-ACCUMULATION = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
-WORKERS = Knob("workers", "the data loader's worker processes", None, 0, minimum=0, maximum=1024, compiled=False)
+ACCUMULATION: Knob[int] = Knob("accumulation", "micro-steps per optimizer step (derived)", None, 1)
+WORKERS: Knob[int] = Knob(
+    "workers", "the data loader's worker processes", None, 0, minimum=0, maximum=1024, compiled=False
+)
 CALLS = Knob(ACCUMULATION.name, "calls a measured step serves its global batch in (derived)", None, 1)
 """`task: inference`'s `accumulation`: a served step is `global_batch` samples in calls of `batch_size`."""
 COMMON_KNOBS = (PRECISION, BATCH_SIZE, ACCUMULATION, WORKERS)
@@ -178,7 +190,7 @@ def _yaml_text(value: Any) -> str:
     return f"`{value}`"
 
 
-def knob_rows(knobs: Sequence[Knob]) -> list[str]:
+def knob_rows(knobs: Sequence[Knob[Any]]) -> list[str]:
     """The Markdown table of `knobs` the guides show (generated from the knobs themselves): each
     knob's values, what it does and when it is not run; the derived `accumulation` left out."""
     lines = ["| knob | values | what it does | not run when |", "|---|---|---|---|"]
@@ -188,7 +200,7 @@ def knob_rows(knobs: Sequence[Knob]) -> list[str]:
     return lines
 
 
-def knob_table(*knobs: Knob) -> dict[str, Knob]:
+def knob_table(*knobs: Knob[Any]) -> dict[str, Knob[Any]]:
     """Name -> knob, in the order given: a backend's `knobs`."""
     return {knob.name: knob for knob in knobs}
 
@@ -198,7 +210,7 @@ COMMON_TABLE = knob_table(*COMMON_KNOBS)
 table is given (`needs_as_much_memory`)."""
 
 
-def needs_as_much_memory(config: Mapping[str, Any], than: Mapping[str, Any], knobs: Mapping[str, Knob]) -> bool:
+def needs_as_much_memory(config: Mapping[str, Any], than: Mapping[str, Any], knobs: Mapping[str, Knob[Any]]) -> bool:
     """Whether `config` needs at least as much memory as `than`, knob by knob: both set the same
     knobs, and at each one `config`'s value needs at least as much as `than`'s
     (`Knob.needs_as_much_memory`; a knob not in `knobs`, the backend's table, must be equal).

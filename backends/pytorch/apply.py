@@ -388,7 +388,7 @@ class TunedTraining(TunedLoop):
             collate_fn=self.collate_fn,
             drop_last=True,
             pin_memory=self._pin_memory,
-            prefetch_factor=int(self.config[PREFETCH_FACTOR.name]) if workers > 0 else None,
+            prefetch_factor=int(PREFETCH_FACTOR.of(self.config)) if workers > 0 else None,
             **loader_workers(workers),
             generator=torch.Generator().manual_seed(seed) if seed is not None and sampler is None else None,
         )

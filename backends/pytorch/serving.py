@@ -58,13 +58,13 @@ class TunedInference(TunedLoop):
     ):
         super().__init__(PYTORCH_INFERENCE, config)
         self.device = resolve_device(device)
-        self.runtime: str = self.config[RUNTIME.name]
-        self.quantization: str = self.config[QUANTIZATION.name]
-        threads = int(self.config[THREADS.name])
+        self.runtime: str = RUNTIME.of(self.config)
+        self.quantization: str = QUANTIZATION.of(self.config)
+        threads = int(THREADS.of(self.config))
         if threads:
             torch.set_num_threads(threads)
         set_matmul_precision(self.precision)
-        self._channels_last = self.config[MEMORY_FORMAT.name] == "channels_last"
+        self._channels_last = MEMORY_FORMAT.of(self.config) == "channels_last"
         model = model.to(self.device).eval()
         if self._channels_last:
             model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

@@ -120,11 +120,11 @@ def sdpa_code(attention: str) -> list[str]:
 
 
 def setup(config: Mapping[str, Any]) -> list[str]:
-    return sdpa_code(config[ATTENTION.name])
+    return sdpa_code(ATTENTION.of(config))
 
 
 def apply(build: Build) -> None:
-    attention = build.config[ATTENTION.name]
+    attention = ATTENTION.of(build.config)
     chosen = choose_attention(build.module, attention)
     build.attention = functools.partial(_only_kernel, chosen, attention) if attention in SDPA_BACKENDS else chosen
 

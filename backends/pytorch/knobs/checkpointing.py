@@ -98,7 +98,7 @@ def without_checkpointing(model: torch.nn.Module) -> Iterator[None]:
 
 
 def apply(build: Build) -> None:
-    if build.config[CHECKPOINTING.name] == "blocks":
+    if CHECKPOINTING.of(build.config) == "blocks":
         enable_checkpointing(build.module, build.checkpoint_blocks)
 
 

@@ -61,7 +61,7 @@ def apply(build: Build) -> None:
     """The model compiled. Where the mode captures CUDA graphs, every forward starts a new graph
     step, and with accumulation the gradients are kept in place (see
     `autotuner.backends.pytorch.apply`)."""
-    mode = build.config[COMPILE.name]
+    mode = COMPILE.of(build.config)
     build.model = compiled(build.model, mode)
     if uses_cuda_graphs(mode, build.device):
         import torch

@@ -32,11 +32,11 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
 def apply(build: Build) -> None:
     import torch
 
-    torch.backends.cudnn.benchmark = bool(build.config[CUDNN_BENCHMARK.name])
+    torch.backends.cudnn.benchmark = bool(CUDNN_BENCHMARK.of(build.config))
 
 
 def setup(config: Mapping[str, Any]) -> list[str]:
-    if not config[CUDNN_BENCHMARK.name]:
+    if not CUDNN_BENCHMARK.of(config):
         return []
     return ["torch.backends.cudnn.benchmark = True  # cudnn_benchmark: cuDNN times its convolutions"]
 

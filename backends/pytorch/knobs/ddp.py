@@ -82,11 +82,11 @@ def distributed_data_parallel(model: torch.nn.Module, config: Mapping[str, Any],
     ddp = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=int(config[BUCKET_CAP_MB.name]),
-        gradient_as_bucket_view=bool(config[BUCKET_VIEW.name]),
-        static_graph=bool(config[STATIC_GRAPH.name]),
+        bucket_cap_mb=int(BUCKET_CAP_MB.of(config)),
+        gradient_as_bucket_view=bool(BUCKET_VIEW.of(config)),
+        static_graph=bool(STATIC_GRAPH.of(config)),
     )
-    hook = config[COMM_HOOK.name]
+    hook = COMM_HOOK.of(config)
     if hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif hook == "bf16":

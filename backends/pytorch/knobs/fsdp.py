@@ -95,11 +95,11 @@ def fully_sharded(
     shard = functools.partial(
         fully_shard,
         mesh=mesh,
-        reshard_after_forward=bool(config[RESHARD_AFTER_FORWARD.name]),
+        reshard_after_forward=bool(RESHARD_AFTER_FORWARD.of(config)),
         mp_policy=MixedPrecisionPolicy(
-            param_dtype=dtype(config[PARAM_DTYPE.name]), reduce_dtype=dtype(config[REDUCE_DTYPE.name])
+            param_dtype=dtype(PARAM_DTYPE.of(config)), reduce_dtype=dtype(REDUCE_DTYPE.of(config))
         ),
-        offload_policy=CPUOffloadPolicy() if config[OFFLOAD.name] == "cpu" else OffloadPolicy(),
+        offload_policy=CPUOffloadPolicy() if OFFLOAD.of(config) == "cpu" else OffloadPolicy(),
     )
     kinds = tuple(blocks or ()) or repeated_blocks(model)
     for module in list(model.modules()):

@@ -46,7 +46,7 @@ def conflict(config: Config, caps: TorchCapabilities) -> str | None:
 def apply(build: Build) -> None:
     """Pinned batches where the config pins them and the device is a GPU (on a CPU it does nothing).
     The prefetch depth is the loader's (`TunedTraining.make_loader`)."""
-    build.pin_memory = bool(build.config[PIN_MEMORY.name]) and build.device.type == "cuda"
+    build.pin_memory = bool(PIN_MEMORY.of(build.config)) and build.device.type == "cuda"
 
 
 FAMILY = TorchFamily((PIN_MEMORY, PREFETCH_FACTOR), irrelevant, conflict, apply)

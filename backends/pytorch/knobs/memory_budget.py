@@ -47,7 +47,7 @@ def apply(build: Build) -> None:
     the training graph), and back at 1 for a config that leaves it there."""
     import torch._functorch.config
 
-    torch._functorch.config.activation_memory_budget = float(build.config[MEMORY_BUDGET.name])
+    torch._functorch.config.activation_memory_budget = float(MEMORY_BUDGET.of(build.config))
 
 
 def setup(config: Mapping[str, Any]) -> list[str]:

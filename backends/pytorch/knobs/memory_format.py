@@ -34,7 +34,7 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
 
 def apply(build: Build) -> None:
     """The model's parameters in channels_last; the batches follow (`Build.channels_last`)."""
-    if build.config[MEMORY_FORMAT.name] == "channels_last":
+    if MEMORY_FORMAT.of(build.config) == "channels_last":
         import torch
 
         build.model = build.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
@@ -45,7 +45,7 @@ def setup(config: Mapping[str, Any]) -> list[str]:
     """The model's layout. The study converted 4-D float batches as well (`Build.channels_last`); a
     convolution with channels_last weights returns channels_last outputs from a contiguous input,
     so the layout holds from the first convolution on without touching the user's batches."""
-    if config[MEMORY_FORMAT.name] != "channels_last":
+    if MEMORY_FORMAT.of(config) != "channels_last":
         return []
     return [
         "model = model.to(memory_format=torch.channels_last)  # memory_format=channels_last; inputs follow at "

@@ -60,7 +60,7 @@ def rebuilt_optimizer(optimizer: torch.optim.Optimizer, choice: str) -> torch.op
 
 
 def apply(build: Build) -> None:
-    build.optimizer = rebuilt_optimizer(build.optimizer, build.config[OPTIMIZER.name])
+    build.optimizer = rebuilt_optimizer(build.optimizer, OPTIMIZER.of(build.config))
 
 
 FAMILY = TorchFamily((OPTIMIZER,), irrelevant, apply=apply)

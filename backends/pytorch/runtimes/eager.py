@@ -48,10 +48,10 @@ class PyTorchRuntime(Runtime):
         }
 
     def session(self, tuned: Served, model: torch.nn.Module, example: Any, graph_file: Path | None) -> EagerSession:
-        quantize(model, tuned.config[QUANTIZATION.name])
-        sparsify(model, tuned.config[SPARSITY.name], AUTOCAST.get(tuned.precision))
-        attention = choose_attention(model, tuned.config[ATTENTION.name])
-        mode = tuned.config[COMPILE.name]
+        quantize(model, QUANTIZATION.of(tuned.config))
+        sparsify(model, SPARSITY.of(tuned.config), AUTOCAST.get(tuned.precision))
+        attention = choose_attention(model, ATTENTION.of(tuned.config))
+        mode = COMPILE.of(tuned.config)
         compiled = model if mode == "none" else torch.compile(model, mode=COMPILE_MODES[mode])
         dtype = AUTOCAST.get(tuned.precision)
 
