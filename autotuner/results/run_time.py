@@ -66,7 +66,7 @@ class RunPlan:
             currency=cost.currency if cost else "USD",
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -174,7 +174,7 @@ class Estimate:
     run_energy_kwh: float | None = None
     """Where the device counts energy."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The figures that are known, as an export's metrics hold them."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
