@@ -8,12 +8,10 @@ failing, which is a trial outcome): exit code 1.
 
 from __future__ import annotations
 
-from typing import Any
-
 SHOWN_CHARS = 60
 
 
-def shown(value: Any) -> str:
+def shown(value: object) -> str:
     """`repr(value)` for an error line, cut to SHOWN_CHARS: the line quotes the input, not all of it."""
     try:
         text = repr(value)

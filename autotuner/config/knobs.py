@@ -20,6 +20,9 @@ from typing import Any, Generic, Literal, TypeVar, cast
 
 from autotuner.errors import shown
 
+Value = str | int | float | bool
+"""A knob's value: a word, a flag or a number, as a spec, a trial's params and an export hold it."""
+
 Config = dict[str, Any]
 """One value per knob, `accumulation` included: an open set of keys, since each backend has knobs
 of its own (`Backend.knobs`). Plain data: it is stored with its trial."""
@@ -90,18 +93,18 @@ class Knob(Generic[V]):
         if self.memory_order == ASCENDING and self.choices is not None:
             raise ValueError(f"{self.name}: memory_order {ASCENDING!r} is for number knobs (integers or reals)")
 
-    def needs_as_much_memory(self, value: Any, than: Any) -> bool:
+    def needs_as_much_memory(self, value: Value, than: Value) -> bool:
         """Whether a step at `value` of this knob needs at least as much memory as one at `than`,
         the rest of the config equal: the same value, or one at or above it in `memory_order`."""
         if value == than:
             return True
         if self.memory_order == ASCENDING:
-            return bool(value >= than)
+            return isinstance(value, int | float) and isinstance(than, int | float) and value >= than
         if isinstance(self.memory_order, tuple) and value in self.memory_order and than in self.memory_order:
             return self.memory_order.index(value) >= self.memory_order.index(than)
         return False
 
-    def check(self, value: Any) -> str | None:
+    def check(self, value: object) -> str | None:
         """Return why `value` is not allowed for this knob, or None when it is."""
         if self.choices is None:
             kinds, what = ((int, float), "a number") if self.real else ((int,), "an integer")
@@ -182,7 +185,7 @@ YAML_BOOLEANS = frozenset({"on", "off", "yes", "no", "y", "n", "true", "false"})
 """Words YAML 1.1 reads as booleans when they stand bare: a knob value spelled so is quoted."""
 
 
-def _yaml_text(value: Any) -> str:
+def _yaml_text(value: object) -> str:
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, str) and value.lower() in YAML_BOOLEANS:
@@ -210,7 +213,9 @@ COMMON_TABLE = knob_table(*COMMON_KNOBS)
 table is given (`needs_as_much_memory`)."""
 
 
-def needs_as_much_memory(config: Mapping[str, Any], than: Mapping[str, Any], knobs: Mapping[str, Knob[Any]]) -> bool:
+def needs_as_much_memory(
+    config: Mapping[str, Value], than: Mapping[str, Value], knobs: Mapping[str, Knob[Any]]
+) -> bool:
     """Whether `config` needs at least as much memory as `than`, knob by knob: both set the same
     knobs, and at each one `config`'s value needs at least as much as `than`'s
     (`Knob.needs_as_much_memory`; a knob not in `knobs`, the backend's table, must be equal).
@@ -225,6 +230,6 @@ def needs_as_much_memory(config: Mapping[str, Any], than: Mapping[str, Any], kno
     return True
 
 
-def config_key(config: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+def config_key(config: Mapping[str, Value]) -> tuple[tuple[str, Value], ...]:
     """A hashable identity of a config: two configs with the same key are the same run."""
     return tuple(sorted(config.items()))

@@ -6,11 +6,14 @@ around them (a trial's metrics, its predicted run time and cost, the environment
 kept as it is (`extra="allow"`), so a newer autotuner may add evidence without a new version. A
 change of what a field means bumps `EXPORT_VERSION`; the reader accepts `READS_VERSIONS`.
 Infinite values (the drift of a run whose loss diverged) are written as the string `inf`.
+
+A section reads as a mapping too (`tuned.study["name"]`, `tuned.metrics.get("drift")`): its
+fields and the evidence kept beside them, by name, as the export file writes them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,9 +25,24 @@ READS_VERSIONS = (1,)
 """The versions the reader understands."""
 
 
-class _Section(BaseModel):
-    # The evidence beyond the named fields is kept as it is: a reader checks what it uses.
+class _Section(BaseModel, Mapping[str, object]):
+    """A section's named fields, typed, and the evidence beyond them kept as it is (a reader checks
+    what it uses); read by name too, as a mapping of both."""
+
     model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    def __getitem__(self, key: str) -> object:
+        if key in type(self).model_fields:
+            return getattr(self, key)
+        return (self.__pydantic_extra__ or {})[key]
+
+    # A mapping's keys, where pydantic's model iterates (name, value) pairs: `dict(section)` is the same.
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]
+        yield from type(self).model_fields
+        yield from self.__pydantic_extra__ or {}
+
+    def __len__(self) -> int:
+        return len(type(self).model_fields) + len(self.__pydantic_extra__ or {})
 
 
 class Measured(_Section):
@@ -133,18 +151,18 @@ class ExportFile(BaseModel):
     environment: EnvironmentSection
     spec: SpecRef
     study: StudyRef
-    run: dict[str, Any] | None = None
+    run: dict[str, object] | None = None
     """The real run the configs were ranked for (`autotuner.results.run_time.RunPlan`'s form, its
     description and optimizer steps), where the spec has a `run:`."""
     top: list[Ranked] | None = None
 
-    def as_data(self) -> dict[str, Any]:
+    def as_data(self) -> dict[str, object]:
         """The file's content: plain YAML- and JSON-safe data, the sections that are set."""
         unset = {name for name in ("run", "top", "speedup_interval") if getattr(self, name) is None}
-        return dict(plain(self.model_dump(exclude=unset)))
+        return {key: plain(value) for key, value in self.model_dump(exclude=unset).items()}
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> object:
     """YAML- and JSON-safe: infinities become the string 'inf'."""
     if isinstance(value, float) and value in (float("inf"), float("-inf")):
         return "inf" if value > 0 else "-inf"

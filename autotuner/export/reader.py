@@ -15,15 +15,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from autotuner.backends import BACKENDS, get_backend
 from autotuner.backends._base import with_defaults
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config
 from autotuner.errors import SpecError
-from autotuner.export.file import READS_VERSIONS, ExportFile
+from autotuner.export.file import (
+    READS_VERSIONS,
+    Baseline,
+    Drift,
+    EnvironmentSection,
+    ExportFile,
+    Metrics,
+    SpecRef,
+    StudyRef,
+)
 from autotuner.measurement.interval import Interval
 from autotuner.output.formatting import format_config
 from autotuner.spec.keys import parse_yaml, read_text
@@ -38,53 +47,66 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TunedConfig:
-    """An exported best config and the evidence behind it, validated. Plain data: no framework."""
+    """An exported best config and the evidence behind it, validated. Plain data: no framework.
+
+    Its sections are the export file's models (`autotuner.export.file`): typed where the file names
+    a field (`tuned.metrics.throughput`, `tuned.spec.processes`), and read by name as mappings too
+    (`tuned.study["name"]`, `tuned.metrics.get("drift")`), the evidence beyond the named fields
+    included. A section given as a plain mapping is validated into its model."""
 
     params: Config
     """One value per knob, `accumulation` included: what `TunedTraining` applies."""
-    metrics: dict[str, Any]
+    metrics: Metrics
     """What the study measured for it: `throughput` (samples/s, median), its spread, drift, ..."""
-    baseline: dict[str, Any]
+    baseline: Baseline
     speedup: float | None
-    environment: dict[str, Any]
+    environment: EnvironmentSection
     """The hardware and software it was tuned on, with its `fingerprint`."""
-    spec: dict[str, Any]
+    spec: SpecRef
     """The job it was tuned for: `identity` (see `autotuner.spec.job.Job.identity`), path, global batch."""
-    study: dict[str, Any]
-    drift: dict[str, Any]
+    study: StudyRef
+    drift: Drift
     source: str
     """The file it was read from."""
     speedup_interval: Interval | None = None
     """The speedup's interval, where the study's re-measurement ran two rounds or more."""
 
+    def __post_init__(self) -> None:
+        for name, model in _SECTIONS.items():
+            section: object = getattr(self, name)
+            if not isinstance(section, model):  # a config built by hand, its sections plain data
+                try:
+                    object.__setattr__(self, name, model.model_validate(section))
+                except ValidationError as exc:
+                    raise _validation_error(exc, f"{self.source} ({name})") from None
+
     @property
     def backend(self) -> str:
-        return str(self.environment["backend"])
+        return self.environment.backend
 
     @property
     def throughput(self) -> float:
         """The study's median throughput for this config, in samples/s."""
-        return float(self.metrics["throughput"])
+        return self.metrics.throughput
 
     @property
     def processes(self) -> int:
         """Ranks the job was tuned as: `global_batch` = micro-batch x accumulation x processes."""
-        return int(self.spec.get("processes") or 1)
+        return self.spec.processes
 
     @property
     def parallel(self) -> str | None:
         """How its ranks train together (`ddp`, `fsdp`), which `TunedTraining` applies; None for one
         process."""
-        parallel = self.spec.get("parallel")
-        return str(parallel) if parallel else None
+        return self.spec.parallel or None
 
     @property
     def fingerprint(self) -> str:
-        return str(self.environment["fingerprint"])
+        return self.environment.fingerprint
 
     @property
     def identity(self) -> str:
-        return str(self.spec["identity"])
+        return self.spec.identity
 
     @property
     def machine(self) -> Environment:
@@ -93,12 +115,23 @@ class TunedConfig:
 
     def __str__(self) -> str:
         return (
-            f"{format_config(self.params)} (trial #{self.study.get('trial')} of study {self.study['name']}, "
+            f"{format_config(self.params)} (trial #{self.study.trial} of study {self.study.name}, "
             f"{self.throughput:,.0f} samples/s)"
         )
 
 
-def _short(value: Any) -> str:
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "metrics": Metrics,
+    "baseline": Baseline,
+    "environment": EnvironmentSection,
+    "spec": SpecRef,
+    "study": StudyRef,
+    "drift": Drift,
+}
+"""`TunedConfig`'s sections and the export file's model of each."""
+
+
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -114,7 +147,7 @@ def _validation_error(exc: ValidationError, source: str) -> SpecError:
     return SpecError(f"{message} (got {_short(error.get('input'))})", source=source, key=key)
 
 
-def parse_config(data: Any, source: str) -> TunedConfig:
+def parse_config(data: object, source: str) -> TunedConfig:
     """Validate already-loaded export data; every problem is one `SpecError` line."""
     if not isinstance(data, dict):
         kind = "nothing" if data is None else type(data).__name__
@@ -145,7 +178,7 @@ def parse_config(data: Any, source: str) -> TunedConfig:
         raise SpecError(
             f"the {export.environment.backend} backend has no task {export.spec.task!r}", source=source, key="spec.task"
         ) from None
-    device = str(export.environment.model_dump().get("device", ""))
+    device = str(export.environment.get("device", ""))
     params = with_defaults(backend, export.params, device)  # exported before a knob existed: what it implies
     for knob in params:
         if knob not in backend.knobs:
@@ -172,14 +205,14 @@ def parse_config(data: Any, source: str) -> TunedConfig:
         )
     return TunedConfig(
         params=params,
-        metrics=export.metrics.model_dump(),
-        baseline=export.baseline.model_dump(),
+        metrics=export.metrics,
+        baseline=export.baseline,
         speedup=export.speedup,
         speedup_interval=Interval.from_dict(export.speedup_interval.model_dump()) if export.speedup_interval else None,
-        environment=export.environment.model_dump(),
-        spec=export.spec.model_dump(),
-        study=export.study.model_dump(),
-        drift=dict(export.drift),
+        environment=export.environment,
+        spec=export.spec,
+        study=export.study,
+        drift=export.drift,
         source=source,
     )
 
@@ -208,7 +241,7 @@ def job_mismatch(tuned: TunedConfig, job: Job) -> str | None:
     if tuned.identity == job.identity():
         return None
     return (
-        f"it was tuned for another job (identity {tuned.identity}, spec {tuned.spec.get('path')}); "
+        f"it was tuned for another job (identity {tuned.identity}, spec {tuned.spec.path}); "
         f"{job.source} is identity {job.identity()}: its workload, batch, space or trial settings differ"
     )
 

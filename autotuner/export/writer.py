@@ -116,7 +116,7 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFi
 def _interval(t: TrialRecord, base: TrialRecord | None) -> SpeedupInterval | None:
     """The interval of `t`'s speedup over the baseline (two rounds of re-measurement or more)."""
     interval = speedup_interval(t) if base is not None else None
-    return SpeedupInterval(**interval.as_dict()) if interval is not None else None
+    return SpeedupInterval.model_validate(interval.as_dict()) if interval is not None else None
 
 
 def _measured(t: TrialRecord) -> dict[str, Any]:

@@ -147,7 +147,7 @@ class Interval:
         """`90% interval 4.80-5.40x`."""
         return f"{self.level:.0%} interval {self.low:.2f}-{self.high:.2f}{unit}"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod

@@ -80,7 +80,7 @@ class Throughput:
     `measure_solo` those of windows measured again too, whose telemetry is kept (0 where a
     `Throughput` was built without it)."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod

@@ -76,7 +76,7 @@ def _run_lines(run: AppliedRun) -> list[str]:
     if run.baseline and run.promise_ratio is not None:
         base_steps, steps = run.baseline.steps * run.baseline.windows, measured.steps * measured.windows
         lines.append(
-            f"speedup: {times(run.speedup)} here (over the baseline {format_config(tuned.baseline['params'])}, "
+            f"speedup: {times(run.speedup)} here (over the baseline {format_config(tuned.baseline.params or {})}, "
             f"{run.baseline.samples_per_s:,.0f} samples/s, run here for {base_steps} optimizer steps"
             + (f" (the first of {steps}: its windows capped at the config's time)" if base_steps < steps else "")
             + f" in {run.baseline.windows} windows of {run.baseline.steps}, "

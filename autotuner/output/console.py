@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +19,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, Value
 from autotuner.measurement.interval import LEVEL
 from autotuner.output.formatting import format_config, interval_range, percent, rate, shown_knobs, times
 from autotuner.results.evidence import Reference
@@ -235,7 +235,7 @@ class SearchReporter:
                 done.set()
                 watcher.join()
 
-    def not_searched(self, dropped: dict[str, dict[Any, str]]) -> None:
+    def not_searched(self, dropped: Mapping[str, Mapping[Value, str]]) -> None:
         """One line naming the knob values the device or the workload cannot use (`Job.narrow`);
         the report says why for each."""
         if dropped:

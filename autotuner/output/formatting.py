@@ -4,7 +4,7 @@ format throughputs, shares and a config's re-measured runs alike."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, SupportsFloat
 
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE
 
@@ -34,13 +34,15 @@ def speedup_with_interval(value: float | None, interval: Interval | None) -> str
     return times(value) + (f", {interval.text()}" if value and interval is not None else "")
 
 
-def percent(value: Any, digits: int = 3) -> str:
+def percent(value: object, digits: int = 3) -> str:
     """A share as a percentage with `digits` decimals; one too small for them (a bf16 drift of
     6.5e-7) in two significant digits rather than as the 0.000% of an exact zero."""
     if value is None:
         return "-"
     if value == "inf" or value == float("inf"):
         return "inf"
+    if not isinstance(value, SupportsFloat | str):
+        raise TypeError(f"not a share: {value!r}")
     share = float(value)
     if share and abs(share) < 0.5 * 10 ** -(digits + 2):
         return f"{share * 100:.2g}%"
@@ -54,7 +56,7 @@ def runs(t: TrialRecord, separator: str = ", ") -> str:
     return separator.join(rate(value) for value in t.throughputs) + apart
 
 
-def _at_rest(name: str, value: Any) -> bool:
+def _at_rest(name: str, value: object) -> bool:
     """A quiet knob at its reference value (`Knob.quiet`), which a config's one-line form and a
     table of configs leave out; the knob found in the registered backends' tables."""
     from autotuner.backends import knob_named
@@ -63,7 +65,7 @@ def _at_rest(name: str, value: Any) -> bool:
     return knob is not None and knob.quiet and knob.reference == value and type(knob.reference) is type(value)
 
 
-def format_config(config: Mapping[str, Any]) -> str:
+def format_config(config: Mapping[str, object]) -> str:
     """`precision=bf16 batch=64x4 workers=2 compile=none optimizer=fused`: batch shown as
     micro-batch x accumulation, a quiet knob only away from its reference value."""
     parts = []
@@ -77,7 +79,7 @@ def format_config(config: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def shown_knobs(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+def shown_knobs(configs: Sequence[Mapping[str, object]]) -> list[str]:
     """The knobs a table of `configs` has a column for: all but `accumulation` (shown with the
     batch), and a quiet knob only where some config is away from its reference value."""
     names = list(configs[0]) if configs else []

@@ -27,12 +27,11 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from autotuner.backends import knob_named
-from autotuner.config.knobs import BATCH_SIZE, PRECISION, Params, config_key
+from autotuner.config.knobs import BATCH_SIZE, PRECISION, Params, Value, config_key
 from autotuner.proposals.wrapped_sampler import is_ordered
 from autotuner.results.tried import TriedConfigs, evidence, feasible
 from autotuner.study.names import CONSTRAINT_NAMES, DRIFT_LIMIT, MEMORY_LIMIT, OUTCOME, TRIAL_CONSTRAINTS
@@ -57,7 +56,7 @@ instructions, ten times slower): the local search does not make it again from an
 (`LocalSearch.move_order`); TPE, which sees the loss, still may."""
 
 
-def one_knob_moves(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Any, Any], float]:
+def one_knob_moves(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Value, Value], float]:
     """What each one-knob move did where the stored trials made it: (knob, from, to) -> the mean
     log of the throughput's ratio (to over from), over the pairs of trials that differ in that
     knob alone, either way round, each a feasible trial's throughput or a pruned trial's bound
@@ -65,7 +64,7 @@ def one_knob_moves(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Any, Any], 
     that much), one of the two measured (two bounds say nothing of each other). The local search
     makes such moves, so these pairs accumulate as it goes; a move no pair has made is absent."""
     known = [(t, value) for t in trials if (value := evidence(t)) is not None]
-    logs: dict[tuple[str, Any, Any], list[float]] = {}
+    logs: dict[tuple[str, Value, Value], list[float]] = {}
     for (a, (rate_a, bound_a)), (b, (rate_b, bound_b)) in itertools.combinations(known, 2):
         differing = [k for k in a.params if a.params[k] != b.params.get(k)]
         if len(differing) == 1 and rate_a > 0 and rate_b > 0 and not (bound_a and bound_b):
@@ -76,12 +75,12 @@ def one_knob_moves(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Any, Any], 
     return {move: sum(effects) / len(effects) for move, effects in logs.items()}
 
 
-def lost_values(made: dict[tuple[str, Any, Any], float]) -> set[tuple[str, Any]]:
+def lost_values(made: dict[tuple[str, Value, Value], float]) -> set[tuple[str, Value]]:
     """The knob values every move to which lost more than `LOST` where the study made it (`made`:
     `one_knob_moves`): bf16 on a CPU without its instructions, once it came out ten times behind.
     The sampler does not propose them again while it has other configs
     (`autotuner.proposals.sampler.FreshConfigSampler`)."""
-    effects: dict[tuple[str, Any], list[float]] = {}
+    effects: dict[tuple[str, Value], list[float]] = {}
     for (knob, _, value), effect in made.items():
         effects.setdefault((knob, value), []).append(effect)
     return {item for item, known in effects.items() if max(known) < LOST}
@@ -92,21 +91,21 @@ Unsupported = Callable[[Params], str | None]
 `unsupported_reason` with the probe's capabilities."""
 
 
-def recommended(name: str) -> tuple[Any, ...]:
+def recommended(name: str) -> tuple[Value, ...]:
     """The values of knob `name` the optimisation guides recommend, most recommended first
     (`autotuner.config.knobs.Knob.recommended`); none for a knob no backend defines."""
     knob = knob_named(name)
     return knob.recommended if knob is not None else ()
 
 
-def preferred(name: str, values: Sequence[Any]) -> list[Any]:
+def preferred(name: str, values: Sequence[Value]) -> list[Value]:
     """A categorical knob's values, the ones the guides recommend first (`recommended`); its other
     values follow them in the space's order."""
     first = [v for v in recommended(name) if v in values]
     return first + [v for v in values if v not in first]
 
 
-def rule_of_thumb(space: Mapping[str, Sequence[Any]], unsupported: Unsupported | None = None) -> Params:
+def rule_of_thumb(space: Mapping[str, Sequence[Value]], unsupported: Unsupported | None = None) -> Params:
     """The config the optimisation guides recommend, within `space` and what the device supports:
     the largest batch, the middle worker count (any integer knob but the batch: the middle of its
     sorted values, the upper one of two; a real-valued knob, a budget, stays at its reference), and
@@ -136,7 +135,7 @@ class LocalSearch:
     device can run a config (the search skips those it cannot)."""
 
     def __init__(
-        self, space: Mapping[str, Sequence[Any]], supported: Callable[[Params], bool], reference: Params | None = None
+        self, space: Mapping[str, Sequence[Value]], supported: Callable[[Params], bool], reference: Params | None = None
     ):
         self.space = space
         self.supported = supported
@@ -179,7 +178,9 @@ class LocalSearch:
         """The first fresh config the device supports among the neighbours of `params`, ring by ring."""
         return next((p for ring in RINGS for p in self.moves(params, ring) if tried.fresh(p)), None)
 
-    def move_order(self, centre: Params, moves: list[Params], made: dict[tuple[str, Any, Any], float]) -> list[Params]:
+    def move_order(
+        self, centre: Params, moves: list[Params], made: dict[tuple[str, Value, Value], float]
+    ) -> list[Params]:
         """`moves` from `centre` in the order the local search tries them: first those whose same
         move (the knob from the centre's value to the move's) gained more than `SMALL_EFFECT`
         where the stored trials made it (`made`: `one_knob_moves`), the largest gain first; then
@@ -257,7 +258,7 @@ class GuidedStart:
 
     def __init__(
         self,
-        space: Mapping[str, Sequence[Any]],
+        space: Mapping[str, Sequence[Value]],
         unsupported: Unsupported | None = None,
         reference: Params | None = None,
     ):

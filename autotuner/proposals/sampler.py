@@ -30,7 +30,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.config.knobs import COMMON_TABLE, Knob, Params
+from autotuner.config.knobs import COMMON_TABLE, Knob, Params, Value
 from autotuner.proposals.guided_start import GuidedStart, Unsupported, lost_values, one_knob_moves, rule_of_thumb
 from autotuner.proposals.wrapped_sampler import WrappedSampler
 from autotuner.results.tried import TriedConfigs, feasible
@@ -61,7 +61,7 @@ def make_base_sampler(name: str, seed: int | None, startup_trials: int = 5) -> B
 def make_sampler(
     name: str,
     seed: int | None,
-    space: Mapping[str, Sequence[Any]],
+    space: Mapping[str, Sequence[Value]],
     configs: Callable[[], list[Params]],
     unsupported: Unsupported | None = None,
     knobs: Mapping[str, Knob] = COMMON_TABLE,
@@ -79,10 +79,10 @@ def make_sampler(
     )
 
 
-def value_evidence(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Any], float]:
+def value_evidence(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Value], float]:
     """Knob value -> the best throughput of a feasible trial with that value, over the best of all
     (0 for a value no feasible trial has)."""
-    best: dict[tuple[str, Any], float] = {}
+    best: dict[tuple[str, Value], float] = {}
     for t in trials:
         if feasible(t):
             for item in t.params.items():
@@ -91,7 +91,9 @@ def value_evidence(trials: Sequence[FrozenTrial]) -> dict[tuple[str, Any], float
     return {k: v / top for k, v in best.items()} if top > 0 else {}
 
 
-def nearest_fresh(fresh: list[Params], proposals: list[Params], evidence: dict[tuple[str, Any], float]) -> list[Params]:
+def nearest_fresh(
+    fresh: list[Params], proposals: list[Params], evidence: dict[tuple[str, Value], float]
+) -> list[Params]:
     """The configs of `fresh` fewest knobs away from any of `proposals`, among those the ones whose
     knob values did best (`evidence`, summed), in `fresh`'s order."""
     rank = {
@@ -112,7 +114,7 @@ class FreshConfigSampler(BaseSampler):
     def __init__(
         self,
         base: BaseSampler,
-        space: Mapping[str, Sequence[Any]],
+        space: Mapping[str, Sequence[Value]],
         configs: Callable[[], list[Params]],
         seed: int | None = None,
         *,

@@ -22,12 +22,12 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from autotuner.config.knobs import Params
+from autotuner.config.knobs import Params, Value
 from autotuner.results.tried import pruned_bound
 from autotuner.study.optuna_adapter import StudyView, study_id, study_storage, trial_id
 
 
-def is_ordered(values: Sequence[Any]) -> bool:
+def is_ordered(values: Sequence[Value]) -> bool:
     """A number knob (batch size, workers, a budget): its values have an order the samplers should see."""
     return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
@@ -36,7 +36,7 @@ class SpaceEncoding:
     """Knob values as the wrapped sampler sees them: an integer knob's value as its index in the
     sorted values (an `IntDistribution`), a categorical knob as it is; single values left out."""
 
-    def __init__(self, space: Mapping[str, Sequence[Any]]):
+    def __init__(self, space: Mapping[str, Sequence[Value]]):
         self.sorted = {name: sorted(values) for name, values in space.items() if is_ordered(values)}
         self.space: dict[str, BaseDistribution] = {
             name: IntDistribution(0, len(values) - 1) if name in self.sorted else CategoricalDistribution(values)
@@ -94,7 +94,7 @@ class WrappedSampler:
     back to the study's knob values. A finished trial changes no more, so its encoded copy is
     kept, for the one study shown last (a sampler may serve several in one process)."""
 
-    def __init__(self, base: BaseSampler, space: Mapping[str, Sequence[Any]]):
+    def __init__(self, base: BaseSampler, space: Mapping[str, Sequence[Value]]):
         self.base = base
         self.values = space
         self.encoding = SpaceEncoding(space)

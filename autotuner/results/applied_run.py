@@ -9,9 +9,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from autotuner.config.knobs import Config
+from autotuner.config.knobs import Config, Value
 from autotuner.measurement.interval import Interval, geometric_mean, stated_interval
 from autotuner.measurement.timing import Throughput
 from autotuner.results.promise import (
@@ -35,6 +35,13 @@ PROMISE = 0.05
 `autotuner apply` delivers is within this of the export's (relative), or it warns."""
 
 
+class ExportedBaseline(Protocol):
+    """What an applied run reads of the export's baseline: its config (None where the study had none)."""
+
+    @property
+    def params(self) -> Mapping[str, Value] | None: ...
+
+
 class Exported(Protocol):
     """What an applied run reads of the exported config it ran (`autotuner.apply.TunedConfig`,
     which the export layer above this one reads): the study's figures for it and for its baseline."""
@@ -43,16 +50,16 @@ class Exported(Protocol):
     def source(self) -> str: ...
 
     @property
-    def params(self) -> Mapping[str, Any]: ...
+    def params(self) -> Mapping[str, Value]: ...
 
     @property
-    def metrics(self) -> Mapping[str, Any]: ...
+    def metrics(self) -> Mapping[str, object]: ...
 
     @property
-    def baseline(self) -> Mapping[str, Any]: ...
+    def baseline(self) -> ExportedBaseline: ...
 
     @property
-    def study(self) -> Mapping[str, Any]: ...
+    def study(self) -> Mapping[str, object]: ...
 
     @property
     def speedup(self) -> float | None: ...

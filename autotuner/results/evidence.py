@@ -45,7 +45,7 @@ class Reference:
         """How far a trial's drift phase came out from the reference's."""
         return measure_drift(losses.heldout, losses.trajectory, self.heldout, self.trajectory)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -89,9 +89,9 @@ class Remeasurement:
         """The rate of every window of every run."""
         return [rate for run in self.windows for rate in run]
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The claim's stored form: `speedups`, `baseline_windows` and `error` only where there are some."""
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             "throughputs": self.throughputs,
             "windows": self.windows,
             "measured_s": self.measured_s,

@@ -32,7 +32,7 @@ class Profile:
     """The trace's artifact id in the study's artifact store."""
     artifact_name: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:  # Optuna stores it: its JSON type, nested operators included
         return asdict(self)
 
     @classmethod

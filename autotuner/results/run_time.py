@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, SupportsFloat
 
 from autotuner.results.records import TrialRecord, baseline, ranked
 from autotuner.spec.job import Job
@@ -66,7 +66,7 @@ class RunPlan:
             currency=cost.currency if cost else "USD",
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
@@ -174,13 +174,13 @@ class Estimate:
     run_energy_kwh: float | None = None
     """Where the device counts energy."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The figures that are known, as an export's metrics hold them."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 def predicted_run_s(
-    metrics: Mapping[str, Any], throughput: float, global_batch: int, steps: float, start_s: float = 0.0
+    metrics: Mapping[str, object], throughput: float, global_batch: int, steps: float, start_s: float = 0.0
 ) -> float:
     """The formula of the module: the framework's `start_s`, a config's measured `setup_s` and
     warm-up (its metrics, as a trial or an export holds them; from a cold compile cache where one
@@ -188,13 +188,22 @@ def predicted_run_s(
     return start_s + _before_steps_s(metrics) + max(0.0, steps - _warmup_steps(metrics)) * global_batch / throughput
 
 
-def _before_steps_s(metrics: Mapping[str, Any]) -> float:
+def _before_steps_s(metrics: Mapping[str, object]) -> float:
     warmup = metrics.get(COLD_WARMUP, metrics.get("warmup_s"))
-    return float(metrics.get("setup_s") or 0.0) + float(warmup or 0.0)
+    return _number(metrics.get("setup_s")) + _number(warmup)
 
 
-def _warmup_steps(metrics: Mapping[str, Any]) -> int:
-    return int(metrics.get("warmup_steps") or 0)
+def _warmup_steps(metrics: Mapping[str, object]) -> int:
+    return int(_number(metrics.get("warmup_steps")))
+
+
+def _number(value: object) -> float:
+    """A figure of a trial's metrics, 0 where it has none."""
+    if value is None:
+        return 0.0
+    if not isinstance(value, SupportsFloat | str):
+        raise TypeError(f"not a number: {value!r}")
+    return float(value or 0.0)
 
 
 def run_plan(study_attrs: Mapping[str, Any]) -> RunPlan | None:

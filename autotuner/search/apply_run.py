@@ -330,7 +330,7 @@ def _requests(
         match_steps=steps or 0,
     )
     requests = [request]
-    base_params = tuned.baseline.get("params")
+    base_params = tuned.baseline.params
     if baseline and base_params and tuned.speedup:
         # As many optimizer steps as the config's: a job's step can get slower as it trains (e.g.
         # Adam's moments of weights whose gradient is zero decay into subnormal floats, slow on

@@ -17,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 
-from autotuner.config.knobs import DERIVED, Params, config_key
+from autotuner.config.knobs import DERIVED, Params, Value, config_key
 from autotuner.errors import SpecError
 from autotuner.results.records import TrialRecord, baseline, ranked, speedup
 from autotuner.spec.job import Job
@@ -109,7 +108,7 @@ def warm_configs(
     job: Job,
     unsupported: Callable[[Params], str | None],
     budget: int,
-    tried: set[tuple[tuple[str, Any], ...]],
+    tried: set[tuple[tuple[str, Value], ...]],
 ) -> WarmStart:
     """The configs of the earlier study's trials `earlier` this study tries first (see the module
     docstring); `tried`: the `config_key`s of the params this study has run or enqueued already."""
@@ -127,7 +126,7 @@ def warm_configs(
     for t in leaders:
         if len(found.configs) >= most or score(t) < bar:
             break
-        params = {k: t.config.get(k, job.baseline[k]) for k in knobs}
+        params: Params = {k: t.config.get(k, job.baseline[k]) for k in knobs}
         if any(params[k] not in job.space[k] for k in knobs):
             reason = "a knob value outside this space"
         elif config_key(params) in tried:

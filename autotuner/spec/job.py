@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
-from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, Params
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, Params, Value
 from autotuner.errors import SpecError, shown
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.spec.keys import JobSpec, SamplerSettings, parse_yaml, read_text, validate_spec
@@ -155,13 +155,13 @@ class Job:
         data["baseline"] = {k: v for k, v in self.baseline.items() if k not in fixed}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def narrow(self, capabilities: Capabilities) -> tuple[Job, dict[str, dict[Any, str]]]:
+    def narrow(self, capabilities: Capabilities) -> tuple[Job, dict[str, dict[Value, str]]]:
         """This job with the values that cannot matter on a device with `capabilities` dropped
         from its space (`Backend.irrelevant`: the probe's device and workload), the baseline's own
         value aside; and those values, knob -> value -> why. A SpecError when the narrowed space is
         still larger than `MAX_CONFIGS`."""
 
-        def irrelevant(knob: str, value: Any) -> str | None:
+        def irrelevant(knob: str, value: Value) -> str | None:
             return None if value == self.baseline.get(knob) else self.backend.irrelevant(knob, value, capabilities)
 
         space, dropped = self.space.narrowed(irrelevant)

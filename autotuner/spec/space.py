@@ -16,26 +16,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.backends import Backend
-from autotuner.config.knobs import BATCH_SIZE, DERIVED, Config, Knob, Params
+from autotuner.config.knobs import BATCH_SIZE, DERIVED, Config, Knob, Params, Value
 from autotuner.errors import SpecError, shown
 from autotuner.spec.keys import JobSpec
 
-Irrelevant = Callable[[str, Any], str | None]
+Irrelevant = Callable[[str, Value], str | None]
 """Why a knob's value cannot matter where the search runs, or None."""
 
 
 @dataclass(frozen=True, eq=False)
-class SearchSpace(Mapping[str, tuple[Any, ...]]):
+class SearchSpace(Mapping[str, tuple[Value, ...]]):
     """Knob -> the values searched, in the order the search tries them. Compares equal to any
     mapping of the same knobs and values."""
 
-    choices: Mapping[str, tuple[Any, ...]]
+    choices: Mapping[str, tuple[Value, ...]]
 
     @classmethod
-    def of(cls, choices: Mapping[str, Iterable[Any]]) -> SearchSpace:
+    def of(cls, choices: Mapping[str, Iterable[Value]]) -> SearchSpace:
         return cls({knob: tuple(values) for knob, values in choices.items()})
 
-    def __getitem__(self, knob: str) -> tuple[Any, ...]:
+    def __getitem__(self, knob: str) -> tuple[Value, ...]:
         return self.choices[knob]
 
     def __iter__(self) -> Iterator[str]:
@@ -58,7 +58,7 @@ class SearchSpace(Mapping[str, tuple[Any, ...]]):
         for values in itertools.product(*(self.choices[n] for n in names)):
             yield dict(zip(names, values, strict=True))
 
-    def with_first(self, point: Mapping[str, Any]) -> SearchSpace:
+    def with_first(self, point: Mapping[str, Value]) -> SearchSpace:
         """This space with each of `point`'s values (the baseline, trial 0) in front of its knob's
         values where they lack it."""
         return SearchSpace.of(
@@ -68,11 +68,11 @@ class SearchSpace(Mapping[str, tuple[Any, ...]]):
             }
         )
 
-    def narrowed(self, irrelevant: Irrelevant) -> tuple[SearchSpace, dict[str, dict[Any, str]]]:
+    def narrowed(self, irrelevant: Irrelevant) -> tuple[SearchSpace, dict[str, dict[Value, str]]]:
         """This space without the values `irrelevant` gives a reason for, and those values,
         knob -> value -> why."""
-        kept: dict[str, list[Any]] = {}
-        dropped: dict[str, dict[Any, str]] = {}
+        kept: dict[str, list[Value]] = {}
+        dropped: dict[str, dict[Value, str]] = {}
         for knob, values in self.choices.items():
             kept[knob] = []
             for value in values:

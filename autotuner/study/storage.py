@@ -98,7 +98,7 @@ class StudySettings:
             task=job.spec.task,
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The stored form (JSON)."""
         return asdict(self)
 

@@ -59,7 +59,7 @@ class Environment:
         """Whether the device is an accelerator (a GPU), not the host's CPU."""
         return bool(self.capabilities.get("accelerator"))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The stored form (a study user attr, the export's `environment`): JSON, the fields that
         are set."""
         return {k: dict(v) if isinstance(v, Mapping) else v for k, v in asdict(self).items() if v is not None}

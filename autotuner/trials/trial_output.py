@@ -80,10 +80,10 @@ class TrialOutput:
     output_drift: OutputDrift | None = None
     """An inference trial's drift: its outputs against the reference's; None for training."""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """As plain data (the benchmarks keep trial outputs in JSON): what the measured phase
         gave only where it ran."""
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             "tokens_per_sample": self.tokens_per_sample,
             "flops_per_sample": self.flops_per_sample,
             "losses": asdict(self.losses),

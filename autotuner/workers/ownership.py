@@ -89,7 +89,7 @@ class SearchProcess:
             started=start[1] if start else "",
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, str | int]:
         return asdict(self)
 
 
