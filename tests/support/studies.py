@@ -212,7 +212,11 @@ def dashboard_server(*args: str, cwd: Path) -> Iterator[tuple[str, int]]:
         yield url, port
     finally:
         server.terminate()
-        server.wait(timeout=10)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a loaded machine: it is stopped all the same
+            server.kill()
+            server.wait()
 
 
 def load_study(folder: Path, name: str = "small") -> optuna.Study:
