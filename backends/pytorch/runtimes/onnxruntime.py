@@ -102,7 +102,8 @@ class OnnxRuntime(Runtime):
             options.intra_op_num_threads = settings["intra_op_num_threads"]
         chosen: list[str | tuple[str, dict[str, int]]] = [*settings["providers"]]
         if tuned.device.type == "cuda":  # the trial's GPU, not ONNX Runtime's first
-            chosen = [p if p == CPU_PROVIDER else (p, {"device_id": tuned.device.index or 0}) for p in chosen]
+            gpu = {"device_id": tuned.device.index or 0}
+            chosen = [p if p == CPU_PROVIDER else (p, gpu) for p in settings["providers"]]
         session = onnxruntime.InferenceSession(str(graph_file), options, providers=chosen)
         # a provider that cannot start (a library missing, another CUDA) is passed over for the
         # next one, with a warning only: the config would be timed on what it does not name
