@@ -95,7 +95,7 @@ from autotuner.trials.probe import PROBE_TIMEOUT_S, Environment, ProbeResult
 from autotuner.trials.request import ProbeRequest
 
 
-def capability(label: str) -> Any:
+def capability(label: str) -> bool:
     """A capability field (False until the probe finds it), labelled for `autotuner env` and reports."""
     return field(default=False, metadata={"label": label})
 
@@ -108,7 +108,7 @@ class ExportedConfig(Protocol):
     def backend(self) -> str: ...
 
     @property
-    def params(self) -> Mapping[str, Any]: ...
+    def params(self) -> Mapping[str, object]: ...
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class Capabilities:
     tf32: bool = capability("tf32")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Capabilities:
+    def from_dict(cls, data: Mapping[str, object]) -> Capabilities:
         names = {f.name for f in fields(cls)}
         return cls(**{k: bool(v) for k, v in data.items() if k in names})
 
@@ -137,11 +137,11 @@ class Capabilities:
 C = TypeVar("C", bound=Capabilities)
 
 
-def _matters(knob: Knob, value: Any, capabilities: Any) -> str | None:
+def _matters(knob: Knob, value: object, capabilities: object) -> str | None:
     return None
 
 
-def _fits(config: Config, capabilities: Any) -> str | None:
+def _fits(config: Config, capabilities: object) -> str | None:
     return None
 
 
@@ -152,14 +152,14 @@ class Family(Generic[C]):
     backend's `irrelevant` and `unsupported_reason` are loops over its `Backend.families`."""
 
     knobs: tuple[Knob, ...]
-    irrelevant: Callable[[Knob, Any, C], str | None] = _matters
+    irrelevant: Callable[[Knob, object, C], str | None] = _matters
     """Why a value of one of its knobs (never the reference value) cannot matter on a device with
     these capabilities, whatever the rest of the config (`Backend.irrelevant`), or None."""
     conflict: Callable[[Config, C], str | None] = _fits
     """Why a config's values of its knobs cannot run with the rest of the config on these
     capabilities (`Backend.unsupported_reason`), or None."""
 
-    def restricted(self, name: str, *choices: Any) -> Family[C]:
+    def restricted(self, name: str, *choices: object) -> Family[C]:
         """This family with its knob `name` taking only `choices` (`Knob.restricted`)."""
         return replace(self, knobs=tuple(k.restricted(*choices) if k.name == name else k for k in self.knobs))
 
@@ -195,7 +195,7 @@ class Backend:
     are the formats `autotuner export --format` writes this backend's configs in; None: none.
     Imported only when they are asked for (`autotuner.backends.export_formats`)."""
 
-    def capabilities(self, data: Mapping[str, Any]) -> Capabilities:
+    def capabilities(self, data: Mapping[str, object]) -> Capabilities:
         """The probe's `capabilities` report as this backend's `capabilities_type`."""
         return self.capabilities_type.from_dict(data)
 
@@ -256,7 +256,7 @@ class Backend:
                 return reason
         return None
 
-    def irrelevant(self, knob: str, value: Any, capabilities: Capabilities) -> str | None:
+    def irrelevant(self, knob: str, value: object, capabilities: Capabilities) -> str | None:
         """Why `value` of `knob` cannot matter on a device with `capabilities`, whatever the rest of
         the config (pinned memory without a GPU, say), or None: its family's `Family.irrelevant`;
         never for a knob's reference value. Such values are dropped from the space before the
@@ -309,7 +309,7 @@ class Backend:
         space default to, stay as they are. None by default."""
         return {}
 
-    def config_params(self, config: ExportedConfig | Mapping[str, Any]) -> Config:
+    def config_params(self, config: ExportedConfig | Mapping[str, object]) -> Config:
         """The knob values of `config` (an `autotuner.apply.TunedConfig` or a plain mapping),
         checked against this backend's knob table; ValueError says what is wrong."""
         if not isinstance(config, Mapping):
@@ -334,7 +334,7 @@ class Backend:
         return ref
 
 
-def with_defaults(backend: Backend, params: Mapping[str, Any], device: str = "") -> dict[str, Any]:
+def with_defaults(backend: Backend, params: Mapping[str, object], device: str = "") -> Config:
     """`params` with every quiet knob it lacks (one added after the first four) at the value a
     config exported before the knob existed implies (`Knob.before`: its reference value, or what
     the study ran on `device` without it), so it still means what it meant then. The first four
@@ -348,7 +348,7 @@ class TunedLoop:
     `config` (the knob values, checked against `backend`'s knobs), the precision, the micro-batch,
     the accumulation and the loader's workers."""
 
-    def __init__(self, backend: Backend, config: ExportedConfig | Mapping[str, Any]):
+    def __init__(self, backend: Backend, config: ExportedConfig | Mapping[str, object]):
         self.config: Mapping[str, Any] = MappingProxyType(backend.config_params(config))
         """Every knob's value, read-only; `KNOB.of(config)` reads one as its knob's type."""
         self.precision: str = PRECISION.of(self.config)

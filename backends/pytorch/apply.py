@@ -36,16 +36,16 @@ each micro-batch's gradients are added into them, and every forward starts a new
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import multiprocessing
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypedDict
 
 import torch
 
 from autotuner.backends._base import ExportedConfig, TunedLoop
 from autotuner.backends.pytorch import PREFETCH_FACTOR, PYTORCH
+from autotuner.backends.pytorch.device import B, resolve_device, set_matmul_precision, strict_fp32, to_device
 from autotuner.backends.pytorch.knobs import APPLY
 from autotuner.backends.pytorch.knobs._family import Build
 from autotuner.backends.pytorch.knobs.attention import SDPA_BACKENDS, choose_attention
@@ -62,49 +62,6 @@ from autotuner.trials.streams import is_stream
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def resolve_device(spec: str | torch.device | None) -> torch.device:
-    """`auto` (or None): cuda:0 if there is a GPU, else the CPU; otherwise a checked cpu/cuda device."""
-    spec = "auto" if spec is None else str(spec)
-    if spec == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    device = torch.device(spec)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {spec!r}: CUDA is not available here")
-        index = device.index or 0
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
-        return torch.device("cuda", index)
-    if device.type != "cpu":
-        raise ValueError(f"device {spec!r}: the pytorch backend runs on cpu or cuda")
-    return device
-
-
-def set_matmul_precision(precision: str) -> None:
-    """TF32 matmuls and convolutions for `tf32`, strict fp32 for every other precision (process-wide)."""
-    tf32 = precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-
-
-@contextlib.contextmanager
-def strict_fp32() -> Iterator[None]:
-    """Strict fp32 matmuls and convolutions inside (no TF32, whatever the config set), restored after:
-    an evaluation that compares weights must not mix in the evaluation's own numerics."""
-    saved = (
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-        torch.get_float32_matmul_precision(),
-    )
-    set_matmul_precision("fp32")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
-        torch.set_float32_matmul_precision(saved[2])
-
-
 def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
     """Give every parameter of `optimizer` that has none a zero `.grad`, so that backward adds into
     it in place instead of installing its own output tensor there."""
@@ -114,45 +71,23 @@ def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
                 param.grad = torch.zeros_like(param)
 
 
-def to_device(value: Any, device: torch.device, *, non_blocking: bool = False, channels_last: bool = False) -> Any:
-    """`value` with every tensor in it on `device` (see `TunedTraining.to_device`); with
-    `channels_last`, its 4-D floating-point tensors (images) in that layout."""
-    if isinstance(value, torch.Tensor):
-        if channels_last and value.dim() == 4 and value.is_floating_point():
-            return value.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
-        return value.to(device, non_blocking=non_blocking)
-    move = functools.partial(to_device, device=device, non_blocking=non_blocking, channels_last=channels_last)
-    if isinstance(value, Mapping):
-        moved = {k: move(v) for k, v in value.items()}
-        return moved if type(value) is dict else _rebuilt(value, moved)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(move(v) for v in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(move(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changes = {f.name: move(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **changes)
-    return value
-
-
-def _rebuilt(mapping: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
-    """A mapping of `mapping`'s type holding `items` (an OrderedDict, a Hugging Face `BatchEncoding`),
-    or a plain dict where that type cannot be built from a dict."""
-    try:
-        return type(mapping)(items)  # type: ignore[call-arg]
-    except TypeError:
-        return items
-
-
 PARALLEL = ("ddp", "fsdp")
 DTYPES = {choice: mixed_precision_dtype(choice) for choice in PARAM_DTYPE.choices or ()}
 """FSDP2's MixedPrecisionPolicy dtypes by knob value (None: the parameters' own, fp32)."""
-_SETTLED: list[Any] = []
+_SETTLED: list[object] = []
 """The barriers `TunedTraining.finish` waited on, on a CPU (gloo), kept until the interpreter exits:
 each is freed, with the collectives it still watches, on the main thread (see `finish`)."""
 
 
-def loader_workers(workers: int) -> dict[str, Any]:
+class LoaderWorkers(TypedDict):
+    """`loader_workers`' DataLoader arguments."""
+
+    num_workers: int
+    persistent_workers: bool
+    multiprocessing_context: str | None
+
+
+def loader_workers(workers: int) -> LoaderWorkers:
     """DataLoader arguments for `workers` worker processes that live as long as the loader (a
     timed window that spans the end of the dataset does not start them again), forked where the
     platform can (they start in milliseconds; a trial process comes from a fork server, whose
@@ -204,10 +139,10 @@ class TunedTraining(TunedLoop):
 
     def __init__(
         self,
-        config: ExportedConfig | Mapping[str, Any],
+        config: ExportedConfig | Mapping[str, object],
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        dataset: torch.utils.data.Dataset[Any] | None = None,
+        dataset: torch.utils.data.Dataset[object] | None = None,
         device: str | torch.device | None = None,
         *,
         collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -260,7 +195,7 @@ class TunedTraining(TunedLoop):
         """Optimizer steps the GradScaler skipped because fp16 gradients overflowed (fp16 only)."""
         self._scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         dtype = AUTOCAST_DTYPES.get(self.precision)
-        self._autocast: Callable[[], contextlib.AbstractContextManager[Any]] = (
+        self._autocast: Callable[[], contextlib.AbstractContextManager[None]] = (
             functools.partial(torch.autocast, self.device.type, dtype=dtype) if dtype else contextlib.nullcontext
         )
         self._pin_memory = self._non_blocking = build.pin_memory
@@ -269,7 +204,7 @@ class TunedTraining(TunedLoop):
         """What batches a list of items in `make_loader` (the workload's); None: torch's default."""
         self.loader = self.make_loader(dataset) if dataset is not None else None
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
         """The context for the forward pass and the loss: autocast for bf16/fp16, nothing otherwise.
         With an `attention` backend, the forward's scaled-dot-product attention uses that one.
         Under CUDA graphs, calling it also starts a new CUDA-graph step (the previous micro-batch's
@@ -349,7 +284,7 @@ class TunedTraining(TunedLoop):
             self.model = self._ddp.module
             self._ddp = None
 
-    def to_device(self, value: Any) -> Any:
+    def to_device(self, value: B) -> B:
         """A batch on the device: its tensors moved, in dicts (any mapping), lists, tuples, namedtuples
         and dataclasses nested to any depth, each rebuilt as its own type; anything else is left as
         it is; 4-D floating-point tensors (images) in the channels_last layout where the config
@@ -357,8 +292,8 @@ class TunedTraining(TunedLoop):
         return to_device(value, self.device, non_blocking=self._non_blocking, channels_last=self._channels_last)
 
     def make_loader(
-        self, dataset: torch.utils.data.Dataset[Any], *, shuffle: bool = True, seed: int | None = None
-    ) -> torch.utils.data.DataLoader[Any]:
+        self, dataset: torch.utils.data.Dataset[object], *, shuffle: bool = True, seed: int | None = None
+    ) -> torch.utils.data.DataLoader[object]:
         """A DataLoader of micro-batches: `workers` worker processes (persistent, started with fork
         where the platform has it, as in the trials), each loading `prefetch_factor` batches
         ahead, pinned memory for a CUDA device where the config pins it, and the last partial
@@ -370,8 +305,8 @@ class TunedTraining(TunedLoop):
         streamed dataset (no length) is read in its order, not shuffled, the rank's share split
         between the workers without duplicates (`autotuner.backends.pytorch.workload.StreamShard`)."""
         workers = self.workers
-        sampler: torch.utils.data.DistributedSampler[Any] | None = None
-        if is_stream(dataset):
+        sampler: torch.utils.data.DistributedSampler[object] | None = None
+        if isinstance(dataset, Iterable) and is_stream(dataset):
             from autotuner.backends.pytorch.workload import Stream
 
             dataset, shuffle = Stream(dataset).shard(self.rank, self.world_size, self.batch_size), False

@@ -10,8 +10,8 @@ import torchao or onnxruntime: a config that uses them imports them).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from autotuner.trials.serving import ServingBackend, compare_outputs
 from autotuner.trials.trial_output import OutputDrift
 
 
-def _label(item: Any) -> Any:
+def _label(item: object) -> object:
     """An item's label: a pair's second item, a mapping's `labels`; None where it carries none."""
     if isinstance(item, dict):
         return item.get("labels")
@@ -61,14 +61,14 @@ class PyTorchServing(TorchProcess, ServingBackend[torch.device, InferenceWorkloa
             workload, count, lambda batch: primary_output(workload.forward(workload.model.eval(), batch))
         )
 
-    def heldout_items(self, workload: InferenceWorkload, count: int) -> list[Any]:
+    def heldout_items(self, workload: InferenceWorkload, count: int) -> list[object]:
         if workload.heldout is not None:
             return [workload.heldout[i] for i in range(count)]
-        size = len(workload.dataset)
+        size = len(cast(Sized, workload.dataset))  # map-style, with a length (`as_inference_workload`)
         return [workload.dataset[i] for i in range(size - count, size)]
 
     def reference_outputs(
-        self, workload: InferenceWorkload, items: list[Any], batch: int, device: torch.device
+        self, workload: InferenceWorkload, items: list[object], batch: int, device: torch.device
     ) -> torch.Tensor:
         config = {name: knob.reference for name, knob in PYTORCH_INFERENCE.knobs.items()}
         strict = TunedInference({**config, BATCH_SIZE.name: batch}, workload.model, device=device)
@@ -83,7 +83,7 @@ class PyTorchServing(TorchProcess, ServingBackend[torch.device, InferenceWorkloa
         workload: InferenceWorkload,
         config: Config,
         device: torch.device,
-        example: list[Any],
+        example: list[object],
         graph_file: str | None,
     ) -> TunedInference:
         return TunedInference(
@@ -117,7 +117,7 @@ class PyTorchServing(TorchProcess, ServingBackend[torch.device, InferenceWorkloa
         serving.synchronize()
         return outputs
 
-    def served_outputs(self, workload: InferenceWorkload, serving: TunedInference, items: list[Any]) -> torch.Tensor:
+    def served_outputs(self, workload: InferenceWorkload, serving: TunedInference, items: list[object]) -> torch.Tensor:
         size = serving.batch_size
         outputs = [
             primary_output(serving(workload.collate(items[k : k + size]))).detach().to("cpu", torch.float64)
@@ -126,14 +126,16 @@ class PyTorchServing(TorchProcess, ServingBackend[torch.device, InferenceWorkloa
         return torch.cat(outputs)
 
     def output_drift(
-        self, workload: InferenceWorkload, outputs: torch.Tensor, reference: torch.Tensor, items: list[Any]
+        self, workload: InferenceWorkload, outputs: torch.Tensor, reference: torch.Tensor, items: list[object]
     ) -> OutputDrift:
         error = float(workload.drift_fn(outputs, reference)) if workload.drift_fn is not None else None
         labels = [_label(item) for item in items]
-        scalar = all(
-            isinstance(label, int) or (isinstance(label, torch.Tensor) and label.numel() == 1) for label in labels
-        )
-        target = np.asarray([int(label) for label in labels]) if labels and scalar else None
+        scalars = [
+            label
+            for label in labels
+            if isinstance(label, int) or (isinstance(label, torch.Tensor) and label.numel() == 1)
+        ]
+        target = np.asarray([int(label) for label in scalars]) if labels and len(scalars) == len(labels) else None
         return compare_outputs(outputs.numpy(), reference.numpy(), target, error)
 
 

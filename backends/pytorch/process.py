@@ -19,7 +19,7 @@ import torch
 import torch._dynamo  # noqa: F401 - the first optimizer imports it (~1.5 s): let the fork server pay once
 
 from autotuner.backends.pytorch import PYTORCH
-from autotuner.backends.pytorch.apply import resolve_device
+from autotuner.backends.pytorch.device import resolve_device
 from autotuner.backends.pytorch.probe import environment, gpu_uuid, parallel_capabilities
 from autotuner.config.knobs import PRECISION, Config
 from autotuner.trials.probe import Environment

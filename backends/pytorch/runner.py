@@ -12,7 +12,7 @@ exactly what a user gets.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -54,7 +54,7 @@ def _cache_lookups() -> dict[str, int]:
 class PyTorchTrial(TorchProcess, TrainingBackend[torch.device, TorchWorkload, TunedTraining]):
     """PyTorch's steps of a training trial (`autotuner.trials.training.TrainingBackend`)."""
 
-    def as_workload(self, built: Any, ref: str) -> TorchWorkload:
+    def as_workload(self, built: object, ref: str) -> TorchWorkload:
         return as_workload(built, ref)
 
     def first_batch_problem(self, workload: TorchWorkload, count: int) -> str | None:
@@ -79,7 +79,9 @@ class PyTorchTrial(TorchProcess, TrainingBackend[torch.device, TorchWorkload, Tu
         workload.model.to(device).train()
         return self._tuned(workload, workload.model, config, device, parallel)
 
-    def restart(self, workload: TorchWorkload, training: TunedTraining, initial: Any) -> TunedTraining:
+    def restart(
+        self, workload: TorchWorkload, training: TunedTraining, initial: Mapping[str, torch.Tensor]
+    ) -> TunedTraining:
         load_full_state(workload.model, initial)
         # compiled (and wrapped for its ranks) once, not twice
         return self._tuned(workload, training.model, training.config, training.device, training.parallel)
@@ -88,7 +90,7 @@ class PyTorchTrial(TorchProcess, TrainingBackend[torch.device, TorchWorkload, Tu
     def _tuned(
         workload: TorchWorkload,
         model: torch.nn.Module,
-        config: Config,
+        config: Mapping[str, object],
         device: torch.device,
         parallel: str | None,
     ) -> TunedTraining:
@@ -115,13 +117,13 @@ class PyTorchTrial(TorchProcess, TrainingBackend[torch.device, TorchWorkload, Tu
             training.step()
         return total / training.accumulation
 
-    def synchronize(self, training: TunedTraining, pending: Any) -> None:
+    def synchronize(self, training: TunedTraining, pending: object) -> None:
         if training.device.type == "cuda":
             torch.cuda.synchronize(training.device)
         if training.world_size > 1:  # a window's edges are every rank's
             torch.distributed.barrier()
 
-    def subset(self, dataset: Any, indices: list[int]) -> torch.utils.data.Subset[Any]:
+    def subset(self, dataset: torch.utils.data.Dataset[object], indices: list[int]) -> torch.utils.data.Subset[object]:
         return torch.utils.data.Subset(dataset, indices)
 
     @contextlib.contextmanager
@@ -133,7 +135,13 @@ class PyTorchTrial(TorchProcess, TrainingBackend[torch.device, TorchWorkload, Tu
         finally:
             workload.model.train()
 
-    def batch_loss(self, workload: TorchWorkload, training: TunedTraining, dataset: Any, indices: range) -> float:
+    def batch_loss(
+        self,
+        workload: TorchWorkload,
+        training: TunedTraining,
+        dataset: torch.utils.data.Dataset[object],
+        indices: range,
+    ) -> float:
         batch = training.to_device(workload.collate([dataset[i] for i in indices]))
         return float(workload.loss(workload.model, batch).double())
 

@@ -24,15 +24,16 @@ left out), a pair's first item, or the whole batch.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from autotuner.backends._base import TunedLoop
-from autotuner.backends.pytorch.apply import resolve_device, set_matmul_precision, to_device
+from autotuner.backends._base import ExportedConfig, TunedLoop
+from autotuner.backends.pytorch.device import B, resolve_device, set_matmul_precision, to_device
 from autotuner.backends.pytorch.inference import PYTORCH_INFERENCE
-from autotuner.backends.pytorch.knobs.memory_format import MEMORY_FORMAT
+from autotuner.backends.pytorch.knobs.memory_format import MEMORY_FORMAT, channels_last
 from autotuner.backends.pytorch.knobs.quantization import QUANTIZATION
 from autotuner.backends.pytorch.knobs.runtime import RUNTIME
 from autotuner.backends.pytorch.knobs.threads import THREADS
@@ -49,11 +50,11 @@ class TunedInference(TunedLoop):
 
     def __init__(
         self,
-        config: Any,
+        config: ExportedConfig | Mapping[str, object],
         model: torch.nn.Module,
         *,
         device: str | torch.device | None = None,
-        example: Any = None,
+        example: object = None,
         onnx_file: str | os.PathLike[str] | None = None,
     ):
         super().__init__(PYTORCH_INFERENCE, config)
@@ -67,15 +68,15 @@ class TunedInference(TunedLoop):
         self._channels_last = MEMORY_FORMAT.of(self.config) == "channels_last"
         model = model.to(self.device).eval()
         if self._channels_last:
-            model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+            model = channels_last(model)
         graph = None if onnx_file is None else Path(onnx_file)
         example = None if example is None else self.to_device(example)
         self.session: Session = runtime_named(self.runtime).session(self, model, example, graph)
 
-    def to_device(self, batch: Any) -> Any:
+    def to_device(self, batch: B) -> B:
         return to_device(batch, self.device, channels_last=self._channels_last)
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: object) -> Any:
         """The model's outputs on `batch` (moved to the device), as the config computes them; with an
         ONNX runtime, its first output as a tensor on the host."""
         return self.session(self.to_device(batch))

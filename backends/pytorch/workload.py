@@ -37,20 +37,23 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from autotuner.trials.streams import prefix
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class NoLoss(ValueError):
     """The model's output carries no loss, and the workload gives no `loss_fn` or `train_step`."""
 
 
-def call_model(model: Callable[..., Any], batch: Any) -> tuple[Any, Any]:
-    """The model's output on `batch`, and the target a `loss_fn` is given, by the rule of the
-    module docstring."""
+def call_model(model: Callable[..., object], batch: Any) -> tuple[object, Any]:
+    """The model's output on `batch` (a user's batch), and the target a `loss_fn` is given (the
+    batch, or a part of it), by the rule of the module docstring."""
     if isinstance(batch, Mapping):
         return model(**batch), batch
     if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields") and len(batch) == 2:
@@ -59,7 +62,7 @@ def call_model(model: Callable[..., Any], batch: Any) -> tuple[Any, Any]:
     return model(batch), batch
 
 
-def output_loss(output: Any) -> torch.Tensor:
+def output_loss(output: object) -> torch.Tensor:
     """The loss a model's output carries: its `.loss`, or its `["loss"]` (Hugging Face's
     `ModelOutput` has both; its `.loss` is None when the batch held no labels)."""
     loss = getattr(output, "loss", None)
@@ -76,7 +79,7 @@ def output_loss(output: Any) -> torch.Tensor:
 @dataclass(kw_only=True)
 class TorchWorkload:
     model: torch.nn.Module
-    dataset: torch.utils.data.Dataset[Any] | Iterable[Any]
+    dataset: torch.utils.data.Dataset[object] | Iterable[object]
     """Map-style, with a length; each item is what `collate_fn` batches (see the module docstring).
     Must give the same item for the same index in every process (per-index randomness only), so
     drift compares like with like. Or streamed (no length: a torch `IterableDataset`, a `datasets`
@@ -93,7 +96,7 @@ class TorchWorkload:
     the model call and `loss_fn` cannot express; `loss_fn` is then not used."""
     collate_fn: Callable[[list[Any]], Any] | None = None
     """What batches a list of items, in every loader; None: torch's `default_collate`."""
-    heldout: torch.utils.data.Dataset[Any] | Iterable[Any] | None = None
+    heldout: torch.utils.data.Dataset[object] | Iterable[object] | None = None
     """The fixed batch drift is measured on; default: the dataset's last 256 items (a stream's
     first 256). Of a streamed held-out set, its first 256 items."""
     tokens_per_sample: int | None = None
@@ -109,18 +112,18 @@ class TorchWorkload:
         """`items` batched as the workload's loaders batch them."""
         return (self.collate_fn or torch.utils.data.default_collate)(items)
 
-    def loss(self, model: Callable[..., Any], batch: Any) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """The loss of `model` (the module, or what the config compiled of it) on `batch`, already on
         its device (see the module docstring)."""
         if self.train_step is not None:
-            return self.train_step(model, batch)  # type: ignore[arg-type]
+            return self.train_step(model, batch)
         output, target = call_model(model, batch)
         if self.loss_fn is not None:
             return self.loss_fn(output, target)
         return output_loss(output)
 
 
-def as_workload(built: Any, ref: str) -> TorchWorkload:
+def as_workload(built: object, ref: str) -> TorchWorkload:
     """Check what a factory returned; a 4-tuple (model, dataset, loss_fn, optimizer) is accepted."""
     if isinstance(built, tuple) and len(built) == 4:
         model, dataset, loss_fn, optimizer = built
@@ -146,21 +149,21 @@ def as_workload(built: Any, ref: str) -> TorchWorkload:
     return built
 
 
-class Stream(torch.utils.data.IterableDataset[Any]):
+class Stream(torch.utils.data.IterableDataset[object]):
     """A streamed dataset (`TorchWorkload.dataset`) as every loader of a trial reads it: whole, in
     its order; in `shard`, the share of one rank and one loader worker."""
 
-    def __init__(self, items: Iterable[Any]):
-        self.items: Iterable[Any] = items.items if isinstance(items, Stream) else items
+    def __init__(self, items: Iterable[object]):
+        self.items: Iterable[object] = items.items if isinstance(items, Stream) else items
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         return iter(self.items)
 
     def shard(self, rank: int, ranks: int, micro_batch: int) -> StreamShard:
         return StreamShard(self.items, rank, ranks, micro_batch)
 
 
-class StreamShard(torch.utils.data.IterableDataset[Any]):
+class StreamShard(torch.utils.data.IterableDataset[object]):
     """One rank's share of a stream, split between its loader workers without duplicates: rank r of
     R takes every R-th item from its r-th on (as `DistributedSampler` takes a map-style dataset's
     in order), and worker k of W of that share's micro-batches the k-th, (k+W)-th, ...: a
@@ -170,10 +173,10 @@ class StreamShard(torch.utils.data.IterableDataset[Any]):
     that shards itself between a loader's workers (a `datasets` streaming dataset, a torch
     `IterableDataset` that reads `get_worker_info()`) gives each worker the whole of it too."""
 
-    def __init__(self, items: Iterable[Any], rank: int, ranks: int, micro_batch: int):
+    def __init__(self, items: Iterable[object], rank: int, ranks: int, micro_batch: int):
         self.items, self.rank, self.ranks, self.micro_batch = items, rank, ranks, micro_batch
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         share = itertools.islice(_whole(self.items), self.rank, None, self.ranks)
@@ -182,12 +185,12 @@ class StreamShard(torch.utils.data.IterableDataset[Any]):
                 yield item
 
 
-def _whole(items: Iterable[Any]) -> Iterator[Any]:
+def _whole(items: Iterable[T]) -> Iterator[T]:
     """`items` read as outside any loader worker: torch's worker info hidden while the stream's own
     code runs (it asks `get_worker_info()` when its iterator starts, or at any item)."""
     from torch.utils.data._utils import worker  # get_worker_info() reads this module's global
 
-    def hidden(step: Callable[[], Any]) -> Any:
+    def hidden(step: Callable[[], R]) -> R:
         info, worker._worker_info = worker._worker_info, None
         try:
             return step()
@@ -203,7 +206,7 @@ def _whole(items: Iterable[Any]) -> Iterator[Any]:
 
 
 def first_batch_problem(
-    workload: TorchWorkload | InferenceWorkload, count: int, run: Callable[[Any], Any] | None = None
+    workload: TorchWorkload | InferenceWorkload, count: int, run: Callable[[Any], object] | None = None
 ) -> str | None:
     """What fails, in a few words, when the dataset's first `count` items are read, batched by the
     workload's collate function and the model's loss computed on them (or `run` called with the
@@ -240,11 +243,11 @@ class InferenceWorkload:
     out of the call (they are what accuracy is measured against)."""
 
     model: torch.nn.Module
-    dataset: torch.utils.data.Dataset[Any]
+    dataset: torch.utils.data.Dataset[object]
     """Map-style, with a length: the inputs a trial serves, one item each (inputs, or an
     `(inputs, label)` pair, or a mapping that may hold `labels`). The same item for the same
     index in every process."""
-    heldout: torch.utils.data.Dataset[Any] | None = None
+    heldout: torch.utils.data.Dataset[object] | None = None
     """The inputs drift is measured on; default: the dataset's last items (256 at most)."""
     collate_fn: Callable[[list[Any]], Any] | None = None
     """What batches a list of items; None: torch's `default_collate`."""
@@ -262,13 +265,13 @@ class InferenceWorkload:
         """`items` batched as the trial's loaders batch them."""
         return (self.collate_fn or torch.utils.data.default_collate)(items)
 
-    def forward(self, model: Callable[..., Any], batch: Any) -> Any:
+    def forward(self, model: torch.nn.Module, batch: Any) -> object:
         """The model's output on `batch` (the module docstring's rule, a mapping's labels left out)."""
         if isinstance(batch, Mapping):
             return model(**{k: v for k, v in batch.items() if k != "labels"})
         return call_model(model, batch)[0]
 
-    def loss(self, model: Callable[..., Any], batch: Any) -> Any:
+    def loss(self, model: torch.nn.Module, batch: Any) -> object:
         """The forward pass (what the probe's checks call a workload's loss)."""
         return self.forward(model, batch)
 
@@ -277,7 +280,7 @@ class InferenceWorkload:
         return torch.optim.SGD(list(params), lr=0.0)
 
 
-def as_inference_workload(built: Any, ref: str) -> InferenceWorkload:
+def as_inference_workload(built: object, ref: str) -> InferenceWorkload:
     """Check what a factory returned for `task: inference`: an `InferenceWorkload`, a training
     `TorchWorkload` (its model, data and collate function) or a pair (model, dataset)."""
     if isinstance(built, TorchWorkload):

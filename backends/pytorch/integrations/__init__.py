@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotuner.backends._formats import ExportFormat
 from autotuner.backends.pytorch import PREFETCH_FACTOR
-from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS
+from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, PRECISION, WORKERS, Config
 from autotuner.errors import SpecError
 from autotuner.measurement.allocator import assignments
 from autotuner.output.formatting import times
@@ -90,7 +90,7 @@ def write(fmt: str, config: TunedConfig, job: Job, path: Path) -> list[Path]:
 # ------------------------------------------------------------------ shared by the formats
 
 
-def knobs(config: TunedConfig) -> dict[str, Any]:
+def knobs(config: TunedConfig) -> Config:
     """The tuned knob values; these trainers are PyTorch's, so a config of another backend is refused."""
     if config.backend != "pytorch":
         raise SpecError(
@@ -167,7 +167,7 @@ def split_imports(setup: list[str]) -> tuple[list[str], list[str]]:
     return (["", *ours] if ours else []), [line for line in setup if line not in ours]
 
 
-def common_setup(params: Mapping[str, Any], *, held: Collection[str] = ()) -> list[str]:
+def common_setup(params: Mapping[str, object], *, held: Collection[str] = ()) -> list[str]:
     """The setup lines of every format for the knobs its arguments do not hold (`held` names those
     they do): TF32 (process-wide flags), then each knob family's own lines
     (`autotuner.backends.pytorch.knobs._family.TorchFamily.setup`: cuDNN's benchmark mode, the
@@ -182,7 +182,7 @@ def common_setup(params: Mapping[str, Any], *, held: Collection[str] = ()) -> li
     return lines
 
 
-def model_setup(params: Mapping[str, Any]) -> list[str]:
+def model_setup(params: Mapping[str, object]) -> list[str]:
     """Lines for a trainer that neither checkpoints activations nor picks a model's attention
     (Lightning, Accelerate). `enable_checkpointing` is `TunedTraining`'s own: a Hugging Face model's
     gradient checkpointing (non-reentrant) where `model` is one, else non-reentrant
@@ -263,7 +263,7 @@ HOOK_TYPES = {"fp16": "FP16", "bf16": "BF16", "powersgd": "POWER_SGD"}
 Hugging Face Trainer's DDP is Accelerate's)."""
 
 
-def ddp_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
+def ddp_arguments(values: Mapping[str, object]) -> dict[str, Any]:
     """DistributedDataParallel's own keyword arguments for the DDP knobs of `values`
     (`parallel_knobs`): the names Lightning's `DDPStrategy` and Accelerate's
     `DistributedDataParallelKwargs` pass on to it."""
@@ -282,7 +282,7 @@ def powersgd_options() -> dict[str, int]:
     return {"matrix_approximation_rank": 1, "start_powerSGD_iter": POWERSGD_START}
 
 
-def comm_hook(choice: str, *, code: bool) -> Any:
+def comm_hook(choice: str, *, code: bool) -> object:
     """The DDP communication hook function for `comm_hook` (not `none`): the function, or with
     `code`, its name under `HOOKS_IMPORT`."""
     module, name = COMM_HOOKS[choice]
@@ -307,7 +307,7 @@ def dtype(choice: str, *, code: bool) -> Any:
     return DTYPES[choice]
 
 
-def call(name: str, arguments: Mapping[str, Any]) -> Code:
+def call(name: str, arguments: Mapping[str, object]) -> Code:
     """`name(key=value, ...)` as code, each value its repr unless it is `Code`."""
     written = ", ".join(
         f"{key}={value if isinstance(value, Code) else repr(value)}" for key, value in arguments.items()
@@ -315,7 +315,7 @@ def call(name: str, arguments: Mapping[str, Any]) -> Code:
     return Code(f"{name}({written})")
 
 
-def assignment(name: str, values: Mapping[str, Any]) -> list[str]:
+def assignment(name: str, values: Mapping[str, object]) -> list[str]:
     """`name = {...}`, one key a line: a dict literal the user can read and edit."""
     lines = [f"{name} = {{"]
     lines += [f"    {key!r}: {value if isinstance(value, Code) else repr(value)}," for key, value in values.items()]

@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotuner.backends._base import Family
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
 
 
 def _no_step() -> None:
@@ -25,7 +27,7 @@ class Build:
     """A `TunedTraining` as it is built: what the families' `apply` read and change, one family
     after another in `autotuner.backends.pytorch.knobs.APPLY`'s order."""
 
-    config: Mapping[str, Any]
+    config: Mapping[str, object]
     """The knob values (every knob of the table)."""
     device: torch.device
     model: torch.nn.Module
@@ -42,11 +44,11 @@ class Build:
     """`ddp` or `fsdp`: this process is one rank of several; None: one process."""
     checkpoint_blocks: Sequence[type[torch.nn.Module]] | None = None
     """The block types the workload names for checkpointing and sharding (None: found)."""
-    attention: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+    attention: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
     """The context the forward and the backward run in for the attention kernel."""
-    ddp: Any = None
+    ddp: DistributedDataParallel | None = None
     """DistributedDataParallel's wrapper, under `parallel: ddp`."""
-    fsdp: Any = None
+    fsdp: FSDPModule | None = None
     """The module FSDP2 sharded (an `FSDPModule`), under `parallel: fsdp`."""
     channels_last: bool = False
     """4-D floating-point batches go to the device in the channels_last layout."""
@@ -62,7 +64,7 @@ def _nothing(build: Build) -> None:
     return None
 
 
-def _no_lines(config: Mapping[str, Any]) -> list[str]:
+def _no_lines(config: Mapping[str, object]) -> list[str]:
     return []
 
 
@@ -74,6 +76,6 @@ class TorchFamily(Family[TorchCapabilities]):
     (`autotuner.backends.pytorch.integrations.common_setup`)."""
 
     apply: Callable[[Build], None] = _nothing
-    setup: Callable[[Mapping[str, Any]], list[str]] = _no_lines
+    setup: Callable[[Mapping[str, object]], list[str]] = _no_lines
     """The lines for a config's values of its knobs (none at their reference values), each with a
     comment naming the knob; they run before the trainer is built, on `model` and `torch`."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
 from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
@@ -14,6 +14,7 @@ from autotuner.trials.outcomes import Unsupported
 
 if TYPE_CHECKING:
     import torch
+    from torch.nn.attention import SDPBackend
 
 ATTENTION = Knob(
     "attention",
@@ -52,7 +53,7 @@ NO_KERNEL = "No available kernel"
 """What scaled_dot_product_attention raises when none of the backends allowed can take its inputs."""
 
 
-def kernel(attention: str) -> Any:
+def kernel(attention: str) -> SDPBackend:
     """The `torch.nn.attention.SDPBackend` of an `attention` value among `SDPA_BACKENDS`."""
     from torch.nn.attention import SDPBackend
 
@@ -64,7 +65,7 @@ def kernel(attention: str) -> Any:
     }[attention]
 
 
-def choose_attention(model: torch.nn.Module, attention: str) -> Callable[[], contextlib.AbstractContextManager[Any]]:
+def choose_attention(model: torch.nn.Module, attention: str) -> Callable[[], contextlib.AbstractContextManager[None]]:
     """The context the forward runs in for the `attention` knob: `sdpa_kernel` with that one backend,
     or nothing for `default` and `eager`. A Hugging Face model is switched to its `sdpa`
     implementation for a backend, to `eager` for eager; eager on any other model is `Unsupported`."""
@@ -85,7 +86,7 @@ def choose_attention(model: torch.nn.Module, attention: str) -> Callable[[], con
 
 
 @contextlib.contextmanager
-def _only_kernel(chosen: Callable[[], contextlib.AbstractContextManager[Any]], attention: str) -> Iterator[None]:
+def _only_kernel(chosen: Callable[[], contextlib.AbstractContextManager[None]], attention: str) -> Iterator[None]:
     """`chosen`'s context, where the one kernel it leaves refusing what it cannot compute (dropout on
     a CPU's flash kernel, a head size or a mask it lacks) is `Unsupported`."""
     try:
@@ -119,7 +120,7 @@ def sdpa_code(attention: str) -> list[str]:
     ]
 
 
-def setup(config: Mapping[str, Any]) -> list[str]:
+def setup(config: Mapping[str, object]) -> list[str]:
     return sdpa_code(ATTENTION.of(config))
 
 

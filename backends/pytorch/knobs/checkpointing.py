@@ -35,7 +35,7 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
     return None
 
 
-def _checkpointed(forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _checkpointed(forward: Callable[..., object], *args: object, **kwargs: Any) -> object:
     import torch.utils.checkpoint
 
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
@@ -74,7 +74,7 @@ def without_checkpointing(model: torch.nn.Module) -> Iterator[None]:
     so, without the backward's recomputed forwards)."""
     from autotuner.backends.pytorch.modules import is_hugging_face
 
-    blocks: list[tuple[torch.nn.Module, functools.partial[Any]]] = [
+    blocks: list[tuple[torch.nn.Module, functools.partial[object]]] = [
         (m, m.forward)
         for m in model.modules()
         if isinstance(m.forward, functools.partial) and m.forward.func is _checkpointed
@@ -87,7 +87,7 @@ def without_checkpointing(model: torch.nn.Module) -> Iterator[None]:
         for module, checkpointed in blocks:
             module.forward = checkpointed.args[0]  # type: ignore[method-assign]
         if hugging_face:
-            disable: Any = getattr(model, "activation_checkpointing_disable", None)
+            disable: Callable[[], None] | None = getattr(model, "activation_checkpointing_disable", None)
             (disable or model.gradient_checkpointing_disable)()  # type: ignore[operator]
         yield
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
 from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
@@ -35,7 +34,7 @@ def apply(build: Build) -> None:
     torch.backends.cudnn.benchmark = bool(CUDNN_BENCHMARK.of(build.config))
 
 
-def setup(config: Mapping[str, Any]) -> list[str]:
+def setup(config: Mapping[str, object]) -> list[str]:
     if not CUDNN_BENCHMARK.of(config):
         return []
     return ["torch.backends.cudnn.benchmark = True  # cudnn_benchmark: cuDNN times its convolutions"]

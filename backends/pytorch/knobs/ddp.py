@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
 from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
@@ -11,6 +11,7 @@ from autotuner.config.knobs import ACCUMULATION, Config, Knob
 
 if TYPE_CHECKING:
     import torch
+    from torch.nn.parallel import DistributedDataParallel
 
 BUCKET_CAP_MB = Knob(
     "bucket_cap_mb",
@@ -72,7 +73,9 @@ a config is measured, and its drift judged, as it trains, not over vanilla all-r
 PowerSGD's default of 1,000 steps would run first."""
 
 
-def distributed_data_parallel(model: torch.nn.Module, config: Mapping[str, Any], device: torch.device) -> Any:
+def distributed_data_parallel(
+    model: torch.nn.Module, config: Mapping[str, object], device: torch.device
+) -> DistributedDataParallel:
     """`model` wrapped in DistributedDataParallel with the config's bucket size, bucket views,
     static graph and communication hook (fp16 or bf16 compression: torch's default hooks;
     PowerSGD: rank 1, error feedback and warm start, from step `POWERSGD_START`)."""
@@ -102,7 +105,9 @@ def apply(build: Build) -> None:
     already: the runner's drift phase)."""
     if build.parallel != "ddp":
         return
-    if build.wrapped is not build.module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(build.wrapped, DistributedDataParallel):
         build.ddp = build.wrapped
     else:
         build.ddp = build.model = distributed_data_parallel(build.model, build.config, build.device)

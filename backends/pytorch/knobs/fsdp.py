@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
 from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
@@ -67,7 +67,7 @@ def conflict(config: Config, caps: TorchCapabilities) -> str | None:
     return None
 
 
-def dtype(choice: str) -> Any:
+def dtype(choice: str) -> torch.dtype | None:
     """FSDP2's MixedPrecisionPolicy dtype for a `param_dtype` or `reduce_dtype` value (None: the
     parameters' own, fp32)."""
     import torch
@@ -77,7 +77,7 @@ def dtype(choice: str) -> Any:
 
 def fully_sharded(
     model: torch.nn.Module,
-    config: Mapping[str, Any],
+    config: Mapping[str, object],
     device: torch.device,
     blocks: Sequence[type[torch.nn.Module]] | None,
 ) -> torch.nn.Module:
@@ -109,7 +109,9 @@ def fully_sharded(
     return model
 
 
-def over_parameters(optimizer: torch.optim.Optimizer, names: Mapping[int, str], model: torch.nn.Module) -> Any:
+def over_parameters(
+    optimizer: torch.optim.Optimizer, names: Mapping[int, str], model: torch.nn.Module
+) -> torch.optim.Optimizer:
     """`optimizer` over `model`'s parameters as they are now (FSDP2 replaces each parameter with its
     shard): a new optimizer of its class, with its groups and hyperparameters, each parameter
     found again by its name (`names`: the old parameters' ids -> their names). Itself when it holds
@@ -135,7 +137,7 @@ def apply(build: Build) -> None:
         names = {id(p): name for name, p in build.model.named_parameters()}
         fully_sharded(build.model, build.config, build.device, build.checkpoint_blocks)
         build.optimizer = over_parameters(build.optimizer, names, build.model)
-    build.fsdp = build.module
+    build.fsdp = cast(FSDPModule, build.module)  # `fully_shard` made it one, changing its class in place
 
 
 FAMILY = TorchFamily(FSDP_KNOBS, irrelevant, conflict, apply)

@@ -4,7 +4,6 @@ backward, the rest recomputed (selective activation checkpointing by the min-cut
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
 from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
@@ -36,7 +35,7 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
 
 
 def conflict(config: Config, caps: TorchCapabilities) -> str | None:
-    budget = config.get(MEMORY_BUDGET.name, MEMORY_BUDGET.reference)
+    budget = MEMORY_BUDGET.of(config) if MEMORY_BUDGET.name in config else MEMORY_BUDGET.reference
     if budget != MEMORY_BUDGET.reference and config.get(COMPILE.name, COMPILE.reference) == "none":
         return f"memory_budget={budget} with compile=none: only torch.compile's partitioner recomputes activations"
     return None
@@ -50,8 +49,8 @@ def apply(build: Build) -> None:
     torch._functorch.config.activation_memory_budget = float(MEMORY_BUDGET.of(build.config))
 
 
-def setup(config: Mapping[str, Any]) -> list[str]:
-    budget = config.get(MEMORY_BUDGET.name, MEMORY_BUDGET.reference)
+def setup(config: Mapping[str, object]) -> list[str]:
+    budget = MEMORY_BUDGET.of(config) if MEMORY_BUDGET.name in config else MEMORY_BUDGET.reference
     if budget == MEMORY_BUDGET.reference:
         return []
     return [

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
 from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
 from autotuner.config.knobs import Knob
+
+if TYPE_CHECKING:
+    import torch
 
 MEMORY_FORMAT = Knob(
     "memory_format",
@@ -32,16 +35,23 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
     return None
 
 
+def channels_last(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its 4-D parameters and buffers (convolutions' weights) in channels_last."""
+    import torch
+
+    # `Module.to` takes `memory_format` at run time; torch's overloads of it leave that keyword out.
+    to: Callable[..., torch.nn.Module] = model.to
+    return to(memory_format=torch.channels_last)
+
+
 def apply(build: Build) -> None:
     """The model's parameters in channels_last; the batches follow (`Build.channels_last`)."""
     if MEMORY_FORMAT.of(build.config) == "channels_last":
-        import torch
-
-        build.model = build.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        build.model = channels_last(build.model)
         build.channels_last = True
 
 
-def setup(config: Mapping[str, Any]) -> list[str]:
+def setup(config: Mapping[str, object]) -> list[str]:
     """The model's layout. The study converted 4-D float batches as well (`Build.channels_last`); a
     convolution with channels_last weights returns channels_last outputs from a contiguous input,
     so the layout holds from the first convolution on without touching the user's batches."""

@@ -32,7 +32,7 @@ class Served(Protocol):
     """What a runtime reads of the config it serves (`autotuner.backends.pytorch.serving.TunedInference`)."""
 
     @property
-    def config(self) -> Mapping[str, Any]: ...
+    def config(self) -> Mapping[str, object]: ...
 
     @property
     def device(self) -> torch.device: ...
@@ -47,7 +47,7 @@ class Served(Protocol):
 class Session(Protocol):
     """A runtime's session: the outputs of one batch, on the device or the host."""
 
-    def __call__(self, batch: Any) -> Any: ...
+    def __call__(self, batch: object) -> object: ...
 
 
 class Runtime(ABC):
@@ -65,15 +65,15 @@ class Runtime(ABC):
         return {}
 
     @abstractmethod
-    def session(self, tuned: Served, model: torch.nn.Module, example: Any, graph_file: Path | None) -> Session:
+    def session(self, tuned: Served, model: torch.nn.Module, example: object, graph_file: Path | None) -> Session:
         """The session that serves `model` as `tuned`'s config says; `example`: one batch on the
         device (what a graph is traced with, None if the caller gave none), `graph_file`: where
         that graph is kept (None: a temporary file)."""
 
 
-def model_inputs(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def model_inputs(batch: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The positional and keyword arguments a batch calls the model with (`call_model`'s rule; a
-    mapping's `labels` left out: serving computes no loss)."""
+    mapping's `labels` left out: serving computes no loss): parts of a user's batch."""
     if isinstance(batch, Mapping):
         return (), {k: v for k, v in batch.items() if k != "labels"}
     if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields") and len(batch) == 2:
@@ -81,7 +81,7 @@ def model_inputs(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (batch,), {}
 
 
-def primary_output(output: Any) -> torch.Tensor:
+def primary_output(output: object) -> torch.Tensor:
     """The tensor a model's output is compared by: itself, its `logits` (Hugging Face), or its first
     tensor (a tuple, a mapping)."""
     if isinstance(output, torch.Tensor):

@@ -11,7 +11,6 @@ import contextlib
 import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -26,10 +25,10 @@ from autotuner.backends.pytorch.runtimes._base import AUTOCAST, Runtime, Served,
 class EagerSession:
     """The model (compiled or not) called under the config's context."""
 
-    def __init__(self, model: Callable[..., Any], context: Callable[[], contextlib.AbstractContextManager[None]]):
+    def __init__(self, model: Callable[..., object], context: Callable[[], contextlib.AbstractContextManager[None]]):
         self.model, self.context = model, context
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: object) -> object:
         args, kwargs = model_inputs(batch)
         with self.context():
             return self.model(*args, **kwargs)
@@ -47,7 +46,7 @@ class PyTorchRuntime(Runtime):
             "sparse24": capability >= (8, 0),
         }
 
-    def session(self, tuned: Served, model: torch.nn.Module, example: Any, graph_file: Path | None) -> EagerSession:
+    def session(self, tuned: Served, model: torch.nn.Module, example: object, graph_file: Path | None) -> EagerSession:
         quantize(model, QUANTIZATION.of(tuned.config))
         sparsify(model, SPARSITY.of(tuned.config), AUTOCAST.get(tuned.precision))
         attention = choose_attention(model, ATTENTION.of(tuned.config))
@@ -94,7 +93,7 @@ def quantize(model: torch.nn.Module, quantization: str) -> None:
         quantize_,
     )
 
-    configs: dict[str, Callable[[], Any]] = {
+    configs: dict[str, Callable[[], object]] = {
         "int8-weight-only": Int8WeightOnlyConfig,
         "int8-dynamic": Int8DynamicActivationInt8WeightConfig,
         "fp8": Float8DynamicActivationFloat8WeightConfig,

@@ -10,13 +10,15 @@ import importlib.util
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Protocol, TypedDict
 
+import numpy as np
 import torch
 
-from autotuner.backends.pytorch.knobs.runtime import ORT_PROVIDERS
+from autotuner.backends.pytorch.knobs.runtime import ORT_PROVIDERS, RUNTIME
+from autotuner.backends.pytorch.knobs.threads import THREADS
 from autotuner.backends.pytorch.runtimes._base import Runtime, Served, model_inputs, primary_output
 from autotuner.trials.outcomes import Unsupported
 
@@ -30,16 +32,32 @@ def providers() -> list[str]:
     return list(onnxruntime.get_available_providers())
 
 
+class InferenceSession(Protocol):
+    """What `OrtSession` calls of ONNX Runtime's `InferenceSession`."""
+
+    def run(self, output_names: None, input_feed: Mapping[str, np.ndarray]) -> Sequence[np.ndarray]: ...
+
+
+class SessionSettings(TypedDict):
+    """`session_settings`: what an ONNX config's session runs with."""
+
+    providers: list[str]
+    intra_op_num_threads: int
+    graph_optimization_level: str
+
+
 class OrtSession:
     """An `InferenceSession` fed a batch as the model is called with; its first output as a tensor
     on the host."""
 
-    def __init__(self, session: Any, names: list[str], folder: tempfile.TemporaryDirectory[str] | None = None):
+    def __init__(
+        self, session: InferenceSession, names: list[str], folder: tempfile.TemporaryDirectory[str] | None = None
+    ):
         self.session, self.names = session, names
         self.folder = folder
         """The temporary folder of a graph exported without a graph file: removed with the session."""
 
-    def __call__(self, batch: Any) -> torch.Tensor:
+    def __call__(self, batch: object) -> torch.Tensor:
         args, kwargs = model_inputs(batch)
         flat = [*args, *kwargs.values()]
         feed = {name: tensor.detach().cpu().numpy() for name, tensor in zip(self.names, flat, strict=True)}
@@ -62,7 +80,7 @@ class OnnxRuntime(Runtime):
             "ort_tensorrt": device.type == "cuda" and "TensorrtExecutionProvider" in found,
         }
 
-    def session(self, tuned: Served, model: torch.nn.Module, example: Any, graph_file: Path | None) -> OrtSession:
+    def session(self, tuned: Served, model: torch.nn.Module, example: object, graph_file: Path | None) -> OrtSession:
         """The session of the fp32 model exported with `example` (once: an existing `graph_file` is
         reused), its inputs named in the order the batch gives them."""
         import onnxruntime
@@ -82,9 +100,10 @@ class OnnxRuntime(Runtime):
         )
         if settings["intra_op_num_threads"]:
             options.intra_op_num_threads = settings["intra_op_num_threads"]
-        chosen = settings["providers"]
+        chosen: list[str | tuple[str, dict[str, int]]] = [*settings["providers"]]
         if tuned.device.type == "cuda":  # the trial's GPU, not ONNX Runtime's first
-            chosen = [p if p == CPU_PROVIDER else (p, {"device_id": tuned.device.index or 0}) for p in chosen]
+            gpu = {"device_id": tuned.device.index or 0}
+            chosen = [p if p == CPU_PROVIDER else (p, gpu) for p in settings["providers"]]
         session = onnxruntime.InferenceSession(str(graph_file), options, providers=chosen)
         # a provider that cannot start (a library missing, another CUDA) is passed over for the
         # next one, with a warning only: the config would be timed on what it does not name
@@ -97,7 +116,7 @@ class OnnxRuntime(Runtime):
         return OrtSession(session, [i.name for i in session.get_inputs()], folder)
 
 
-def export_onnx(model: torch.nn.Module, example: Any, path: Path) -> list[str]:
+def export_onnx(model: torch.nn.Module, example: object, path: Path) -> list[str]:
     """Export `model` (fp32, eval) through `torch.onnx` with `example` (a batch as the model is
     called with) to `path`, written whole (a reader never sees half a file); the input names, in
     the order the batch gives them (`input_<k>` for positional inputs, the keywords' own names).
@@ -141,7 +160,7 @@ class PrimaryOutput(torch.nn.Module):
         super().__init__()
         self.model, self.keywords = model, keywords
 
-    def forward(self, *inputs: Any) -> torch.Tensor:
+    def forward(self, *inputs: object) -> torch.Tensor:
         positional = len(inputs) - len(self.keywords)
         kwargs = dict(zip(self.keywords, inputs[positional:], strict=True))
         return primary_output(self.model(*inputs[:positional], **kwargs))
@@ -152,15 +171,15 @@ ORT_FALLBACKS = {"TensorrtExecutionProvider": ("CUDAExecutionProvider",)}
 """Where ONNX Runtime sends the operators a provider lacks, before the CPU: TensorRT's go to CUDA."""
 
 
-def session_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+def session_settings(config: Mapping[str, object]) -> SessionSettings:
     """The ONNX Runtime session an ONNX config runs in: its providers (the config's, then the
     fallbacks ONNX Runtime takes for what a GPU provider lacks: CUDA for TensorRT, then the CPU),
     intra-op threads (0: ONNX Runtime's default) and graph optimisation level."""
-    provider = ORT_PROVIDERS[config["runtime"]]
+    provider = ORT_PROVIDERS[RUNTIME.of(config)]
     providers = list(dict.fromkeys([provider, *ORT_FALLBACKS.get(provider, ()), CPU_PROVIDER]))
     return {
         "providers": providers,
-        "intra_op_num_threads": int(config["threads"]),
+        "intra_op_num_threads": int(THREADS.of(config)),
         "graph_optimization_level": "ORT_ENABLE_ALL",
     }
 
