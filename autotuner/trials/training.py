@@ -69,7 +69,7 @@ class RankGroup(Protocol):
 class Training(Protocol):
     """What the core reads of a backend's `TunedTraining`: its loader."""
 
-    def make_loader(self, dataset: Any, shuffle: bool, seed: int) -> Iterable[Any]: ...
+    def make_loader(self, dataset: Any, *, shuffle: bool = ..., seed: int | None = ...) -> Iterable[Any]: ...
 
 
 T = TypeVar("T", bound=Training)
