@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from autotuner.measurement.turns import Turn, Turns, Waiting
 from autotuner.trials.messages import GarbledMessage, Started, receive_message, send_message
-from autotuner.trials.outcomes import Classified, Outcome, ProcessEnd, classify_end, exception_message
+from autotuner.trials.outcomes import Classified, EndMessage, Outcome, ProcessEnd, classify_end, exception_message
 from autotuner.trials.request import log_of
 
 Output = TypeVar("Output")
@@ -143,7 +143,10 @@ def _trial_main(
         trial = getattr(module, "TRIAL_BACKEND", None)
         if trial is not None:
             is_oom = lambda exc: trial.classify_exception(exc) == "oom"  # noqa: E731
-        message = {"status": "ok", "result": getattr(module if trial is None else trial, function)(arg, **extra)}
+        message: EndMessage = {
+            "status": "ok",
+            "result": getattr(module if trial is None else trial, function)(arg, **extra),
+        }
     except BaseException as exc:  # everything the user's code raises is a trial outcome
         message = exception_message(exc, is_oom)
         if memory_limit_mb is not None and message["kind"] == Outcome.OOM.value:

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict
 
 from autotuner.trials.probe import ProbeResult
 from autotuner.trials.trial_output import ProfileOutput, TrialOutput
@@ -48,12 +48,27 @@ class Unsupported(RuntimeError):
     the trial `unsupported` with this message as the reason, as the engine's own checks do."""
 
 
+class EndMessage(TypedDict, total=False):
+    """What a trial process (or one rank of a trial) sends as it ends: `status` `ok` with its
+    `result`, or `raised` with its `kind` (an `Outcome` value), one-line `reason` and, for an
+    error, its `traceback`; a rank adds when it failed (`at`, to tell which failed first) and
+    whether rank 0's trial was pruned (`pruned`)."""
+
+    status: str
+    result: object
+    kind: str
+    reason: str
+    traceback: str
+    at: float
+    pruned: bool
+
+
 class RankFailed(Exception):
     """A rank of a trial of several processes ended it (`autotuner.backends.pytorch.ranks`): `end`
     is that rank's message, as `exception_message` made it there (or a crash's), its reason naming
     the rank. The trial ends with it as if its own process had sent it."""
 
-    def __init__(self, end: dict[str, Any]):
+    def __init__(self, end: EndMessage):
         super().__init__(end.get("reason", ""))
         self.end = end
 
@@ -85,7 +100,7 @@ def _one_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def exception_message(exc: BaseException, is_oom: Callable[[BaseException], bool]) -> dict[str, Any]:
+def exception_message(exc: BaseException, is_oom: Callable[[BaseException], bool]) -> EndMessage:
     """The message a trial process sends when `exc` stopped it. `is_oom` is the backend's test
     for its framework's out-of-memory errors; Python's own MemoryError (the host, or the trial's
     memory limit, refused an allocation) is one everywhere."""

@@ -40,7 +40,7 @@ from autotuner.measurement.hardware import core_shares
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.measurement.turns import Turns
 from autotuner.trials.launcher import die_with_parent
-from autotuner.trials.outcomes import Outcome, RankFailed, exception_message
+from autotuner.trials.outcomes import EndMessage, Outcome, RankFailed, exception_message
 from autotuner.trials.request import ProfileRequest, TrialRequest
 from autotuner.trials.training import TrainingBackend, run_profile, run_trial
 from autotuner.trials.trial_output import ProfileOutput, TrialOutput
@@ -144,7 +144,7 @@ def _watch(processes: list[Any], receivers: list[multiprocessing.connection.Conn
     trial was pruned (the others may be inside a step it left: they are killed with the trial);
     `RankFailed` as soon as one raised or exited otherwise (after `GRACE_S` for the ends that
     failure caused)."""
-    ends: dict[int, dict[str, Any]] = {}
+    ends: dict[int, EndMessage] = {}
     exited: dict[int, int | None] = {}
     pipes = dict(enumerate(receivers))
     failed_at: float | None = None
@@ -173,7 +173,7 @@ def _watch(processes: list[Any], receivers: list[multiprocessing.connection.Conn
     raise RankFailed(_first_failure(ends, exited, len(processes)))
 
 
-def _first_failure(ends: dict[int, dict[str, Any]], exited: dict[int, int | None], size: int) -> dict[str, Any]:
+def _first_failure(ends: dict[int, EndMessage], exited: dict[int, int | None], size: int) -> EndMessage:
     """The end to report: a rank's own (out of memory, a NaN, an unsupported knob) before a rank
     that died without a word, before an error (which a peer's failure may have caused: a
     collective whose peer is gone fails too); the first to fail of each."""
@@ -241,7 +241,7 @@ def _rank_main(
             result = run_profile(backend, replace(request, trial=own), group)
         else:
             result = run_trial(backend, own, turns if rank == 0 else None, group)
-        end: dict[str, Any] = {"status": "ok", "result": result if rank == 0 else None}
+        end: EndMessage = {"status": "ok", "result": result if rank == 0 else None}
         throughput = getattr(result, "throughput", None) if rank == 0 else None
         end["pruned"] = throughput is not None and throughput.stopped is not None
     except BaseException as exc:  # everything a rank raises is the trial's outcome
