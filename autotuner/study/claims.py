@@ -15,8 +15,8 @@ them, and they are deleted with the study.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import sqlalchemy
 from optuna.storages import RDBStorage
@@ -41,9 +41,14 @@ class Held:
     """The stored JSON, exactly: what a take-over compares against."""
 
     @property
-    def value(self) -> dict[str, Any]:
+    def value(self) -> dict[str, object]:
         value = json.loads(self.raw)
         return value if isinstance(value, dict) else {}
+
+    def integer(self, key: str, default: int = -1) -> int:
+        """The claim's value at `key`, an integer (a trial's number), or `default` where it holds none."""
+        found = self.value.get(key, default)
+        return found if isinstance(found, int) else default
 
 
 class Claims:
@@ -53,7 +58,7 @@ class Claims:
         self.engine = storage.engine
         self.study_id = study_id
 
-    def claim(self, name: str, value: dict[str, Any]) -> Held | None:
+    def claim(self, name: str, value: Mapping[str, object]) -> Held | None:
         """Create the claim `name`: None when this worker now holds it, else the current holder."""
         key = CLAIM_PREFIX + name
         try:
@@ -68,7 +73,7 @@ class Claims:
                 raise  # not a lost race (a claim is never deleted): the study itself is gone
             return held
 
-    def take_over(self, held: Held, value: dict[str, Any]) -> bool:
+    def take_over(self, held: Held, value: Mapping[str, object]) -> bool:
         """Replace `held` with `value`, unless another worker changed it since it was read."""
         with self.engine.begin() as connection:
             done = connection.execute(

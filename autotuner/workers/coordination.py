@@ -64,10 +64,12 @@ POLL_S = 1.0
 """How often a waiting search process looks at the storage again."""
 
 
-def _lease_expired(value: dict[str, Any]) -> bool:
+def _lease_expired(value: Mapping[str, object]) -> bool:
     """Whether the holder of a lease (`{"worker": SearchProcess.as_dict(), "until": ...}`) is
     gone from this machine or has run past it."""
-    return still_running(value.get("worker", {})) is False or time.time() > float(value.get("until", 0))
+    worker, until = value.get("worker", {}), value.get("until", 0)
+    gone = still_running(worker if isinstance(worker, Mapping) else {}) is False
+    return gone or time.time() > (until if isinstance(until, (int, float)) else 0)
 
 
 class OncePerStudy:
@@ -135,7 +137,7 @@ class OncePerStudy:
         (`remeasure:<number>`, status `done`), which `autotuner.results.records.records` reads."""
         todo = list(numbers)
         while todo:
-            mine: list[tuple[int, Held, dict[str, Any]]] = []
+            mine: list[tuple[int, Held, dict[str, object]]] = []
             others: list[int] = []
             for number in todo:
                 until = time.time() + lease_s * len(todo)
@@ -171,7 +173,7 @@ def _digest(params: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(config_key(params), default=str).encode()).hexdigest()[:24]
 
 
-def _holder(trial: optuna.Trial, process: SearchProcess) -> dict[str, Any]:
+def _holder(trial: optuna.Trial, process: SearchProcess) -> dict[str, object]:
     """The value of a claim a trial holds (its config, its budget slot)."""
     return {"trial": trial.number, "trial_id": trial_id(trial), "worker": process.token}
 
@@ -180,7 +182,7 @@ def _holder_trial(storage: RDBStorage, held: Held) -> FrozenTrial | None:
     """The trial holding `held`, None when it names none the storage has."""
     holder_id = held.value.get("trial_id")
     try:
-        return storage.get_trial(int(holder_id)) if holder_id is not None else None
+        return storage.get_trial(holder_id) if isinstance(holder_id, int) else None
     except KeyError:
         return None
 
@@ -208,7 +210,7 @@ class ConfigClaims:
             if held is None or held.value.get("trial_id") == trial_id(trial):
                 return None  # (the second case: this very trial claimed it, e.g. before a retried write)
             if _holder_state(self.storage, held) is not TrialState.FAIL:
-                return int(held.value.get("trial", -1))
+                return held.integer("trial")
             if self.claims.take_over(held, mine):  # its trial was cut off: this one runs it again
                 return None
 
@@ -258,7 +260,7 @@ class BudgetSlots:
         held_slots = self.claims.all(SLOT_CLAIM)
         for k in range(_unslotted(trials), self.budget):
             held = held_slots.get(f"{CLAIM_PREFIX}{SLOT_CLAIM}{k}")
-            if held is None or int(held.value.get("trial", -1)) in released:
+            if held is None or held.integer("trial") in released:
                 return True
         return False
 
