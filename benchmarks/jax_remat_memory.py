@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.backends.jax import REMAT
-from autotuner.backends.jax.apply import configure_process
+from autotuner.backends.jax.devices import configure_process
 
 H100_GPT = {"layers": 8, "dim": 512, "length": 256, "vocab": 4096, "heads": 8}
 """The gpt the H100 figures are of: activations, not weights, fill its memory at micro-batch 32."""
@@ -42,8 +42,9 @@ def main() -> None:
     import jaxlib
     import numpy as np
 
-    from autotuner.backends.jax.apply import TunedTraining, resolve_device
+    from autotuner.backends.jax.apply import TunedTraining
     from autotuner.backends.jax.builtin import gpt
+    from autotuner.backends.jax.devices import resolve_device
     from autotuner.backends.jax.workload import REMAT_POLICIES
 
     device = resolve_device(args.device)

@@ -15,7 +15,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from autotuner.backends.jax.apply import collate
 from autotuner.backends.jax.inference import JAX_INFERENCE
 from autotuner.backends.jax.process import JaxProcess
 from autotuner.backends.jax.serving import (
@@ -25,6 +24,7 @@ from autotuner.backends.jax.serving import (
     primary_output,
     split_batch,
 )
+from autotuner.backends.jax.workload import collate
 from autotuner.config.knobs import BATCH_SIZE, Config
 from autotuner.trials.serving import ServingBackend, compare_outputs
 from autotuner.trials.trial_output import OutputDrift

@@ -5,11 +5,11 @@ compile cache, memory, the profiler and XLA's errors (`autotuner.trials.process.
 
 Imported by the fork server before any trial: importing jax initialises no device (that happens
 in the trial process, on first use), so each trial gets its own XLA client, which `probe` and `run`
-set up for the trial's device before anything starts it (`autotuner.backends.jax.apply.configure_process`:
+set up for the trial's device before anything starts it (`autotuner.backends.jax.devices.configure_process`:
 the CPU platform only for `cpu`, CUDA device i only for `cuda:i`, no preallocation), and whose
 arrays they keep on that device (JAX's default device throughout); before that, `run` and
 `profile` put the config's XLA flag bundle into the process's XLA_FLAGS, which XLA reads when the
-backend starts (`autotuner.backends.jax.apply.use_xla_flags`). A trial of `processes: N` with
+backend starts (`autotuner.backends.jax.devices.use_xla_flags`). A trial of `processes: N` with
 `parallel: data_parallel` is still this one process: it drives N local devices from its device
 on (GPUs `cuda:i` to `cuda:i+N-1`, or N host devices the CPU client starts with), which
 `configure_process` opens before JAX starts, and trains over them through `TunedTraining`'s mesh.
@@ -40,7 +40,7 @@ import numpy as np
 import optax
 
 from autotuner.backends.jax import DATA_PARALLEL, JAX, XLA_FLAG_BUNDLES
-from autotuner.backends.jax.apply import (
+from autotuner.backends.jax.devices import (
     XLA_FLAGS_VARIABLE,
     configure_process,
     cuda_ordinal,
@@ -154,7 +154,7 @@ class JaxProcess:
     def resolve_device(self, spec: str) -> jax.Device:
         return resolve_device(spec)
 
-    def on_device(self, device: jax.Device) -> contextlib.AbstractContextManager[Any]:
+    def on_device(self, device: jax.Device) -> contextlib.AbstractContextManager[object]:
         return jax.default_device(device)
 
     def environment(self, device: jax.Device) -> Environment:
@@ -251,7 +251,7 @@ it found there when it took the cache up (`_use_compile_cache`)."""
 _LOOKUP_EVENTS = {"/jax/compilation_cache/cache_hits": "hit", "/jax/compilation_cache/cache_misses": "miss"}
 
 
-def _count_lookups(event: str, **_: Any) -> None:
+def _count_lookups(event: str, **_: object) -> None:
     if event in _LOOKUP_EVENTS:
         _LOOKUPS[_LOOKUP_EVENTS[event]] += 1
 
@@ -283,7 +283,7 @@ def _use_compile_cache(folder: str) -> None:
     jax.monitoring.register_event_listener(_count_lookups)
 
 
-def _profile_options() -> dict[str, Any]:
+def _profile_options() -> dict[str, jax.profiler.ProfileOptions]:
     """`jax.profiler.trace`'s options with Python's tracer off, where this JAX has them."""
     if "profiler_options" not in inspect.signature(jax.profiler.trace).parameters:
         return {}

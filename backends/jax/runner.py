@@ -3,7 +3,7 @@ algorithm (`autotuner.trials.training`), exposed as the runner module's `TRIAL_B
 process part every role shares (`autotuner.backends.jax.process.JaxProcess`: the device, XLA's
 set-up, the compile cache). Before the process starts JAX, `run` and `profile` put the config's
 XLA flag bundle into the process's XLA_FLAGS, which XLA reads when the backend starts
-(`autotuner.backends.jax.apply.use_xla_flags`). The config is applied by
+(`autotuner.backends.jax.devices.use_xla_flags`). The config is applied by
 `autotuner.backends.jax.apply.TunedTraining`, the object users apply an exported config with in
 their own loop: a trial trains through it, so what a study measures is exactly what a user gets.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -21,15 +21,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from autotuner.backends.jax import DATA_PARALLEL
-from autotuner.backends.jax.apply import (
-    STRICT_MATMULS,
-    TunedTraining,
-    collate,
-    model_gradient,
-    use_xla_flags,
-)
+from autotuner.backends.jax.apply import STRICT_MATMULS, TunedTraining, model_gradient
+from autotuner.backends.jax.devices import use_xla_flags
 from autotuner.backends.jax.process import _LOOKUPS, JaxProcess
-from autotuner.backends.jax.workload import JaxWorkload, as_workload, first_batch_problem, remat_scope
+from autotuner.backends.jax.workload import (
+    JaxWorkload,
+    MapDataset,
+    as_workload,
+    collate,
+    first_batch_problem,
+    remat_scope,
+)
 from autotuner.config.knobs import Config
 from autotuner.measurement.turns import Turns
 from autotuner.trials.probe import ProbeResult
@@ -70,7 +72,7 @@ class JaxTrial(JaxProcess, TrainingBackend[jax.Device, JaxWorkload, TunedTrainin
         state = cache_state(_LOOKUPS["hit"] - before["hit"], _LOOKUPS["miss"] - before["miss"])
         return "cold" if state is not None and _LOOKUPS["found"] == 0 else state
 
-    def as_workload(self, built: Any, ref: str) -> JaxWorkload:
+    def as_workload(self, built: object, ref: str) -> JaxWorkload:
         return as_workload(built, ref)
 
     def workload_capabilities(self, workload: JaxWorkload, device: jax.Device, count: int) -> dict[str, bool]:
@@ -109,17 +111,17 @@ class JaxTrial(JaxProcess, TrainingBackend[jax.Device, JaxWorkload, TunedTrainin
             training.step()
         return total / training.accumulation
 
-    def synchronize(self, training: TunedTraining, pending: Any) -> None:
+    def synchronize(self, training: TunedTraining, pending: object) -> None:
         jax.block_until_ready((training.params, pending))  # the latest parameters depend on every step before them
 
-    def evaluation(self, workload: JaxWorkload, training: TunedTraining) -> contextlib.AbstractContextManager[Any]:
+    def evaluation(self, workload: JaxWorkload, training: TunedTraining) -> contextlib.AbstractContextManager[object]:
         """Eager, fp32 parameters, strict fp32 matmuls."""
         return jax.default_matmul_precision(STRICT_MATMULS)
 
     def first_batch_problem(self, workload: JaxWorkload, count: int) -> str | None:
         return first_batch_problem(workload, count)
 
-    def batch_loss(self, workload: JaxWorkload, training: TunedTraining, dataset: Any, indices: range) -> float:
+    def batch_loss(self, workload: JaxWorkload, training: TunedTraining, dataset: MapDataset, indices: range) -> float:
         """A chunk of any size, whole on every device with data parallel: each computes what one
         device would, from the same weights."""
         batch = training.to_device(collate(dataset, np.asarray(indices)), whole=True)
@@ -168,7 +170,7 @@ def _shape(var: Any) -> tuple[int, ...]:
     return tuple(var.aval.shape)
 
 
-def _inner_jaxprs(params: dict[str, Any]) -> Iterator[jax.extend.core.Jaxpr]:
+def _inner_jaxprs(params: Mapping[str, object]) -> Iterator[jax.extend.core.Jaxpr]:
     """The jaxprs among an equation's parameters (a call's, a cond's branches, a loop's body)."""
     for value in params.values():
         for item in value if isinstance(value, (tuple, list)) else (value,):

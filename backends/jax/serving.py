@@ -27,19 +27,24 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from autotuner.backends._base import ExportedConfig, TunedLoop
-from autotuner.backends.jax.apply import STRICT_MATMULS, Loader, cast_floats, on_device, resolve_device
+from autotuner.backends.jax.apply import STRICT_MATMULS, cast_floats
+from autotuner.backends.jax.devices import on_device, resolve_device
 from autotuner.backends.jax.inference import JAX_INFERENCE
+from autotuner.backends.jax.knobs.jit import JIT, compiler
+from autotuner.backends.jax.loader import Loader
+from autotuner.backends.jax.workload import MapDataset
 
 COMPUTE_DTYPES = {"bf16": jnp.bfloat16, "fp16": jnp.float16}
 """Precisions that serve in another dtype than the fp32 parameters."""
 MATMUL_PRECISION = {"tf32": "tensorfloat32"}
+Outputs = TypeVar("Outputs")
 
 
 @dataclass
@@ -58,11 +63,11 @@ class JaxInferenceWorkload:
     """`apply_fn(params, inputs) -> outputs`: the forward pass on a batch of inputs (the dataset's
     items' inputs stacked along a new first axis); the outputs are an array or a pytree whose
     first array (a mapping's `logits` first) is what drift compares."""
-    dataset: Any
+    dataset: MapDataset
     """Map-style, with a length: the inputs a trial serves, one item each: `(inputs, label)` (an
     `ArrayDataset` of two arrays), `(inputs,)`, or the inputs themselves (a pytree of arrays). The
     same item for the same index in every process."""
-    heldout: Any | None = None
+    heldout: MapDataset | None = None
     """The inputs drift is measured on; default: the dataset's last items (256 at most)."""
     drift_fn: Callable[[np.ndarray, np.ndarray], float] | None = None
     """`drift_fn(outputs, reference) -> float`: a drift of your own in place of the relative error
@@ -73,7 +78,7 @@ class JaxInferenceWorkload:
     """The forward pass's FLOPs per sample, for MFU where the device's peak is known."""
 
 
-def as_inference_workload(built: Any, ref: str) -> JaxInferenceWorkload:
+def as_inference_workload(built: object, ref: str) -> JaxInferenceWorkload:
     """Check what a factory returned for `task: inference` (a pair `(params, apply_fn)` is not
     enough: the inputs are needed too); TypeError says what is wrong."""
     if not isinstance(built, JaxInferenceWorkload):
@@ -104,7 +109,7 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
     return batch, None
 
 
-def primary_output(outputs: Any) -> jax.Array:
+def primary_output(outputs: object) -> jax.Array:
     """The array outputs are compared by: themselves, a mapping's `logits`, or their first array."""
     if isinstance(outputs, Mapping) and "logits" in outputs:
         return outputs["logits"]
@@ -123,7 +128,7 @@ class TunedInference(TunedLoop):
 
     def __init__(
         self,
-        config: ExportedConfig | Mapping[str, Any],
+        config: ExportedConfig | Mapping[str, object],
         apply_fn: Callable[[Any, Any], Any],
         device: str | jax.Device | None = None,
         *,
@@ -131,7 +136,7 @@ class TunedInference(TunedLoop):
     ):
         super().__init__(JAX_INFERENCE, config)
         self.device = resolve_device(device)
-        self.jit = self.config["jit"] == "on"
+        self.jit = JIT.of(self.config) == "on"
         self.compute_dtype = COMPUTE_DTYPES.get(self.precision)
         self.matmul_precision = MATMUL_PRECISION.get(self.precision, STRICT_MATMULS)
         cast = self.compute_dtype
@@ -142,7 +147,7 @@ class TunedInference(TunedLoop):
             return cast_floats(apply_fn(params, cast_floats(inputs, cast)), jnp.float32)
 
         self.apply_fn = apply_fn
-        self.model: Callable[[Any, Any], Any] = on_device(self.device, jax.jit(forward) if self.jit else forward)
+        self.model: Callable[[Any, Any], Any] = on_device(self.device, compiler(self.config).function(forward))
         weights = jax.device_put(params, self.device)
         self.params = cast_floats(weights, cast) if cast is not None else weights
 
@@ -157,11 +162,11 @@ class TunedInference(TunedLoop):
             return self.model(self.params, jax.device_put(inputs, self.device))
 
     @staticmethod
-    def synchronize(outputs: Any) -> Any:
+    def synchronize(outputs: Outputs) -> Outputs:
         """`outputs` once the device has computed them."""
         return jax.block_until_ready(outputs)
 
-    def make_loader(self, dataset: Any, *, shuffle: bool = True, seed: int | None = None) -> Loader:
+    def make_loader(self, dataset: MapDataset, *, shuffle: bool = True, seed: int | None = None) -> Loader:
         """A `Loader` of batches of `batch_size` with the config's prefetch threads (each batch placed
         on the device by them), the last partial batch dropped."""
         return Loader(dataset, self.batch_size, shuffle=shuffle, seed=seed, workers=self.workers, device=self.device)

@@ -48,11 +48,19 @@ import contextvars
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import jax
 import numpy as np
 import optax
+
+
+class MapDataset(Protocol):
+    """A map-style dataset: a length, and the item at an index, a pytree of arrays (usually a tuple)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> Any: ...
 
 
 class ArrayDataset:
@@ -74,6 +82,14 @@ class ArrayDataset:
         return tuple(a[index] for a in self.arrays)
 
 
+def collate(dataset: MapDataset, indices: np.ndarray) -> Any:
+    """The items at `indices` stacked into one batch (gathered at once from an ArrayDataset)."""
+    if isinstance(dataset, ArrayDataset):
+        return dataset[indices]
+    items = [dataset[int(i)] for i in indices]
+    return jax.tree.map(lambda *leaves: np.stack(leaves), *items)
+
+
 @dataclass
 class JaxWorkload:
     params: Any
@@ -84,11 +100,11 @@ class JaxWorkload:
     dataset's items stacked along a new first axis (a tuple of arrays for a tuple item)."""
     optimizer: optax.GradientTransformation
     """The optax optimizer; it sees the mean gradient of each global batch (the backend accumulates)."""
-    dataset: Any
+    dataset: MapDataset
     """Map-style, with a length; each item is a pytree (usually a tuple) of numpy arrays. Must give
     the same item for the same index in every process (per-index randomness only), and be safe to
     read from several threads (the prefetch workers)."""
-    heldout: Any | None = None
+    heldout: MapDataset | None = None
     """The fixed batch drift is measured on, a dataset like `dataset`; default: its last 256 items."""
     tokens_per_sample: int | None = None
     """Set it to get tokens/s as well as samples/s."""
@@ -97,7 +113,8 @@ class JaxWorkload:
     recomputes (checkpointing, remat); with it, MFU is reported on GPUs. None: counted."""
 
 
-Function = TypeVar("Function", bound=Callable[..., Any])
+BlockParameters = ParamSpec("BlockParameters")
+BlockResult = TypeVar("BlockResult")
 
 REMAT_POLICIES: dict[str, Callable[..., bool] | None] = {
     "full": None,  # jax.checkpoint's default: nothing saved, every intermediate recomputed
@@ -136,16 +153,18 @@ def remat_scope(remat: str) -> Iterator[RematScope]:
         _REMAT_SCOPE.reset(token)
 
 
-def remat_block(fn: Function, *, static_argnums: Sequence[int] = ()) -> Function:
+def remat_block(
+    fn: Callable[BlockParameters, BlockResult], *, static_argnums: Sequence[int] = ()
+) -> Callable[BlockParameters, BlockResult]:
     """Mark `fn`, one block of the model (a transformer layer), as a place the `remat` knob
     checkpoints: with `remat` other than none, calls of it inside the loss are
     `jax.checkpoint(fn, policy=...)`; otherwise (and outside a tuned loss, e.g. the held-out
     evaluation) `fn` itself runs. `static_argnums` are the arguments that are not arrays (a head
     count): `jax.checkpoint` traces every other one."""
-    checkpointed: dict[str, Callable[..., Any]] = {}
+    checkpointed: dict[str, Callable[BlockParameters, BlockResult]] = {}
 
     @functools.wraps(fn)
-    def block(*args: Any, **kwargs: Any) -> Any:
+    def block(*args: BlockParameters.args, **kwargs: BlockParameters.kwargs) -> BlockResult:
         scope = _REMAT_SCOPE.get()
         remat = _REMAT_KEY.value if _REMAT_KEY is not None else (scope.remat if scope else "none")
         if remat == "none":
@@ -157,15 +176,15 @@ def remat_block(fn: Function, *, static_argnums: Sequence[int] = ()) -> Function
             checkpointed[remat] = jax.checkpoint(fn, policy=policy, static_argnums=tuple(static_argnums))
         return checkpointed[remat](*args, **kwargs)
 
-    return block  # type: ignore[return-value]
+    return block
 
 
-def _is_float_array(leaf: Any) -> bool:
+def _is_float_array(leaf: object) -> bool:
     dtype = getattr(leaf, "dtype", None)
     return dtype is not None and np.issubdtype(dtype, np.floating) and getattr(leaf, "shape", None) is not None
 
 
-def as_workload(built: Any, ref: str) -> JaxWorkload:
+def as_workload(built: object, ref: str) -> JaxWorkload:
     """Check what a factory returned; a 4-tuple (params, loss_fn, optimizer, dataset) is accepted."""
     if isinstance(built, tuple) and len(built) == 4:
         built = JaxWorkload(*built)
@@ -198,8 +217,6 @@ def first_batch_problem(workload: JaxWorkload, count: int) -> str | None:
     or run), which tells every shape or type error as running it would, in milliseconds: run op by
     op, each of its primitives would compile first (4.6 s of a small GPT's probe). A loss that
     cannot be traced so (Python that reads a value: a concretization error) is run instead."""
-    from autotuner.backends.jax.apply import collate
-
     try:
         batch = collate(workload.dataset, np.arange(count))
     except Exception as exc:

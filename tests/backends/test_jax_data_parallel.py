@@ -21,8 +21,10 @@ import optax
 import pytest
 
 from autotuner.backends.jax import JAX, JaxCapabilities
-from autotuner.backends.jax import apply as jax_apply
-from autotuner.backends.jax.apply import TunedTraining, local_devices, shard_axis
+from autotuner.backends.jax import devices as jax_devices
+from autotuner.backends.jax.apply import TunedTraining
+from autotuner.backends.jax.devices import local_devices
+from autotuner.backends.jax.knobs.param_sharding import shard_axis
 from autotuner.backends.jax.workload import ArrayDataset, JaxWorkload
 from autotuner.errors import SpecError
 from autotuner.spec.job import parse_spec
@@ -275,7 +277,7 @@ def test_the_batch_is_split_and_the_parameters_placed_as_the_knob_says() -> None
 CONFIGURE = """
     import json, os
     import jax
-    from autotuner.backends.jax.apply import configure_process
+    from autotuner.backends.jax.devices import configure_process
     configure_process({spec!r}, {devices!r})
     print(json.dumps({{
         "visible": jax.config.values["jax_cuda_visible_devices"],
@@ -314,7 +316,7 @@ class FakeGpu:
 
 def test_data_parallel_gpus_are_the_trials_and_the_next_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     every = [FakeGpu(0), FakeGpu(1), FakeGpu(2)]
-    monkeypatch.setattr(jax_apply, "gpus", lambda: every)
+    monkeypatch.setattr(jax_devices, "gpus", lambda: every)
     assert local_devices(every[1], 2) == every[1:]  # type: ignore[arg-type]
     assert local_devices(every[0], 3) == every  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^data parallel over 2 GPUs from cuda:2 needs cuda:2 to cuda:3; JAX sees"):

@@ -1,5 +1,5 @@
 """A JAX trial process on a GPU machine, checked where no GPU is: what
-`autotuner.backends.jax.apply.configure_process` sets before the backend starts (and that it leaves a started
+`autotuner.backends.jax.devices.configure_process` sets before the backend starts (and that it leaves a started
 one alone), that `TunedTraining` and a trial keep every array on their device (two host devices
 stand in for two GPUs, with JAX's device-to-device transfer guard on, so an array made on the other
 device fails the step that uses it), that a GPU keeps its `cuda:i` name when the process sees only
@@ -22,8 +22,9 @@ import jax
 import jax.extend.backend
 import pytest
 
-from autotuner.backends.jax import apply, runner
+from autotuner.backends.jax import devices as jax_devices
 from autotuner.backends.jax import process as jax_process
+from autotuner.backends.jax import runner
 from autotuner.backends.jax.workload import JaxWorkload
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.outcomes import Outcome
@@ -62,7 +63,7 @@ def _python(code: str, **env: str) -> dict[str, Any]:
 CONFIGURE = """
     import json, os
     import jax, jax.extend.backend
-    from autotuner.backends.jax.apply import configure_process
+    from autotuner.backends.jax.devices import configure_process
     configure_process({spec!r})
     print(json.dumps({{
         "platforms": jax.config.jax_platforms,
@@ -132,7 +133,7 @@ def test_configuring_a_process_whose_jax_has_started_changes_nothing_and_does_no
         """
         import json, os
         import jax
-        from autotuner.backends.jax.apply import configure_process
+        from autotuner.backends.jax.devices import configure_process
         jax.numpy.ones(2).block_until_ready()
         for spec in ("cpu", "cuda:1", "cuda", "auto"):
             configure_process(spec)
@@ -271,17 +272,17 @@ def test_a_gpu_keeps_its_cuda_name_when_the_process_sees_only_it(monkeypatch: py
     """A `cuda:1` trial's JAX sees one GPU, CUDA's device 1: it is still `cuda:1`, as the spec and
     the `--jobs` workers name it (and as the probe reports it)."""
     only = FakeGpu(1)
-    monkeypatch.setattr(apply, "gpus", lambda: [only])
-    assert apply.resolve_device("cuda:1") is only
-    assert apply.device_name(only) == "cuda:1"
+    monkeypatch.setattr(jax_devices, "gpus", lambda: [only])
+    assert jax_devices.resolve_device("cuda:1") is only
+    assert jax_devices.device_name(only) == "cuda:1"
     with pytest.raises(ValueError, match=r"^device 'cuda:0': "):
-        apply.resolve_device("cuda:0")
+        jax_devices.resolve_device("cuda:0")
     every = [FakeGpu(0), FakeGpu(1), FakeGpu(2)]
-    monkeypatch.setattr(apply, "gpus", lambda: every)
-    assert apply.resolve_device("cuda:2") is every[2] and apply.device_name(every[2]) == "cuda:2"
-    assert apply.resolve_device("auto") is every[0] and apply.resolve_device("cuda") is every[0]
+    monkeypatch.setattr(jax_devices, "gpus", lambda: every)
+    assert jax_devices.resolve_device("cuda:2") is every[2] and jax_devices.device_name(every[2]) == "cuda:2"
+    assert jax_devices.resolve_device("auto") is every[0] and jax_devices.resolve_device("cuda") is every[0]
     with pytest.raises(ValueError, match=r"^device 'cuda:3': "):
-        apply.resolve_device("cuda:3")
+        jax_devices.resolve_device("cuda:3")
 
 
 class FakeCard(FakeGpu):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
 from autotuner.backends.jax.capabilities import JaxCapabilities
+from autotuner.backends.jax.knobs._family import Build, JaxFamily
 from autotuner.backends.jax.knobs.jit import JIT
 from autotuner.config.knobs import Config, Knob
 
@@ -17,6 +17,7 @@ DONATE = Knob(
     recommended=("on",),
     quiet=True,
 )
+NEEDS_JIT = "donate=on needs jit=on: only a jitted update takes over the donated buffers"
 
 
 def irrelevant(knob: Knob, value: object, caps: JaxCapabilities) -> str | None:
@@ -25,8 +26,18 @@ def irrelevant(knob: Knob, value: object, caps: JaxCapabilities) -> str | None:
 
 def conflict(config: Config, caps: JaxCapabilities) -> str | None:
     if config.get(DONATE.name, DONATE.reference) == "on" and config.get(JIT.name, JIT.reference) != "on":
-        return "donate=on needs jit=on: only a jitted update takes over the donated buffers"
+        return NEEDS_JIT
     return None
 
 
-FAMILY = Family[JaxCapabilities]((DONATE,), irrelevant, conflict)
+def apply(build: Build) -> None:
+    """The update writes the new parameters and optimizer state into the old ones' buffers, which
+    `TunedTraining.restart` made and nothing else holds; ValueError without `jit: on`."""
+    if DONATE.of(build.config) != "on":
+        return
+    if JIT.of(build.config) != "on":
+        raise ValueError(NEEDS_JIT)
+    build.donated = (0, 1)
+
+
+FAMILY = JaxFamily((DONATE,), irrelevant, conflict, apply=apply)

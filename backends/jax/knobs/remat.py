@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from autotuner.backends._base import Family
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from autotuner.backends.jax.capabilities import JaxCapabilities
+from autotuner.backends.jax.knobs._family import Build, JaxFamily
 from autotuner.config.knobs import Knob
+
+if TYPE_CHECKING:
+    import jax
 
 REMAT = Knob(
     "remat",
@@ -27,4 +33,35 @@ def irrelevant(knob: Knob, value: object, caps: JaxCapabilities) -> str | None:
     return None
 
 
-FAMILY = Family[JaxCapabilities]((REMAT,), irrelevant)
+def checkpointed(loss_fn: Callable[[Any, Any], jax.Array], remat: str) -> Callable[[Any, Any], jax.Array]:
+    """`loss_fn` with its `remat_block`s checkpointed under the `remat` value's policy, or, when its
+    first call marks none, all of it as one checkpoint (the first call decides: a trace under jit,
+    one more forward pass eagerly)."""
+    if remat == "none":
+        return loss_fn
+    import jax
+
+    from autotuner.backends.jax.workload import REMAT_POLICIES, remat_scope
+
+    whole = jax.checkpoint(loss_fn, policy=REMAT_POLICIES[remat])
+    marks_blocks: list[bool] = []
+
+    def loss(params: Any, batch: Any) -> jax.Array:
+        if not marks_blocks or marks_blocks[0]:
+            with remat_scope(remat) as scope:
+                value = loss_fn(params, batch)
+            if not marks_blocks:
+                marks_blocks.append(scope.marked)
+            if scope.marked:
+                return value
+        return whole(params, batch)
+
+    return loss
+
+
+def apply(build: Build) -> None:
+    """The loss checkpointed as `remat` says."""
+    build.loss = checkpointed(build.loss, REMAT.of(build.config))
+
+
+FAMILY = JaxFamily((REMAT,), irrelevant, apply=apply)

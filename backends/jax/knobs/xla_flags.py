@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from autotuner.backends._base import Family
 from autotuner.backends.jax.capabilities import JaxCapabilities
+from autotuner.backends.jax.knobs._family import JaxFamily
 from autotuner.config.knobs import Knob
 
 
@@ -67,4 +68,12 @@ def irrelevant(knob: Knob, value: object, caps: JaxCapabilities) -> str | None:
     return None
 
 
-FAMILY = Family[JaxCapabilities]((XLA_FLAGS,), irrelevant)
+def start(config: Mapping[str, object]) -> None:
+    """The bundle's flags in this process's XLA_FLAGS, before JAX starts its backend
+    (`autotuner.backends.jax.devices.use_xla_flags`: a RuntimeError where it started without them)."""
+    from autotuner.backends.jax.devices import use_xla_flags
+
+    use_xla_flags(config)
+
+
+FAMILY = JaxFamily((XLA_FLAGS,), irrelevant, start=start)
