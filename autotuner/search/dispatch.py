@@ -66,7 +66,7 @@ class TrialDispatch:
             reason = job.backend.unsupported_reason(config, self.capabilities)
             extra: Metrics = {}
             if reason:
-                result = TrialResult.unsupported(reason)
+                result: TrialResult[TrialOutput] = TrialResult.unsupported(reason)
             else:
                 slot = self.slots.claim(trial)
                 if slot is None:

@@ -21,7 +21,6 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from autotuner.backends import BACKENDS, Backend, Capabilities, get_backend
 from autotuner.config.knobs import ACCUMULATION, BATCH_SIZE, Config, Params, Value
@@ -334,7 +333,7 @@ def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:
         )
 
 
-def parse_spec(data: Any, source: str, text: str = "") -> Job:
+def parse_spec(data: object, source: str, text: str = "") -> Job:
     """Validate already-loaded YAML data: its keys (`autotuner.spec.keys`), then against the backend."""
     spec = validate_spec(data, source)
     if spec.backend not in BACKENDS:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autotuner.errors import SpecError, shown
 from autotuner.measurement.interval import DRIFT
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """A study name (matched whole): it names the study's folder, runs/<name>/, so it can never be a path."""
@@ -254,7 +257,7 @@ class JobSpec(_Strict):
     starts from a rule-of-thumb config and a local search around the best trial before TPE."""
 
 
-def validate_spec(data: Any, source: str) -> JobSpec:
+def validate_spec(data: object, source: str) -> JobSpec:
     """Already-loaded YAML data as a `JobSpec`: its keys, types, bounds, size and name checked."""
     if data is None:
         raise SpecError(
@@ -270,7 +273,7 @@ def validate_spec(data: Any, source: str) -> JobSpec:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         # For a union (e.g. sampler: name or mapping) the deepest error is the telling one.
-        errors: list[Any] = list(exc.errors())
+        errors = exc.errors()
         key, message = _describe_pydantic(max(errors, key=lambda e: len(e["loc"])))
         raise SpecError(message, source=source, key=key) from None
     if not NAME.fullmatch(spec.name):
@@ -278,7 +281,7 @@ def validate_spec(data: Any, source: str) -> JobSpec:
     return spec
 
 
-def _describe_pydantic(error: dict[str, Any]) -> tuple[str, str]:
+def _describe_pydantic(error: ErrorDetails) -> tuple[str, str]:
     loc = [str(p) for p in error["loc"] if not str(p).startswith(("function-", "literal["))]
     # Union members appear in the location (e.g. "str", "SamplerSettings"): drop them.
     loc = [p for p in loc if not (p[:1].isupper() or p in ("str", "dict[str,any]", "none"))]
@@ -298,11 +301,11 @@ def _describe_pydantic(error: dict[str, Any]) -> tuple[str, str]:
 
 
 def _allowed_keys(loc: list[str]) -> list[str]:
-    model: Any = JobSpec
+    model: type[BaseModel] = JobSpec
     for part in loc:
         field = model.model_fields.get(part)
         annotation = getattr(field, "annotation", None)
-        model = next(
+        found = next(
             (
                 a
                 for a in getattr(annotation, "__args__", (annotation,))
@@ -310,17 +313,18 @@ def _allowed_keys(loc: list[str]) -> list[str]:
             ),
             annotation,
         )
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        if not (isinstance(found, type) and issubclass(found, BaseModel)):
             return []
+        model = found
     return list(model.model_fields)
 
 
-def _check_size(data: Any, source: str) -> None:
+def _check_size(data: object, source: str) -> None:
     """Refuse data that contains itself, or holds more than MAX_VALUES values once YAML aliases
     are expanded: a few lines of anchors can stand for billions of values."""
     count = 0
 
-    def walk(value: Any, ancestors: frozenset[int]) -> None:
+    def walk(value: object, ancestors: frozenset[int]) -> None:
         nonlocal count
         count += 1
         if count > MAX_VALUES:
@@ -351,7 +355,7 @@ def read_text(path: str | Path, what: str) -> str:
         ) from None
 
 
-def parse_yaml(text: str, source: str) -> Any:
+def parse_yaml(text: str, source: str) -> object:
     """YAML text as plain data, with `yaml.safe_load`: no tag builds a Python object. Any problem
     is one SpecError line naming `source`."""
     try:

@@ -10,9 +10,8 @@ import ast
 import importlib
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 _PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
@@ -25,7 +24,7 @@ def is_import_path(ref: str) -> bool:
     return bool(_PATH.fullmatch(ref))
 
 
-def load_factory(ref: str) -> Callable[..., Any]:
+def load_factory(ref: str) -> Callable[..., object]:
     """Import `package.module:function` and return the function."""
     if not is_import_path(ref):
         raise WorkloadImportError(f"{ref!r} is not of the form package.module:function")
@@ -84,7 +83,7 @@ def _in_order(tree: ast.AST) -> list[str]:
 
 
 def workload_problem(
-    ref: str, args: dict[str, Any] | None, build: Callable[[Callable[..., Any]], object]
+    ref: str, args: Mapping[str, object] | None, build: Callable[[Callable[..., object]], object]
 ) -> str | None:
     """Why the workload `ref` cannot be used, in one line, or None: its factory does not import,
     or, given its `args`, `build(factory)` (the backend's own check of what the factory returns)

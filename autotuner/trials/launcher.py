@@ -19,6 +19,7 @@ import ctypes
 import importlib
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
 import multiprocessing.util
 import os
 import re
@@ -27,7 +28,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from autotuner.measurement.turns import Turn, Turns, Waiting
 from autotuner.trials.messages import GarbledMessage, Started, receive_message, send_message
@@ -57,7 +58,7 @@ class TrialResult(Generic[Output]):
     """What the process wrote there, in a few words (`warning_summary`); None when it wrote nothing."""
 
     @classmethod
-    def unsupported(cls, reason: str) -> TrialResult[Any]:
+    def unsupported(cls, reason: str) -> TrialResult[Output]:
         return cls(Outcome.UNSUPPORTED, reason)
 
 
@@ -119,7 +120,7 @@ def _trial_main(
     conn: multiprocessing.connection.Connection,
     runner: str,
     function: str,
-    arg: Any,
+    arg: object,
     memory_limit_mb: float | None = None,
     turns: multiprocessing.connection.Connection | None = None,
 ) -> None:
@@ -170,10 +171,10 @@ class TrialProcess:
 
     def __init__(
         self,
-        context: Any,
+        context: multiprocessing.context.ForkServerContext,
         runner: str,
         function: str,
-        arg: Any,
+        arg: object,
         memory_limit_mb: float | None,
         timeout_s: float,
         turns: bool,
@@ -196,7 +197,7 @@ class TrialProcess:
         if their_turns is not None:
             their_turns.close()
         self.startup_s: float | None = None
-        self.message: Any = None
+        self.message: object = None
         self.read_error: str | None = None
         self.timed_out = False
         self.finished = False
@@ -284,12 +285,12 @@ class TrialLauncher:
         # autotuner.trials._forkserver kills every trial's process group when the fork server ends.
         self._context.set_forkserver_preload(["autotuner.trials._forkserver", *preload])
 
-    def start(self, runner: str, function: str, arg: Any, timeout_s: float, *, turns: bool = False) -> TrialProcess:
+    def start(self, runner: str, function: str, arg: object, timeout_s: float, *, turns: bool = False) -> TrialProcess:
         """Start `runner.function(arg)` in a fresh trial process; with `turns`, as a member of a
         lockstep group (`autotuner.trials.lockstep.run_in_lockstep`)."""
         return TrialProcess(self._context, runner, function, arg, self.memory_limit_mb, timeout_s, turns)
 
-    def call(self, runner: str, function: str, arg: Any, timeout_s: float) -> TrialResult:
+    def call(self, runner: str, function: str, arg: object, timeout_s: float) -> TrialResult:
         """Run `runner.function(arg)` in a fresh trial process and classify how it ended."""
         process = self.start(runner, function, arg, timeout_s)
         try:

@@ -19,7 +19,6 @@ import pickle
 import struct
 import time
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class GarbledMessage(Exception):
     """What came down the pipe is not a message."""
 
 
-def send_message(conn: multiprocessing.connection.Connection, message: Any) -> None:
+def send_message(conn: multiprocessing.connection.Connection, message: object) -> None:
     data = pickle.dumps(message)
     view = memoryview(_LENGTH.pack(len(data)) + data)
     while view:
@@ -60,7 +59,7 @@ def _read(conn: multiprocessing.connection.Connection, size: int, deadline: floa
     return bytes(data)
 
 
-def receive_message(conn: multiprocessing.connection.Connection, deadline: float) -> Any:
+def receive_message(conn: multiprocessing.connection.Connection, deadline: float) -> object:
     """The next message: EOFError when the pipe closed first, TimeoutError at `deadline`,
     `GarbledMessage` when what came is not a message."""
     header = _read(conn, _LENGTH.size, deadline)

@@ -86,7 +86,7 @@ class Classified:
 class ProcessEnd:
     """What the launcher saw of a trial process."""
 
-    message: Any
+    message: object
     """What the process sent, or None when it sent nothing."""
     exitcode: int | None
     timed_out: bool = False

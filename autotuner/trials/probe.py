@@ -30,7 +30,7 @@ class Environment:
     """The device's model (`NVIDIA H100 80GB HBM3`), or the CPU's (`AMD EPYC (2 cores)`)."""
     driver: str
     """The GPU driver's version, or the kernel's release on a CPU."""
-    versions: Mapping[str, Any]
+    versions: Mapping[str, object]
     """Python, the framework and its toolchain, by name, as each reports its version (a string,
     cuDNN's an integer): each backend has its own set, and the fingerprint hashes them as they are."""
     capabilities: Mapping[str, bool]
@@ -40,7 +40,7 @@ class Environment:
     """Peak dense FLOP/s per precision (`autotuner.measurement.hardware.peak_flops`); empty: no MFU."""
     device_count: int = 0
     """The GPUs the probe process sees (`search --jobs` starts one worker per GPU)."""
-    threads: Mapping[str, Any] | None = None
+    threads: Mapping[str, object] | None = None
     """The thread settings a step runs under (`autotuner.measurement.hardware.thread_settings`,
     and the framework's own count): an open set, as the environment variables are. None where an
     export or a study predates them."""

@@ -113,7 +113,7 @@ class ProfileRequest:
     folder: str
 
 
-def log_of(request: Any) -> str | None:
+def log_of(request: object) -> str | None:
     """The log file of a request of any kind (a profile's is its trial's), or None."""
     if isinstance(request, ProfileRequest):
         return request.trial.log
