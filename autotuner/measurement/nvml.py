@@ -21,6 +21,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 
@@ -53,7 +54,7 @@ def format_uuid(raw: bytes, prefix: str = "GPU-") -> str:
     return f"{prefix}{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
-def _libcuda() -> Any:
+def _libcuda() -> ctypes.CDLL | None:
     """The CUDA driver library, or None where there is none."""
     try:
         return ctypes.CDLL("libcuda.so.1")
@@ -96,7 +97,7 @@ def cuda_uuid(ordinal: int | None) -> str | None:
     return None
 
 
-def nvml_handle(pynvml: Any, uuid: str) -> Any:
+def nvml_handle(pynvml: ModuleType, uuid: str) -> object:
     """The NVML handle of the device (a GPU, or a MIG slice) with UUID `uuid`; NVML is initialised.
 
     `cuda_uuid` writes every UUID as `GPU-...`; NVML knows a MIG slice's as `MIG-...` (the same
@@ -171,7 +172,7 @@ class GpuSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml: Any = None
-        self._handle: Any = None
+        self._handle: object = None
 
     def __enter__(self) -> GpuSampler:
         try:

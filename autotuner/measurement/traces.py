@@ -14,12 +14,39 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 TOP = 15
 """Operators kept per profile."""
 DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
 """torch.profiler's categories of what ran on a GPU."""
+
+
+class TraceEvent(TypedDict, total=False):
+    """What `top_operators` reads of a Chrome trace event."""
+
+    ph: str
+    """The event's phase: `X` a complete event, `M` metadata (a process's name in `args`)."""
+    name: str
+    cat: str
+    pid: int | str
+    tid: int | str
+    ts: float | str
+    """Its start, in microseconds."""
+    dur: float | str
+    """Its duration, in microseconds."""
+    args: dict[str, object]
+
+
+@dataclass
+class _Frame:
+    """An event open on its lane while the events nested in it are read."""
+
+    end: float
+    name: str
+    dur: float
+    children: float
+    """The duration of the events nested directly in it."""
 
 
 @dataclass
@@ -33,7 +60,7 @@ class Operator:
     """Of the self time of everything on the same side (device or host)."""
 
 
-def read_trace(path: str | Path) -> list[dict[str, Any]]:
+def read_trace(path: str | Path) -> list[TraceEvent]:
     """The events of a Chrome trace (JSON, or gzipped JSON as JAX writes it)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -42,7 +69,7 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     return list(data["traceEvents"] if isinstance(data, dict) else data)
 
 
-def top_operators(events: Iterable[dict[str, Any]], steps: int, limit: int = TOP) -> tuple[str, float, list[Operator]]:
+def top_operators(events: Iterable[TraceEvent], steps: int, limit: int = TOP) -> tuple[str, float, list[Operator]]:
     """(`where`, total self ms per step, the `limit` operators with the most self time per step).
 
     Self time: an event's duration less that of the events nested directly in it on the same
@@ -55,7 +82,7 @@ def top_operators(events: Iterable[dict[str, Any]], steps: int, limit: int = TOP
         for e in events
         if e.get("ph") == "M" and e.get("name") == "process_name" and "/device:" in str(e.get("args", {}).get("name"))
     }
-    spans: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    spans: dict[tuple[int | str | None, int | str | None], list[TraceEvent]] = {}
     for e in events:
         if e.get("ph") != "X" or not e.get("dur") or e.get("cat") == "python_function":
             continue
@@ -71,15 +98,15 @@ def top_operators(events: Iterable[dict[str, Any]], steps: int, limit: int = TOP
         if (lane[0].get("cat") in DEVICE_CATEGORIES or lane[0].get("pid") in device_pids) != on_device:
             continue
         lane.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
-        stack: list[list[Any]] = []  # [end, name, duration, children's duration]
+        stack: list[_Frame] = []
         for e in lane:
             start, dur = float(e["ts"]), float(e["dur"])
-            while stack and stack[-1][0] <= start:
+            while stack and stack[-1].end <= start:
                 _close(stack.pop(), self_us)
             if stack:
-                stack[-1][3] += dur
+                stack[-1].children += dur
             name = _named(str(e.get("name")))
-            stack.append([start + dur, name, dur, 0.0])
+            stack.append(_Frame(start + dur, name, dur, 0.0))
             calls[name] = calls.get(name, 0) + 1
         while stack:
             _close(stack.pop(), self_us)
@@ -101,6 +128,5 @@ def _named(name: str) -> str:
     return OUTSIDE_OPERATORS if name.startswith("PyTorch Profiler (") else name
 
 
-def _close(frame: list[Any], self_us: dict[str, float]) -> None:
-    _, name, dur, children = frame
-    self_us[name] = self_us.get(name, 0.0) + max(0.0, dur - children)
+def _close(frame: _Frame, self_us: dict[str, float]) -> None:
+    self_us[frame.name] = self_us.get(frame.name, 0.0) + max(0.0, frame.dur - frame.children)

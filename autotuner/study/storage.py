@@ -11,6 +11,7 @@ dashboard work from the storage alone. What is stored where, and under which nam
 from __future__ import annotations
 
 import random
+import sqlite3
 import time
 import warnings
 from collections.abc import Mapping
@@ -108,7 +109,7 @@ class StudySettings:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def study_settings(attrs: Mapping[str, Any]) -> StudySettings | None:
+def study_settings(attrs: Mapping[str, object]) -> StudySettings | None:
     """The settings among a study's user attrs, or None for a study autotuner did not make."""
     stored = attrs.get(SETTINGS)
     return StudySettings.from_dict(stored) if isinstance(stored, Mapping) else None
@@ -219,7 +220,7 @@ def _serialize_sqlite(engine: sqlalchemy.engine.Engine) -> None:
     """
 
     @sqlalchemy.event.listens_for(engine, "connect")
-    def _no_implicit_begin(dbapi_connection: Any, _record: Any) -> None:
+    def _no_implicit_begin(dbapi_connection: sqlite3.Connection, _record: sqlalchemy.pool.ConnectionPoolEntry) -> None:
         dbapi_connection.isolation_level = None
 
     @sqlalchemy.event.listens_for(engine, "begin")

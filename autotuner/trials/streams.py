@@ -6,10 +6,10 @@ so every config gets the same items in the same order (`autotuner.trials.trainin
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 
-def is_stream(data: Any) -> bool:
+def is_stream(data: object) -> bool:
     """Whether `data` is streamed: iterable with no length or no indexing (a torch
     `IterableDataset`, a `datasets` streaming dataset). A trial reads a stream in its order, from
     its start, every epoch: the same items in the same order for every config."""
@@ -21,3 +21,26 @@ def prefix(data: Any, count: int) -> list[Any]:
     if is_stream(data):
         return list(itertools.islice(iter(data), count))
     return [data[i] for i in range(min(count, len(data)))]
+
+
+Item = TypeVar("Item")
+Item_co = TypeVar("Item_co", covariant=True)
+
+
+class Indexed(Protocol[Item_co]):
+    """What `Subset` reads of a dataset: its items by index."""
+
+    def __getitem__(self, index: int, /) -> Item_co: ...
+
+
+class Subset(Generic[Item]):
+    """The items of `dataset` at `indices`, in that order."""
+
+    def __init__(self, dataset: Indexed[Item], indices: list[int]):
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Item:
+        return self.dataset[self.indices[index]]

@@ -22,7 +22,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, SupportsFloat, TypeVar
 
 from autotuner.config.knobs import Config
 from autotuner.measurement.measured_phase import measure_throughput
@@ -34,7 +34,7 @@ from autotuner.trials.outcomes import NonFiniteLoss
 from autotuner.trials.process import D, TrialProcess, W, contention_watched, pruner, seed_trial, trial_process
 from autotuner.trials.progress import PhaseFile
 from autotuner.trials.request import ProfileRequest, TrialRequest
-from autotuner.trials.streams import is_stream, prefix
+from autotuner.trials.streams import Item, Subset, is_stream, prefix
 from autotuner.trials.trial_output import Losses, ProfileOutput, TrialOutput
 
 HELDOUT_DEFAULT = 256
@@ -161,24 +161,11 @@ def cache_state(hits: int, misses: int) -> str | None:
     return "warm" if misses == 0 else "cold" if hits == 0 else "partial"
 
 
-class Subset:
-    """The items of `dataset` at `indices`, in that order."""
-
-    def __init__(self, dataset: Any, indices: list[int]):
-        self.dataset, self.indices = dataset, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[self.indices[index]]
-
-
 class EmptyLoader(ValueError):
     """A trial's loader yields no batch (its dataset holds fewer items than one micro-batch)."""
 
 
-def _forever(loader: Any) -> Iterator[Any]:
+def _forever(loader: Iterable[Item]) -> Iterator[Item]:
     """The loader's batches, epoch after epoch; `EmptyLoader` when an epoch yields none."""
     while True:
         empty = True
@@ -189,7 +176,7 @@ def _forever(loader: Any) -> Iterator[Any]:
             raise EmptyLoader("the data loader yields no batch: the dataset holds fewer items than one micro-batch")
 
 
-def _check_finite(loss: Any, where: str) -> float:
+def _check_finite(loss: SupportsFloat, where: str) -> float:
     value = float(loss)
     if not math.isfinite(value):
         raise NonFiniteLoss(f"the loss became {value} during {where}")
@@ -363,7 +350,7 @@ def _drift_phase(run: TrialRun[D, W, T], training: T) -> Losses:
     needed = request.drift_steps * request.global_batch
     if is_stream(workload.dataset):
         first = prefix(workload.dataset, needed)
-        ordered: Any = [first[i % len(first)] for i in range(needed)]
+        ordered: object = [first[i % len(first)] for i in range(needed)]
     else:
         size = len(workload.dataset)
         ordered = backend.subset(workload.dataset, [i % size for i in range(needed)])
