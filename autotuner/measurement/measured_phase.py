@@ -16,7 +16,6 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from autotuner.measurement.pruning import Stopped
 from autotuner.measurement.timing import Calibration, Measuring, Throughput, WindowTimer, calibrate, relative_spread
@@ -90,7 +89,7 @@ def measure_solo(
     timer: WindowTimer,
     settings: Measuring,
     *,
-    telemetry: contextlib.AbstractContextManager[Any] | None = None,
+    telemetry: contextlib.AbstractContextManager[object] | None = None,
     phase: Callable[[str], None] = _quiet,
 ) -> Throughput:
     """Measure a process alone: `telemetry` is entered around the windows. A timer with a watch
@@ -171,7 +170,7 @@ def measure_in_lockstep(
     settings: Measuring,
     turns: Turns,
     *,
-    telemetry: contextlib.AbstractContextManager[Any] | None = None,
+    telemetry: contextlib.AbstractContextManager[object] | None = None,
     phase: Callable[[str], None] = _quiet,
 ) -> Throughput:
     """Measure a process in its turns of a lockstep group: the setup turn (the warm-up and the
@@ -213,7 +212,7 @@ def measure_throughput(
     timer: WindowTimer,
     settings: Measuring,
     *,
-    telemetry: contextlib.AbstractContextManager[Any] | None = None,
+    telemetry: contextlib.AbstractContextManager[object] | None = None,
     turns: Turns | None = None,
     phase: Callable[[str], None] = _quiet,
 ) -> Throughput:

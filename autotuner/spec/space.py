@@ -90,7 +90,7 @@ def rank_batch(spec: JobSpec) -> int:
     return spec.global_batch // spec.processes
 
 
-def _choices(value: Any, knob: Knob, key: str, source: str) -> list[Any]:
+def _choices(value: object, knob: Knob, key: str, source: str) -> list[Any]:
     if not isinstance(value, list):
         value = [value]
     if not value:
