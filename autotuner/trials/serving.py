@@ -70,9 +70,11 @@ class Serving(Protocol):
 
 S = TypeVar("S", bound=Serving)
 """The backend's `TunedInference`: the config applied to the workload's model."""
+Out = TypeVar("Out")
+"""The outputs of the held-out items as the backend gathers them (a tensor, an array)."""
 
 
-class ServingBackend(TrialProcess[D, W], Generic[D, W, S]):
+class ServingBackend(TrialProcess[D, W], Generic[D, W, S, Out]):
     """The serving role of a trial process: what `run_inference` calls, on the process contract
     (`TrialProcess`: the set-up, build and seeding every role shares). A sibling of the training
     role (`autotuner.trials.training.TrainingBackend`), not a kind of it."""
@@ -83,7 +85,7 @@ class ServingBackend(TrialProcess[D, W], Generic[D, W, S]):
         `count`), in order."""
 
     @abstractmethod
-    def reference_outputs(self, workload: W, items: list[Any], batch: int, device: D) -> Any:
+    def reference_outputs(self, workload: W, items: list[Any], batch: int, device: D) -> Out:
         """The model's outputs on `items`, strict fp32 eager on `device`, `batch` items a call,
         before any config is applied: what drift is measured against."""
 
@@ -109,11 +111,11 @@ class ServingBackend(TrialProcess[D, W], Generic[D, W, S]):
         them), once the device has finished it."""
 
     @abstractmethod
-    def served_outputs(self, workload: W, serving: S, items: list[Any]) -> Any:
+    def served_outputs(self, workload: W, serving: S, items: list[Any]) -> Out:
         """The config's outputs on `items`, `batch_size` items a call."""
 
     @abstractmethod
-    def output_drift(self, workload: W, outputs: Any, reference: Any, items: list[Any]) -> OutputDrift:
+    def output_drift(self, workload: W, outputs: Out, reference: Out, items: list[Any]) -> OutputDrift:
         """How far `outputs` are from `reference` (`OutputDrift`)."""
 
     def heldout_problem(self, workload: W, global_batch: int) -> str | None:
@@ -219,7 +221,9 @@ def by_calls(throughput: Throughput, calls: list[Served]) -> Throughput:
     )
 
 
-def run_inference(backend: ServingBackend[D, W, S], request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
+def run_inference(
+    backend: ServingBackend[D, W, S, Out], request: TrialRequest, turns: Turns | None = None
+) -> TrialOutput:
     """One inference trial of `request`, as the module says; with `turns`, its measured phase takes
     its turns in a lockstep group."""
     started = time.perf_counter()
@@ -228,7 +232,7 @@ def run_inference(backend: ServingBackend[D, W, S], request: TrialRequest, turns
 
 
 def _run(
-    backend: ServingBackend[D, W, S],
+    backend: ServingBackend[D, W, S, Out],
     request: TrialRequest,
     device: D,
     workload: W,
@@ -268,7 +272,7 @@ def _run(
     return output
 
 
-def profile_inference(backend: ServingBackend[D, W, S], profile: ProfileRequest) -> ProfileOutput:
+def profile_inference(backend: ServingBackend[D, W, S, Out], profile: ProfileRequest) -> ProfileOutput:
     """`profile.steps` served steps of its trial's config under the framework's profiler, after
     the trial's warm-up steps (compilation is not what a call costs): the trace's path and its
     operators by self time (`autotuner.measurement.traces.top_operators`)."""
@@ -293,7 +297,7 @@ def profile_inference(backend: ServingBackend[D, W, S], profile: ProfileRequest)
 
 
 def _measure(
-    backend: ServingBackend[D, W, S],
+    backend: ServingBackend[D, W, S, Out],
     workload: W,
     serving: S,
     request: TrialRequest,

@@ -69,7 +69,7 @@ class RankGroup(Protocol):
 class Training(Protocol):
     """What the core reads of a backend's `TunedTraining`: its loader."""
 
-    def make_loader(self, dataset: Any, *, shuffle: bool = ..., seed: int | None = ...) -> Iterable[Any]: ...
+    def make_loader(self, dataset: object, *, shuffle: bool = ..., seed: int | None = ...) -> Iterable[object]: ...
 
 
 T = TypeVar("T", bound=Training)

@@ -10,7 +10,6 @@ for the trial's device before anything starts it, as for training: `JaxTrial.con
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import jax
 import numpy as np
@@ -30,7 +29,7 @@ from autotuner.trials.serving import ServingBackend, compare_outputs
 from autotuner.trials.trial_output import OutputDrift
 
 
-class JaxServing(JaxProcess, ServingBackend[jax.Device, JaxInferenceWorkload, TunedInference]):
+class JaxServing(JaxProcess, ServingBackend[jax.Device, JaxInferenceWorkload, TunedInference, np.ndarray]):
     """JAX's part of an inference trial (`autotuner.trials.serving.ServingBackend`)."""
 
     def as_workload(self, built: object, ref: str) -> JaxInferenceWorkload:
@@ -47,13 +46,13 @@ class JaxServing(JaxProcess, ServingBackend[jax.Device, JaxInferenceWorkload, Tu
             return f"apply_fn fails on the first batch: {type(exc).__name__}: {exc}"
         return None
 
-    def heldout_items(self, workload: JaxInferenceWorkload, count: int) -> list[Any]:
+    def heldout_items(self, workload: JaxInferenceWorkload, count: int) -> list[object]:
         if workload.heldout is not None:
             return [workload.heldout[i] for i in range(count)]
         size = len(workload.dataset)
         return [workload.dataset[i] for i in range(size - count, size)]
 
-    def _outputs(self, serving: TunedInference, items: list[Any]) -> np.ndarray:
+    def _outputs(self, serving: TunedInference, items: list[object]) -> np.ndarray:
         size = serving.batch_size
         outputs = [
             np.asarray(
@@ -65,7 +64,7 @@ class JaxServing(JaxProcess, ServingBackend[jax.Device, JaxInferenceWorkload, Tu
         return np.concatenate(outputs)
 
     def reference_outputs(
-        self, workload: JaxInferenceWorkload, items: list[Any], batch: int, device: jax.Device
+        self, workload: JaxInferenceWorkload, items: list[object], batch: int, device: jax.Device
     ) -> np.ndarray:
         strict = {name: knob.reference for name, knob in JAX_INFERENCE.knobs.items()}
         config = {**strict, **JAX_INFERENCE.reference_overrides(), BATCH_SIZE.name: batch}
@@ -76,12 +75,12 @@ class JaxServing(JaxProcess, ServingBackend[jax.Device, JaxInferenceWorkload, Tu
         workload: JaxInferenceWorkload,
         config: Config,
         device: jax.Device,
-        example: list[Any],
+        example: list[object],
         graph_file: str | None,
     ) -> TunedInference:
         return TunedInference(config, workload.apply_fn, device, params=workload.params)
 
-    def batches(self, workload: JaxInferenceWorkload, serving: TunedInference, seed: int) -> Iterator[Any]:
+    def batches(self, workload: JaxInferenceWorkload, serving: TunedInference, seed: int) -> Iterator[object]:
         loader = serving.make_loader(workload.dataset, shuffle=True, seed=seed)
         while True:
             yielded = False
@@ -91,14 +90,16 @@ class JaxServing(JaxProcess, ServingBackend[jax.Device, JaxInferenceWorkload, Tu
             if not yielded:
                 raise ValueError("the data loader yields no batch: the dataset holds fewer items than one batch")
 
-    def serve(self, serving: TunedInference, batch: Any) -> object:
+    def serve(self, serving: TunedInference, batch: object) -> object:
         return serving.synchronize(serving(batch))
 
-    def served_outputs(self, workload: JaxInferenceWorkload, serving: TunedInference, items: list[Any]) -> np.ndarray:
+    def served_outputs(
+        self, workload: JaxInferenceWorkload, serving: TunedInference, items: list[object]
+    ) -> np.ndarray:
         return self._outputs(serving, items)
 
     def output_drift(
-        self, workload: JaxInferenceWorkload, outputs: np.ndarray, reference: np.ndarray, items: list[Any]
+        self, workload: JaxInferenceWorkload, outputs: np.ndarray, reference: np.ndarray, items: list[object]
     ) -> OutputDrift:
         error = float(workload.drift_fn(outputs, reference)) if workload.drift_fn is not None else None
         _, labels = split_batch(collate(items, np.arange(len(items))))

@@ -22,6 +22,7 @@ own loop: a trial trains through it, so what a study measures is exactly what a 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import os
 import platform
@@ -53,10 +54,9 @@ from autotuner.measurement.hardware import cpu_name, peak_flops, thread_settings
 from autotuner.measurement.nvml import cuda_uuid, has_energy_counter, memory_total_mb, nvml_driver
 from autotuner.trials.probe import Environment
 
-try:
-    RUNTIME_ERROR: type[Exception] = jax.errors.JaxRuntimeError
-except AttributeError:  # jax < 0.4.36 names it only in jaxlib
-    from jaxlib.xla_extension import XlaRuntimeError as RUNTIME_ERROR  # type: ignore[no-redef]
+RUNTIME_ERROR: type[Exception] = getattr(jax.errors, "JaxRuntimeError", None) or (
+    importlib.import_module("jaxlib.xla_extension").XlaRuntimeError  # jax < 0.4.36 names it only in jaxlib
+)
 """What XLA raises when a computation or an allocation fails."""
 OUT_OF_MEMORY = "RESOURCE_EXHAUSTED"
 """XLA has no out-of-memory exception type of its own: an allocation it cannot make (on a GPU, or

@@ -40,7 +40,7 @@ def _label(item: object) -> object:
     return None
 
 
-class PyTorchServing(TorchProcess, ServingBackend[torch.device, InferenceWorkload, TunedInference]):
+class PyTorchServing(TorchProcess, ServingBackend[torch.device, InferenceWorkload, TunedInference, torch.Tensor]):
     """PyTorch's part of an inference trial (`autotuner.trials.serving.ServingBackend`)."""
 
     def environment(self, device: torch.device) -> Environment:
