@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from typing import IO
 
+from autotuner.config.knobs import BATCH_SIZE
 from autotuner.output.formatting import format_config, percent, speedup_with_interval, times
 from autotuner.results.applied_run import AGREEMENT, PROMISE, AppliedRun
 from autotuner.results.promise import Verdict
@@ -123,7 +124,7 @@ def _print_served(run: AppliedRun, out: IO[str], err: IO[str]) -> None:
     if run.latency is not None:  # its batches, each timed alone
         study_p99 = tuned.metrics.get("latency_p99_ms")
         print(
-            f"latency of a batch of {tuned.params['batch_size']}: p50 {run.latency.p50_ms:.2f} ms, "
+            f"latency of a batch of {tuned.params[BATCH_SIZE.name]}: p50 {run.latency.p50_ms:.2f} ms, "
             f"p99 {run.latency.p99_ms:.2f} ms here over {run.latency.calls} calls"
             + (f"; p99 {float(study_p99):.2f} ms in the study" if isinstance(study_p99, (int, float)) else "")
             + (f"; within the limit of {run.latency_limit_ms:g} ms" if run.within_latency_limit else ""),

@@ -185,7 +185,7 @@ def resolve_baseline(spec: JobSpec, backend: Backend, parallel: str | None, sour
     baseline.update(spec.baseline)
     if rank_batch(spec) % baseline[BATCH_SIZE.name]:
         raise SpecError(
-            f"{baseline['batch_size']} does not divide {_rank_batch_shown(spec)}",
+            f"{baseline[BATCH_SIZE.name]} does not divide {_rank_batch_shown(spec)}",
             source=source,
             key="baseline.batch_size",
         )
