@@ -173,7 +173,7 @@ def test_the_jax_install_notes_name_the_cuda_13_plugin() -> None:
     readme = (ROOT / "benchmarks" / "README.md").read_text()
     notes = readme[readme.index("#### Installing on a GPU machine") : readme.index("## Results")]
     assert "jax-cuda13-plugin" in notes and "jax-cuda13-pjrt" in notes and "jax[cuda13]" in notes
-    for path in (GPU_PY, ROOT / "benchmarks" / "README.md", ROOT / "backends" / "jax" / "apply.py"):
+    for path in (GPU_PY, ROOT / "benchmarks" / "README.md", ROOT / "backends" / "jax" / "devices.py"):
         text = path.read_text()
         assert "cuda13" in text, path.name
         if "cuda12" in text:
