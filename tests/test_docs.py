@@ -150,3 +150,21 @@ def test_the_code_a_page_shows_imports(path: Path) -> None:
             imported = importlib.import_module(module)
             for name in names:
                 assert hasattr(imported, name), f"{path.name}: {module} has no {name}"
+
+
+def test_the_kubernetes_job_runs_one_search_worker_a_pod_on_the_secret_storage() -> None:
+    """The guide's manifest is a batch/v1 Job of N pods, each running `autotuner search` against the
+    database URL its Secret holds (Kubernetes expands `$(VAR)` in a command from the container's env)."""
+    (block,) = re.findall(r"```yaml\n(.*?)```", (ROOT / "docs" / "guides" / "workers.md").read_text(), re.S)
+    job = yaml.safe_load(block)
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] > 1
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] in ("Never", "OnFailure")
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert container["command"][0] == "autotuner" and args.command == "search" and args.spec
+    variable = re.fullmatch(r"\$\((\w+)\)", args.storage)
+    assert variable is not None, args.storage
+    (env,) = [e for e in container["env"] if e["name"] == variable.group(1)]
+    assert set(env["valueFrom"]["secretKeyRef"]) == {"name", "key"}

@@ -128,14 +128,24 @@ def shown_url(url: str) -> str:
         return url
 
 
+GRPC_REFUSED = (
+    "{url!r}: Optuna's gRPC storage proxy cannot carry a study's workers: their claims are rows only one "
+    "worker can insert and compare-and-set updates, in SQL, and the proxy only overwrites attributes and "
+    "records no heartbeat; give the database's own URL, e.g. postgresql://user@db-host/studies"
+)
+"""A `grpc://host:port` URL (`optuna.storages.GrpcStorageProxy`), refused: `autotuner.study.claims`."""
+
+
 def check_storage_url(url: str, *, default: bool = False, create: bool = True) -> sqlalchemy.engine.URL:
     """`url` parsed, or one clear SpecError line saying why no storage can be opened there, found
     without connecting or writing anything (a search checks it before its probe, which takes
-    seconds): not a URL, no such dialect or driver, an in-memory SQLite, a SQLite file in a folder
-    that does not exist (`default`: the study's folder, created as it opens), and without
-    `create` a SQLite file that does not exist."""
+    seconds): not a URL, Optuna's gRPC proxy (`GRPC_REFUSED`), no such dialect or driver, an in-memory
+    SQLite, a SQLite file in a folder that does not exist (`default`: the study's folder, created as
+    it opens), and without `create` a SQLite file that does not exist."""
     try:
         parsed = sqlalchemy.engine.make_url(url)
+        if parsed.drivername == "grpc":
+            raise SpecError(GRPC_REFUSED.format(url=url), key="storage")
         parsed.get_dialect()
     except sqlalchemy.exc.ArgumentError:
         raise SpecError(

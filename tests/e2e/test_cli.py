@@ -317,6 +317,7 @@ def test_more_ranks_than_the_cpu_has_cores_exits_2_before_anything_is_stored(tmp
     [
         ("not a url", ["storage", "not a SQLAlchemy database URL"]),
         ("nosuchdb://x/y", ["storage", "nosuchdb"]),
+        ("grpc://127.0.0.1:13000", ["storage", "gRPC storage proxy", "claims", "postgresql://"]),
         ("sqlite:///no/such/folder/x.db", ["storage", "does not exist"]),
         ("postgresql://nobody@127.0.0.1:1/none", ["storage", "cannot open"]),
     ],
