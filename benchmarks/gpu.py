@@ -776,12 +776,13 @@ def run_part(ctx: Context, part: str) -> dict[str, Any]:
 
 GPU_TESTS = "tests/e2e/test_gpu.py"
 TEST_SELECTIONS = {
-    "quick": "not compile_mode and not out_of_memory and not jax and not two_ranks and not inference",
-    "more": "compile_mode or out_of_memory or inference",
+    "quick": "not compile_mode and not out_of_memory and not jax and not two_ranks and not inference and not float8",
+    "more": "compile_mode or out_of_memory or inference or float8",
 }
 """`pytest -k` of the `gpu` tests: the quick ones (every precision, MFU, NVML's energy, energy as an
 objective, `--jobs 1`) for `--lease`; the out-of-memory trial, every compile mode (CUDA graphs
-included) with accumulation and the inference study for `--lease-more`."""
+included) with accumulation, the inference study and the gpt's float8 configs (torchao's recipes,
+compiled, where the GPU has fp8 tensor cores) for `--lease-more`."""
 TEST_LINE = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 DEVICE_PROBE = """import json, platform, torch
 cuda = torch.cuda.is_available()
@@ -916,9 +917,9 @@ LEASES: dict[str, tuple[Step, ...]] = {
         Step(
             "tests",
             "tests",
-            150.0,
+            230.0,
             "`pytest -m gpu`: the out-of-memory trial, every compile mode (CUDA graphs included) with "
-            f"accumulation and the inference study (-k '{TEST_SELECTIONS['more']}')",
+            f"accumulation, the inference study and the gpt's float8 configs (-k '{TEST_SELECTIONS['more']}')",
             ("more",),
         ),
     ),

@@ -53,6 +53,7 @@ from autotuner.backends.pytorch.knobs.checkpointing import enable_checkpointing,
 from autotuner.backends.pytorch.knobs.compile import MODES as COMPILE_MODES
 from autotuner.backends.pytorch.knobs.compile import uses_cuda_graphs
 from autotuner.backends.pytorch.knobs.ddp import POWERSGD_START, distributed_data_parallel
+from autotuner.backends.pytorch.knobs.float8 import float8_training
 from autotuner.backends.pytorch.knobs.fsdp import PARAM_DTYPE, fully_sharded, over_parameters
 from autotuner.backends.pytorch.knobs.fsdp import dtype as mixed_precision_dtype
 from autotuner.backends.pytorch.knobs.optimizer import rebuilt_optimizer
@@ -188,6 +189,7 @@ class TunedTraining(TunedLoop):
         self._channels_last = build.channels_last
         self._mark_step = build.mark_step
         self._keep_grads = build.keep_grads
+        self._after_step = build.after_step
         if self._keep_grads:
             allocate_grads(self.optimizer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
@@ -234,12 +236,14 @@ class TunedTraining(TunedLoop):
     def step(self) -> bool:
         """Call after every `backward`. Every `accumulation`-th call steps the optimizer (through the
         GradScaler, which skips the update when fp16 gradients overflowed: counted in
-        `skipped_steps`), updates the scale and zeroes the gradients, and returns True; the other
+        `skipped_steps`), runs what a knob does after it (float8's precomputed scales), updates the
+        scale and zeroes the gradients, and returns True; the other
         calls return False."""
         self._micro_steps += 1
         if self._micro_steps % self.accumulation:
             return False
         self.scaler.step(self.optimizer)
+        self._after_step()
         self.scaler.update()
         if self.scaler.is_enabled():  # the scaler's step has synchronized already: reading it is cheap
             scale = self.scaler.get_scale()
@@ -343,6 +347,7 @@ __all__ = [
     "choose_attention",
     "distributed_data_parallel",
     "enable_checkpointing",
+    "float8_training",
     "fully_sharded",
     "is_hugging_face",
     "load_full_state",

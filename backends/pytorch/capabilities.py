@@ -19,6 +19,8 @@ class TorchCapabilities(Capabilities):
     sdpa_flash: bool = capability("flash attention")
     sdpa_efficient: bool = capability("memory-efficient attention")
     sdpa_cudnn: bool = capability("cuDNN attention")
+    fp8_training: bool = capability("fp8 training (torchao float8)")
+    """An NVIDIA GPU with fp8 tensor cores (compute capability 8.9 or later) and torchao's float8."""
     # What the probe found of the workload (`autotuner.backends.pytorch.probe.workload_capabilities`).
     convolutions: bool = capability("workload: 2-D convolutions")
     sdpa: bool = capability("workload: scaled_dot_product_attention")

@@ -54,6 +54,8 @@ def environment(device: torch.device) -> Environment:
             "sdpa_flash": ampere,
             "sdpa_efficient": props.major >= 5,
             "sdpa_cudnn": ampere and torch.backends.cudnn.is_available(),
+            # fp8 tensor cores from Ada and Hopper on, and torchao's float8 training to use them
+            "fp8_training": (props.major, props.minor) >= (8, 9) and _has_float8(),
         }
         extra: dict[str, Any] = {
             "compute_capability": f"{props.major}.{props.minor}",
@@ -73,6 +75,7 @@ def environment(device: torch.device) -> Environment:
             "sdpa_flash": True,  # a CPU kernel of its own (fp32 and bf16)
             "sdpa_efficient": False,
             "sdpa_cudnn": False,
+            "fp8_training": False,  # torch._scaled_mm's fp8 kernels are CUDA's
         }
         extra = {"memory_mb": _host_memory_mb()}
     capabilities["compile"] = _compile_works(device)
@@ -170,6 +173,12 @@ def _cpu_autocast_works(dtype: torch.dtype) -> bool:
             return torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == dtype
     except Exception:
         return False
+
+
+def _has_float8() -> bool:
+    """Whether torchao (whose `torchao.float8` trains in fp8) is installed: found, not imported,
+    since importing it costs a probe seconds."""
+    return importlib.util.find_spec("torchao") is not None
 
 
 def _compile_works(device: torch.device) -> bool:

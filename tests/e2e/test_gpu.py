@@ -6,7 +6,8 @@ What they prove on a GPU: every precision (bf16, fp16 with its GradScaler, tf32)
 `error` or `crash`; a real CUDA out-of-memory error at a huge batch is recorded `oom` and rules
 the larger batches out; NVML's energy counter gives energy per sample and power, and energy can
 be the study's third objective; MFU is a fraction for a GPU with a datasheet peak; the JAX
-backend runs a study on the GPU; an inference study serves with every GPU knob (quantization,
+backend runs a study on the GPU; torchao's float8 training runs each of its recipes where the GPU
+has fp8 tensor cores; an inference study serves with every GPU knob (quantization,
 2:4 sparsity, CUDA graphs, ONNX Runtime's CUDA provider) ok or unsupported; and `--jobs 1` runs
 one worker.
 
@@ -196,6 +197,29 @@ def test_every_compile_mode_with_accumulation_ends_ok_or_unsupported(compile_mod
         for mode, trial in by_mode.items():
             assert trial.user_attrs["outcome"] == "ok", f"{mode}: {_shown(trial)}"
             assert math.isfinite(float(trial.user_attrs["drift"])), _shown(trial)
+
+
+# ---------------------------------------------------------------- fp8 training
+
+
+def test_float8_training_of_the_gpt_runs_where_the_gpu_has_fp8_tensor_cores(tmp_path: Path) -> None:
+    """The small GPT in bf16 under torch.compile, its linear layers in fp8 by each of torchao's
+    recipes: on a GPU of compute capability 8.9 or later (and torchao) each config ends ok with a
+    finite drift; elsewhere float8 is dropped from the space before any trial."""
+    recipes = ["none", "tensorwise", "rowwise"]
+    space = {"precision": ["bf16"], "batch_size": [MICRO_BATCH], "workers": [0], "compile": ["default"]}
+    baseline = {"precision": "bf16", "batch_size": MICRO_BATCH, "workers": 0, "compile": "default"}
+    _search(_gpt_spec(tmp_path, "float8", {**space, "float8": recipes}, baseline), tmp_path)
+    trials = _trials(tmp_path, "float8")
+    capabilities = load_study(tmp_path, "float8").user_attrs["environment"]["capabilities"]
+    by_recipe = {t.user_attrs["config"].get("float8", "none"): t for t in trials}
+    if not capabilities.get("fp8_training"):
+        assert set(by_recipe) == {"none"}, [_shown(t) for t in trials]
+        return
+    assert set(by_recipe) == set(recipes)
+    for recipe, trial in by_recipe.items():
+        assert trial.user_attrs["outcome"] == "ok", f"{recipe}: {_shown(trial)}"
+        assert math.isfinite(float(trial.user_attrs["drift"])), _shown(trial)
 
 
 # ---------------------------------------------------------------- out of memory

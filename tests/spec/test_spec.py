@@ -86,6 +86,7 @@ def test_minimal_spec_has_the_documented_defaults(tmp_path: Path) -> None:
         "prefetch_factor": 2,
         "cudnn_benchmark": False,
         "memory_budget": 1.0,
+        "float8": "none",
     }
     assert job.baseline == {"precision": "fp32", "batch_size": 64, "workers": 0, "compile": "none", **references}
     # the space: the default preset, batch sizes that do not divide the global batch dropped
@@ -102,6 +103,7 @@ def test_minimal_spec_has_the_documented_defaults(tmp_path: Path) -> None:
         "prefetch_factor": (2, 4),
         "cudnn_benchmark": (False, True),
         "memory_budget": (1.0, 0.5, 0.2),
+        "float8": ("none",),  # in no preset: held at its reference
     }
     assert job.reference_config() == {
         "precision": "fp32",

@@ -19,7 +19,8 @@ or PowerSGD's with its `ddp_comm_state`, as `TunedTraining` registers them); wit
 reshard_after_forward -> `sharding_strategy` `FULL_SHARD` (True) or `SHARD_GRAD_OP` (False: the
 gathered parameters are kept from the forward to the backward), offload -> `cpu_offload`,
 param_dtype and reduce_dtype -> `mixed_precision` (FSDP1's `MixedPrecision`; without it Lightning
-would make one of its precision). `trainer_arguments` warns of it; FSDP2 itself is Lightning's
+would make one of its precision); float8_all_gather and float8_precompute, FSDP2's, are a comment
+(the layers are converted without them). `trainer_arguments` warns of it; FSDP2 itself is Lightning's
 `ModelParallelStrategy` with `fully_shard` in the LightningModule's `configure_model`.
 """
 
@@ -48,6 +49,7 @@ from autotuner.backends.pytorch.integrations import (
     powersgd_options,
     split_imports,
 )
+from autotuner.backends.pytorch.knobs.float8 import FSDP_FLOAT8_KNOBS
 from autotuner.config.knobs import PRECISION
 
 if TYPE_CHECKING:
@@ -163,7 +165,13 @@ def setup_code(config: TunedConfig) -> list[str]:
     (`model`) before `fit`: TF32, the SDPA kernel, channels_last, activation checkpointing, eager
     attention, torch.compile's mode, and a comment for the optimizer flag."""
     params = knobs(config)
+    fp8_gather = [knob.name for knob in FSDP_FLOAT8_KNOBS if params.get(knob.name) is True]
+    if fp8_gather:  # FSDP2's; the FSDPStrategy is FSDP1
+        params = {**params, **{knob.name: knob.reference for knob in FSDP_FLOAT8_KNOBS}}
     lines = [*common_setup(params, held=("cudnn_benchmark",)), *model_setup(params)]
+    if fp8_gather:
+        fsdp1 = "Lightning's FSDPStrategy (FSDP1) gathers the weights in their own dtype"
+        lines.append(f"# {', '.join(fp8_gather)}: FSDP2's; {fsdp1}")
     if params[COMPILE.name] != "none":
         lines.append(f'model = torch.compile(model, mode="{params[COMPILE.name]}")  # the LightningModule, before fit')
     if params["optimizer"] != "as-given":

@@ -21,6 +21,7 @@ from autotuner.backends.pytorch.knobs import (
     compile,
     cudnn,
     ddp,
+    float8,
     fsdp,
     loader,
     memory_budget,
@@ -57,11 +58,13 @@ TRAINING = (
     ddp.FAMILY,
     fsdp.FAMILY,
     memory_budget.FAMILY,
+    float8.FAMILY,
 )
 """The training knobs' families (beside the common knobs), in the knob table's order."""
 APPLY = (
     cudnn.FAMILY,
     memory_format.FAMILY,
+    float8.FAMILY,
     checkpointing.FAMILY,
     attention.FAMILY,
     ddp.FAMILY,
@@ -72,12 +75,13 @@ APPLY = (
     loader.FAMILY,
 )
 """The order `TunedTraining` applies the families in (`TorchFamily.apply`): process-wide flags,
-the model's layout, checkpointing and attention on the user's module, then the wrappers (DDP or
-FSDP2, then torch.compile round them), the optimizer rebuilt over the parameters as they are then,
-and the loader."""
+the model's layout, its linear layers in fp8 (converted before the wrappers, as torchtitan does),
+checkpointing and attention on the user's module, then the wrappers (DDP or FSDP2, then
+torch.compile round them), the optimizer rebuilt over the parameters as they are then, and the
+loader."""
 TRAINING_KNOBS = (*COMMON, *(knob for family in TRAINING for knob in family.knobs))
 """The PyTorch backend's knob table, in order."""
-PARALLEL = {"ddp": ddp.DDP_KNOBS, "fsdp": fsdp.FSDP_KNOBS}
+PARALLEL = {"ddp": ddp.DDP_KNOBS, "fsdp": (*fsdp.FSDP_KNOBS, *float8.FSDP_FLOAT8_KNOBS)}
 """The knobs of each way a job's ranks train together (the spec's `parallel`)."""
 SERVING_ATTENTION = attention.FAMILY.restricted(
     attention.ATTENTION.name, "default", "flash", "efficient", "cudnn", "math"

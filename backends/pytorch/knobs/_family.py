@@ -58,6 +58,8 @@ class Build:
     """The gradients are allocated once and zeroed in place (CUDA graphs with accumulation)."""
     pin_memory: bool = False
     """The loader pins its batches, and they are copied to the device non-blocking."""
+    after_step: Callable[[], None] = _no_step
+    """Called after every optimizer step (float8's scales of the weights FSDP2 gathers in fp8)."""
 
 
 def _nothing(build: Build) -> None:

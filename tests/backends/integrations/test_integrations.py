@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from autotuner.backends.pytorch import DDP_KNOBS, FSDP_KNOBS, PARALLEL_KNOBS, PYTORCH
+from autotuner.backends.pytorch import PARALLEL_KNOBS, PYTORCH
 from autotuner.backends.pytorch.integrations import TRAINERS, loader_arguments, snippet
 from autotuner.backends.pytorch.integrations import accelerate as accelerate_export
 from autotuner.backends.pytorch.integrations import lightning as lightning_export
@@ -55,6 +55,7 @@ NEW_KNOBS = {
     "prefetch_factor": 4,
     "cudnn_benchmark": True,
     "memory_budget": 0.5,
+    "float8": "tensorwise",
 }
 """Every knob added after the first five, off its reference value."""
 CONFIGS = [
@@ -307,7 +308,7 @@ def test_lightning_takes_the_new_knobs_as_arguments_and_setup_code() -> None:
     )
     assert torch.backends.cudnn.benchmark is True  # Lightning sets it
     setup = lightning_export.setup_code(config)
-    assert setup[0] == "from autotuner.backends.pytorch.apply import enable_checkpointing"
+    assert setup[0] == "from autotuner.backends.pytorch.apply import float8_training, enable_checkpointing"
     assert setup[-1] == "# optimizer=fused: build the optimizer in configure_optimizers with fused=True"
     assert not any("cudnn.benchmark" in line for line in setup)  # the Trainer's argument holds it
 
@@ -379,7 +380,8 @@ def test_accelerate_setup_code_rebuilds_the_optimizer_and_prepares_the_model() -
     with pytest.warns(UserWarning, match="rebuilt_optimizer"):
         arguments = accelerate_export.accelerator_arguments(config)
     setup = accelerate_export.setup_code(config)
-    assert setup[0] == "from autotuner.backends.pytorch.apply import enable_checkpointing, rebuilt_optimizer"
+    imports = "from autotuner.backends.pytorch.apply import float8_training, enable_checkpointing, rebuilt_optimizer"
+    assert setup[0] == imports
     model = ConvBlocks()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     namespace = {"torch": torch, "model": model, "optimizer": optimizer}
@@ -489,7 +491,7 @@ def test_sdpa_code_sets_the_flags_sdpa_kernel_sets_in_the_study(attention: str) 
 def test_a_config_exported_before_the_new_knobs_exports_as_before(config: TunedConfig) -> None:
     # tuned() writes params with the first five knobs only, as exports were before the others existed
     old = {"precision", "batch_size", "accumulation", "workers", "compile"}
-    parallel = {knob.name for knob in (*DDP_KNOBS, *FSDP_KNOBS)}
+    parallel = {knob.name for knobs in PARALLEL_KNOBS.values() for knob in knobs}
     assert set(config.params) - old == set(NEW_KNOBS) | parallel  # filled in at their reference values
     hf = {"bf16", "fp16", "tf32", "per_device_train_batch_size", "gradient_accumulation_steps"}
     hf |= {"dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "torch_compile"}
