@@ -12,6 +12,7 @@ turns; `measure_throughput` picks between the two.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable
@@ -44,12 +45,15 @@ def _throughput(
     *,
     trained_s: float,
     earlier_steps: int = 0,
+    rates: list[float] | None = None,
 ) -> Throughput:
     """The measured windows, of `calibration.steps` steps each: the last `timer.spans` (the
     calibration's windows, and those measured again, come before them). `earlier_steps`: the
     steps of windows measured before these inside the telemetry's spans (`measure_solo`'s first
-    pass), which its figures cover as well."""
-    rates = [calibration.steps * settings.samples_per_step / d for d in durations]
+    pass), which its figures cover as well. `rates`: the windows' rates where they are not the
+    windows' own (a pruned trial's judged stretches)."""
+    if rates is None:
+        rates = [calibration.steps * settings.samples_per_step / d for d in durations]
     sampled_steps = earlier_steps + calibration.steps * len(durations)
     return Throughput(
         samples_per_s=statistics.median(rates),
@@ -62,7 +66,7 @@ def _throughput(
         windows=len(durations),
         samples_per_step=settings.samples_per_step,
         calibration_s=calibration.seconds,
-        window_spans=timer.spans[-len(durations) :],
+        window_spans=timer.spans[-len(durations) :] if durations else [],
         steps_taken=timer.taken,
         trained_s=trained_s,
         telemetry_samples=sampled_steps * settings.samples_per_step,
@@ -142,27 +146,16 @@ def _pruned(
     finished before it was stopped (their time and telemetry)."""
     watch = timer.watch
     assert watch is not None  # only a watch stops a measurement
-    rates = list(watch.behind)
-    sampled_steps = earlier_steps + calibration.steps * len(durations)
-    return Throughput(
-        samples_per_s=statistics.median(rates),
-        spread=relative_spread(rates),
-        window_samples_per_s=rates,
-        warmup_s=timer.warmup_s,
-        warmup_steps=settings.warmup_steps,
-        measured_s=sum(durations),
-        steps=calibration.steps,
-        windows=len(durations),
-        samples_per_step=settings.samples_per_step,
-        calibration_s=calibration.seconds,
-        window_spans=timer.spans[-len(durations) :] if durations else [],
-        stopped=reason,
-        bound=watch.bound_rate,
-        floor=watch.floor,
-        steps_taken=timer.taken,
+    measured = _throughput(
+        timer,
+        settings,
+        calibration,
+        durations,
         trained_s=timer.trained_s(),
-        telemetry_samples=sampled_steps * settings.samples_per_step,
+        earlier_steps=earlier_steps,
+        rates=list(watch.behind),
     )
+    return dataclasses.replace(measured, stopped=reason, bound=watch.bound_rate, floor=watch.floor)
 
 
 def measure_in_lockstep(
