@@ -18,6 +18,25 @@ if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
 
 
+def import_torchao(module: str) -> None:
+    """Import torchao's `module` with its import-time warnings held back, in whatever process
+    applies a config (a trial's own log filters them: `autotuner.backends.pytorch.process`):
+    torchao logs each CUDA kernel library it cannot load on a machine without them, and torch's
+    pytree a deprecation of an enum torchao registers; neither says anything about the config."""
+    import importlib
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        importlib.import_module(module)
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def _no_step() -> None:
     return None
 

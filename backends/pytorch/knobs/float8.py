@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from autotuner.backends.pytorch.capabilities import TorchCapabilities
-from autotuner.backends.pytorch.knobs._family import Build, TorchFamily
+from autotuner.backends.pytorch.knobs._family import Build, TorchFamily, import_torchao
 from autotuner.config.knobs import PRECISION, Config, Knob
 
 if TYPE_CHECKING:
@@ -77,24 +77,6 @@ def conflict(config: Config, caps: TorchCapabilities) -> str | None:
     return None
 
 
-def _quiet_import(module: str) -> None:
-    """Import `module` with its import-time warnings held back: torchao logs each CUDA kernel
-    library it cannot load (its mxfp8 and CUTLASS kernels, not float8 training's), and torch's
-    pytree a deprecation of an enum torchao registers; neither says anything about the config."""
-    import importlib
-    import logging
-
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        importlib.import_module(module)
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
 def float8_layer(module: torch.nn.Module, name: str) -> bool:
     """Whether `convert_to_float8_training` converts `module` (its `module_filter_fn`): a linear
     layer under the model (not the model itself), not converted yet, both dimensions multiples of
@@ -117,7 +99,7 @@ def float8_training(model: torch.nn.Module, recipe: str, *, all_gather: bool = F
     `all_gather`; layers converted already are kept (a model tuned before). Returns `model`."""
     import dataclasses
 
-    _quiet_import("torchao.float8")
+    import_torchao("torchao.float8")
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     config = Float8LinearConfig.from_recipe_name(recipe)

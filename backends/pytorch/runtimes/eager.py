@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from autotuner.backends.pytorch.apply import COMPILE_MODES, choose_attention
+from autotuner.backends.pytorch.knobs._family import import_torchao
 from autotuner.backends.pytorch.knobs.attention import ATTENTION
 from autotuner.backends.pytorch.knobs.compile import COMPILE
 from autotuner.backends.pytorch.knobs.quantization import QUANTIZATION
@@ -63,29 +64,11 @@ class PyTorchRuntime(Runtime):
         return EagerSession(compiled, context)
 
 
-def _quiet_import(module: str) -> None:
-    """Import `module` with its import-time warnings held back: torchao logs each CUDA kernel
-    library it cannot load on a machine without them, and torch's pytree a deprecation of the enum
-    torchao registers; neither says anything about the config."""
-    import importlib
-    import logging
-
-    loggers = [logging.getLogger(name) for name in (module, "torch.utils._pytree")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        importlib.import_module(module)
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
 def quantize(model: torch.nn.Module, quantization: str) -> None:
     """torchao's `quantize_` of the model's linear layers, in place."""
     if quantization == "none":
         return
-    _quiet_import("torchao")
+    import_torchao("torchao")
     from torchao.quantization import (
         Float8DynamicActivationFloat8WeightConfig,
         Int8DynamicActivationInt8WeightConfig,
@@ -132,7 +115,7 @@ def sparsify(model: torch.nn.Module, sparsity: str, dtype: torch.dtype | None) -
 def prune_2_4(model: torch.nn.Module) -> None:
     """Each four consecutive weights of a row of the model's `sparse_layer`s pruned to their two
     largest in magnitude (torchao's `apply_fake_sparsity`), in place: the zeros 2:4 kernels skip."""
-    _quiet_import("torchao")
+    import_torchao("torchao")
     from torchao.sparsity import apply_fake_sparsity
 
     apply_fake_sparsity(model, filter_fn=sparse_layer)
