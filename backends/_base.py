@@ -179,6 +179,9 @@ class Backend:
     parallel: tuple[str, ...] = ()
     """The ways a trial of several processes trains together (the spec's `parallel`), the default
     first; empty: a trial is one process."""
+    nodes: bool = False
+    """A trial's ranks may span several machines (the spec's `nodes`): its runner starts each node's
+    ranks through `torch.distributed.elastic`."""
     builtin_workloads: Mapping[str, str]
     """`builtin:<name>` -> `package.module:function`."""
     families: tuple[Family[Any], ...] = ()

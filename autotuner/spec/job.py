@@ -196,7 +196,8 @@ class Job:
         data checked against its global batch, before anything is stored or run; with `log`, its
         output goes there (`TrialRequest.log`)."""
         return ProbeRequest(
-            device, self.workload_path(), dict(self.spec.workload_args), self.spec.global_batch, self.parallel, log
+            device, self.workload_path(), dict(self.spec.workload_args), self.spec.global_batch, self.parallel, log,
+            nodes=self.spec.nodes,
         )
 
     def probe(
@@ -272,6 +273,8 @@ class Job:
             progress=progress,
             compile_cache=str(self.compile_cache_dir()),
             processes=self.spec.processes,
+            nodes=self.spec.nodes,
+            rendezvous=self.spec.rendezvous,
             parallel=self.parallel,
             log=log,
             time_calls=self.task.times_calls(self.spec),
@@ -298,12 +301,46 @@ class Job:
 
 
 def _parallel(spec: JobSpec, backend: Backend) -> str | None:
-    return None if spec.processes == 1 else spec.parallel or backend.parallel[0]
+    return None if spec.world == 1 else spec.parallel or backend.parallel[0]
+
+
+def _check_nodes(spec: JobSpec, backend: Backend, source: str) -> None:
+    """`nodes` and `rendezvous` as this backend can run them."""
+    if spec.nodes == 1:
+        if spec.rendezvous is not None:
+            raise SpecError(
+                "rendezvous is where the nodes of a trial meet; set nodes: 2 or more, or leave it out",
+                source=source,
+                key="rendezvous",
+            )
+        return
+    if not backend.nodes:
+        raise SpecError(
+            f"the {backend.name} backend runs a trial on one machine; nodes must be 1", source=source, key="nodes"
+        )
+    if spec.rendezvous is None:
+        raise SpecError(
+            f"nodes: {spec.nodes} needs rendezvous: host:port, node 0's address that every node reaches",
+            source=source,
+            key="rendezvous",
+        )
+    split_endpoint(spec.rendezvous, source)
+
+
+def split_endpoint(endpoint: str, source: str) -> tuple[str, int]:
+    """`host:port` as its host and port; a SpecError naming `rendezvous` otherwise."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SpecError(
+            f"{shown(endpoint)} is not host:port (a port from 1 to 65535)", source=source, key="rendezvous"
+        )
+    return host.strip("[]"), int(port)
 
 
 def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:
-    """`processes` and `parallel` as this backend can run them, `global_batch` split evenly."""
-    if spec.processes == 1:
+    """`processes`, `nodes` and `parallel` as this backend can run them, `global_batch` split evenly."""
+    _check_nodes(spec, backend, source)
+    if spec.world == 1:
         if spec.parallel is not None:
             raise SpecError(
                 f"parallel: {spec.parallel} trains several processes together; set processes: 2 or more",
@@ -324,9 +361,10 @@ def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:
             source=source,
             key="parallel",
         )
-    if spec.global_batch % spec.processes:
+    if spec.global_batch % spec.world:
+        ranks = f"processes ({spec.processes})" if spec.nodes == 1 else f"nodes x processes ({spec.world})"
         raise SpecError(
-            f"global_batch ({spec.global_batch}) is not a multiple of processes ({spec.processes}): every rank "
+            f"global_batch ({spec.global_batch}) is not a multiple of {ranks}: every rank "
             "takes the same share of each optimizer step",
             source=source,
             key="processes",

@@ -221,6 +221,15 @@ class JobSpec(_Strict):
     machine, each on its own GPU (on the CPU, its own cores), all in one process group (NCCL on
     GPUs, gloo on the CPU). `global_batch` is kept in every config: micro-batch x accumulation x
     N. The fp32 reference runs with the same N."""
+    nodes: int = Field(1, gt=0, le=1024)
+    """Machines every trial spans, each running `processes` ranks: 1 (this machine), or M, each
+    node running `autotuner search <spec> --node-rank R` (node 0 the search that holds the study,
+    the others following it). `global_batch` is kept in every config: micro-batch x accumulation x
+    M x `processes`. PyTorch training only; needs `rendezvous`."""
+    rendezvous: str | None = None
+    """With `nodes` above 1: `host:port` of node 0, which every node reaches. Node 0's search hosts
+    a `torch.distributed` store there for the study; every trial's `c10d` rendezvous (through
+    `torch.distributed.elastic`) and its ranks' process group meet on it."""
     parallel: Literal["ddp", "fsdp", "data_parallel"] | None = None
     """How the ranks train together. PyTorch: `ddp` (DistributedDataParallel) or `fsdp` (FSDP2's
     `fully_shard`), N processes. JAX: `data_parallel`, one trial process that drives N local
@@ -255,6 +264,11 @@ class JobSpec(_Strict):
     sampler: Literal["tpe", "random", "gp", "nsga2"] | SamplerSettings = SamplerSettings()
     """The Optuna sampler: its name, or a mapping with `name` and `seed`. The default, `tpe`,
     starts from a rule-of-thumb config and a local search around the best trial before TPE."""
+
+    @property
+    def world(self) -> int:
+        """Ranks of every trial, all nodes together: `nodes` x `processes`."""
+        return self.nodes * self.processes
 
 
 def validate_spec(data: object, source: str) -> JobSpec:

@@ -85,9 +85,9 @@ class SearchSpace(Mapping[str, tuple[Value, ...]]):
 
 
 def rank_batch(spec: JobSpec) -> int:
-    """Samples each rank takes per optimizer step: `global_batch` / `processes` (the micro-batch x
-    accumulation of every config)."""
-    return spec.global_batch // spec.processes
+    """Samples each rank takes per optimizer step: `global_batch` / (`nodes` x `processes`) (the
+    micro-batch x accumulation of every config)."""
+    return spec.global_batch // spec.world
 
 
 def _choices(value: object, knob: Knob, key: str, source: str) -> list[Any]:
@@ -203,6 +203,7 @@ def _no_such_knob(backend: Backend, knob: str, knobs: list[str]) -> str:
 
 def _rank_batch_shown(spec: JobSpec) -> str:
     """The batch a micro-batch must divide, as the user knows it."""
-    if spec.processes == 1:
+    if spec.world == 1:
         return f"global_batch ({spec.global_batch})"
-    return f"global_batch / processes ({spec.global_batch} / {spec.processes} = {spec.global_batch // spec.processes})"
+    ranks = "processes" if spec.nodes == 1 else "(nodes x processes)"
+    return f"global_batch / {ranks} ({spec.global_batch} / {spec.world} = {spec.global_batch // spec.world})"

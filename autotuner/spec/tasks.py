@@ -49,6 +49,10 @@ class Task:
             raise SpecError(
                 f"task: {self.name} {self.doing} from one process: processes must be 1", source=source, key="processes"
             )
+        if not self.processes and spec.nodes != 1:
+            raise SpecError(
+                f"task: {self.name} {self.doing} from one process: nodes must be 1", source=source, key="nodes"
+            )
         if not self.run_time and spec.run is not None:
             raise SpecError(f"predicts a training run's time; task: {self.name} has none", source=source, key="run")
 

@@ -56,8 +56,20 @@ class TrialRequest:
     """The folder of the study's compile caches (torch.compile's `TORCHINDUCTOR_CACHE_DIR`), so a
     trial's compile is warm or cold by this study's trials alone; None: the framework's default."""
     processes: int = 1
-    """Ranks of the trial (the spec's `processes`): each its own process on its own device, all in
-    one process group, `global_batch` split between them."""
+    """Ranks of the trial on each node (the spec's `processes`): each its own process on its own
+    device, all in one process group, `global_batch` split between them."""
+    nodes: int = 1
+    """Machines the trial spans (the spec's `nodes`), each running `processes` ranks: global rank
+    `node_rank` x `processes` + local rank, `global_batch` split between all of them."""
+    node_rank: int = 0
+    """Which of the `nodes` this process is: 0 on the search that holds the study (its rank 0
+    measures), R on the node following it (`autotuner search --node-rank R`)."""
+    rendezvous: str | None = None
+    """With `nodes` above 1: node 0's `host:port` (the spec's `rendezvous`), where the study's store
+    is: the trial's `c10d` rendezvous and its process group meet there."""
+    run_id: str | None = None
+    """With `nodes` above 1: the trial's rendezvous id, the same on every node, set by node 0 when it
+    hands the request to the others; its keys in the store are under it."""
     parallel: str | None = None
     """How the ranks train together (the spec's `parallel`: `ddp`, `fsdp`); None for one process."""
     log: str | None = None
@@ -101,6 +113,8 @@ class ProbeRequest:
     its knobs this torch build and device can honour; None for one process."""
     log: str | None = None
     """As `TrialRequest.log`."""
+    nodes: int = 1
+    """Machines a trial spans (the spec's `nodes`): FSDP2's hybrid sharding needs two or more."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ class PyTorchBackend(Backend):
     capabilities_type = TorchCapabilities
     families = TRAINING
     parallel = ("ddp", "fsdp")
+    nodes = True
     builtin_workloads = {
         "mlp": "autotuner.backends.pytorch.builtin:mlp",
         "cnn": "autotuner.backends.pytorch.builtin:cnn",
