@@ -92,6 +92,13 @@ def _search_command(commands: Commands) -> None:
         type=_positive_int,
         help="start N workers on this machine's GPUs, each with a trial's GPUs to itself (1, or the spec's processes)",
     )
+    placement.add_argument(
+        "--node-rank",
+        type=_positive_int,
+        metavar="R",
+        help="with the spec's nodes: M, run node R's ranks (1 to M-1) of every trial node 0's search hands out; "
+        "node 0 is the search run without it",
+    )
     search.add_argument(
         "--warm-start",
         metavar="STUDY_DB",

@@ -34,6 +34,16 @@ def cmd_search(args: argparse.Namespace) -> int:
             f"to {job.output_dir()}/; a new study starts there. To resume the stored one: --storage {earlier}",
             file=sys.stderr,
         )
+    if args.node_rank:
+        from autotuner.workers.nodes import follow
+
+        return follow(job, args.node_rank, note=lambda text: print(f"autotuner: {text}", file=sys.stderr, flush=True))
+    if job.spec.nodes > 1 and args.jobs and args.jobs > 1:
+        raise SpecError(
+            f"--jobs starts workers on this machine's GPUs; with nodes: {job.spec.nodes}, start one "
+            "search a node (--node-rank R on the others)",
+            key="--jobs",
+        )
     if args.jobs and args.jobs > 1:
         from autotuner.workers.multi_gpu import search_on_gpus
 

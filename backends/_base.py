@@ -90,6 +90,7 @@ from autotuner.errors import BackendError, SpecError
 from autotuner.search_spaces import available, load_preset
 from autotuner.trials.factory import preloadable_imports
 from autotuner.trials.launcher import TrialLauncher, TrialResult
+from autotuner.trials.nodes import NodeStore
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import PROBE_TIMEOUT_S, Environment, ProbeResult
 from autotuner.trials.request import ProbeRequest
@@ -209,6 +210,12 @@ class Backend:
         process may allocate that much (`trial.max_memory_mb`)."""
         libraries = preloadable_imports(workload) if workload else []
         return TrialLauncher([self.runner, *libraries], memory_limit_mb=memory_limit_mb)
+
+    def node_store(self, endpoint: str, *, host: bool, timeout_s: float) -> NodeStore:
+        """The store the nodes of a study share at `endpoint` (`host:port`): hosted here by node 0's
+        search (`host`), else a client of it, whose connecting and each wait may take `timeout_s`
+        (`autotuner.trials.nodes`). Only a backend whose trials span nodes (`nodes`) has one."""
+        raise NotImplementedError(f"the {self.name} backend runs a trial on one machine")
 
     def probe(self, launcher: TrialLauncher, request: ProbeRequest, source: str | None = None) -> Environment:
         """The environment `request`'s probe finds, from a trial process of `launcher`. A device

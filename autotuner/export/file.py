@@ -94,7 +94,12 @@ class SpecRef(_Section):
     workload: str | None = None
     global_batch: int | None = Field(None, gt=0)
     processes: int = Field(1, gt=0)
-    """Ranks the job runs as (`global_batch` = micro-batch x accumulation x processes)."""
+    """Ranks the job runs as on each node (`global_batch` = micro-batch x accumulation x nodes x
+    processes)."""
+    nodes: int = Field(1, gt=0)
+    """Machines its ranks span, each running `processes` of them."""
+    rendezvous: str | None = None
+    """Where the study's nodes met (`host:port` of node 0): the launch lines' `--rdzv-endpoint`."""
     parallel: str | None = None
     """How its ranks train together: `ddp`, `fsdp`; None for one process."""
     task: str = "train"

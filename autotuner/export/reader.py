@@ -91,8 +91,19 @@ class TunedConfig:
 
     @property
     def processes(self) -> int:
-        """Ranks the job was tuned as: `global_batch` = micro-batch x accumulation x processes."""
+        """Ranks the job was tuned as on each node."""
         return self.spec.processes
+
+    @property
+    def nodes(self) -> int:
+        """Machines the job's ranks were tuned across, each running `processes` of them."""
+        return self.spec.nodes
+
+    @property
+    def world(self) -> int:
+        """Ranks the job was tuned as, all nodes together: `global_batch` = micro-batch x
+        accumulation x `world`."""
+        return self.spec.nodes * self.spec.processes
 
     @property
     def parallel(self) -> str | None:
@@ -193,7 +204,7 @@ def parse_config(data: object, source: str) -> TunedConfig:
         problem = definition.check(params[knob])
         if problem:
             raise SpecError(problem, source=source, key=f"params.{knob}")
-    global_batch, processes = export.spec.global_batch, export.spec.processes
+    global_batch, processes = export.spec.global_batch, export.spec.processes * export.spec.nodes
     batch, accumulation = params[BATCH_SIZE.name], params[ACCUMULATION.name]
     if global_batch is not None and batch * accumulation * processes != global_batch:
         ranks = f" x {processes} processes" if processes > 1 else ""

@@ -85,6 +85,8 @@ def export_data(study: optuna.Study, storage_url: str, top: int = 0) -> ExportFi
             workload=settings.workload,
             global_batch=settings.global_batch,
             processes=settings.processes or 1,
+            nodes=settings.nodes,
+            rendezvous=settings.rendezvous,
             parallel=settings.parallel,
             task=settings.task,
         ),

@@ -187,6 +187,9 @@ class SearchReporter:
         if self.console.is_terminal:
             self.phase_file = phase_path(job.output_dir())
         ranks = f" x {job.spec.processes} processes ({job.parallel})" if job.parallel else ""
+        if job.spec.nodes > 1:
+            each = f"{job.spec.processes} process{'es' if job.spec.processes > 1 else ''}"
+            ranks = f" x {job.spec.nodes} nodes x {each} ({job.parallel})"
         self.console.print(
             f"[bold]{job.name}[/]: {job.spec.workload} on {environment.device}{ranks} ({environment.device_name}), "
             f"global batch {job.spec.global_batch}, {budget} trials, storage {escape(storage_url)}"

@@ -34,6 +34,7 @@ from autotuner.study.fingerprint import thread_mismatch
 from autotuner.trials.lockstep import in_lockstep, measure_together
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.probe import Environment
+from autotuner.workers.nodes import lead
 
 if TYPE_CHECKING:
     from autotuner.spec.job import Job
@@ -108,6 +109,26 @@ def apply_config(
     launcher = job.backend.launcher(job.spec.trial.max_memory_mb, job.workload_path())
     environment, config = _checked(tuned, job, launcher, options.device or job.spec.device, options.force, warn)
     requests, timeout = _requests(tuned, job, config, environment.device, options.steps, options.baseline)
+    leading = lead(job, launcher, note) if job.spec.nodes > 1 else None
+    try:
+        return _apply_runs(tuned, job, options, leading or launcher, environment, config, requests, timeout, note)
+    finally:
+        if leading is not None:
+            leading.finish(job.spec.nodes)
+
+
+def _apply_runs(
+    tuned: TunedConfig,
+    job: Job,
+    options: ApplyOptions,
+    launcher: TrialLauncher,
+    environment: Environment,
+    config: Config,
+    requests: list[TrialRequest],
+    timeout: float,
+    note: Callable[[str], None],
+) -> AppliedRun:
+    """`apply_config`'s runs of the config and its baseline, then its promise check's rounds."""
     # A compile cache of their own, empty: the warm-up is a real run's, whatever the study compiled.
     with tempfile.TemporaryDirectory(prefix="autotuner-apply-") as cold_cache:
         requests = [dataclasses.replace(r, compile_cache=cold_cache) for r in requests]

@@ -56,6 +56,7 @@ from autotuner.study.storage import (
 from autotuner.trials.launcher import TrialLauncher
 from autotuner.trials.probe import PROBE_TIMEOUT_S
 from autotuner.workers.coordination import POLL_S, BudgetSlots, ConfigClaims, OncePerStudy, enqueue_baseline
+from autotuner.workers.nodes import lead
 from autotuner.workers.ownership import Recovery, SearchProcess, TrialOwnership
 
 
@@ -146,6 +147,8 @@ class Search:
         slots = BudgetSlots(study, storage, claims, process, self.max_trials)
         self.reporter.start(job, self.storage_url, environment, self.max_trials)
         self.reporter.not_searched(not_searched)
+        leading = lead(job, launcher, self.reporter.note) if job.spec.nodes > 1 else None
+        launcher = leading or launcher
 
         sampler = job_sampler(job, capabilities)
         study.sampler = sampler
@@ -184,6 +187,9 @@ class Search:
                     self.reporter.note(f"profile: {describe(profile)}")
         except KeyboardInterrupt:
             interrupted = True
+        finally:
+            if leading is not None:
+                leading.finish(job.spec.nodes)
         return self._finish(study, interrupted)
 
     def _warm_start(

@@ -31,6 +31,7 @@ from autotuner.spec.space import SearchSpace, rank_batch, resolve_baseline, reso
 from autotuner.spec.tasks import TASKS, TRAIN, Task
 from autotuner.trials.factory import is_import_path
 from autotuner.trials.launcher import TrialLauncher
+from autotuner.trials.nodes import split_endpoint
 from autotuner.trials.probe import Environment
 from autotuner.trials.request import ProbeRequest, TrialRequest
 
@@ -131,12 +132,15 @@ class Job:
                 "cost": True,
                 "profile": True,  # what runs after the search, not what a trial measures
                 "trial": {"timeout", "max_memory_mb"},
+                "rendezvous": True,  # where the nodes meet, not what they measure
             }
         )
         # Keys added since, at their defaults, are left out: a study or an export made before them
-        # keeps its identity (`task`: training; no latency limit).
+        # keeps its identity (`task`: training; one node; no latency limit).
         if data.get("task") == TRAIN.name:
             del data["task"]
+        if data.get("nodes") == 1:
+            del data["nodes"]
         objective = data.get("objective", {})
         if objective.get("max_latency_ms") is None:
             objective.pop("max_latency_ms", None)
@@ -196,7 +200,12 @@ class Job:
         data checked against its global batch, before anything is stored or run; with `log`, its
         output goes there (`TrialRequest.log`)."""
         return ProbeRequest(
-            device, self.workload_path(), dict(self.spec.workload_args), self.spec.global_batch, self.parallel, log,
+            device,
+            self.workload_path(),
+            dict(self.spec.workload_args),
+            self.spec.global_batch,
+            self.parallel,
+            log,
             nodes=self.spec.nodes,
         )
 
@@ -324,17 +333,16 @@ def _check_nodes(spec: JobSpec, backend: Backend, source: str) -> None:
             source=source,
             key="rendezvous",
         )
-    split_endpoint(spec.rendezvous, source)
+    _check_endpoint(spec.rendezvous, source)
 
 
-def split_endpoint(endpoint: str, source: str) -> tuple[str, int]:
-    """`host:port` as its host and port; a SpecError naming `rendezvous` otherwise."""
-    host, _, port = endpoint.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+def _check_endpoint(endpoint: str, source: str) -> None:
+    try:
+        split_endpoint(endpoint)
+    except ValueError:
         raise SpecError(
             f"{shown(endpoint)} is not host:port (a port from 1 to 65535)", source=source, key="rendezvous"
-        )
-    return host.strip("[]"), int(port)
+        ) from None
 
 
 def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:

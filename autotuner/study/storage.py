@@ -78,7 +78,11 @@ class StudySettings:
     max_memory_mb: float | None = None
     """The peak-memory limit (`objective.max_memory_mb`), or None."""
     processes: int | None = None
-    """Ranks of every trial (the spec's `processes`)."""
+    """Ranks of every trial on each node (the spec's `processes`)."""
+    nodes: int = 1
+    """Machines every trial spans (the spec's `nodes`)."""
+    rendezvous: str | None = None
+    """Where its nodes meet (the spec's `rendezvous`), with `nodes` above 1."""
     parallel: str | None = None
     """How the ranks train together (`autotuner.spec.job.Job.parallel`); None for one process."""
     task: str = "train"
@@ -95,6 +99,8 @@ class StudySettings:
             max_drift=job.spec.objective.max_drift,
             max_memory_mb=job.spec.objective.max_memory_mb,
             processes=job.spec.processes,
+            nodes=job.spec.nodes,
+            rendezvous=job.spec.rendezvous,
             parallel=job.parallel,
             task=job.spec.task,
         )

@@ -27,6 +27,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -205,6 +206,8 @@ class TrialProcess:
         self.ended = False
         self.waiting: Waiting | None = None
         """What the process last reported while it waits for a turn (lockstep), else None."""
+        self.on_end: Callable[[], None] | None = None
+        """Called once the process is reaped (a trial across nodes: its ranks elsewhere told)."""
         self._result: TrialResult | None = None
 
     def read_until_waiting(self, deadline: float) -> None:
@@ -256,6 +259,8 @@ class TrialProcess:
         if self._result is None:
             self.ended = True
             _kill_group(self.process, wait_s=5 if self.finished else 0)
+            if self.on_end is not None:
+                self.on_end()
             self.receive.close()
             if self.turns is not None:
                 self.turns.close()

@@ -16,11 +16,11 @@ from enum import Enum
 from typing import Any, TypedDict
 
 from autotuner.trials.probe import ProbeResult
-from autotuner.trials.trial_output import ProfileOutput, TrialOutput
+from autotuner.trials.trial_output import NodePart, ProfileOutput, TrialOutput
 
-OUTPUTS = (TrialOutput, ProbeResult, ProfileOutput, dict)
-"""What a trial process's entry point may return: a trial's, a probe's or a profile's output, or a
-mapping (a test's helper function)."""
+OUTPUTS = (TrialOutput, ProbeResult, ProfileOutput, NodePart, dict)
+"""What a trial process's entry point may return: a trial's, a probe's or a profile's output, a
+node's part of a trial across nodes, or a mapping (a test's helper function)."""
 
 
 class Outcome(str, Enum):

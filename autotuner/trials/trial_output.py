@@ -135,3 +135,11 @@ class ProfileOutput:
     total_ms: float
     """Self time of everything on that side, per step."""
     operators: list[Operator]
+
+
+@dataclass(frozen=True)
+class NodePart:
+    """What a trial process on a node other than 0 sends back when its ranks of a trial across
+    nodes ended well: node 0's trial process has the trial's output."""
+
+    node_rank: int

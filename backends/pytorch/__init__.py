@@ -27,6 +27,7 @@ from autotuner.backends.pytorch.knobs.loader import PIN_MEMORY, PREFETCH_FACTOR
 from autotuner.backends.pytorch.knobs.memory_format import MEMORY_FORMAT
 from autotuner.backends.pytorch.knobs.optimizer import OPTIMIZER
 from autotuner.config.knobs import Config, Knob, knob_table
+from autotuner.trials.nodes import NodeStore, split_endpoint
 
 PYTORCH_KNOBS = TRAINING_KNOBS
 
@@ -52,6 +53,17 @@ class PyTorchBackend(Backend):
 
     def default_preset(self, parallel: str | None) -> str:
         return f"pytorch-{parallel}" if parallel else self.default_space
+
+    def node_store(self, endpoint: str, *, host: bool, timeout_s: float) -> NodeStore:
+        """`torch.distributed`'s `TCPStore` at `endpoint`: the one the trials' `c10d` rendezvous and
+        process groups use (`autotuner.backends.pytorch.nodes`)."""
+        import datetime
+
+        import torch.distributed as dist
+
+        name, port = split_endpoint(endpoint)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        return dist.TCPStore(name, port, is_master=host, wait_for_workers=False, timeout=timeout)
 
     def job_knobs(self, parallel: str | None) -> dict[str, Knob]:
         others = {k.name for mode, knobs in PARALLEL_KNOBS.items() if mode != parallel for k in knobs}

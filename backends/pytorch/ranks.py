@@ -29,7 +29,7 @@ import multiprocessing.connection
 import os
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, overload
 
 import torch
@@ -66,10 +66,11 @@ only when no rank ended otherwise."""
 
 class StoreGroup:
     """`autotuner.trials.training.RankGroup` over the trial's `TCPStore`: rank 0's commands under
-    numbered keys, gathered values under `key/rank`."""
+    numbered keys, gathered values under `key/rank`. `devices` are the devices of this node's
+    ranks (rank 0 reads its node's GPUs' telemetry); `size` counts every node's."""
 
-    def __init__(self, store: dist.Store, rank: int, devices: list[str]):
-        self.store, self.rank, self.size, self.devices = store, rank, len(devices), devices
+    def __init__(self, store: dist.Store, rank: int, size: int, devices: list[str]):
+        self.store, self.rank, self.size, self.devices = store, rank, size, devices
         self._sent = self._read = 0
 
     def announce(self, what: str, count: int) -> None:
@@ -219,35 +220,66 @@ def _rank_main(
         port = ports[rank].recv()  # EOFError if the trial process could not start the store
         ports[rank].close()
         trial: TrialRequest = request.trial if isinstance(request, ProfileRequest) else request
-        size = trial.processes
-        device = rank_device(trial.device, rank)
-        if device == "cpu":
-            if hasattr(os, "sched_setaffinity"):
-                os.sched_setaffinity(0, shares[rank])
-            torch.set_num_threads(len(shares[rank]))
-        store = dist.TCPStore(HOST, port, size, is_master=False, timeout=STORE_TIMEOUT)
-        dist.init_process_group(
-            "nccl" if device.startswith("cuda") else "gloo",
-            store=dist.PrefixStore("process_group", store),
-            rank=rank,
-            world_size=size,
-            device_id=torch.device(device) if device.startswith("cuda") else None,
-        )
-        devices = [rank_device(trial.device, r) for r in range(size)]
-        group = StoreGroup(dist.PrefixStore("trial", store), rank, devices)
-        own = replace(trial, device=device, progress=trial.progress if rank == 0 else None)
-        result: TrialOutput | ProfileOutput
-        if isinstance(request, ProfileRequest):
-            result = run_profile(backend, replace(request, trial=own), group)
-        else:
-            result = run_trial(backend, own, turns if rank == 0 else None, group)
-        end: EndMessage = {"status": "ok", "result": result if rank == 0 else None}
-        throughput = getattr(result, "throughput", None) if rank == 0 else None
-        end["pruned"] = throughput is not None and throughput.stopped is not None
-    except BaseException as exc:  # everything a rank raises is the trial's outcome
-        end = exception_message(exc, lambda e: backend.classify_exception(e) == "oom")
-        end["at"] = time.monotonic()  # one clock for the machine: which rank failed first
+        store = dist.TCPStore(HOST, port, trial.processes, is_master=False, timeout=STORE_TIMEOUT)
+    except BaseException as exc:
+        end = failed_end(backend, exc)
+    else:
+        end = run_as_rank(backend, request, turns, Rank(rank, rank, trial.processes, shares[rank]), store)
     try:
         sender.send(end)
     finally:
         os._exit(0 if end["status"] == "ok" else 1)  # loader workers and compile pools die with the group
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where one rank of a trial stands: its global rank among `size`, its rank on its node (its
+    device: `cuda:K+local` from the request's `cuda:K`) and, on the CPU, its node's cores it runs on."""
+
+    rank: int
+    local: int
+    size: int
+    cores: set[int]
+
+
+def failed_end(backend: Trainer, exc: BaseException) -> EndMessage:
+    """The end of a rank that raised `exc`, classified, with the wall-clock time it failed at (which
+    rank failed first: comparable across nodes as far as their clocks agree)."""
+    end = exception_message(exc, lambda e: backend.classify_exception(e) == "oom")
+    end["at"] = time.time()
+    return end
+
+
+def run_as_rank(
+    backend: Trainer, request: TrialRequest | ProfileRequest, turns: Turns | None, where: Rank, store: dist.Store
+) -> EndMessage:
+    """Join the trial's process group on `store` as `where.rank` and run the trial (or its profile)
+    as that rank; its end (rank 0's carries the result)."""
+    try:
+        trial: TrialRequest = request.trial if isinstance(request, ProfileRequest) else request
+        device = rank_device(trial.device, where.local)
+        if device == "cpu":
+            if hasattr(os, "sched_setaffinity"):
+                os.sched_setaffinity(0, where.cores)
+            torch.set_num_threads(len(where.cores))
+        dist.init_process_group(
+            "nccl" if device.startswith("cuda") else "gloo",
+            store=dist.PrefixStore("process_group", store),
+            rank=where.rank,
+            world_size=where.size,
+            device_id=torch.device(device) if device.startswith("cuda") else None,
+        )
+        devices = [rank_device(trial.device, r) for r in range(trial.processes)]  # this node's
+        group = StoreGroup(dist.PrefixStore("trial", store), where.rank, where.size, devices)
+        own = replace(trial, device=device, progress=trial.progress if where.rank == 0 else None)
+        result: TrialOutput | ProfileOutput
+        if isinstance(request, ProfileRequest):
+            result = run_profile(backend, replace(request, trial=own), group)
+        else:
+            result = run_trial(backend, own, turns if where.rank == 0 else None, group)
+        end: EndMessage = {"status": "ok", "result": result if where.rank == 0 else None}
+        throughput = getattr(result, "throughput", None) if where.rank == 0 else None
+        end["pruned"] = throughput is not None and throughput.stopped is not None
+        return end
+    except BaseException as exc:  # everything a rank raises is the trial's outcome
+        return failed_end(backend, exc)

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from autotuner.backends.pytorch.apply import TunedTraining, load_full_state, strict_fp32, without_checkpointing
+from autotuner.backends.pytorch.nodes import run_nodes
 from autotuner.backends.pytorch.probe import workload_capabilities
 from autotuner.backends.pytorch.process import TorchProcess
 from autotuner.backends.pytorch.ranks import run_ranks
@@ -170,12 +171,18 @@ class PyTorchTrial(TorchProcess, TrainingBackend[torch.device, TorchWorkload, Tu
         return training.skipped_steps
 
     def run(self, request: TrialRequest, turns: Turns | None = None) -> TrialOutput:
-        """One trial; with `processes` above 1, as that many ranks (`autotuner.backends.pytorch.ranks`)."""
+        """One trial; with `processes` above 1, as that many ranks (`autotuner.backends.pytorch.ranks`);
+        with `nodes` above 1, as this node's ranks of it (`autotuner.backends.pytorch.nodes`: a
+        `NodePart` off node 0, whose output nobody reads)."""
+        if request.nodes > 1:
+            return cast(TrialOutput, run_nodes(self, request, turns))
         if request.processes > 1:
             return run_ranks(self, request, turns)
         return super().run(request, turns)
 
     def profile(self, request: ProfileRequest) -> ProfileOutput:
+        if request.trial.nodes > 1:
+            return cast(ProfileOutput, run_nodes(self, request))
         if request.trial.processes > 1:
             return run_ranks(self, request)
         return super().profile(request)

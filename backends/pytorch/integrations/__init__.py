@@ -104,10 +104,10 @@ def accumulation_per_process(config: TunedConfig, world_size: int | None = None)
     """The micro-steps per optimizer step that keep the study's global batch over `world_size`
     processes (None: the processes the config was tuned as, whose accumulation it is)."""
     params = config.params
-    world_size = config.processes if world_size is None else world_size
-    micro_steps = int(params[ACCUMULATION.name]) * config.processes  # micro-batches per optimizer step, all ranks
+    world_size = config.world if world_size is None else world_size
+    micro_steps = int(params[ACCUMULATION.name]) * config.world  # micro-batches per optimizer step, all ranks
     if world_size < 1 or micro_steps % world_size:
-        of = f"{params['accumulation']} x {config.processes}" if config.processes > 1 else str(params["accumulation"])
+        of = f"{params['accumulation']} x {config.world}" if config.world > 1 else str(params["accumulation"])
         raise SpecError(
             f"the global batch {params['batch_size'] * micro_steps} "
             f"({params['batch_size']} x {of}) cannot be kept over {world_size} processes: "
@@ -203,7 +203,7 @@ def header(config: TunedConfig, fmt: str, launch: str = "") -> list[str]:
     """The comment lines a snippet starts with: where the config comes from and the batch rule;
     for a config tuned as several processes, how they are launched (`launch`)."""
     params = config.params
-    processes = config.processes
+    processes = config.world
     batch, accumulation = params[BATCH_SIZE.name], params[ACCUMULATION.name]
     speedup = f", {times(config.speedup)} the baseline" if config.speedup else ""
     first = f"# autotuner export --format {fmt}: {config}{speedup}"
@@ -218,7 +218,7 @@ def header(config: TunedConfig, fmt: str, launch: str = "") -> list[str]:
         lines = [
             first,
             f"# Global batch {batch * accumulation * processes} = {batch} per micro-batch x {accumulation} "
-            f"accumulation x {processes} processes (parallel: {config.parallel}), as tuned;",
+            f"accumulation x {ranks(config)} (parallel: {config.parallel}), as tuned;",
             f"# launch: {launch}; on N processes instead, accumulation {accumulation * processes} / N keeps it.",
         ]
     return [*lines, ALLOCATOR_LINE]
@@ -231,10 +231,27 @@ ALLOCATOR_LINE = (
 """The header's last line: the allocator settings the study measured the job with."""
 
 
+def ranks(config: TunedConfig) -> str:
+    """The ranks the config was tuned as, in words: `4 processes`, `2 nodes x 4 processes`."""
+    processes = f"{config.processes} process{'es' if config.processes > 1 else ''}"
+    return processes if config.nodes == 1 else f"{config.nodes} nodes x {processes}"
+
+
+def rendezvous(config: TunedConfig) -> str:
+    """Node 0's `host:port` for a config tuned across nodes: where the study's nodes met."""
+    return config.spec.rendezvous or "NODE0_HOST:29500"
+
+
 def launch_line(config: TunedConfig) -> str:
-    """The shell line starting a script with the processes the config was tuned as (torchrun's)."""
-    if config.processes == 1:
+    """The shell line starting a script with the processes the config was tuned as (torchrun's;
+    across nodes, the line every node runs, meeting at a `c10d` rendezvous as the study's did)."""
+    if config.world == 1:
         return "python your_training.py"
+    if config.nodes > 1:
+        return (
+            f"torchrun --nnodes {config.nodes} --nproc-per-node {config.processes} --rdzv-backend c10d "
+            f"--rdzv-endpoint {rendezvous(config)} --rdzv-id {config.study['name']} your_training.py (on every node)"
+        )
     return f"torchrun --standalone --nproc-per-node {config.processes} your_training.py"
 
 

@@ -43,6 +43,7 @@ from autotuner.backends.pytorch.integrations import (
     model_setup,
     parallel_knobs,
     powersgd_options,
+    rendezvous,
     split_imports,
 )
 from autotuner.config.knobs import PRECISION
@@ -130,7 +131,7 @@ def accelerator_arguments(config: TunedConfig, world_size: int | None = None) ->
         warnings.warn(
             f"the Accelerator has no argument for part of this config; run: {'; '.join(needed)}", stacklevel=2
         )
-    arguments = _arguments(config, config.processes if world_size is None else world_size)
+    arguments = _arguments(config, config.world if world_size is None else world_size)
     mode = knobs(config)[COMPILE.name]
     if mode != "none":
         from accelerate.utils import TorchDynamoPlugin
@@ -162,7 +163,7 @@ def setup_code(config: TunedConfig) -> list[str]:
 
 def snippet(config: TunedConfig) -> str:
     """Python code building the Accelerator and the DataLoader with the tuned knobs."""
-    arguments: dict[str, Any] = _arguments(config, config.processes)
+    arguments: dict[str, Any] = _arguments(config, config.world)
     mode = knobs(config)[COMPILE.name]
     if mode != "none":
         arguments["dynamo_plugin"] = Code(f'TorchDynamoPlugin(backend="inductor", mode="{mode}")')
@@ -170,7 +171,13 @@ def snippet(config: TunedConfig) -> str:
     setup = setup_code(config)
     ours, code = split_imports(setup)
     utils = sorted([*(["TorchDynamoPlugin"] if mode != "none" else []), *_parallel_names(config)])
-    launch = f"accelerate launch --num_processes {config.processes} your_training.py"
+    launch = f"accelerate launch --num_processes {config.world} your_training.py"
+    if config.nodes > 1:
+        host, _, port = rendezvous(config).rpartition(":")
+        launch = (
+            f"accelerate launch --num_machines {config.nodes} --num_processes {config.world} --machine_rank R "
+            f"--main_process_ip {host} --main_process_port {port} --rdzv_backend c10d your_training.py (on node R)"
+        )
     lines = [
         *header(config, "accelerate", launch),
         *([WRAP_NOTE] if config.parallel == "fsdp" else []),

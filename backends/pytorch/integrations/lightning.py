@@ -43,6 +43,7 @@ from autotuner.backends.pytorch.integrations import (
     header,
     imports_first,
     knobs,
+    launch_line,
     loader_arguments,
     model_setup,
     parallel_knobs,
@@ -75,7 +76,8 @@ def _trainer_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
         "precision": PRECISIONS[params[PRECISION.name]],
         "accumulate_grad_batches": accumulation_per_process(config, world_size),
         **({"benchmark": True} if params["cudnn_benchmark"] else {}),  # torch.backends.cudnn.benchmark
-        **({"devices": world_size} if config.parallel else {}),
+        **({"devices": world_size // config.nodes} if config.parallel else {}),
+        **({"num_nodes": config.nodes} if config.nodes > 1 else {}),
     }
 
 
@@ -149,7 +151,7 @@ def trainer_arguments(config: TunedConfig, world_size: int | None = None) -> dic
         )
     if config.parallel == "fsdp":
         warnings.warn(FSDP1_NOTE, stacklevel=2)
-    arguments = _trainer_arguments(config, config.processes if world_size is None else world_size)
+    arguments = _trainer_arguments(config, config.world if world_size is None else world_size)
     if config.parallel:
         arguments["strategy"] = _strategy(config, code=False)
     return arguments
@@ -184,11 +186,16 @@ def snippet(config: TunedConfig) -> str:
     """Python code building the Trainer and the DataLoader with the tuned knobs."""
     setup = setup_code(config)
     ours, code = split_imports(setup)
-    arguments = _trainer_arguments(config, config.processes)
+    arguments = _trainer_arguments(config, config.world)
     strategy = _strategy(config, code=True)
     if strategy is not None:
         arguments["strategy"] = strategy
     launch = f"python your_training.py, the Trainer starting its {config.processes} processes (devices)"
+    if config.nodes > 1:
+        launch = (
+            f"{launch_line(config)}: the Trainer (num_nodes={config.nodes}, devices={config.processes}) "
+            "joins the processes torchrun started"
+        )
     lines = [
         *header(config, "lightning", launch),
         *([f"# {FSDP1_NOTE}.", WRAP_NOTE] if config.parallel == "fsdp" else []),

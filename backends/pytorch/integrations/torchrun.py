@@ -54,7 +54,7 @@ def snippet(config: TunedConfig, path: str | None = None) -> str:
     `export_path`): for a config tuned as N ranks, one process of N started by torchrun, which
     joins the process group (NCCL on a GPU, gloo on a CPU) and trains on its GPU, `cuda:LOCAL_RANK`."""
     knobs(config)  # a PyTorch config, or refused
-    processes, parallel = config.processes, config.parallel
+    parallel = config.parallel
     launch = launch_line(config)
     loading = f"config = load_config({path or export_path(config)!r})  # autotuner search writes it"
     if parallel is None:
@@ -96,7 +96,7 @@ def snippet(config: TunedConfig, path: str | None = None) -> str:
     lines += [
         f"tuned = TunedTraining(config, model, optimizer, dataset, device={device})  # your model, optimizer, dataset",
         "for epoch in range(epochs):",
-        f"    tuned.loader.sampler.set_epoch(epoch)  # this rank's 1/{processes} of the dataset, reshuffled",
+        f"    tuned.loader.sampler.set_epoch(epoch)  # this rank's 1/{config.world} of the dataset, reshuffled",
         *LOOP,
         "tuned.finish()  # every rank done; lets go of what would keep the process group alive",
         "dist.destroy_process_group()",

@@ -167,7 +167,7 @@ def training_arguments(config: TunedConfig, world_size: int | None = None) -> di
     """`TrainingArguments` keyword arguments for the tuned knobs, for a run in `world_size` processes
     (None: as many as it was tuned as). Warns when the config needs `setup_code` or `trainer_code` too."""
     _warn_of_setup(config)
-    return _training_arguments(config, config.processes if world_size is None else world_size)
+    return _training_arguments(config, config.world if world_size is None else world_size)
 
 
 def apply(args: TrainingArguments, config: TunedConfig) -> TrainingArguments:
@@ -254,7 +254,7 @@ def snippet(config: TunedConfig) -> str:
         *[line for line in imports if line.startswith("from torch")],
         "from transformers import TrainingArguments",
         "",
-        *assignment("tuned", _training_arguments(config, config.processes)),
+        *assignment("tuned", _training_arguments(config, config.world)),
         'args = TrainingArguments(output_dir="trainer-output", **tuned)  # your own arguments beside them',
         *([SETUP_COMMENT, *setup] if setup else []),
         *([TRAINER_COMMENT, *on_trainer] if on_trainer else []),
