@@ -1,0 +1,200 @@
+"""Trials across machines, on one: two "nodes" on loopback, each an `autotuner search` of its own
+with one gloo rank, meeting at a `c10d` rendezvous on 127.0.0.1 (`nodes: 2`). A 2-node x 1-rank
+trial trains as a 1-node x 2-rank one does, a node that dies mid-trial ends the trial on the other
+with the node named and no process left on either, and a whole 2-node study runs and exports its
+multi-node launch lines. The pieces (the store's protocol, the first failure, the spec's checks)
+are tests/trials/test_nodes.py's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from autotuner.spec.job import load_spec
+from autotuner.trials.nodes import LeadingLauncher
+from autotuner.trials.outcomes import Outcome
+from autotuner.workers.nodes import follow
+from tests.e2e.test_coordination import _descendants, _running
+from tests.support.studies import ROOT, run_cli, write_spec
+
+NODE_SPEC: dict[str, Any] = {
+    "processes": 1,
+    "nodes": 2,
+    "parallel": "ddp",
+    "baseline": {"precision": "fp32", "batch_size": 16, "workers": 0, "compile": "none"},
+    "space": {"precision": ["fp32", "bf16"], "batch_size": [16, 32], "workers": [0], "compile": ["none"]},
+    "budget": {"trials": 2},
+    "sampler": {"name": "random", "seed": 0},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def node_spec(folder: Path, name: str, **changes: Any) -> Path:
+    return write_spec(folder, **{**NODE_SPEC, "name": name, "rendezvous": f"127.0.0.1:{free_port()}", **changes})
+
+
+def start_node(spec: Path, cwd: Path, *args: str, core: int) -> subprocess.Popen[str]:
+    """`autotuner search --spec SPEC ARGS` as a process of its own on one core (a node of its own:
+    its trials' contention watch sees its own core only)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotuner", "search", "--spec", str(spec), *args],
+        cwd=cwd,
+        env={**env, "COLUMNS": "200"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+    )
+
+
+def cores() -> tuple[int, int]:
+    usable = sorted(os.sched_getaffinity(0))
+    return usable[0], usable[-1]
+
+
+def test_a_two_node_study_runs_end_to_end_and_exports_its_launch_lines(tmp_path: Path) -> None:
+    spec = node_spec(tmp_path, "nodes")
+    endpoint = yaml.safe_load(spec.read_text())["rendezvous"]
+    first, last = cores()
+    follower = start_node(spec, tmp_path, "--node-rank", "1", core=last)
+    leader = start_node(spec, tmp_path, core=first)
+    try:
+        out, err = leader.communicate(timeout=400)
+        follower_out, follower_err = follower.communicate(timeout=60)
+    finally:
+        for node in (leader, follower):
+            node.kill()
+    assert leader.returncode == 0, out + err
+    assert follower.returncode == 0, follower_out + follower_err
+    assert "on cpu x 2 nodes x 1 process (ddp)" in out.splitlines()[0]
+    assert "node 1: node 0's search is over" in follower_err and ", 0 failed" in follower_err
+    export = yaml.safe_load((tmp_path / "runs" / "nodes" / "best.yaml").read_text())
+    assert export["spec"]["nodes"] == 2 and export["spec"]["processes"] == 1
+    assert export["spec"]["rendezvous"] == endpoint
+    params = export["params"]
+    assert params["batch_size"] * params["accumulation"] * 2 == 64  # the global batch over both nodes
+    exported = {}
+    for fmt in ("torchrun", "accelerate", "lightning", "hf-trainer"):
+        done = run_cli("export", "--spec", str(spec), "--format", fmt, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        exported[fmt] = (tmp_path / "runs" / "nodes" / f"best.{fmt}.py").read_text()
+    torchrun = f"torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {endpoint}"
+    assert torchrun in exported["torchrun"] and torchrun in exported["hf-trainer"]
+    assert "--num_machines 2 --num_processes 2 --machine_rank R" in exported["accelerate"]
+    assert "num_nodes=2" in exported["lightning"] and "devices=1" in exported["lightning"]
+
+
+def _two_nodes(spec: Path, config: dict[str, Any] | None = None, measure: bool = False) -> Any:
+    """One trial of `spec`'s job (its reference config unless `config`) on two loopback nodes:
+    node 0 led from this process, node 1 following in a thread; the result, and node 1's exit code."""
+    job = load_spec(spec)
+    assert job.spec.rendezvous is not None
+    store = job.backend.node_store(job.spec.rendezvous, host=True, timeout_s=60)
+    leading = LeadingLauncher(job.backend.launcher(None, job.workload_path()), store, job.spec.name)
+    codes: list[int] = []
+    node1 = threading.Thread(target=lambda: codes.append(follow(job, 1, note=lambda text: None)))
+    node1.start()
+    try:
+        request = job.trial_request(config or job.reference_config(), "cpu", measure=measure)
+        return leading.call(job.backend.runner, "run", request, job.trial_timeout()), codes
+    finally:
+        leading.finish(2)
+        node1.join(timeout=30)
+
+
+def test_two_nodes_of_one_rank_train_as_one_node_of_two(tmp_path: Path) -> None:
+    nodes = node_spec(tmp_path, "two-nodes")
+    across, codes = _two_nodes(nodes)
+    assert across.outcome is Outcome.OK, across.reason
+    assert codes == [0]
+    one = write_spec(tmp_path, **{**NODE_SPEC, "name": "one-node", "nodes": 1, "processes": 2})
+    job = load_spec(one)
+    request = job.trial_request(job.reference_config(), "cpu", measure=False)
+    alone = job.backend.launcher(None, job.workload_path()).call(job.backend.runner, "run", request, 120)
+    assert alone.outcome is Outcome.OK, alone.reason
+    # The same ranks, data shards and all-reduce: only the threads each rank computes with differ.
+    ours, theirs = across.output.losses, alone.output.losses
+    assert len(ours.trajectory) == len(theirs.trajectory) == job.spec.trial.drift_steps
+    assert ours.trajectory == pytest.approx(theirs.trajectory, rel=1e-5, abs=1e-6)
+    assert ours.heldout == pytest.approx(theirs.heldout, rel=1e-5)
+
+
+def test_a_rank_that_fails_on_node_1_fails_the_trial_with_its_node_named(tmp_path: Path) -> None:
+    spec = node_spec(
+        tmp_path,
+        "raises",
+        workload="tests.support.faulty_workloads:on_rank",
+        workload_args={"fault": "raise", "rank": 1},
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+        space={"batch_size": [8]},
+    )
+    result, codes = _two_nodes(spec)
+    assert result.outcome is Outcome.ERROR
+    assert "node 1, rank 1 of 2" in result.reason and "this rank's forward fails" in result.reason
+    assert codes == [0]
+
+
+def test_a_node_killed_mid_trial_ends_it_on_the_other_and_leaves_no_process(tmp_path: Path) -> None:
+    """Rank 1 (node 1) hangs in its forward, rank 0 (node 0) waits in its all-reduce; kill -9 of
+    node 1's search ends node 0's trial within its timeout, node 1 named, and no process of either
+    node is left."""
+    spec = node_spec(
+        tmp_path,
+        "killed",
+        workload="tests.support.faulty_workloads:on_rank",
+        workload_args={"fault": "hang", "rank": 1},
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+        space={"batch_size": [8]},
+        trial={"timeout": 90},
+    )
+    first, last = cores()
+    follower = start_node(spec, tmp_path, "--node-rank", "1", core=last)
+    leader = start_node(spec, tmp_path, core=first)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(_ranks_started(node.pid) for node in (leader, follower)):
+            time.sleep(0.2)
+        time.sleep(2.0)  # rank 1 is in its forward, rank 0 in the all-reduce
+        below = {**_descendants(leader.pid), **_descendants(follower.pid)}
+        killed_at = time.monotonic()
+        follower.send_signal(signal.SIGKILL)
+        out, err = leader.communicate(timeout=120)
+        ended_s = time.monotonic() - killed_at
+    finally:
+        for node in (leader, follower):
+            node.kill()
+            node.wait()
+    assert ended_s < 90, f"node 0 ended {ended_s:.0f} s after node 1 was killed"  # within the trial's timeout
+    assert "node 1" in out + err and ("without a word" in out + err or "rank 1 of 2" in out + err), out + err
+    time.sleep(2)
+    left = [pid for pid, started in below.items() if _running(pid, started)]
+    assert not left, f"processes left behind: {[_cmdline(pid) for pid in left]}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _ranks_started(pid: int) -> bool:
+    """Whether the search `pid` has a rank running: its fork server, a trial process forked from
+    that, and a rank forked from the trial process (all three run the fork server's command line)."""
+    return sum("forkserver" in _cmdline(child) for child in _descendants(pid)) >= 3
