@@ -121,10 +121,10 @@ class TrialProcess(ABC, Generic[D, W]):
         `device`), merged into the environment's `capabilities`; `count` items make the batch."""
         return {}
 
-    def parallel_capabilities(self, parallel: str | None) -> dict[str, bool]:
+    def parallel_capabilities(self, parallel: str | None, nodes: int) -> dict[str, bool]:
         """Probe: which way of running across processes this framework build offers, for a job
-        whose ranks work together as `parallel` (None: one process); merged into the
-        environment's `capabilities`."""
+        whose ranks work together as `parallel` (None: one process) on `nodes` machines; merged
+        into the environment's `capabilities`."""
         return {}
 
     def compilations(self) -> Callable[[], int]:
@@ -197,7 +197,7 @@ def probe(backend: TrialProcess[D, W], request: ProbeRequest) -> ProbeResult:
 
     with backend.on_device(device):
         environment = backend.environment(device)
-        parallel = backend.parallel_capabilities(request.parallel)
+        parallel = backend.parallel_capabilities(request.parallel, request.nodes)
         environment = replace(environment, capabilities={**environment.capabilities, **parallel})
         workload_args = None if request.workload_args is None else args
         problem = workload_problem(request.workload, workload_args, build)

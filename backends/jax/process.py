@@ -202,7 +202,7 @@ class JaxProcess:
             **extra,
         )
 
-    def parallel_capabilities(self, parallel: str | None) -> dict[str, bool]:
+    def parallel_capabilities(self, parallel: str | None, nodes: int) -> dict[str, bool]:
         return {"data_parallel": parallel == DATA_PARALLEL}
 
     def seed(self, seed: int) -> None:

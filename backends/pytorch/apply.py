@@ -54,7 +54,7 @@ from autotuner.backends.pytorch.knobs.compile import MODES as COMPILE_MODES
 from autotuner.backends.pytorch.knobs.compile import uses_cuda_graphs
 from autotuner.backends.pytorch.knobs.ddp import POWERSGD_START, distributed_data_parallel
 from autotuner.backends.pytorch.knobs.float8 import float8_training
-from autotuner.backends.pytorch.knobs.fsdp import PARAM_DTYPE, fully_sharded, over_parameters
+from autotuner.backends.pytorch.knobs.fsdp import PARAM_DTYPE, fully_sharded, hybrid_shape, over_parameters
 from autotuner.backends.pytorch.knobs.fsdp import dtype as mixed_precision_dtype
 from autotuner.backends.pytorch.knobs.optimizer import rebuilt_optimizer
 from autotuner.backends.pytorch.modules import is_hugging_face, repeated_blocks, uncompiled, users_module
@@ -349,6 +349,7 @@ __all__ = [
     "enable_checkpointing",
     "float8_training",
     "fully_sharded",
+    "hybrid_shape",
     "is_hugging_face",
     "load_full_state",
     "loader_workers",

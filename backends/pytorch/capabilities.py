@@ -31,6 +31,10 @@ class TorchCapabilities(Capabilities):
     # How the job's ranks train together (the spec's `parallel`), where this torch build has it.
     ddp: bool = capability("DistributedDataParallel")
     fsdp: bool = capability("FSDP2")
+    hsdp: bool = capability("FSDP2 hybrid sharding: a trial across 2+ nodes")
+    """FSDP2 with the trial's ranks on two or more nodes (the spec's `nodes`): its hybrid meshes,
+    which shard within a node and replicate across nodes or the other way round, can differ from
+    sharding over every rank."""
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,13 @@ if TYPE_CHECKING:
     from autotuner.backends.pytorch.workload import InferenceWorkload, TorchWorkload
 
 
-def parallel_capabilities(parallel: str | None) -> dict[str, bool]:
+def parallel_capabilities(parallel: str | None, nodes: int) -> dict[str, bool]:
     """`ddp` and `fsdp`: whether the job's ranks train that way (its `parallel`) and this torch
-    build can (torch.distributed, and FSDP2's `fully_shard`)."""
+    build can (torch.distributed, and FSDP2's `fully_shard`); `hsdp`: FSDP2 whose ranks span
+    `nodes` of 2 or more, where its hybrid meshes differ from one over every rank."""
     distributed = torch.distributed.is_available()
-    fsdp = distributed and importlib.util.find_spec("torch.distributed.fsdp") is not None
-    return {"ddp": parallel == "ddp" and distributed, "fsdp": parallel == "fsdp" and fsdp}
+    fsdp = parallel == "fsdp" and distributed and importlib.util.find_spec("torch.distributed.fsdp") is not None
+    return {"ddp": parallel == "ddp" and distributed, "fsdp": fsdp, "hsdp": fsdp and nodes >= 2}
 
 
 def environment(device: torch.device) -> Environment:

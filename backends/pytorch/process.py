@@ -131,8 +131,8 @@ class TorchProcess:
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def parallel_capabilities(self, parallel: str | None) -> dict[str, bool]:
-        return parallel_capabilities(parallel)
+    def parallel_capabilities(self, parallel: str | None, nodes: int) -> dict[str, bool]:
+        return parallel_capabilities(parallel, nodes)
 
     def compilations(self) -> Callable[[], int]:
         return lambda: _COMPILATIONS[0]

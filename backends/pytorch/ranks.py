@@ -258,6 +258,7 @@ def run_as_rank(
     try:
         trial: TrialRequest = request.trial if isinstance(request, ProfileRequest) else request
         device = rank_device(trial.device, where.local)
+        os.environ["LOCAL_WORLD_SIZE"] = str(trial.processes)  # as torchrun sets it: FSDP2's hybrid mesh reads it
         if device == "cpu":
             if hasattr(os, "sched_setaffinity"):
                 os.sched_setaffinity(0, where.cores)

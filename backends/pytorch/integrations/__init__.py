@@ -221,7 +221,7 @@ def header(config: TunedConfig, fmt: str, launch: str = "") -> list[str]:
             f"accumulation x {ranks(config)} (parallel: {config.parallel}), as tuned;",
             f"# launch: {launch}; on N processes instead, accumulation {accumulation * processes} / N keeps it.",
         ]
-    return [*lines, ALLOCATOR_LINE]
+    return [*lines, ALLOCATOR_LINE, *hybrid_note(config, across=fmt == "torchrun")]
 
 
 ALLOCATOR_LINE = (
@@ -322,6 +322,62 @@ def dtype(choice: str, *, code: bool) -> Any:
     from autotuner.backends.pytorch.apply import DTYPES
 
     return DTYPES[choice]
+
+
+def fsdp_mesh(config: TunedConfig) -> str:
+    """The config's `fsdp_mesh` (`flat` for a config not tuned with FSDP2)."""
+    return str(parallel_knobs(config).get("fsdp_mesh", "flat"))
+
+
+def hybrid_import(config: TunedConfig) -> list[str]:
+    """The import line of `hybrid_shape` for a snippet whose arguments call it (`fsdp_mesh:
+    hybrid`), else none."""
+    return [f"{TUNED_IMPORT}hybrid_shape"] if fsdp_mesh(config) == "hybrid" else []
+
+
+def hybrid_note(config: TunedConfig, *, across: bool) -> list[str]:
+    """The header's comment for a config whose hybrid mesh the format builds (`hybrid`, and with
+    `across` `hybrid_across`, which `TunedTraining` alone builds): the nodes are counted where the
+    ranks run, as `TunedTraining` counts them (`autotuner.backends.pytorch.apply.hybrid_shape`)."""
+    layout = fsdp_mesh(config)
+    if layout == "flat" or (layout == "hybrid_across" and not across):
+        return []
+    return [
+        f"# fsdp_mesh={layout}: the nodes are counted where the ranks run, from WORLD_SIZE and LOCAL_WORLD_SIZE "
+        f"({config.processes} ranks a node as tuned): launch on every node with torchrun --nnodes M "
+        f"--nproc-per-node {config.processes}, or a launcher that sets them"
+    ]
+
+
+def hybrid_shape(*, code: bool) -> Any:
+    """`fsdp_mesh: hybrid`'s mesh shape, (nodes, ranks per node) = (replicas, shards), counted in
+    this process (`autotuner.backends.pytorch.apply.hybrid_shape`), or with `code` its call as code
+    (`hybrid_import`)."""
+    if code:
+        return Code("hybrid_shape()")
+    from autotuner.backends.pytorch.apply import hybrid_shape
+
+    return hybrid_shape()
+
+
+def parallelism_config(*, code: bool) -> Any:
+    """Accelerate's `ParallelismConfig` of `fsdp_mesh: hybrid` (the Accelerator's and the Hugging
+    Face Trainer's): FSDP2 over its 2-D mesh (`dp_replicate`, `dp_shard`) = (nodes, ranks per
+    node), replicas outer as the study's; with `code`, as code."""
+    if code:
+        return Code("ParallelismConfig(*hybrid_shape())")
+    from accelerate.utils import ParallelismConfig
+
+    return ParallelismConfig(*hybrid_shape(code=False))
+
+
+def across_note(trainer: str) -> str:
+    """The setup comment of `fsdp_mesh: hybrid_across` for a `trainer` whose mesh puts a node's
+    ranks in one shard group: it cannot shard across the nodes and replicate within one."""
+    return (
+        f"# fsdp_mesh=hybrid_across: {trainer} shards a node's ranks together; it has no mesh that shards across "
+        "nodes and replicates within one (TunedTraining's has): sharded over every rank here"
+    )
 
 
 def call(name: str, arguments: Mapping[str, object]) -> Code:

@@ -16,8 +16,11 @@ A config tuned as several ranks gets, with DDP, `kwargs_handlers=[DistributedDat
 `comm_state_option`); with FSDP2, `fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, ...)`
 (reshard_after_forward -> `reshard_after_forward`, param_dtype and reduce_dtype ->
 `mixed_precision_policy`, an FSDP2 `MixedPrecisionPolicy`, which Accelerate keeps where it would
-otherwise make one of `mixed_precision`; offload -> `cpu_offload`). Launched with `accelerate
-launch --num_processes N`.
+otherwise make one of `mixed_precision`; offload -> `cpu_offload`), and fsdp_mesh=hybrid ->
+`parallelism_config=ParallelismConfig(*hybrid_shape())` (HSDP over Accelerate's mesh
+(`dp_replicate`, `dp_shard`) = (nodes, ranks per node), counted where the ranks run);
+fsdp_mesh=hybrid_across, whose transposed mesh Accelerate cannot build, is a comment in
+`setup_code`. Launched with `accelerate launch --num_processes N`.
 """
 
 from __future__ import annotations
@@ -31,17 +34,21 @@ from autotuner.backends.pytorch.integrations import (
     TUNED_IMPORT,
     Code,
     accumulation_per_process,
+    across_note,
     assignment,
     call,
     common_setup,
     ddp_arguments,
     dtype,
+    fsdp_mesh,
     header,
+    hybrid_import,
     imports_first,
     knobs,
     loader_arguments,
     model_setup,
     parallel_knobs,
+    parallelism_config,
     powersgd_options,
     rendezvous,
     split_imports,
@@ -95,11 +102,12 @@ def _parallel(config: TunedConfig, *, code: bool) -> dict[str, Any]:
             "mixed_precision_policy": precision,
             "cpu_offload": values["offload"] == "cpu",
         }
+        hybrid = {"parallelism_config": parallelism_config(code=code)} if fsdp_mesh(config) == "hybrid" else {}
         if code:
-            return {"fsdp_plugin": call("FullyShardedDataParallelPlugin", arguments)}
+            return {"fsdp_plugin": call("FullyShardedDataParallelPlugin", arguments), **hybrid}
         from accelerate.utils import FullyShardedDataParallelPlugin
 
-        return {"fsdp_plugin": FullyShardedDataParallelPlugin(**arguments)}
+        return {"fsdp_plugin": FullyShardedDataParallelPlugin(**arguments), **hybrid}
     return {}
 
 
@@ -109,7 +117,7 @@ def _parallel_names(config: TunedConfig) -> list[str]:
         hook = parallel_knobs(config)["comm_hook"] != "none"
         return ["DistributedDataParallelKwargs", *(["DDPCommunicationHookType"] if hook else [])]
     if config.parallel == "fsdp":
-        return ["FullyShardedDataParallelPlugin"]
+        return ["FullyShardedDataParallelPlugin", *(["ParallelismConfig"] if fsdp_mesh(config) == "hybrid" else [])]
     return []
 
 
@@ -124,8 +132,8 @@ def _arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
 def accelerator_arguments(config: TunedConfig, world_size: int | None = None) -> dict[str, Any]:
     """`Accelerator` keyword arguments for the tuned knobs, for `world_size` processes (None: as
     many as it was tuned as); with a compile mode, `dynamo_plugin` is a `TorchDynamoPlugin`; for a
-    config tuned as several ranks, `kwargs_handlers` (DDP) or `fsdp_plugin` (FSDP2). Warns when
-    `setup_code` is needed too."""
+    config tuned as several ranks, `kwargs_handlers` (DDP) or `fsdp_plugin` (FSDP2, with
+    `parallelism_config` for a hybrid mesh). Warns when `setup_code` is needed too."""
     needed = setup_code(config)
     if needed:
         warnings.warn(
@@ -150,9 +158,11 @@ def setup_code(config: TunedConfig) -> list[str]:
     `optimizer` before `prepare`: TF32, cuDNN's benchmark mode, the SDPA kernel, channels_last,
     activation checkpointing, eager attention, and the optimizer rebuilt with foreach=True or
     fused=True (`rebuilt_optimizer`, as `TunedTraining` rebuilds it: same class, parameter groups and
-    hyperparameters)."""
+    hyperparameters); a comment for fsdp_mesh=hybrid_across."""
     params = knobs(config)
     lines = [*common_setup(params), *model_setup(params)]
+    if fsdp_mesh(config) == "hybrid_across":
+        lines.append(across_note("Accelerate's ParallelismConfig"))
     if params["optimizer"] != "as-given":
         lines += [
             f"{TUNED_IMPORT}rebuilt_optimizer",
@@ -169,7 +179,7 @@ def snippet(config: TunedConfig) -> str:
         arguments["dynamo_plugin"] = Code(f'TorchDynamoPlugin(backend="inductor", mode="{mode}")')
     arguments.update(_parallel(config, code=True))
     setup = setup_code(config)
-    ours, code = split_imports(setup)
+    ours, code = split_imports(imports_first([*hybrid_import(config), *setup]))
     utils = sorted([*(["TorchDynamoPlugin"] if mode != "none" else []), *_parallel_names(config)])
     launch = f"accelerate launch --num_processes {config.world} your_training.py"
     if config.nodes > 1:

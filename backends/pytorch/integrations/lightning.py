@@ -19,8 +19,11 @@ or PowerSGD's with its `ddp_comm_state`, as `TunedTraining` registers them); wit
 reshard_after_forward -> `sharding_strategy` `FULL_SHARD` (True) or `SHARD_GRAD_OP` (False: the
 gathered parameters are kept from the forward to the backward), offload -> `cpu_offload`,
 param_dtype and reduce_dtype -> `mixed_precision` (FSDP1's `MixedPrecision`; without it Lightning
-would make one of its precision); float8_all_gather and float8_precompute, FSDP2's, are a comment
-(the layers are converted without them). `trainer_arguments` warns of it; FSDP2 itself is Lightning's
+would make one of its precision), fsdp_mesh=hybrid -> `HYBRID_SHARD` (`_HYBRID_SHARD_ZERO2` without
+resharding) over `device_mesh=hybrid_shape()`, (nodes, ranks per node) counted where the ranks run;
+fsdp_mesh=hybrid_across, whose transposed mesh the strategy cannot be given before its process group
+exists, and float8_all_gather and float8_precompute, FSDP2's, are a comment (sharded over every rank,
+the layers converted without them). `trainer_arguments` warns of it; FSDP2 itself is Lightning's
 `ModelParallelStrategy` with `fully_shard` in the LightningModule's `configure_model`.
 """
 
@@ -34,13 +37,17 @@ from autotuner.backends.pytorch.integrations import (
     COMM_HOOKS,
     HOOKS_IMPORT,
     accumulation_per_process,
+    across_note,
     assignment,
     call,
     comm_hook,
     common_setup,
     ddp_arguments,
     dtype,
+    fsdp_mesh,
     header,
+    hybrid_import,
+    hybrid_shape,
     imports_first,
     knobs,
     launch_line,
@@ -57,8 +64,14 @@ if TYPE_CHECKING:
     from autotuner.export.reader import TunedConfig
 
 PRECISIONS = {"fp32": "32-true", "tf32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
-SHARDING = {True: "FULL_SHARD", False: "SHARD_GRAD_OP"}
-"""reshard_after_forward -> FSDP1's sharding strategy that does the same with the gathered parameters."""
+SHARDING = {
+    (True, False): "FULL_SHARD",
+    (False, False): "SHARD_GRAD_OP",
+    (True, True): "HYBRID_SHARD",
+    (False, True): "_HYBRID_SHARD_ZERO2",
+}
+"""(reshard_after_forward, fsdp_mesh is hybrid) -> FSDP1's sharding strategy that does the same with
+the gathered parameters, over every rank or within each node, replicated across the nodes."""
 FSDP1_NOTE = (
     "Lightning's FSDPStrategy is FSDP1 (FullyShardedDataParallel), the nearest to the study's FSDP2 "
     "(fully_shard): for FSDP2 itself, use ModelParallelStrategy() and fully_shard in configure_model"
@@ -112,10 +125,12 @@ def _strategy(config: TunedConfig, *, code: bool) -> Any:
             from torch.distributed.fsdp import MixedPrecision
 
             precision = MixedPrecision(**policy)
+        hybrid = fsdp_mesh(config) == "hybrid"
         arguments = {
-            "sharding_strategy": SHARDING[values["reshard_after_forward"]],
+            "sharding_strategy": SHARDING[values["reshard_after_forward"], hybrid],
             "cpu_offload": values["offload"] == "cpu",
             "mixed_precision": precision,
+            **({"device_mesh": hybrid_shape(code=code)} if hybrid else {}),
         }
         if code:
             return call("FSDPStrategy", arguments)
@@ -165,7 +180,8 @@ def dataloader_arguments(config: TunedConfig) -> dict[str, Any]:
 def setup_code(config: TunedConfig) -> list[str]:
     """Lines of Python for what the Trainer's arguments cannot hold, to run on the LightningModule
     (`model`) before `fit`: TF32, the SDPA kernel, channels_last, activation checkpointing, eager
-    attention, torch.compile's mode, and a comment for the optimizer flag."""
+    attention, torch.compile's mode, and a comment for the optimizer flag, FSDP2's fp8 gathers and
+    fsdp_mesh=hybrid_across."""
     params = knobs(config)
     fp8_gather = [knob.name for knob in FSDP_FLOAT8_KNOBS if params.get(knob.name) is True]
     if fp8_gather:  # FSDP2's; the FSDPStrategy is FSDP1
@@ -174,6 +190,8 @@ def setup_code(config: TunedConfig) -> list[str]:
     if fp8_gather:
         fsdp1 = "Lightning's FSDPStrategy (FSDP1) gathers the weights in their own dtype"
         lines.append(f"# {', '.join(fp8_gather)}: FSDP2's; {fsdp1}")
+    if fsdp_mesh(config) == "hybrid_across":
+        lines.append(across_note("Lightning's HYBRID_SHARD"))
     if params[COMPILE.name] != "none":
         lines.append(f'model = torch.compile(model, mode="{params[COMPILE.name]}")  # the LightningModule, before fit')
     if params["optimizer"] != "as-given":
@@ -185,7 +203,7 @@ def setup_code(config: TunedConfig) -> list[str]:
 def snippet(config: TunedConfig) -> str:
     """Python code building the Trainer and the DataLoader with the tuned knobs."""
     setup = setup_code(config)
-    ours, code = split_imports(setup)
+    ours, code = split_imports(imports_first([*hybrid_import(config), *setup]))
     arguments = _trainer_arguments(config, config.world)
     strategy = _strategy(config, code=True)
     if strategy is not None:

@@ -17,8 +17,11 @@ A config tuned as several ranks: with DDP, bucket_cap_mb -> `ddp_bucket_cap_mb`,
 the Trainer would look for unused parameters of a model without checkpointing); with FSDP2,
 `fsdp` and `fsdp_config` (`version` 2, reshard_after_forward -> `reshard_after_forward`, offload ->
 `cpu_offload`; the Trainer shards the model's `_no_split_modules` blocks, then the root, as the
-study sharded its repeated blocks). `trainer_code` holds what the arguments cannot, lines that
-set it on the Accelerate objects the Trainer built, after `Trainer(...)` and before `train()`:
+study sharded its repeated blocks), and fsdp_mesh=hybrid -> `parallelism_config`, Accelerate's
+`ParallelismConfig(*hybrid_shape())` (HSDP over (nodes, ranks per node), counted where the ranks
+run; fsdp_mesh=hybrid_across, whose transposed mesh Accelerate cannot build, is a comment in
+`setup_code`). `trainer_code` holds what the arguments cannot, lines that set it on the
+Accelerate objects the Trainer built, after `Trainer(...)` and before `train()`:
 bucket_view (`gradient_as_bucket_view`) and comm_hook (a `DDPCommunicationHookType`, PowerSGD's
 options) on its `DistributedDataParallelKwargs`, and param_dtype and reduce_dtype as the FSDP
 plugin's `MixedPrecisionPolicy` (the Trainer would make one of its precision, all bf16 or fp16).
@@ -41,17 +44,22 @@ from autotuner.backends.pytorch import COMPILE, PREFETCH_FACTOR
 from autotuner.backends.pytorch.integrations import (
     HOOK_TYPES,
     accumulation_per_process,
+    across_note,
     assignment,
     call,
     common_setup,
     dtype,
+    fsdp_mesh,
     header,
+    hybrid_import,
     knobs,
     launch_line,
     loader_arguments,
     on_cuda,
     parallel_knobs,
+    parallelism_config,
     powersgd_options,
+    split_imports,
 )
 from autotuner.backends.pytorch.knobs.attention import SDPA_FLAGS
 from autotuner.config.knobs import BATCH_SIZE, PRECISION
@@ -78,6 +86,7 @@ TRAINER_COMMENT = (
 )
 HOOK_TYPE_IMPORT = "from accelerate.utils import DDPCommunicationHookType"
 POLICY_IMPORT = "from torch.distributed.fsdp import MixedPrecisionPolicy"
+PARALLELISM_IMPORT = "from accelerate.utils import ParallelismConfig"
 DDP_HANDLER = "trainer.accelerator.ddp_handler"
 """The `DistributedDataParallelKwargs` the Trainer builds from its arguments and wraps the model with."""
 FSDP_PLUGIN = "trainer.accelerator.state.fsdp_plugin"
@@ -105,7 +114,7 @@ def _fsdp_switch(reshard: bool, offload: bool) -> Any:
     return ("full_shard" if reshard else "shard_grad_op") + (" offload" if offload else "")
 
 
-def _parallel_arguments(config: TunedConfig) -> dict[str, Any]:
+def _parallel_arguments(config: TunedConfig, *, code: bool) -> dict[str, Any]:
     values = parallel_knobs(config)
     if config.parallel == "ddp":
         return {
@@ -115,9 +124,11 @@ def _parallel_arguments(config: TunedConfig) -> dict[str, Any]:
         }
     if config.parallel == "fsdp":
         reshard, offload = values["reshard_after_forward"], values["offload"] == "cpu"
+        hybrid = {"parallelism_config": parallelism_config(code=code)} if fsdp_mesh(config) == "hybrid" else {}
         return {
             "fsdp": _fsdp_switch(reshard, offload),
             "fsdp_config": {"version": 2, "reshard_after_forward": reshard, "cpu_offload": offload},
+            **hybrid,
         }
     return {}
 
@@ -131,7 +142,7 @@ def _optim(config: TunedConfig) -> dict[str, Any]:
     return {}
 
 
-def _training_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
+def _training_arguments(config: TunedConfig, world_size: int, *, code: bool = False) -> dict[str, Any]:
     params = knobs(config)
     loader = loader_arguments(config)
     precision, mode = params[PRECISION.name], params[COMPILE.name]
@@ -151,7 +162,7 @@ def _training_arguments(config: TunedConfig, world_size: int) -> dict[str, Any]:
         **_optim(config),
         # tuned on a CPU: train there (TrainingArguments refuses bf16 without a GPU otherwise)
         **({"use_cpu": True} if config.machine.device.startswith("cpu") else {}),
-        **_parallel_arguments(config),
+        **_parallel_arguments(config, code=code),
     }
 
 
@@ -182,9 +193,11 @@ def setup_code(config: TunedConfig) -> list[str]:
     """Lines of Python for what `TrainingArguments` cannot hold, to run on your `model` before
     `Trainer(model=model, args=args, ...)`: cuDNN's benchmark mode, the SDPA kernel, channels_last,
     the attention implementation (its `sdpa` one for an SDPA kernel, as the study switched it), and,
-    off a GPU, an AdamW with foreach=True for the Trainer."""
+    off a GPU, an AdamW with foreach=True for the Trainer; a comment for fsdp_mesh=hybrid_across."""
     params = knobs(config)
     lines = common_setup(params, held=(PRECISION.name,))
+    if fsdp_mesh(config) == "hybrid_across":
+        lines.append(across_note("Accelerate's ParallelismConfig, the Trainer's,"))
     attention = params["attention"]
     if attention == "eager" or attention in SDPA_FLAGS:
         implementation = "eager" if attention == "eager" else "sdpa"
@@ -246,15 +259,17 @@ def snippet(config: TunedConfig) -> str:
     on_trainer = trainer_code(config)
     imports = [line for line in on_trainer if line.startswith("from ")]
     on_trainer = [line for line in on_trainer if line not in imports]
+    imports += [PARALLELISM_IMPORT] if fsdp_mesh(config) == "hybrid" else []
     lines = [
         *header(config, "hf-trainer", launch_line(config)),
         "# autotuner.backends.pytorch.integrations.transformers.apply(args, config) divides it by args.world_size.",
         *(["import torch"] if setup or POLICY_IMPORT in imports else []),
-        *[line for line in imports if line.startswith("from accelerate")],
+        *sorted(line for line in imports if line.startswith("from accelerate")),
         *[line for line in imports if line.startswith("from torch")],
         "from transformers import TrainingArguments",
+        *split_imports(hybrid_import(config))[0],
         "",
-        *assignment("tuned", _training_arguments(config, config.world)),
+        *assignment("tuned", _training_arguments(config, config.world, code=True)),
         'args = TrainingArguments(output_dir="trainer-output", **tuned)  # your own arguments beside them',
         *([SETUP_COMMENT, *setup] if setup else []),
         *([TRAINER_COMMENT, *on_trainer] if on_trainer else []),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -13,6 +14,7 @@ from autotuner.config.knobs import PRECISION, Config, Knob
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.device_mesh import DeviceMesh
 
 RESHARD_AFTER_FORWARD = Knob(
     "reshard_after_forward",
@@ -34,7 +36,8 @@ PARAM_DTYPE = Knob(
 )
 REDUCE_DTYPE = Knob(
     "reduce_dtype",
-    "FSDP2 `MixedPrecisionPolicy`: the dtype gradients are reduce-scattered in",
+    "FSDP2 `MixedPrecisionPolicy`: the dtype gradients are reduce-scattered in (and, with `fsdp_mesh` hybrid, "
+    "all-reduced across the replicas in)",
     ("fp32", "bf16"),
     "fp32",
     not_run_when="not `parallel: fsdp`",
@@ -50,7 +53,22 @@ OFFLOAD = Knob(
     memory_order=("cpu", "none"),
     quiet=True,
 )
-FSDP_KNOBS = (RESHARD_AFTER_FORWARD, PARAM_DTYPE, REDUCE_DTYPE, OFFLOAD)
+FSDP_MESH = Knob(
+    "fsdp_mesh",
+    "FSDP2's device mesh on a trial across nodes: `flat` shards over every rank; `hybrid` (HSDP), a 2-D mesh "
+    "(replicate, shard) = (nodes, ranks per node), gathers and reduce-scatters within a node and all-reduces each "
+    "shard's gradients across the nodes; `hybrid_across`, its transpose, shards across the nodes and replicates "
+    "within one (ranks per node: torchrun's `LOCAL_WORLD_SIZE`)",
+    ("flat", "hybrid", "hybrid_across"),
+    "flat",
+    not_run_when="not `parallel: fsdp`; `hybrid`, `hybrid_across` on one node (`nodes: 1`)",
+    memory_order=("flat", "hybrid"),  # a shard of a node's ranks is larger than one of every rank's
+    quiet=True,
+)
+FSDP_KNOBS = (RESHARD_AFTER_FORWARD, PARAM_DTYPE, REDUCE_DTYPE, OFFLOAD, FSDP_MESH)
+HYBRID_DIMS = ("replicate", "shard")
+"""The names of a hybrid mesh's dimensions, outer first (FSDP2 replicates over the first, shards
+over the second)."""
 
 
 def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None:
@@ -58,6 +76,8 @@ def irrelevant(knob: Knob, value: object, caps: TorchCapabilities) -> str | None
         return f"{knob.name}={value}: a knob of parallel: fsdp (a trial of several processes)"
     if knob.name == OFFLOAD.name and not caps.accelerator:
         return "offload=cpu: the parameters are in host memory already"
+    if knob.name == FSDP_MESH.name and not caps.hsdp:
+        return f"fsdp_mesh={value}: a trial on one node has no nodes to replicate across (nodes: 2 or more)"
     return None
 
 
@@ -75,26 +95,58 @@ def dtype(choice: str) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16}[choice]
 
 
+def hybrid_shape() -> tuple[int, int]:
+    """(nodes, ranks per node) of the job this process is a rank of: the ranks per node from
+    `LOCAL_WORLD_SIZE`, which torchrun (torch elastic) sets in every rank, as a trial's ranks have
+    it (unset: every rank on one node); the ranks from the process group, or before one is
+    initialised (a trainer building its own mesh) from `WORLD_SIZE`, torchrun's too. Global rank
+    = node x ranks per node + local rank, as torchrun numbers them."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size()
+    else:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if local < 1 or world % local:
+        raise ValueError(f"LOCAL_WORLD_SIZE={local}: the {world} ranks do not make nodes of {local} ranks each")
+    return world // local, local
+
+
+def device_mesh(layout: str, device_type: str) -> DeviceMesh:
+    """The mesh FSDP2 shards over for an `fsdp_mesh` value: every rank in one dimension (`flat`),
+    or HSDP's 2-D mesh (replicate, shard) (`HYBRID_DIMS`): for `hybrid` the nodes by the ranks of
+    each, so a shard group is one node's ranks; for `hybrid_across` its transpose, so a shard group
+    holds one rank of each node and the ranks of a node replicate each other."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    if layout == "flat":
+        return init_device_mesh(device_type, (torch.distributed.get_world_size(),))
+    nodes, local = hybrid_shape()
+    if layout == "hybrid":
+        return init_device_mesh(device_type, (nodes, local), mesh_dim_names=HYBRID_DIMS)
+    ranks = torch.arange(nodes * local).reshape(nodes, local)
+    return DeviceMesh(device_type, ranks.T, mesh_dim_names=HYBRID_DIMS)
+
+
 def fully_sharded(
     model: torch.nn.Module,
     config: Mapping[str, object],
     device: torch.device,
     blocks: Sequence[type[torch.nn.Module]] | None,
 ) -> torch.nn.Module:
-    """`model` sharded in place with FSDP2's `fully_shard` over every rank of the process group:
-    each of its blocks (`blocks`, else a Hugging Face model's or the largest module type it repeats:
-    `autotuner.backends.pytorch.modules.repeated_blocks`) on its own, then the root, with the
-    config's resharding, mixed-precision policy and offload."""
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
+    """`model` sharded in place with FSDP2's `fully_shard` over the ranks of the process group, on
+    the config's mesh (`device_mesh`): each of its blocks (`blocks`, else a Hugging Face model's or
+    the largest module type it repeats: `autotuner.backends.pytorch.modules.repeated_blocks`) on its
+    own, then the root, with the config's resharding, mixed-precision policy and offload."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     from autotuner.backends.pytorch.modules import repeated_blocks
 
-    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     shard = functools.partial(
         fully_shard,
-        mesh=mesh,
+        mesh=device_mesh(FSDP_MESH.of(config), device.type),
         reshard_after_forward=bool(RESHARD_AFTER_FORWARD.of(config)),
         mp_policy=MixedPrecisionPolicy(
             param_dtype=dtype(PARAM_DTYPE.of(config)), reduce_dtype=dtype(REDUCE_DTYPE.of(config))

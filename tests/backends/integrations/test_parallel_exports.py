@@ -82,8 +82,10 @@ FSDP_CONFIGS = [
     tuned("fsdp", reshard_after_forward=False, param_dtype="bf16", reduce_dtype="bf16", offload="cpu"),
     tuned("fsdp", precision="fp32", reduce_dtype="bf16"),
     tuned("fsdp", precision="fp32"),
+    tuned("fsdp", reshard_after_forward=False, fsdp_mesh="hybrid"),
+    tuned("fsdp", fsdp_mesh="hybrid_across"),
 ]
-FSDP_IDS = ["reference", "kept-bf16-offload", "fp32-bf16-reduce", "fp32"]
+FSDP_IDS = ["reference", "kept-bf16-offload", "fp32-bf16-reduce", "fp32", "hybrid-kept", "hybrid-across"]
 HOOKS = {
     "fp16": default_hooks.fp16_compress_hook,
     "bf16": default_hooks.bf16_compress_hook,
@@ -250,9 +252,17 @@ def test_lightning_takes_every_fsdp2_knob_as_fsdp1(config: TunedConfig) -> None:
         "devices": 2,
     }
     assert isinstance(strategy, FSDPStrategy)
-    # reshard_after_forward=False keeps the gathered parameters to the backward: SHARD_GRAD_OP
-    expected = ShardingStrategy.FULL_SHARD if params["reshard_after_forward"] else ShardingStrategy.SHARD_GRAD_OP
+    # reshard_after_forward=False keeps the gathered parameters to the backward: SHARD_GRAD_OP, or
+    # within each node (fsdp_mesh: hybrid) _HYBRID_SHARD_ZERO2 (tests/backends/test_hsdp.py)
+    hybrid = params["fsdp_mesh"] == "hybrid"
+    expected = {
+        (True, False): ShardingStrategy.FULL_SHARD,
+        (False, False): ShardingStrategy.SHARD_GRAD_OP,
+        (True, True): ShardingStrategy.HYBRID_SHARD,
+        (False, True): ShardingStrategy._HYBRID_SHARD_ZERO2,
+    }[params["reshard_after_forward"], hybrid]
     assert strategy.sharding_strategy is expected
+    assert ("device_mesh" in strategy.kwargs) is hybrid
     assert strategy.cpu_offload == CPUOffload(offload_params=params["offload"] == "cpu")
     policy = strategy.mixed_precision_config  # what Lightning wraps with: ours, not one of its precision
     check_policy(config, policy.param_dtype, policy.reduce_dtype)
@@ -353,8 +363,8 @@ def same(one: Any, other: Any) -> bool:
         )
     if name == "FSDPStrategy":
         return bool(
-            (one.sharding_strategy, one.cpu_offload, one.mixed_precision)
-            == (other.sharding_strategy, other.cpu_offload, other.mixed_precision)
+            (one.sharding_strategy, one.cpu_offload, one.mixed_precision, one.kwargs.get("device_mesh"))
+            == (other.sharding_strategy, other.cpu_offload, other.mixed_precision, other.kwargs.get("device_mesh"))
         )
     if name == "FullyShardedDataParallelPlugin":
         fields = ("fsdp_version", "reshard_after_forward", "mixed_precision_policy", "cpu_offload")
