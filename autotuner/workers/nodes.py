@@ -56,10 +56,12 @@ def lead(job: Job, launcher: TrialLauncher, note: Callable[[str], None]) -> Lead
 def follow(job: Job, node_rank: int, note: Callable[[str], None]) -> int:
     """Run node `node_rank`'s part of every trial node 0 hands out, until its search is over: 0; 1
     when node 0's store went away first (its search stopped)."""
-    endpoint = job.spec.rendezvous
-    assert endpoint is not None
+    if job.spec.nodes == 1:
+        raise SpecError(f"{job.source} runs every trial on one machine (nodes: 1): no node follows", key="--node-rank")
     if not 0 < node_rank < job.spec.nodes:
         raise SpecError(f"{node_rank} is not a node of {job.spec.nodes}: 1 to {job.spec.nodes - 1}", key="--node-rank")
+    endpoint = job.spec.rendezvous
+    assert endpoint is not None
     try:
         store = job.backend.node_store(endpoint, host=False, timeout_s=JOIN_S)
     except RuntimeError as exc:

@@ -100,9 +100,10 @@ def test_a_two_node_study_runs_end_to_end_and_exports_its_launch_lines(tmp_path:
     assert "num_nodes=2" in exported["lightning"] and "devices=1" in exported["lightning"]
 
 
-def _two_nodes(spec: Path, config: dict[str, Any] | None = None, measure: bool = False) -> Any:
-    """One trial of `spec`'s job (its reference config unless `config`) on two loopback nodes:
-    node 0 led from this process, node 1 following in a thread; the result, and node 1's exit code."""
+def _two_nodes(spec: Path, *configs: dict[str, Any]) -> tuple[list[Any], list[int]]:
+    """Trials of `spec`'s job (of `configs`, by default its reference config), their drift phase
+    alone, on two loopback nodes: node 0 led from this process, node 1 following in a thread; their
+    results, and node 1's exit code."""
     job = load_spec(spec)
     assert job.spec.rendezvous is not None
     store = job.backend.node_store(job.spec.rendezvous, host=True, timeout_s=60)
@@ -111,8 +112,11 @@ def _two_nodes(spec: Path, config: dict[str, Any] | None = None, measure: bool =
     node1 = threading.Thread(target=lambda: codes.append(follow(job, 1, note=lambda text: None)))
     node1.start()
     try:
-        request = job.trial_request(config or job.reference_config(), "cpu", measure=measure)
-        return leading.call(job.backend.runner, "run", request, job.trial_timeout()), codes
+        results = []
+        for config in configs or (job.reference_config(),):
+            request = job.trial_request({**job.reference_config(), **config}, "cpu", measure=False)
+            results.append(leading.call(job.backend.runner, "run", request, job.trial_timeout()))
+        return results, codes
     finally:
         leading.finish(2)
         node1.join(timeout=30)
@@ -120,7 +124,7 @@ def _two_nodes(spec: Path, config: dict[str, Any] | None = None, measure: bool =
 
 def test_two_nodes_of_one_rank_train_as_one_node_of_two(tmp_path: Path) -> None:
     nodes = node_spec(tmp_path, "two-nodes")
-    across, codes = _two_nodes(nodes)
+    (across,), codes = _two_nodes(nodes)
     assert across.outcome is Outcome.OK, across.reason
     assert codes == [0]
     one = write_spec(tmp_path, **{**NODE_SPEC, "name": "one-node", "nodes": 1, "processes": 2})
@@ -135,6 +139,19 @@ def test_two_nodes_of_one_rank_train_as_one_node_of_two(tmp_path: Path) -> None:
     assert ours.heldout == pytest.approx(theirs.heldout, rel=1e-5)
 
 
+def test_hybrid_sharding_across_two_nodes_trains_as_fsdp_does(tmp_path: Path) -> None:
+    """FSDP2 over a 2-D mesh on two loopback nodes (`fsdp_mesh: hybrid`: replicated across the
+    nodes; `hybrid_across`: sharded across them) gives the losses of FSDP over every rank."""
+    spec = node_spec(tmp_path, "hsdp", parallel="fsdp", space={"fsdp_mesh": ["flat", "hybrid", "hybrid_across"]})
+    results, codes = _two_nodes(spec, {"fsdp_mesh": "flat"}, {"fsdp_mesh": "hybrid"}, {"fsdp_mesh": "hybrid_across"})
+    assert [r.outcome for r in results] == [Outcome.OK] * 3, [r.reason for r in results]
+    flat, *hybrids = (r.output.losses for r in results)
+    for hybrid in hybrids:  # the same sums, reduced in another order at most
+        assert hybrid.trajectory == pytest.approx(flat.trajectory, rel=1e-5, abs=1e-6)
+        assert hybrid.heldout == pytest.approx(flat.heldout, rel=1e-5)
+    assert codes == [0]
+
+
 def test_a_rank_that_fails_on_node_1_fails_the_trial_with_its_node_named(tmp_path: Path) -> None:
     spec = node_spec(
         tmp_path,
@@ -144,7 +161,7 @@ def test_a_rank_that_fails_on_node_1_fails_the_trial_with_its_node_named(tmp_pat
         baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
         space={"batch_size": [8]},
     )
-    result, codes = _two_nodes(spec)
+    (result,), codes = _two_nodes(spec)
     assert result.outcome is Outcome.ERROR
     assert "node 1, rank 1 of 2" in result.reason and "this rank's forward fails" in result.reason
     assert codes == [0]

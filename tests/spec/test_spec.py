@@ -556,3 +556,43 @@ def test_every_task_a_spec_may_name_is_a_registered_task() -> None:
 
     assert set(get_args(JobSpec.model_fields["task"].annotation)) == set(TASKS)
     assert [t.name for t in TASKS.values() if t.latency] == ["inference"]  # what the refusals name
+
+
+# ---------------------------------------------------------------- nodes
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "fragment"),
+    [
+        ({"nodes": 2}, "rendezvous", "nodes: 2 needs rendezvous: host:port"),
+        ({"nodes": 2, "rendezvous": "node0"}, "rendezvous", "'node0' is not host:port"),
+        ({"nodes": 2, "rendezvous": "node0:99999"}, "rendezvous", "a port from 1 to 65535"),
+        ({"rendezvous": "node0:29500"}, "rendezvous", "set nodes: 2 or more, or leave it out"),
+        ({"nodes": 2, "rendezvous": "node0:29500", "backend": "jax"}, "nodes", "runs a trial on one machine"),
+        ({"nodes": 2, "rendezvous": "node0:29500", "task": "inference"}, "nodes", "serves from one process"),
+        (
+            {"nodes": 3, "rendezvous": "node0:29500", "processes": 2},
+            "processes",
+            "not a multiple of nodes x processes (6)",
+        ),
+        ({"nodes": 0}, "nodes", "greater than 0"),
+    ],
+)
+def test_nodes_that_cannot_run_are_one_line(tmp_path: Path, changes: dict[str, Any], key: str, fragment: str) -> None:
+    refused(tmp_path, changed(**changes), key, fragment)
+
+
+def test_a_job_across_nodes_splits_its_global_batch_over_every_rank(tmp_path: Path) -> None:
+    job = spec(tmp_path, nodes=2, processes=2, rendezvous="node0:29500", global_batch=64)
+    assert job.spec.world == 4 and job.rank_batch == 16 and job.parallel == "ddp"
+    request = job.trial_request(job.reference_config(), "cpu")
+    assert (request.nodes, request.processes, request.rendezvous, request.node_rank) == (2, 2, "node0:29500", 0)
+    assert job.complete({**job.baseline, "batch_size": 8})["accumulation"] == 2
+    one_node = spec(tmp_path, processes=2, global_batch=64)
+    assert job.identity() != one_node.identity()  # two nodes measure another job
+    moved = spec(tmp_path, nodes=2, processes=2, rendezvous="elsewhere:1234", global_batch=64)
+    assert moved.identity() == job.identity()  # where they meet is not what they measure
+
+
+def test_a_job_on_one_node_keeps_the_identity_it_had_before_nodes_existed(tmp_path: Path) -> None:
+    assert spec(tmp_path, nodes=1).identity() == spec(tmp_path).identity()
