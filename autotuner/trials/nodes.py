@@ -12,12 +12,14 @@ however it ends, the launcher marks the trial `over`, and every rank still runni
 leaves. When the search ends, it tells the other nodes so.
 
 Keys: `node/<R>/joined` and `node/<R>/left` (a follower's), `request/<k>` (the k-th request, pickled
-with its function and timeout; `DONE` once the search is over), `<run_id>/...` (a trial's own).
-The store carries pickles between the nodes of one job: like `torchrun`'s, it trusts its network.
+with its function and timeout, `encoded`; `DONE` once the search is over), `<run_id>/...` (a
+trial's own). The store carries pickles between the nodes of one job: like `torchrun`'s, it trusts
+its network.
 """
 
 from __future__ import annotations
 
+import base64
 import pickle
 import time
 from dataclasses import replace
@@ -26,7 +28,7 @@ from typing import Protocol
 from autotuner.trials.launcher import TrialLauncher, TrialProcess
 from autotuner.trials.request import ProfileRequest, TrialRequest
 
-DONE = b"done"
+DONE = "done"
 """`request/<k>` once node 0's search is over: the followers leave."""
 POLL_S = 0.1
 LEAVE_S = 10.0
@@ -45,11 +47,21 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
 class NodeStore(Protocol):
     """The store the nodes of a study share (`torch.distributed.Store`'s methods that are used)."""
 
-    def set(self, key: str, value: str | bytes) -> None: ...
+    def set(self, key: str, value: str) -> None: ...
 
     def get(self, key: str) -> bytes: ...
 
     def check(self, keys: list[str]) -> bool: ...
+
+
+def encoded(value: object) -> str:
+    """`value` pickled, as text a store holds (`decoded` reads it)."""
+    return base64.b64encode(pickle.dumps(value)).decode("ascii")
+
+
+def decoded(text: bytes) -> object:
+    """What `encoded` wrote, as a store gives it back."""
+    return pickle.loads(base64.b64decode(text))
 
 
 def spans_nodes(request: object) -> TrialRequest | None:
@@ -78,7 +90,7 @@ class LeadingLauncher(TrialLauncher):
             return super().start(runner, function, arg, timeout_s, turns=turns)
         run_id = f"{self.name}-{self.handed_out}"
         arg = with_trial(arg, replace(trial, run_id=run_id, node_rank=0))
-        self.store.set(f"request/{self.handed_out}", pickle.dumps((function, arg, timeout_s)))
+        self.store.set(f"request/{self.handed_out}", encoded((function, arg, timeout_s)))
         self.handed_out += 1
         process = super().start(runner, function, arg, timeout_s, turns=turns)
         process.on_end = lambda: self.store.set(f"{run_id}/over", "1")

@@ -78,8 +78,9 @@ class Classified:
     outcome: Outcome
     reason: str
     traceback: str | None = None
-    result: TrialOutput | ProbeResult | ProfileOutput | dict[str, Any] | None = None
-    """What the process's function returned: a trial's output, or a mapping (a probe's environment)."""
+    result: TrialOutput | ProbeResult | ProfileOutput | NodePart | dict[str, Any] | None = None
+    """What the process's function returned: a trial's output, a node's part of one, or a mapping
+    (a probe's environment)."""
 
 
 @dataclass(frozen=True)

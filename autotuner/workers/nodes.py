@@ -10,17 +10,17 @@ its launcher, and the wait for the other nodes before the first trial.
 
 from __future__ import annotations
 
-import pickle
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from autotuner.errors import BackendError, SpecError
 from autotuner.spec.job import Job
 from autotuner.trials.launcher import TrialLauncher
-from autotuner.trials.nodes import DONE, POLL_S, LeadingLauncher, NodeStore, spans_nodes, with_trial
+from autotuner.trials.nodes import DONE, POLL_S, LeadingLauncher, NodeStore, decoded, spans_nodes, with_trial
 from autotuner.trials.outcomes import Outcome
 
 JOIN_S = 600.0
@@ -73,8 +73,8 @@ def follow(job: Job, node_rank: int, note: Callable[[str], None]) -> int:
     failed: list[str] = []
     handed = 0
     try:
-        while (payload := _next(store, handed)) != DONE:
-            function, request, timeout_s = pickle.loads(payload)
+        while (payload := _next(store, handed)) != DONE.encode():
+            function, request, timeout_s = cast(tuple[str, object, float], decoded(payload))
             request = _as_node(job, request, node_rank)
             run = threading.Thread(
                 target=_run, args=(job, launcher, function, request, timeout_s, failed, note), daemon=True

@@ -27,12 +27,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import socket
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch.distributed as dist
 
@@ -41,7 +40,7 @@ from autotuner.measurement.hardware import core_shares
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.measurement.turns import Turns
 from autotuner.trials.launcher import die_with_parent
-from autotuner.trials.nodes import split_endpoint
+from autotuner.trials.nodes import decoded, encoded, split_endpoint
 from autotuner.trials.outcomes import EndMessage, Outcome, RankFailed
 from autotuner.trials.request import ProfileRequest, TrialRequest
 from autotuner.trials.trial_output import NodePart, ProfileOutput, TrialOutput
@@ -94,9 +93,9 @@ def run_nodes(
         if code != 0 and _write_end(store, base + local, _silent_end(code)):
             store.add("failed", 1)
     if trial.node_rank == 0 and store.check(["result"]):
-        end: EndMessage = pickle.loads(store.get("result"))
+        end = cast(EndMessage, decoded(store.get("result")))
         if end["status"] == "ok":
-            return end["result"]
+            return cast(TrialOutput | ProfileOutput, end["result"])
     if trial.node_rank != 0 and not store.check(["failed"]):
         return NodePart(trial.node_rank)
     raise RankFailed(_first_failure(store, trial))
@@ -184,7 +183,7 @@ def _node_rank(
     threading.Thread(target=_watch, args=(trial, where.rank), daemon=True).start()
     end = run_as_rank(backend, request, turns, where, store)
     if where.rank == 0:
-        store.set("result", pickle.dumps(end))
+        store.set("result", encoded(end))
     _write_end(store, where.rank, {k: v for k, v in end.items() if k != "result"})
     if end["status"] != "ok":
         store.add("failed", 1)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import pickle
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch.distributed as dist
 from autotuner.backends.pytorch.nodes import _first_failure
 from autotuner.cli import main
 from autotuner.trials.launcher import TrialLauncher
-from autotuner.trials.nodes import DONE, LeadingLauncher, split_endpoint
+from autotuner.trials.nodes import DONE, LeadingLauncher, decoded, split_endpoint
 from autotuner.trials.outcomes import Outcome
 from autotuner.trials.request import ProbeRequest, TrialRequest
 from tests.support.helpers import request
@@ -50,7 +49,7 @@ def test_node_0_hands_out_each_trial_with_a_rendezvous_id_and_marks_it_over(
     assert first.outcome is Outcome.OK and second.outcome is Outcome.OK, first.reason
     assert first.output == {"run_id": "study-0", "node_rank": 0}
     assert second.output == {"run_id": "study-1", "node_rank": 0}
-    function, handed, timeout_s = pickle.loads(store.get("request/0"))
+    function, handed, timeout_s = decoded(store.get("request/0"))
     assert (function, handed.run_id, handed.nodes, timeout_s) == ("echo", "study-0", 2, 60)
     assert store.get("study-0/over") == b"1" and store.get("study-1/over") == b"1"  # its ranks elsewhere leave
 
@@ -66,11 +65,13 @@ def test_the_end_of_the_search_reaches_the_nodes_that_joined(launcher: TrialLaun
     leading = LeadingLauncher(launcher, store, "study")
     store.set("node/1/joined", "1")
     assert leading.wait_for_nodes(3, timeout_s=0.2) == [2]
-    read = threading.Timer(0.3, lambda: store.set("node/1/left", "1") if store.get("request/0") == DONE else None)
+    read = threading.Timer(
+        0.3, lambda: store.set("node/1/left", "1") if store.get("request/0") == DONE.encode() else None
+    )
     read.start()
     leading.finish(3)  # node 2 never joined: only node 1 is waited for
     read.join()
-    assert store.get("request/0") == DONE and store.check(["node/1/left"])
+    assert store.get("request/0") == DONE.encode() and store.check(["node/1/left"])
 
 
 def _ends(store: dist.Store, **ends: dict[str, object]) -> None:
