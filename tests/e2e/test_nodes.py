@@ -215,3 +215,38 @@ def _ranks_started(pid: int) -> bool:
     """Whether the search `pid` has a rank running: its fork server, a trial process forked from
     that, and a rank forked from the trial process (all three run the fork server's command line)."""
     return sum("forkserver" in _cmdline(child) for child in _descendants(pid)) >= 3
+
+
+def test_a_rank_that_hangs_on_node_1_ends_with_the_trials_timeout_on_both_nodes(tmp_path: Path) -> None:
+    """Rank 1 (node 1) sleeps in its forward: node 0's trial times out, marks the trial over, and
+    node 1's rank leaves at once; both searches end and leave no process."""
+    spec = node_spec(
+        tmp_path,
+        "hangs",
+        workload="tests.support.faulty_workloads:on_rank",
+        workload_args={"fault": "hang", "rank": 1},
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+        space={"batch_size": [8]},
+        trial={"timeout": 20},
+    )
+    first, last = cores()
+    follower = start_node(spec, tmp_path, "--node-rank", "1", core=last)
+    leader = start_node(spec, tmp_path, core=first)
+    below: dict[int, str] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while leader.poll() is None and time.monotonic() < deadline:
+            below.update({**_descendants(leader.pid), **_descendants(follower.pid)})  # every process they start
+            time.sleep(0.2)
+        out, err = leader.communicate(timeout=60)
+        follower_out, follower_err = follower.communicate(timeout=60)
+    finally:
+        for node in (leader, follower):
+            node.kill()
+            node.wait()
+    assert leader.returncode == 1 and "timeout" in err, out + err  # the reference timed out: nothing to compare with
+    assert follower.returncode == 0, follower_out + follower_err
+    assert "node 0's search is over" in follower_err
+    time.sleep(1)
+    left = [pid for pid, started in below.items() if _running(pid, started)]
+    assert not left, f"processes left behind: {[_cmdline(pid) for pid in left]}"
