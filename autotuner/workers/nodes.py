@@ -82,12 +82,12 @@ def follow(job: Job, node_rank: int, note: Callable[[str], None]) -> int:
             run.start()
             runs.append(run)
             handed += 1
+        store.set(f"node/{node_rank}/left", "1")  # node 0's store may close now: its trials are over
     except (RuntimeError, OSError):  # torch's store raises RuntimeError (DistNetworkError) when its server is gone
         note(f"node {node_rank}: node 0's store at {endpoint} is gone (its search stopped)")
         return 1
     for run in runs:
         run.join()
-    store.set(f"node/{node_rank}/left", "1")
     note(f"node {node_rank}: node 0's search is over; ran {handed} trials' ranks here, {len(failed)} failed")
     return 0
 

@@ -227,7 +227,7 @@ def test_a_rank_that_hangs_on_node_1_ends_with_the_trials_timeout_on_both_nodes(
         workload_args={"fault": "hang", "rank": 1},
         baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
         space={"batch_size": [8]},
-        trial={"timeout": 20},
+        trial={"timeout": 12},
     )
     first, last = cores()
     follower = start_node(spec, tmp_path, "--node-rank", "1", core=last)
