@@ -20,6 +20,7 @@ import importlib
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
+import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import re
@@ -289,6 +290,12 @@ class TrialLauncher:
         self._context = multiprocessing.get_context("forkserver")
         # autotuner.trials._forkserver kills every trial's process group when the fork server ends.
         self._context.set_forkserver_preload(["autotuner.trials._forkserver", *preload])
+
+    def ensure_running(self) -> None:
+        """Start the fork server now, from this thread. Linux ends the fork server, and with it every
+        trial process, when the thread that started it ends (PR_SET_PDEATHSIG is a thread's): a
+        caller that starts trial processes from short-lived threads starts the server first."""
+        multiprocessing.forkserver.ensure_running()
 
     def start(self, runner: str, function: str, arg: object, timeout_s: float, *, turns: bool = False) -> TrialProcess:
         """Start `runner.function(arg)` in a fresh trial process; with `turns`, as a member of a

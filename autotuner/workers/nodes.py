@@ -69,6 +69,7 @@ def follow(job: Job, node_rank: int, note: Callable[[str], None]) -> int:
     store.set(f"node/{node_rank}/joined", "1")
     note(f"node {node_rank} of {job.spec.nodes}: following node 0 at {endpoint}")
     launcher = job.backend.launcher(job.spec.trial.max_memory_mb, job.workload_path())
+    launcher.ensure_running()  # from this thread: each trial below is started from a thread of its own
     runs: list[threading.Thread] = []
     failed: list[str] = []
     handed = 0

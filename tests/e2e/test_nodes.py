@@ -250,3 +250,31 @@ def test_a_rank_that_hangs_on_node_1_ends_with_the_trials_timeout_on_both_nodes(
     time.sleep(1)
     left = [pid for pid, started in below.items() if _running(pid, started)]
     assert not left, f"processes left behind: {[_cmdline(pid) for pid in left]}"
+
+
+def test_a_following_node_runs_trials_handed_out_together_each_to_its_end(tmp_path: Path) -> None:
+    """Node 0 runs two trials at once (as a re-measurement's lockstep group does), one ending
+    long before the other: node 1, a search of its own, runs both to their ends (its fork server
+    outlives the thread that first used it)."""
+    spec = node_spec(tmp_path, "together", trial={"drift_steps": 2, "steps": 20, "windows": 4})
+    job = load_spec(spec)
+    assert job.spec.rendezvous is not None
+    store = job.backend.node_store(job.spec.rendezvous, host=True, timeout_s=60)
+    leading = LeadingLauncher(job.backend.launcher(None, job.workload_path()), store, job.spec.name)
+    first, last = cores()
+    follower = start_node(spec, tmp_path, "--node-rank", "1", core=last)
+    try:
+        assert not leading.wait_for_nodes(2, timeout_s=60)
+        short = job.trial_request(job.reference_config(), "cpu", measure=False)
+        long = job.trial_request(job.reference_config(), "cpu")
+        processes = [leading.start(job.backend.runner, "run", r, 120) for r in (short, long)]
+        for process in processes:
+            process.read_until_waiting(time.monotonic() + 120)
+        results = [process.end() for process in processes]
+        leading.finish(2)
+        _, err = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+        follower.wait()
+    assert [r.outcome for r in results] == [Outcome.OK, Outcome.OK], [r.reason for r in results]
+    assert follower.returncode == 0 and "ran 2 trials' ranks here, 0 failed" in err, err
