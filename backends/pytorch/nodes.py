@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch.distributed as dist
 
-from autotuner.backends.pytorch.ranks import STORE_TIMEOUT, Rank, run_as_rank
+from autotuner.backends.pytorch.ranks import STORE_TIMEOUT, Rank, run_as_rank, silent_exit
 from autotuner.measurement.hardware import core_shares
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.measurement.turns import Turns
@@ -218,16 +218,7 @@ def _write_end(store: dist.Store, rank: int, end: dict[str, object]) -> bool:
 
 def _silent_end(code: int) -> dict[str, object]:
     """The end of a rank that exited with `code` without writing one."""
-    import signal
-
-    if code < 0:
-        try:
-            how = f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"was killed by signal {-code}"
-    else:
-        how = f"exited with code {code} without a result"
-    return {"status": "raised", "kind": Outcome.CRASH.value, "reason": how, "at": time.time()}
+    return {"status": "raised", "kind": Outcome.CRASH.value, "reason": silent_exit(code), "at": time.time()}
 
 
 def _first_failure(store: dist.Store, trial: TrialRequest) -> EndMessage:

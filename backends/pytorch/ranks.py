@@ -187,17 +187,25 @@ def _first_failure(ends: dict[int, EndMessage], exited: dict[int, int | None], s
         return {**end, "reason": f"rank {rank} of {size}: {end.get('reason', '')}"}
     silent = sorted(rank for rank in exited if rank not in ends)
     if silent:
-        rank, code = silent[0], exited[silent[0]]
-        if code is not None and code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        else:
-            how = f"exited with code {code} without a result"
-        return {"status": "raised", "kind": Outcome.CRASH.value, "reason": f"rank {rank} of {size} {how}"}
+        rank = silent[0]
+        return {
+            "status": "raised",
+            "kind": Outcome.CRASH.value,
+            "reason": f"rank {rank} of {size} {silent_exit(exited[rank])}",
+        }
     rank, end = raised[0]
     return {**end, "reason": f"rank {rank} of {size}: {end.get('reason', '')}"}  # the first error
+
+
+def silent_exit(code: int | None) -> str:
+    """How a rank that sent no end ended, from its exit code: `was killed by SIGKILL`, `exited with
+    code 1 without a result`."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code} without a result"
 
 
 def _rank_main(

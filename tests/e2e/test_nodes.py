@@ -68,12 +68,31 @@ def cores() -> tuple[int, int]:
     return usable[0], usable[-1]
 
 
+def start_nodes(spec: Path, cwd: Path) -> tuple[subprocess.Popen[str], subprocess.Popen[str]]:
+    """Node 0's search and node 1's, each on a core of its own."""
+    first, last = cores()
+    follower = start_node(spec, cwd, "--node-rank", "1", core=last)
+    return start_node(spec, cwd, core=first), follower
+
+
+def faulty_spec(folder: Path, name: str, fault: str, timeout: float | None = None) -> Path:
+    """A 2-node spec whose rank 1 (node 1's) does `fault` in its forward
+    (`tests.support.faulty_workloads.on_rank`), a trial `timeout` when given."""
+    return node_spec(
+        folder,
+        name,
+        workload="tests.support.faulty_workloads:on_rank",
+        workload_args={"fault": fault, "rank": 1},
+        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
+        space={"batch_size": [8]},
+        **({"trial": {"timeout": timeout}} if timeout else {}),
+    )
+
+
 def test_a_two_node_study_runs_end_to_end_and_exports_its_launch_lines(tmp_path: Path) -> None:
     spec = node_spec(tmp_path, "nodes")
     endpoint = yaml.safe_load(spec.read_text())["rendezvous"]
-    first, last = cores()
-    follower = start_node(spec, tmp_path, "--node-rank", "1", core=last)
-    leader = start_node(spec, tmp_path, core=first)
+    leader, follower = start_nodes(spec, tmp_path)
     try:
         out, err = leader.communicate(timeout=400)
         follower_out, follower_err = follower.communicate(timeout=60)
@@ -153,14 +172,7 @@ def test_hybrid_sharding_across_two_nodes_trains_as_fsdp_does(tmp_path: Path) ->
 
 
 def test_a_rank_that_fails_on_node_1_fails_the_trial_with_its_node_named(tmp_path: Path) -> None:
-    spec = node_spec(
-        tmp_path,
-        "raises",
-        workload="tests.support.faulty_workloads:on_rank",
-        workload_args={"fault": "raise", "rank": 1},
-        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
-        space={"batch_size": [8]},
-    )
+    spec = faulty_spec(tmp_path, "raises", "raise")
     (result,), codes = _two_nodes(spec)
     assert result.outcome is Outcome.ERROR
     assert "node 1, rank 1 of 2" in result.reason and "this rank's forward fails" in result.reason
@@ -171,18 +183,8 @@ def test_a_node_killed_mid_trial_ends_it_on_the_other_and_leaves_no_process(tmp_
     """Rank 1 (node 1) hangs in its forward, rank 0 (node 0) waits in its all-reduce; kill -9 of
     node 1's search ends node 0's trial within its timeout, node 1 named, and no process of either
     node is left."""
-    spec = node_spec(
-        tmp_path,
-        "killed",
-        workload="tests.support.faulty_workloads:on_rank",
-        workload_args={"fault": "hang", "rank": 1},
-        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
-        space={"batch_size": [8]},
-        trial={"timeout": 90},
-    )
-    first, last = cores()
-    follower = start_node(spec, tmp_path, "--node-rank", "1", core=last)
-    leader = start_node(spec, tmp_path, core=first)
+    spec = faulty_spec(tmp_path, "killed", "hang", timeout=90)
+    leader, follower = start_nodes(spec, tmp_path)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not all(_ranks_started(node.pid) for node in (leader, follower)):
@@ -220,18 +222,8 @@ def _ranks_started(pid: int) -> bool:
 def test_a_rank_that_hangs_on_node_1_ends_with_the_trials_timeout_on_both_nodes(tmp_path: Path) -> None:
     """Rank 1 (node 1) sleeps in its forward: node 0's trial times out, marks the trial over, and
     node 1's rank leaves at once; both searches end and leave no process."""
-    spec = node_spec(
-        tmp_path,
-        "hangs",
-        workload="tests.support.faulty_workloads:on_rank",
-        workload_args={"fault": "hang", "rank": 1},
-        baseline={"precision": "fp32", "batch_size": 8, "workers": 0, "compile": "none"},
-        space={"batch_size": [8]},
-        trial={"timeout": 12},
-    )
-    first, last = cores()
-    follower = start_node(spec, tmp_path, "--node-rank", "1", core=last)
-    leader = start_node(spec, tmp_path, core=first)
+    spec = faulty_spec(tmp_path, "hangs", "hang", timeout=12)
+    leader, follower = start_nodes(spec, tmp_path)
     below: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 120
