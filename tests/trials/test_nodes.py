@@ -40,6 +40,7 @@ def across(nodes: int = 2) -> TrialRequest:
     return replace(request("builtin:mlp"), nodes=nodes, rendezvous="127.0.0.1:1")
 
 
+@pytest.mark.slow  # three trial processes
 def test_node_0_hands_out_each_trial_with_a_rendezvous_id_and_marks_it_over(
     launcher: TrialLauncher, store: dist.TCPStore
 ) -> None:
