@@ -181,7 +181,7 @@ def test_a_rank_that_fails_on_node_1_fails_the_trial_with_its_node_named(tmp_pat
 
 def test_a_node_killed_mid_trial_ends_it_on_the_other_and_leaves_no_process(tmp_path: Path) -> None:
     """Rank 1 (node 1) hangs in its forward, rank 0 (node 0) waits in its all-reduce; kill -9 of
-    node 1's search ends node 0's trial within its timeout, node 1 named, and no process of either
+    node 1's search ends node 0's trial before its timeout, node 1 named, and no process of either
     node is left."""
     spec = faulty_spec(tmp_path, "killed", "hang", timeout=90)
     leader, follower = start_nodes(spec, tmp_path)
@@ -191,16 +191,14 @@ def test_a_node_killed_mid_trial_ends_it_on_the_other_and_leaves_no_process(tmp_
             time.sleep(0.2)
         time.sleep(2.0)  # rank 1 is in its forward, rank 0 in the all-reduce
         below = {**_descendants(leader.pid), **_descendants(follower.pid)}
-        killed_at = time.monotonic()
         follower.send_signal(signal.SIGKILL)
         out, err = leader.communicate(timeout=120)
-        ended_s = time.monotonic() - killed_at
     finally:
         for node in (leader, follower):
             node.kill()
             node.wait()
-    assert ended_s < 90, f"node 0 ended {ended_s:.0f} s after node 1 was killed"  # within the trial's timeout
-    assert "node 1" in out + err and ("without a word" in out + err or "rank 1 of 2" in out + err), out + err
+    # ended by what the nodes told each other, not by the trial's timeout
+    assert "node 1 (ranks 1-1 of 2) ended without a word" in err and "timeout" not in err, out + err
     time.sleep(2)
     left = [pid for pid, started in below.items() if _running(pid, started)]
     assert not left, f"processes left behind: {[_cmdline(pid) for pid in left]}"
