@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch.distributed as dist
 
+from autotuner.backends.pytorch import PYTORCH
 from autotuner.backends.pytorch.ranks import STORE_TIMEOUT, Rank, run_as_rank, silent_exit
 from autotuner.measurement.hardware import core_shares
 from autotuner.measurement.telemetry import usable_cpus
@@ -68,12 +69,10 @@ SECONDARY = (Outcome.ERROR.value,)
 """Outcomes a rank may end with because another rank failed first (a collective error)."""
 
 
-def study_store(endpoint: str, timeout_s: float = STORE_TIMEOUT.total_seconds()) -> dist.TCPStore:
-    """A client of the store node 0's search hosts at `endpoint`."""
-    import datetime
-
-    host, port = split_endpoint(endpoint)
-    return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
+def study_store(endpoint: str) -> dist.Store:
+    """A client of the store node 0's search hosts at `endpoint` (`PyTorchBackend.node_store`),
+    whose waits last as long as a rank's for rank 0's next command."""
+    return cast(dist.Store, PYTORCH.node_store(endpoint, host=False, timeout_s=STORE_TIMEOUT.total_seconds()))
 
 
 def run_nodes(
@@ -103,7 +102,7 @@ def run_nodes(
 
 def _run_agent(trial: TrialRequest, entrypoint: object, args: tuple[object, ...]) -> dict[int, int]:
     """This node's ranks run by a `LocalElasticAgent` after the trial's `c10d` rendezvous; each local
-    rank's exit code (empty when the rendezvous itself failed: raised as RuntimeError)."""
+    rank's exit code. A rendezvous that fails (a node missing) is a RuntimeError saying so."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
