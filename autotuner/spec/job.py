@@ -339,10 +339,8 @@ def _check_nodes(spec: JobSpec, backend: Backend, source: str) -> None:
 def _check_endpoint(endpoint: str, source: str) -> None:
     try:
         split_endpoint(endpoint)
-    except ValueError:
-        raise SpecError(
-            f"{shown(endpoint)} is not host:port (a port from 1 to 65535)", source=source, key="rendezvous"
-        ) from None
+    except ValueError as exc:
+        raise SpecError(str(exc), source=source, key="rendezvous") from None
 
 
 def _check_parallel(spec: JobSpec, backend: Backend, source: str) -> None:

@@ -25,6 +25,7 @@ import time
 from dataclasses import replace
 from typing import Protocol
 
+from autotuner.errors import shown
 from autotuner.trials.launcher import TrialLauncher, TrialProcess
 from autotuner.trials.request import ProfileRequest, TrialRequest
 
@@ -40,7 +41,7 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     """`host:port` (a bracketed IPv6 host too) as its host and port; ValueError otherwise."""
     host, _, port = endpoint.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{endpoint!r} is not host:port (a port from 1 to 65535)")
+        raise ValueError(f"{shown(endpoint)} is not host:port (a port from 1 to 65535)")
     return host.strip("[]"), int(port)
 
 

@@ -36,7 +36,15 @@ from typing import TYPE_CHECKING, cast
 import torch.distributed as dist
 
 from autotuner.backends.pytorch import PYTORCH
-from autotuner.backends.pytorch.ranks import STORE_TIMEOUT, Rank, run_as_rank, silent_exit
+from autotuner.backends.pytorch.ranks import (
+    SECONDARY,
+    STOPPED,
+    STORE_TIMEOUT,
+    Rank,
+    first_failure,
+    run_as_rank,
+    silent_exit,
+)
 from autotuner.measurement.hardware import core_shares
 from autotuner.measurement.telemetry import usable_cpus
 from autotuner.measurement.turns import Turns
@@ -63,10 +71,6 @@ that rank 0 left inside a step, when it stopped the trial early, never will)."""
 GRACE_S = 2.0
 """After a failure, how long node 0 waits for every rank's end to reach the store before it
 chooses which to report: a node's agent sees its ranks' ends within its monitor interval."""
-STOPPED = "stopped"
-"""The status of a rank that left because the trial failed or ended elsewhere: not a failure."""
-SECONDARY = (Outcome.ERROR.value,)
-"""Outcomes a rank may end with because another rank failed first (a collective error)."""
 
 
 def study_store(endpoint: str) -> dist.Store:
@@ -230,20 +234,15 @@ def _first_failure(store: dist.Store, trial: TrialRequest) -> EndMessage:
     deadline = time.monotonic() + GRACE_S
     while not store.check(keys) and time.monotonic() < deadline:
         time.sleep(WATCH_S)
-    ends = {rank: json.loads(store.get(key)) for rank, key in enumerate(keys) if store.check([key])}
-    failed = sorted(
-        ((rank, end) for rank, end in ends.items() if end.get("status") not in ("ok", STOPPED)),
-        key=lambda item: item[1].get("at", 0),
-    )
-    own = [(rank, end) for rank, end in failed if end.get("kind") not in (*SECONDARY, Outcome.CRASH.value)]
-    crashed = [(rank, end) for rank, end in failed if end.get("kind") == Outcome.CRASH.value]
+    ends: dict[int, EndMessage] = {r: json.loads(store.get(key)) for r, key in enumerate(keys) if store.check([key])}
+    found = first_failure(ends)
 
-    def named(rank: int, end: dict[str, object]) -> EndMessage:
+    def named(rank: int, end: EndMessage) -> EndMessage:
         node = rank // trial.processes
-        return {**end, "reason": f"node {node}, rank {rank} of {world}: {end.get('reason', '')}"}  # type: ignore[typeddict-item]
+        return {**end, "reason": f"node {node}, rank {rank} of {world}: {end.get('reason', '')}"}
 
-    if own or crashed:
-        return named(*(own or crashed)[0])
+    if found is not None and found[1].get("kind") not in SECONDARY:  # a rank's own failure, or its silent death
+        return named(*found)
     silent = sorted({rank // trial.processes for rank in range(world) if rank not in ends})
     if silent:
         node = silent[0]
@@ -254,6 +253,6 @@ def _first_failure(store: dist.Store, trial: TrialRequest) -> EndMessage:
             "reason": f"node {node} (ranks {ranks[0]}-{ranks[-1]} of {world}) ended without a word: its worker or "
             "machine is gone",
         }
-    if failed:
-        return named(*failed[0])
+    if found is not None:
+        return named(*found)  # the first error
     return {"status": "raised", "kind": Outcome.ERROR.value, "reason": "the trial failed on another node"}

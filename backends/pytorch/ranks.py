@@ -29,6 +29,7 @@ import multiprocessing.connection
 import os
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, overload
 
@@ -62,6 +63,9 @@ arrive within milliseconds of each other."""
 SECONDARY = (Outcome.ERROR.value,)
 """Outcomes a rank may end with because another rank failed first (a collective error): reported
 only when no rank ended otherwise."""
+STOPPED = "stopped"
+"""The status of a rank that left because the trial failed or ended elsewhere (a trial across
+nodes): not a failure."""
 
 
 class StoreGroup:
@@ -175,26 +179,35 @@ def _watch(processes: list[Any], receivers: list[multiprocessing.connection.Conn
 
 
 def _first_failure(ends: dict[int, EndMessage], exited: dict[int, int | None], size: int) -> EndMessage:
-    """The end to report: a rank's own (out of memory, a NaN, an unsupported knob) before a rank
-    that died without a word, before an error (which a peer's failure may have caused: a
-    collective whose peer is gone fails too); the first to fail of each."""
-    raised = sorted(
-        ((rank, end) for rank, end in ends.items() if end.get("status") != "ok"), key=lambda item: item[1].get("at", 0)
+    """The end to report (`first_failure`), a rank that died without a word counted from its exit
+    code, named by its rank."""
+    silent: dict[int, EndMessage] = {
+        rank: {"status": "raised", "kind": Outcome.CRASH.value, "reason": silent_exit(code)}
+        for rank, code in sorted(exited.items())
+        if rank not in ends
+    }
+    found = first_failure({**ends, **silent})
+    assert found is not None, "a rank failed"
+    rank, end = found
+    said = "" if rank in silent else ":"  # `rank 1 of 2 was killed by SIGKILL`, `rank 1 of 2: ValueError: ...`
+    return {**end, "reason": f"rank {rank} of {size}{said} {end.get('reason', '')}"}
+
+
+def first_failure(ends: Mapping[int, EndMessage]) -> tuple[int, EndMessage] | None:
+    """Which failed end of `ends` (rank -> end) to report: a rank's own failure (out of memory, a
+    NaN, an unsupported knob) before a rank that died without a word (`crash`), before an error
+    (which a peer's failure may have caused: a collective whose peer is gone fails too); the first
+    to fail of each (`at`). Ends that are not failures (ok, `STOPPED`) are passed over; None when
+    none failed."""
+    failed = sorted(
+        ((rank, end) for rank, end in ends.items() if end.get("status") not in ("ok", STOPPED)),
+        key=lambda item: item[1].get("at", 0),
     )
-    own = [(rank, end) for rank, end in raised if end.get("kind") not in SECONDARY]
-    if own:
-        rank, end = own[0]
-        return {**end, "reason": f"rank {rank} of {size}: {end.get('reason', '')}"}
-    silent = sorted(rank for rank in exited if rank not in ends)
-    if silent:
-        rank = silent[0]
-        return {
-            "status": "raised",
-            "kind": Outcome.CRASH.value,
-            "reason": f"rank {rank} of {size} {silent_exit(exited[rank])}",
-        }
-    rank, end = raised[0]
-    return {**end, "reason": f"rank {rank} of {size}: {end.get('reason', '')}"}  # the first error
+    for order in (lambda kind: kind not in (*SECONDARY, Outcome.CRASH.value), lambda kind: kind == Outcome.CRASH.value):
+        chosen = [(rank, end) for rank, end in failed if order(end.get("kind"))]
+        if chosen:
+            return chosen[0]
+    return failed[0] if failed else None
 
 
 def silent_exit(code: int | None) -> str:
